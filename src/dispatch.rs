@@ -1,0 +1,381 @@
+//! The call descriptor every operation exchanges before moving data, and the
+//! pure rules that decide whether the ranks agree.
+//!
+//! Every collective first all-gathers one fixed-size [`Descriptor`] per rank
+//! (op, sequence number, dtype, shape, parameters). Each rank then runs the same
+//! checks on the same descriptors, so a mismatch (wrong shape on one rank, a
+//! skipped call, a bad `dim`) becomes the *same* `Err` on every rank instead of
+//! a truncated message, an MPI abort or a hang. Point-to-point calls exchange
+//! the descriptor with their peer instead.
+
+use crate::layout_ops::normalize_dim;
+use crate::reduce::ReduceOp;
+use crate::tensor::{DType, Tensor};
+use bytemuck::{Pod, Zeroable};
+
+/// Most tensor dimensions a descriptor carries.
+pub const MAX_DIMS: usize = 16;
+const MAGIC: u64 = 0x726b_6d65_7368_0001; // "rkmesh" + wire version 1
+const NO_DTYPE: u32 = u32::MAX;
+
+/// Operations that go through the dispatch path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Op {
+    /// Group barrier.
+    Barrier = 1,
+    /// Element-wise reduction, result everywhere.
+    AllReduce,
+    /// Concatenation along a dim, result everywhere.
+    AllGather,
+    /// Concatenation along a dim, result on one rank.
+    Gather,
+    /// Reduction then scatter along a dim.
+    ReduceScatter,
+    /// Copy from one rank to all.
+    Broadcast,
+    /// FastVideo's 4-d all-to-all.
+    AllToAll4d,
+    /// Tensor to one peer.
+    Send,
+    /// Serialised object from one rank to all.
+    BroadcastObject,
+    /// Serialised objects from all ranks to all.
+    AllGatherObject,
+    /// Serialised objects from all ranks to one.
+    GatherObject,
+    /// Serialised object to one peer.
+    SendObject,
+}
+
+impl Op {
+    const ALL: [Op; 12] = [
+        Op::Barrier,
+        Op::AllReduce,
+        Op::AllGather,
+        Op::Gather,
+        Op::ReduceScatter,
+        Op::Broadcast,
+        Op::AllToAll4d,
+        Op::Send,
+        Op::BroadcastObject,
+        Op::AllGatherObject,
+        Op::GatherObject,
+        Op::SendObject,
+    ];
+
+    /// Public name of the operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Barrier => "barrier",
+            Op::AllReduce => "all_reduce",
+            Op::AllGather => "all_gather",
+            Op::Gather => "gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll4d => "all_to_all_4d",
+            Op::Send => "send/recv",
+            Op::BroadcastObject => "broadcast_object",
+            Op::AllGatherObject => "all_gather_object",
+            Op::GatherObject => "gather_object",
+            Op::SendObject => "send_object/recv_object",
+        }
+    }
+
+    fn from_code(code: u32) -> Option<Op> {
+        Op::ALL.into_iter().find(|o| *o as u32 == code)
+    }
+
+    /// Names of the parameters in `Descriptor::params`, in order.
+    fn param_names(self) -> &'static [&'static str] {
+        match self {
+            Op::Barrier | Op::Send => &[],
+            Op::AllReduce => &["op"],
+            Op::AllGather => &["dim"],
+            Op::Gather => &["dst", "dim"],
+            Op::ReduceScatter => &["dim", "op"],
+            Op::Broadcast => &["src"],
+            Op::AllToAll4d => &["scatter_dim", "gather_dim"],
+            Op::BroadcastObject => &["src", "type"],
+            Op::AllGatherObject | Op::SendObject => &["type"],
+            Op::GatherObject => &["dst", "type"],
+        }
+    }
+
+    fn carries_tensor(self) -> bool {
+        matches!(
+            self,
+            Op::AllReduce
+                | Op::AllGather
+                | Op::Gather
+                | Op::ReduceScatter
+                | Op::Broadcast
+                | Op::AllToAll4d
+                | Op::Send
+        )
+    }
+}
+
+/// One rank's view of a call, exchanged before any data moves.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Descriptor {
+    magic: u64,
+    /// Position of this call in the group's sequence of collectives.
+    pub seq: u64,
+    op: u32,
+    dtype: u32,
+    ndim: u32,
+    _pad: u32,
+    /// Elements of the tensor, or bytes of a serialised object.
+    pub len: u64,
+    /// Operation parameters, named by `Op::param_names`.
+    pub params: [i64; 4],
+    dims: [u64; MAX_DIMS],
+}
+
+impl Descriptor {
+    /// A descriptor with no tensor.
+    pub fn new(op: Op, params: &[i64]) -> Descriptor {
+        let mut d = Descriptor::zeroed();
+        d.magic = MAGIC;
+        d.op = op as u32;
+        d.dtype = NO_DTYPE;
+        d.params[..params.len()].copy_from_slice(params);
+        d
+    }
+
+    /// A descriptor for a tensor of `dtype` and `shape`.
+    pub fn for_tensor(op: Op, dtype: DType, shape: &[usize], params: &[i64]) -> Descriptor {
+        let mut d = Descriptor::new(op, params);
+        d.dtype = dtype.code();
+        d.ndim = shape.len() as u32;
+        d.len = shape.iter().product::<usize>() as u64;
+        for (slot, n) in d.dims.iter_mut().zip(shape) {
+            *slot = *n as u64;
+        }
+        d
+    }
+
+    /// Shorthand for [`Descriptor::for_tensor`] with a tensor's dtype and shape.
+    pub fn of(op: Op, t: &Tensor, params: &[i64]) -> Descriptor {
+        Descriptor::for_tensor(op, t.dtype(), t.shape(), params)
+    }
+
+    /// The operation, `None` for a corrupt code.
+    pub fn op(&self) -> Option<Op> {
+        Op::from_code(self.op)
+    }
+
+    /// The dtype, `None` when the call carries none.
+    pub fn dtype(&self) -> Option<DType> {
+        DType::from_code(self.dtype)
+    }
+
+    /// The shape (the first `MAX_DIMS` dims when there are more).
+    pub fn shape(&self) -> Vec<usize> {
+        let n = (self.ndim as usize).min(MAX_DIMS);
+        self.dims[..n].iter().map(|d| *d as usize).collect()
+    }
+
+    /// Number of dimensions as sent.
+    pub fn ndim(&self) -> usize {
+        self.ndim as usize
+    }
+
+    /// Human description: `all_gather(shape [2, 3] f32, dim -1)`.
+    pub fn describe(&self) -> String {
+        let Some(op) = self.op() else {
+            return format!("unknown op code {}", self.op);
+        };
+        let mut parts = Vec::new();
+        if op.carries_tensor() {
+            let dt = self.dtype().map_or("?", DType::name);
+            parts.push(if self.ndim() > MAX_DIMS {
+                format!("{}-d tensor of {} elements {dt}", self.ndim(), self.len)
+            } else {
+                format!("shape {:?} {dt}", self.shape())
+            });
+        }
+        for (name, v) in op.param_names().iter().zip(self.params) {
+            parts.push(match *name {
+                "op" => format!("op {}", ReduceOp::from_code(v).map_or("?", ReduceOp::name)),
+                "type" => format!("type #{:016x}", v as u64),
+                _ => format!("{name} {v}"),
+            });
+        }
+        format!("{}({})", op.name(), parts.join(", "))
+    }
+
+    /// The fields that must be equal across ranks for the call to proceed.
+    fn agreement_key(&self) -> (u32, u32, u32, u64, [u64; MAX_DIMS], [i64; 4]) {
+        let tensor = self.op().is_some_and(Op::carries_tensor);
+        let (len, dims) = if tensor { (self.len, self.dims) } else { (0, [0; MAX_DIMS]) };
+        (self.op, self.dtype, self.ndim, len, dims, self.params)
+    }
+}
+
+/// Decides whether the descriptors of all ranks (indexed by group rank) allow
+/// the call. Every rank computes the same verdict from the same input; the
+/// caller's own problems are reported without a rank prefix.
+pub fn agree(
+    descs: &[Descriptor],
+    me: usize,
+    check: &dyn Fn(&Descriptor) -> Result<(), String>,
+) -> Result<(), String> {
+    if let Some(r) = descs.iter().position(|d| d.magic != MAGIC || d.op().is_none()) {
+        return Err(format!(
+            "group rank {r} sent a corrupt call descriptor (magic {:#x}, op code {}): is it running the same rankmesh version?",
+            descs[r].magic, descs[r].op
+        ));
+    }
+    let first = &descs[0];
+    for (r, d) in descs.iter().enumerate().skip(1) {
+        if d.op != first.op || d.seq != first.seq {
+            return Err(format!(
+                "ranks are in different calls: group rank 0 is in call #{} {} but group rank {r} is in call #{} {}",
+                first.seq,
+                first.describe(),
+                d.seq,
+                d.describe()
+            ));
+        }
+        if d.agreement_key() != first.agreement_key() {
+            return Err(format!(
+                "ranks disagree: group rank 0 passed {} but group rank {r} passed {}",
+                first.describe(),
+                d.describe()
+            ));
+        }
+    }
+    if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
+        return Err(format!("tensors have at most {MAX_DIMS} dimensions, got {}", descs[me].ndim()));
+    }
+    check(&descs[me])?;
+    for (r, d) in descs.iter().enumerate() {
+        if r != me {
+            check(d).map_err(|m| format!("group rank {r}: {m}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks a peer-to-peer pair: what the sender sends against what the receiver expects.
+/// Both peers call it with the same pair and get the same verdict.
+pub fn agree_peers(sent: &Descriptor, expected: &Descriptor, sender: usize, receiver: usize) -> Result<(), String> {
+    for (who, d) in [(sender, sent), (receiver, expected)] {
+        if d.magic != MAGIC || d.op().is_none() {
+            return Err(format!("group rank {who} sent a corrupt message header (magic {:#x})", d.magic));
+        }
+    }
+    if sent.agreement_key() != expected.agreement_key() {
+        return Err(format!(
+            "group rank {sender} sends {} but group rank {receiver} expects {}",
+            sent.describe(),
+            expected.describe()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `dim` indexes a `d`'s tensor and returns it normalised.
+pub fn dim_in_range(d: &Descriptor, dim: i64) -> Result<usize, String> {
+    normalize_dim(dim as isize, d.ndim())
+        .ok_or_else(|| format!("dim {dim} out of range for a {}-d tensor", d.ndim()))
+}
+
+/// Checks that a group position is inside a group of `size`.
+pub fn rank_in_range(what: &str, rank: i64, size: usize) -> Result<usize, String> {
+    usize::try_from(rank)
+        .ok()
+        .filter(|r| *r < size)
+        .ok_or_else(|| format!("{what} {rank} is not a rank of this group of size {size}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(_: &Descriptor) -> Result<(), String> {
+        Ok(())
+    }
+
+    #[test]
+    fn equal_descriptors_agree() {
+        let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3], &[-1]);
+        assert!(agree(&[d, d, d], 1, &ok).is_ok());
+    }
+
+    #[test]
+    fn shape_mismatch_names_both_ranks_and_shapes() {
+        let a = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3], &[-1]);
+        let b = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 4], &[-1]);
+        let e = agree(&[a, a, b], 0, &ok).unwrap_err();
+        assert_eq!(
+            e,
+            "ranks disagree: group rank 0 passed all_gather(shape [2, 3] f32, dim -1) but group rank 2 passed all_gather(shape [2, 4] f32, dim -1)"
+        );
+        assert_eq!(agree(&[a, a, b], 2, &ok).unwrap_err(), e);
+    }
+
+    #[test]
+    fn different_ops_or_calls_are_reported() {
+        let mut a = Descriptor::new(Op::Barrier, &[]);
+        let mut b = Descriptor::for_tensor(Op::AllReduce, DType::I32, &[4], &[0]);
+        a.seq = 3;
+        b.seq = 3;
+        let e = agree(&[a, b], 0, &ok).unwrap_err();
+        assert!(e.contains("group rank 0 is in call #3 barrier()"), "{e}");
+        assert!(e.contains("group rank 1 is in call #3 all_reduce(shape [4] i32, op sum)"), "{e}");
+        b = a;
+        b.seq = 4;
+        assert!(agree(&[a, b], 1, &ok).unwrap_err().contains("call #4"));
+    }
+
+    #[test]
+    fn corrupt_descriptor_is_detected() {
+        let a = Descriptor::new(Op::Barrier, &[]);
+        let mut bytes = bytemuck::bytes_of(&a).to_vec();
+        bytes[0] ^= 0xff;
+        let bad: Descriptor = bytemuck::pod_read_unaligned(&bytes);
+        assert!(agree(&[a, bad], 0, &ok).unwrap_err().contains("group rank 1 sent a corrupt call descriptor"));
+    }
+
+    #[test]
+    fn check_failures_name_the_failing_rank_for_others() {
+        let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3, 4], &[3]);
+        let check = |d: &Descriptor| dim_in_range(d, d.params[0]).map(|_| ());
+        assert_eq!(agree(&[d, d], 0, &check).unwrap_err(), "dim 3 out of range for a 3-d tensor");
+    }
+
+    #[test]
+    fn object_lengths_may_differ_but_types_may_not() {
+        let mut a = Descriptor::new(Op::AllGatherObject, &[7]);
+        let mut b = a;
+        a.len = 10;
+        b.len = 20;
+        assert!(agree(&[a, b], 0, &ok).is_ok());
+        b.params[0] = 8;
+        assert!(agree(&[a, b], 0, &ok).unwrap_err().contains("type #"));
+    }
+
+    #[test]
+    fn peers_compare_headers() {
+        let s = Descriptor::for_tensor(Op::Send, DType::F16, &[4], &[]);
+        let r = Descriptor::for_tensor(Op::Send, DType::F32, &[4], &[]);
+        assert_eq!(
+            agree_peers(&s, &r, 0, 1).unwrap_err(),
+            "group rank 0 sends send/recv(shape [4] f16) but group rank 1 expects send/recv(shape [4] f32)"
+        );
+        assert!(agree_peers(&s, &s, 0, 1).is_ok());
+    }
+
+    #[test]
+    fn rank_and_dim_checks() {
+        assert_eq!(rank_in_range("src", 2, 4), Ok(2));
+        assert!(rank_in_range("src", 4, 4).unwrap_err().contains("src 4 is not a rank of this group of size 4"));
+        assert!(rank_in_range("dst", -1, 4).is_err());
+        let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3], &[0]);
+        assert_eq!(dim_in_range(&d, -2), Ok(0));
+    }
+}

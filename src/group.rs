@@ -1,0 +1,251 @@
+//! `GroupCoordinator`: one MPI communicator, its members, and the one dispatch
+//! path every operation on it goes through.
+
+use crate::dispatch::{agree, agree_peers, rank_in_range, Descriptor, Op};
+use crate::error::{Error, Result};
+use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
+use crate::world::Runtime;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use std::cell::Cell;
+use std::rc::Rc;
+
+/// A process group: a sub-communicator of the world plus rank helpers.
+///
+/// Cloning is cheap and shares the communicator. `src`/`dst` arguments are
+/// positions inside the group (as in FastVideo); global ranks appear only where
+/// the name says so. A group of size 1 turns every operation into a local copy.
+#[derive(Clone)]
+pub struct GroupCoordinator<'rt> {
+    inner: Rc<Inner<'rt>>,
+}
+
+struct Inner<'rt> {
+    rt: &'rt Runtime,
+    comm: SimpleCommunicator,
+    name: String,
+    ranks: Vec<usize>,
+    rank_in_group: usize,
+    seq: Cell<u64>,
+}
+
+/// Which side of a point-to-point call this rank is.
+pub(crate) enum Peer {
+    /// Sending to the group rank.
+    To(usize),
+    /// Receiving from the group rank.
+    From(usize),
+}
+
+impl<'rt> GroupCoordinator<'rt> {
+    /// Wraps a communicator (collective over it: members exchange world ranks).
+    pub(crate) fn new(rt: &'rt Runtime, comm: SimpleCommunicator, name: String) -> Result<Self> {
+        let size = comm.size() as usize;
+        let mut ranks = vec![0u64; size];
+        comm.all_gather_into(&(rt.rank() as u64), &mut ranks[..]);
+        Ok(GroupCoordinator {
+            inner: Rc::new(Inner {
+                rt,
+                rank_in_group: comm.rank() as usize,
+                comm,
+                name,
+                ranks: ranks.into_iter().map(|r| r as usize).collect(),
+                seq: Cell::new(0),
+            }),
+        })
+    }
+
+    /// Unique name, e.g. `tp:1` (kind and index of the group in its layout).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// World ranks of the members, in group-rank order.
+    pub fn ranks(&self) -> &[usize] {
+        &self.inner.ranks
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.inner.ranks.len()
+    }
+
+    /// This process's position in the group.
+    pub fn rank_in_group(&self) -> usize {
+        self.inner.rank_in_group
+    }
+
+    /// This process's world rank.
+    pub fn global_rank(&self) -> usize {
+        self.inner.rt.rank()
+    }
+
+    /// World rank of group rank 0.
+    pub fn first_rank(&self) -> usize {
+        self.inner.ranks[0]
+    }
+
+    /// World rank of the last member.
+    pub fn last_rank(&self) -> usize {
+        self.inner.ranks[self.size() - 1]
+    }
+
+    /// Whether this process is group rank 0.
+    pub fn is_first_rank(&self) -> bool {
+        self.rank_in_group() == 0
+    }
+
+    /// Whether this process is the last member.
+    pub fn is_last_rank(&self) -> bool {
+        self.rank_in_group() == self.size() - 1
+    }
+
+    /// World rank of the next member (wrapping).
+    pub fn next_rank(&self) -> usize {
+        self.inner.ranks[(self.rank_in_group() + 1) % self.size()]
+    }
+
+    /// World rank of the previous member (wrapping).
+    pub fn prev_rank(&self) -> usize {
+        self.inner.ranks[(self.rank_in_group() + self.size() - 1) % self.size()]
+    }
+
+    /// The runtime this group belongs to.
+    pub fn runtime(&self) -> &'rt Runtime {
+        self.inner.rt
+    }
+
+    /// Blocks until every member has called it (also checks all are in the same call).
+    pub fn barrier(&self) -> Result<()> {
+        self.collective(Descriptor::new(Op::Barrier, &[]), |_| Ok(()), |_| {
+            if self.size() > 1 {
+                self.inner.comm.barrier();
+            }
+            Ok(())
+        })
+    }
+
+    /// Positions (group ranks) of the members on the same node as group rank `src`.
+    pub fn same_node_ranks(&self, src: usize) -> Result<Vec<usize>> {
+        Ok(self
+            .is_the_same_node_as(src)?
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, same)| same.then_some(i))
+            .collect())
+    }
+
+    /// For each member, whether it shares a node (an MPI shared-memory domain)
+    /// with group rank `src`. Local: node identity was gathered at start-up.
+    pub fn is_the_same_node_as(&self, src: usize) -> Result<Vec<bool>> {
+        let src = rank_in_range("src", src as i64, self.size())
+            .map_err(|m| Error::collective("is_the_same_node_as", self.name(), m))?;
+        let nodes: Vec<usize> = self.ranks().iter().map(|r| self.inner.rt.world().ranks[*r].node).collect();
+        Ok(nodes.iter().map(|n| *n == nodes[src]).collect())
+    }
+
+    pub(crate) fn plane(&self) -> HostPlane<'_> {
+        HostPlane::new(&self.inner.comm, self.inner.rt.options().max_message_bytes)
+    }
+
+    /// Validates a position argument (`src`, `dst`) for `op`.
+    pub(crate) fn check_rank(&self, op: Op, what: &str, rank: usize) -> Result<usize> {
+        rank_in_range(what, rank as i64, self.size()).map_err(|m| Error::collective(op.name(), self.name(), m))
+    }
+
+    /// The dispatch path of every collective: numbers the call, opens its
+    /// tracing span, exchanges descriptors, applies `check` to every rank's
+    /// descriptor, and only then runs `body` with all descriptors (by group rank).
+    pub(crate) fn collective<R>(
+        &self,
+        mut desc: Descriptor,
+        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        let op = desc.op().expect("descriptors are built from an Op");
+        desc.seq = self.inner.seq.get();
+        self.inner.seq.set(desc.seq + 1);
+        let span = tracing::debug_span!(
+            "collective",
+            rank = self.global_rank(),
+            op = op.name(),
+            group = self.name(),
+            seq = desc.seq,
+            dtype = desc.dtype().map_or("-", |d| d.name()),
+            shape = ?desc.shape(),
+        );
+        let _entered = span.enter();
+        let descs = if self.size() == 1 {
+            vec![desc]
+        } else {
+            let mut all = vec![Descriptor::new(op, &[]); self.size()];
+            self.inner
+                .comm
+                .all_gather_into(bytemuck::bytes_of(&desc), bytemuck::cast_slice_mut::<_, u8>(&mut all[..]));
+            all
+        };
+        agree(&descs, self.rank_in_group(), &check).map_err(|m| Error::collective(op.name(), self.name(), m))?;
+        tracing::trace!("agreed");
+        body(&descs)
+    }
+
+    /// The dispatch path of a point-to-point call: the sender's header meets the
+    /// receiver's expectation, both sides check the pair and get the same verdict,
+    /// and only then does `body` move the payload. Returns the sender's descriptor.
+    pub(crate) fn point_to_point<R>(
+        &self,
+        desc: Descriptor,
+        peer: Peer,
+        body: impl FnOnce(&Descriptor) -> Result<R>,
+    ) -> Result<R> {
+        let op = desc.op().expect("descriptors are built from an Op");
+        let (peer_rank, sending) = match peer {
+            Peer::To(r) => (r, true),
+            Peer::From(r) => (r, false),
+        };
+        let what = if sending { "dst" } else { "src" };
+        let peer_rank = self.check_rank(op, what, peer_rank)?;
+        if peer_rank == self.rank_in_group() {
+            return Err(Error::collective(
+                op.name(),
+                self.name(),
+                format!("{what} {peer_rank} is this rank itself (group of size {})", self.size()),
+            ));
+        }
+        let span = tracing::debug_span!(
+            "p2p",
+            rank = self.global_rank(),
+            op = op.name(),
+            group = self.name(),
+            peer = peer_rank,
+            sending,
+            dtype = desc.dtype().map_or("-", |d| d.name()),
+            shape = ?desc.shape(),
+        );
+        let _entered = span.enter();
+        let plane = self.plane();
+        let mut other = Descriptor::new(op, &[]);
+        let other_bytes = bytemuck::bytes_of_mut(&mut other);
+        let (sent, expected, sender, receiver) = if sending {
+            plane.send_header(bytemuck::bytes_of(&desc), peer_rank, TAG_HEADER);
+            plane.recv_header(other_bytes, peer_rank, TAG_ANSWER);
+            (desc, other, self.rank_in_group(), peer_rank)
+        } else {
+            plane.recv_header(other_bytes, peer_rank, TAG_HEADER);
+            plane.send_header(bytemuck::bytes_of(&desc), peer_rank, TAG_ANSWER);
+            (other, desc, peer_rank, self.rank_in_group())
+        };
+        agree_peers(&sent, &expected, sender, receiver).map_err(|m| Error::collective(op.name(), self.name(), m))?;
+        body(&sent)
+    }
+}
+
+impl std::fmt::Debug for GroupCoordinator<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCoordinator")
+            .field("name", &self.name())
+            .field("ranks", &self.ranks())
+            .field("rank_in_group", &self.rank_in_group())
+            .finish()
+    }
+}

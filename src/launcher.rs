@@ -1,0 +1,159 @@
+//! Cross-checks of the launcher's environment against what MPI reports.
+//!
+//! MPI is the source of truth for rank, size and locality; the launcher's
+//! variables are only compared, so a broken launch is caught at start instead of
+//! as a hang or a wrong result much later.
+
+use crate::error::{Error, Result};
+
+/// What MPI reports about this process.
+#[derive(Clone, Copy, Debug)]
+pub struct MpiView {
+    /// World rank.
+    pub rank: usize,
+    /// World size.
+    pub size: usize,
+    /// Rank among the processes on this node.
+    pub local_rank: usize,
+    /// Number of processes on this node.
+    pub local_size: usize,
+}
+
+/// (launcher, variable, field of [`MpiView`]) triples that are compared.
+const CHECKS: &[(&str, &str, Field)] = &[
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", Field::Rank),
+    ("Open MPI", "OMPI_COMM_WORLD_SIZE", Field::Size),
+    ("Open MPI", "OMPI_COMM_WORLD_LOCAL_RANK", Field::LocalRank),
+    ("Open MPI", "OMPI_COMM_WORLD_LOCAL_SIZE", Field::LocalSize),
+    ("Slurm", "SLURM_PROCID", Field::Rank),
+    ("Slurm", "SLURM_LOCALID", Field::LocalRank),
+    ("MPICH/Hydra", "PMI_RANK", Field::Rank),
+    ("MPICH/Hydra", "PMI_SIZE", Field::Size),
+    ("MPICH/Hydra", "MPI_LOCALRANKID", Field::LocalRank),
+    ("torchrun", "RANK", Field::Rank),
+    ("torchrun", "WORLD_SIZE", Field::Size),
+    ("torchrun", "LOCAL_RANK", Field::LocalRank),
+    ("torchrun", "LOCAL_WORLD_SIZE", Field::LocalSize),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Field {
+    Rank,
+    Size,
+    LocalRank,
+    LocalSize,
+}
+
+impl Field {
+    fn get(self, v: &MpiView) -> usize {
+        match self {
+            Field::Rank => v.rank,
+            Field::Size => v.size,
+            Field::LocalRank => v.local_rank,
+            Field::LocalSize => v.local_size,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Field::Rank => "world rank",
+            Field::Size => "world size",
+            Field::LocalRank => "local rank",
+            Field::LocalSize => "local size",
+        }
+    }
+}
+
+/// Compares the launcher variables visible through `env` with MPI's view.
+///
+/// Returns warnings for disagreements, or an error for the one disagreement
+/// that is certain to break the job: Slurm started N tasks but each one is a
+/// world of 1 (the PMI of `srun` and of the MPI library do not match).
+pub fn check(env: &dyn Fn(&str) -> Option<String>, view: &MpiView) -> Result<Vec<String>> {
+    let slurm_tasks = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"]
+        .iter()
+        .find_map(|k| env(k).and_then(|v| v.trim().parse::<usize>().ok()).map(|n| (*k, n)));
+    if let Some((var, n)) = slurm_tasks {
+        if view.size == 1 && n > 1 && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1") {
+            return Err(Error::Launch(format!(
+                "{var}={n} but MPI reports a world of 1: the tasks started as {n} separate \
+                 singletons, so srun's PMI does not match the MPI library. Launch with \
+                 `srun --mpi=pmix` (see `srun --mpi=list`), or run `mpirun -np {n}` inside \
+                 the allocation; set RANKMESH_ALLOW_SINGLETON=1 if a single process is intended"
+            )));
+        }
+        if n != view.size {
+            return Ok(vec![format!(
+                "Slurm: {var}={n} disagrees with the MPI world size {}",
+                view.size
+            )]);
+        }
+    }
+    let mut warnings = Vec::new();
+    for (launcher, var, field) in CHECKS {
+        let Some(raw) = env(var) else { continue };
+        let mpi = field.get(view);
+        match raw.trim().parse::<usize>() {
+            Ok(v) if v == mpi => {}
+            Ok(v) => warnings.push(format!(
+                "{launcher}: {var}={v} disagrees with the MPI {} {mpi}",
+                field.name()
+            )),
+            Err(_) => warnings.push(format!("{launcher}: {var}={raw:?} is not a number")),
+        }
+    }
+    Ok(warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let owned: Vec<(String, String)> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| owned.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.clone())
+    }
+
+    const VIEW: MpiView = MpiView {
+        rank: 1,
+        size: 4,
+        local_rank: 1,
+        local_size: 2,
+    };
+
+    #[test]
+    fn agreeing_launchers_give_no_warning() {
+        let env = env_of(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("SLURM_NTASKS", "4"),
+            ("LOCAL_RANK", "1"),
+        ]);
+        assert!(check(&env, &VIEW).unwrap().is_empty());
+    }
+
+    #[test]
+    fn disagreement_is_a_warning_naming_both_values() {
+        let env = env_of(&[("LOCAL_RANK", "3"), ("PMI_SIZE", "x")]);
+        let w = check(&env, &VIEW).unwrap();
+        assert_eq!(w.len(), 2);
+        assert!(w[0].contains("PMI_SIZE=\"x\" is not a number"), "{w:?}");
+        assert!(w[1].contains("torchrun: LOCAL_RANK=3 disagrees with the MPI local rank 1"), "{w:?}");
+    }
+
+    #[test]
+    fn slurm_singletons_are_an_error_with_the_fix() {
+        let single = MpiView {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+        };
+        let e = check(&env_of(&[("SLURM_NTASKS", "4")]), &single).unwrap_err().to_string();
+        assert!(e.contains("SLURM_NTASKS=4 but MPI reports a world of 1"), "{e}");
+        assert!(e.contains("srun --mpi=pmix"), "{e}");
+        let allowed = env_of(&[("SLURM_NTASKS", "4"), ("RANKMESH_ALLOW_SINGLETON", "1")]);
+        assert_eq!(check(&allowed, &single).unwrap().len(), 1);
+    }
+}

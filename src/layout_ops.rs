@@ -1,0 +1,136 @@
+//! Index math shared by the data planes: moving blocks along one dimension of a
+//! row-major tensor. Byte-level and dtype-agnostic so the host plane and a device
+//! plane's pack/unpack kernels agree on one definition.
+//!
+//! `split_dim` and `concat_dim` are inverses: `split_dim` lays the `parts` equal
+//! slices along `dim` out as contiguous blocks (slice `p` is block `p`);
+//! `concat_dim` takes contiguous blocks and concatenates them along `dim`.
+
+/// Normalises a possibly negative dimension index; `None` when out of range.
+pub fn normalize_dim(dim: isize, ndim: usize) -> Option<usize> {
+    let n = ndim as isize;
+    let d = if dim < 0 { dim + n } else { dim };
+    (0..n).contains(&d).then_some(d as usize)
+}
+
+/// (outer count, bytes of one `dim`-slice row below `dim`) for a shape.
+fn outer_inner(shape: &[usize], dim: usize, elem: usize) -> (usize, usize) {
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product::<usize>() * elem;
+    (outer, inner)
+}
+
+/// Packs `src` (shape `shape`) into `parts` contiguous blocks, block `p` holding
+/// indices `[p·n/parts, (p+1)·n/parts)` of dimension `dim` (`n = shape[dim]`).
+/// The caller guarantees `parts` divides `shape[dim]`.
+pub fn split_dim(src: &[u8], shape: &[usize], dim: usize, parts: usize, elem: usize) -> Vec<u8> {
+    let (outer, inner) = outer_inner(shape, dim, elem);
+    let chunk = shape[dim] / parts * inner;
+    let row = shape[dim] * inner;
+    let block = outer * chunk;
+    let mut out = vec![0u8; src.len()];
+    for p in 0..parts {
+        for o in 0..outer {
+            let from = o * row + p * chunk;
+            let to = p * block + o * chunk;
+            out[to..to + chunk].copy_from_slice(&src[from..from + chunk]);
+        }
+    }
+    out
+}
+
+/// Concatenates `parts` contiguous blocks, each of shape `block_shape`, along `dim`.
+/// The result has shape `block_shape` with `dim` multiplied by `parts`.
+pub fn concat_dim(
+    blocks: &[u8],
+    block_shape: &[usize],
+    dim: usize,
+    parts: usize,
+    elem: usize,
+) -> Vec<u8> {
+    let (outer, inner) = outer_inner(block_shape, dim, elem);
+    let chunk = block_shape[dim] * inner;
+    let row = chunk * parts;
+    let block = outer * chunk;
+    let mut out = vec![0u8; blocks.len()];
+    for p in 0..parts {
+        for o in 0..outer {
+            let from = p * block + o * chunk;
+            let to = o * row + p * chunk;
+            out[to..to + chunk].copy_from_slice(&blocks[from..from + chunk]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Reference: element at multi-index `idx` of a row-major shape.
+    fn flat(shape: &[usize], idx: &[usize]) -> usize {
+        idx.iter().zip(shape).fold(0, |acc, (i, n)| acc * n + i)
+    }
+
+    fn unflat(shape: &[usize], mut f: usize) -> Vec<usize> {
+        let mut idx = vec![0; shape.len()];
+        for d in (0..shape.len()).rev() {
+            idx[d] = f % shape[d];
+            f /= shape[d];
+        }
+        idx
+    }
+
+    #[test]
+    fn normalize_dim_handles_negative_and_out_of_range() {
+        assert_eq!(normalize_dim(-1, 4), Some(3));
+        assert_eq!(normalize_dim(-4, 4), Some(0));
+        assert_eq!(normalize_dim(-5, 4), None);
+        assert_eq!(normalize_dim(4, 4), None);
+        assert_eq!(normalize_dim(0, 0), None);
+    }
+
+    proptest! {
+        #[test]
+        fn split_matches_index_definition(
+            shape in proptest::collection::vec(1usize..5, 1..5),
+            dim_seed in 0usize..8,
+            parts in 1usize..4,
+        ) {
+            let dim = dim_seed % shape.len();
+            let mut shape = shape;
+            shape[dim] *= parts;
+            let n: usize = shape.iter().product();
+            let src: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+            let packed = split_dim(&src, &shape, dim, parts, 1);
+            let mut block_shape = shape.clone();
+            block_shape[dim] /= parts;
+            let bn: usize = block_shape.iter().product();
+            for f in 0..n {
+                let idx = unflat(&shape, f);
+                let p = idx[dim] / block_shape[dim];
+                let mut bidx = idx.clone();
+                bidx[dim] %= block_shape[dim];
+                prop_assert_eq!(packed[p * bn + flat(&block_shape, &bidx)], src[f]);
+            }
+            prop_assert_eq!(concat_dim(&packed, &block_shape, dim, parts, 1), src);
+        }
+
+        #[test]
+        fn concat_then_split_is_identity_for_wide_elements(
+            shape in proptest::collection::vec(1usize..4, 1..4),
+            dim_seed in 0usize..8,
+            parts in 1usize..4,
+            elem in 1usize..9,
+        ) {
+            let dim = dim_seed % shape.len();
+            let n: usize = shape.iter().product::<usize>() * parts * elem;
+            let blocks: Vec<u8> = (0..n).map(|i| (i * 7 % 256) as u8).collect();
+            let joined = concat_dim(&blocks, &shape, dim, parts, elem);
+            let mut full = shape.clone();
+            full[dim] *= parts;
+            prop_assert_eq!(split_dim(&joined, &full, dim, parts, elem), blocks);
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! # rankmesh
+//!
+//! Collective communication for MPI-launched jobs: tensor/sequence/data
+//! parallel groups, a typed object plane and tensor collectives.
+//!
+//! MPI is the control plane (ranks, node locality, group communicators,
+//! metadata) and the host data plane. Every call first agrees on a small
+//! descriptor across the group, so bad input is the same clear [`Error`] on
+//! every rank instead of a hang or an abort.
+//!
+//! ```no_run
+//! use rankmesh::{ParallelState, ReduceOp, Runtime, Tensor};
+//!
+//! fn main() -> rankmesh::Result<()> {
+//!     let rt = Runtime::init()?; // a world of 1 without a launcher
+//!     let mut ps = ParallelState::new(&rt)?;
+//!     ps.initialize_model_parallel(1, rt.size(), None)?;
+//!     let x = Tensor::from_vec([2, 3], vec![rt.rank() as f32; 6])?;
+//!     let sum = ps.sp()?.all_reduce(&x, ReduceOp::Sum)?;
+//!     let seq = ps.sp()?.all_gather(&x, -1)?; // [2, 3·P]
+//!     println!("{:?} {:?}", sum.as_slice::<f32>()?, seq.shape());
+//!     Ok(())
+//! }
+//! ```
+#![warn(missing_docs)]
+
+pub mod autograd;
+mod collectives;
+pub mod dispatch;
+pub mod error;
+pub mod group;
+pub mod launcher;
+pub mod layout;
+pub mod layout_ops;
+mod object;
+pub mod parallel;
+pub mod plane;
+pub mod reduce;
+pub mod tensor;
+pub mod tensor_dict;
+pub mod world;
+
+pub use autograd::Differentiable;
+pub use error::{Error, Result};
+pub use group::GroupCoordinator;
+pub use layout::{GroupKind, Layout};
+pub use parallel::ParallelState;
+pub use reduce::ReduceOp;
+pub use tensor::{divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor};
+pub use tensor_dict::{DictValue, TensorDict};
+pub use world::{Options, RankInfo, Runtime, WorldInfo};

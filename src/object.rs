@@ -1,0 +1,146 @@
+//! The typed object plane: any `Serialize + DeserializeOwned` value over MPI.
+//!
+//! Values are encoded with `postcard` (a compact, stable, documented serde wire
+//! format; no code runs on decode, unlike pickle). A type digest travels in the
+//! call descriptor, so ranks that disagree on the type fail before any bytes
+//! move; bytes that still fail to decode (or leave trailing data) are an
+//! `Error::Decode` naming the group, the sender and the type.
+
+use crate::dispatch::{rank_in_range, Descriptor, Op};
+use crate::error::{Error, Result};
+use crate::group::{GroupCoordinator, Peer};
+use crate::world::fnv1a;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Digest of a type's name, carried in descriptors so ranks agree on types.
+fn type_digest<T>() -> i64 {
+    fnv1a(std::any::type_name::<T>().as_bytes()) as i64
+}
+
+fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u8>> {
+    postcard::to_stdvec(v).map_err(|e| Error::Encode {
+        op: op.name(),
+        group: g.name().to_string(),
+        type_name: std::any::type_name::<T>(),
+        msg: e.to_string(),
+    })
+}
+
+/// Decodes `bytes` as exactly one `T`.
+fn decode<T: DeserializeOwned>(g: &GroupCoordinator<'_>, op: Op, peer: usize, bytes: &[u8]) -> Result<T> {
+    let err = |msg: String| Error::Decode {
+        op: op.name(),
+        group: g.name().to_string(),
+        peer,
+        type_name: std::any::type_name::<T>(),
+        msg,
+    };
+    match postcard::take_from_bytes::<T>(bytes) {
+        Ok((v, [])) => Ok(v),
+        Ok((_, rest)) => Err(err(format!("{} trailing bytes after the value", rest.len()))),
+        Err(e) => Err(err(format!("{e} ({} bytes received)", bytes.len()))),
+    }
+}
+
+/// Adds this rank's type name to a type-digest disagreement.
+fn name_type<T>(e: Error) -> Error {
+    match e {
+        Error::Collective { op, group, msg } if msg.contains("type #") => Error::Collective {
+            op,
+            group,
+            msg: format!("{msg} (types differ; this rank uses `{}`)", std::any::type_name::<T>()),
+        },
+        e => e,
+    }
+}
+
+impl GroupCoordinator<'_> {
+    /// Sends `obj` from group rank `src` to every member; `obj` is ignored (and
+    /// may be `None`) elsewhere.
+    pub fn broadcast_object<T: Serialize + DeserializeOwned>(&self, obj: Option<&T>, src: usize) -> Result<T> {
+        let op = Op::BroadcastObject;
+        let is_src = self.rank_in_group() == src;
+        let bytes = match (is_src, obj) {
+            (true, Some(v)) => Some(encode(self, op, v)?),
+            (true, None) => None,
+            (false, _) => Some(Vec::new()),
+        };
+        let mut desc = Descriptor::new(op, &[src as i64, type_digest::<T>()]);
+        // A source without a value reports length u64::MAX; every rank then fails.
+        desc.len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
+        let size = self.size();
+        let check = |d: &Descriptor| {
+            let s = rank_in_range("src", d.params[0], size)?;
+            if d.len == u64::MAX {
+                return Err(format!("group rank {s} is the source but passed no object"));
+            }
+            Ok(())
+        };
+        self.collective(desc, check, |descs| {
+            let mut bytes = bytes.expect("checked by dispatch");
+            if size > 1 {
+                bytes.resize(descs[src].len as usize, 0);
+                self.plane().broadcast(&mut bytes, src);
+            }
+            decode(self, op, src, &bytes)
+        })
+        .map_err(name_type::<T>)
+    }
+
+    /// Every member's `obj`, indexed by group rank, on every member.
+    pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T) -> Result<Vec<T>> {
+        let op = Op::AllGatherObject;
+        let bytes = encode(self, op, obj)?;
+        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        desc.len = bytes.len() as u64;
+        self.collective(desc, |_| Ok(()), |descs| {
+            let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
+            let all = if self.size() == 1 { vec![bytes] } else { self.plane().all_gather_varcount(&bytes, &lens) };
+            all.iter().enumerate().map(|(r, b)| decode(self, op, r, b)).collect()
+        })
+        .map_err(name_type::<T>)
+    }
+
+    /// Every member's `obj`, indexed by group rank, on group rank `dst`
+    /// (`Some`); `None` on the others.
+    pub fn gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T, dst: usize) -> Result<Option<Vec<T>>> {
+        let op = Op::GatherObject;
+        let bytes = encode(self, op, obj)?;
+        let mut desc = Descriptor::new(op, &[dst as i64, type_digest::<T>()]);
+        desc.len = bytes.len() as u64;
+        let size = self.size();
+        self.collective(desc, |d| rank_in_range("dst", d.params[0], size).map(|_| ()), |descs| {
+            let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
+            let all = if size == 1 { Some(vec![bytes]) } else { self.plane().gather_varcount(&bytes, &lens, dst) };
+            all.map(|all| all.iter().enumerate().map(|(r, b)| decode(self, op, r, b)).collect())
+                .transpose()
+        })
+        .map_err(name_type::<T>)
+    }
+
+    /// Sends `obj` to group rank `dst`; synchronous like [`send`](Self::send).
+    pub fn send_object<T: Serialize>(&self, obj: &T, dst: usize) -> Result<()> {
+        let op = Op::SendObject;
+        let bytes = encode(self, op, obj)?;
+        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        desc.len = bytes.len() as u64;
+        self.point_to_point(desc, Peer::To(dst), |_| {
+            self.plane().send(&bytes, dst);
+            Ok(())
+        })
+        .map_err(name_type::<T>)
+    }
+
+    /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
+    pub fn recv_object<T: DeserializeOwned>(&self, src: usize) -> Result<T> {
+        let op = Op::SendObject;
+        let desc = Descriptor::new(op, &[type_digest::<T>()]);
+        self.point_to_point(desc, Peer::From(src), |sent| {
+            let mut bytes = vec![0u8; sent.len as usize];
+            self.plane().recv(&mut bytes, src);
+            decode(self, op, src, &bytes)
+        })
+        .map_err(name_type::<T>)
+    }
+}

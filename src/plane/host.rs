@@ -1,0 +1,331 @@
+//! The host data plane: MPI on host memory.
+//!
+//! rsmpi counts are `i32`, so every transfer is cut into pieces of at most
+//! `max_bytes` (and, for operations whose receive buffer holds a piece from
+//! every rank, at most `max_bytes / P` per rank). Calls here assume the ranks
+//! already agreed on sizes through the dispatch path.
+
+use crate::reduce::ReduceOp;
+use crate::tensor::{HostData, Tensor};
+use half::{bf16, f16};
+use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+/// Tag of point-to-point call headers.
+pub const TAG_HEADER: i32 = 0x5201;
+/// Tag of the receiver's answer to a header.
+pub const TAG_ANSWER: i32 = 0x5202;
+/// Tag of point-to-point payload pieces.
+pub const TAG_DATA: i32 = 0x5203;
+
+/// MPI over host memory for one communicator.
+pub struct HostPlane<'c> {
+    comm: &'c SimpleCommunicator,
+    max_bytes: usize,
+}
+
+impl<'c> HostPlane<'c> {
+    /// A plane over `comm` cutting messages at `max_bytes`.
+    pub fn new(comm: &'c SimpleCommunicator, max_bytes: usize) -> Self {
+        HostPlane {
+            comm,
+            max_bytes: max_bytes.max(1),
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size() as usize
+    }
+
+    /// Bytes one rank contributes per round when every rank's piece lands in one buffer.
+    fn per_rank_piece(&self) -> usize {
+        (self.max_bytes / self.size()).max(1)
+    }
+
+    /// Every rank's `block` (same length everywhere), concatenated in rank order.
+    pub fn all_gather(&self, block: &[u8]) -> Vec<u8> {
+        let (n, p) = (block.len(), self.size());
+        let mut out = vec![0u8; n * p];
+        if n <= self.per_rank_piece() {
+            self.comm.all_gather_into(block, &mut out[..]);
+            return out;
+        }
+        let piece = self.per_rank_piece();
+        let mut tmp = vec![0u8; piece * p];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            self.comm.all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
+            for r in 0..p {
+                out[r * n + start..r * n + start + len].copy_from_slice(&tmp[r * len..(r + 1) * len]);
+            }
+        }
+        out
+    }
+
+    /// Every rank's `block` concatenated on `root`; `None` elsewhere.
+    pub fn gather(&self, block: &[u8], root: usize) -> Option<Vec<u8>> {
+        let (n, p) = (block.len(), self.size());
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let is_root = self.comm.rank() as usize == root;
+        let mut out = is_root.then(|| vec![0u8; n * p]);
+        let piece = self.per_rank_piece();
+        let mut tmp = vec![0u8; if is_root { piece.min(n) * p } else { 0 }];
+        for start in (0..n.max(1)).step_by(piece).take_while(|s| *s < n) {
+            let len = piece.min(n - start);
+            let send = &block[start..start + len];
+            match out.as_mut() {
+                Some(out) => {
+                    root_proc.gather_into_root(send, &mut tmp[..len * p]);
+                    for r in 0..p {
+                        out[r * n + start..r * n + start + len].copy_from_slice(&tmp[r * len..(r + 1) * len]);
+                    }
+                }
+                None => root_proc.gather_into(send),
+            }
+        }
+        out
+    }
+
+    /// `buf` from `root` copied into `buf` everywhere.
+    pub fn broadcast(&self, buf: &mut [u8], root: usize) {
+        let root_proc = self.comm.process_at_rank(root as i32);
+        for piece in buf.chunks_mut(self.max_bytes) {
+            root_proc.broadcast_into(piece);
+        }
+    }
+
+    /// Rank `r` receives block `r` of every rank's `send`; received blocks in source order.
+    pub fn all_to_all(&self, send: &[u8]) -> Vec<u8> {
+        let p = self.size();
+        let block = send.len() / p;
+        let mut out = vec![0u8; send.len()];
+        if block <= self.per_rank_piece() {
+            self.comm.all_to_all_into(send, &mut out[..]);
+            return out;
+        }
+        let piece = self.per_rank_piece();
+        let mut s = vec![0u8; piece * p];
+        let mut r = vec![0u8; piece * p];
+        for start in (0..block).step_by(piece) {
+            let len = piece.min(block - start);
+            for q in 0..p {
+                s[q * len..(q + 1) * len].copy_from_slice(&send[q * block + start..q * block + start + len]);
+            }
+            self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
+            for q in 0..p {
+                out[q * block + start..q * block + start + len].copy_from_slice(&r[q * len..(q + 1) * len]);
+            }
+        }
+        out
+    }
+
+    /// Each rank's `mine` (lengths `lens`, known to all) delivered to every rank.
+    pub fn all_gather_varcount(&self, mine: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = lens.iter().map(|n| Vec::with_capacity(*n)).collect();
+        for (start, counts) in self.varcount_rounds(lens) {
+            let displs = displacements(&counts);
+            let total = counts.iter().sum::<i32>() as usize;
+            let mut tmp = vec![0u8; total];
+            let own = &mine[start..start + counts[self.comm.rank() as usize] as usize];
+            let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
+            self.comm.all_gather_varcount_into(own, &mut part);
+            scatter_round(&mut out, &tmp, &counts, &displs);
+        }
+        out
+    }
+
+    /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`.
+    pub fn gather_varcount(&self, mine: &[u8], lens: &[usize], root: usize) -> Option<Vec<Vec<u8>>> {
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let is_root = self.comm.rank() as usize == root;
+        let mut out: Vec<Vec<u8>> = lens.iter().map(|n| Vec::with_capacity(if is_root { *n } else { 0 })).collect();
+        for (start, counts) in self.varcount_rounds(lens) {
+            let own = &mine[start..start + counts[self.comm.rank() as usize] as usize];
+            if is_root {
+                let displs = displacements(&counts);
+                let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
+                let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
+                root_proc.gather_varcount_into_root(own, &mut part);
+                scatter_round(&mut out, &tmp, &counts, &displs);
+            } else {
+                root_proc.gather_varcount_into(own);
+            }
+        }
+        is_root.then_some(out)
+    }
+
+    /// (offset, per-rank counts) of each round of a variable-count exchange.
+    fn varcount_rounds(&self, lens: &[usize]) -> Vec<(usize, Vec<i32>)> {
+        let piece = self.per_rank_piece();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        (0..longest)
+            .step_by(piece)
+            .map(|start| {
+                let counts = lens.iter().map(|n| n.saturating_sub(start).min(piece) as i32).collect();
+                (start, counts)
+            })
+            .collect()
+    }
+
+    /// Sends `bytes` to `dst` in pieces with `TAG_DATA`.
+    pub fn send(&self, bytes: &[u8], dst: usize) {
+        let p = self.comm.process_at_rank(dst as i32);
+        for piece in bytes.chunks(self.max_bytes) {
+            p.send_with_tag(piece, TAG_DATA);
+        }
+    }
+
+    /// Receives exactly `buf.len()` bytes from `src` in pieces with `TAG_DATA`.
+    pub fn recv(&self, buf: &mut [u8], src: usize) {
+        let p = self.comm.process_at_rank(src as i32);
+        for piece in buf.chunks_mut(self.max_bytes) {
+            p.receive_into_with_tag(piece, TAG_DATA);
+        }
+    }
+
+    /// Sends a fixed-size header with `tag`.
+    pub fn send_header(&self, header: &[u8], dst: usize, tag: i32) {
+        self.comm.process_at_rank(dst as i32).send_with_tag(header, tag);
+    }
+
+    /// Receives a fixed-size header with `tag`.
+    pub fn recv_header(&self, header: &mut [u8], src: usize, tag: i32) {
+        self.comm.process_at_rank(src as i32).receive_into_with_tag(header, tag);
+    }
+
+    /// Element-wise reduction of same-shaped tensors; the result on every rank.
+    /// f16/bf16 are reduced in f32 and rounded once at the end.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Tensor {
+        let data = reduce_data(&AllReduce(self), t.data(), op, self.size(), t.numel());
+        rebuild(t.shape(), data)
+    }
+
+    /// `send` holds `P` equal blocks; rank `r` gets the reduction of every rank's
+    /// block `r`, shaped `out_shape`.
+    pub fn reduce_scatter_block(&self, send: &Tensor, op: ReduceOp, out_shape: &[usize]) -> Tensor {
+        let n = self.size();
+        let data = reduce_data(&ReduceScatter(self), send.data(), op, n, send.numel() / n);
+        rebuild(out_shape, data)
+    }
+}
+
+/// A reduction collective over typed slices.
+trait Reducer {
+    fn run<T: Equivalence + Copy + Default>(&self, send: &[T], recv: &mut [T], op: &SystemOperation);
+}
+
+struct AllReduce<'p, 'c>(&'p HostPlane<'c>);
+
+impl Reducer for AllReduce<'_, '_> {
+    fn run<T: Equivalence + Copy + Default>(&self, send: &[T], recv: &mut [T], op: &SystemOperation) {
+        let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
+        for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
+            self.0.comm.all_reduce_into(s, r, op);
+        }
+    }
+}
+
+struct ReduceScatter<'p, 'c>(&'p HostPlane<'c>);
+
+impl Reducer for ReduceScatter<'_, '_> {
+    fn run<T: Equivalence + Copy + Default>(&self, send: &[T], recv: &mut [T], op: &SystemOperation) {
+        let p = self.0.size();
+        let block = recv.len();
+        let piece = (self.0.per_rank_piece() / std::mem::size_of::<T>()).max(1);
+        if block <= piece {
+            self.0.comm.reduce_scatter_block_into(send, recv, op);
+            return;
+        }
+        let mut s = vec![T::default(); piece * p];
+        for start in (0..block).step_by(piece) {
+            let len = piece.min(block - start);
+            for q in 0..p {
+                s[q * len..(q + 1) * len].copy_from_slice(&send[q * block + start..q * block + start + len]);
+            }
+            self.0.comm.reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
+        }
+    }
+}
+
+/// Division by the group size for `Avg` (truncating for integers).
+trait DivN {
+    fn div_n(self, n: usize) -> Self;
+}
+
+macro_rules! div_n {
+    ($($t:ty),*) => {$(
+        impl DivN for $t {
+            fn div_n(self, n: usize) -> Self {
+                self / (n as $t)
+            }
+        }
+    )*};
+}
+div_n!(f32, f64, i8, u8, i32, u32, i64, u64);
+
+/// Runs `reducer` for the dtype of `data` with an output of `out_len` elements,
+/// widening 16-bit floats to f32 (one rounding at the end), then applies `Avg`.
+fn reduce_data(reducer: &impl Reducer, data: &HostData, op: ReduceOp, n: usize, out_len: usize) -> HostData {
+    let sys = match op {
+        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
+        ReduceOp::Prod => SystemOperation::product(),
+        ReduceOp::Min => SystemOperation::min(),
+        ReduceOp::Max => SystemOperation::max(),
+    };
+    macro_rules! native {
+        ($v:expr, $variant:ident) => {{
+            let mut out = vec![Default::default(); out_len];
+            reducer.run($v.as_slice(), &mut out, &sys);
+            if op == ReduceOp::Avg {
+                out.iter_mut().for_each(|x| *x = DivN::div_n(*x, n));
+            }
+            HostData::$variant(out)
+        }};
+    }
+    macro_rules! widened {
+        ($v:expr, $variant:ident, $t:ty) => {{
+            let wide: Vec<f32> = $v.iter().map(|x| x.to_f32()).collect();
+            let mut out = vec![0f32; out_len];
+            reducer.run(&wide, &mut out, &sys);
+            let scale = if op == ReduceOp::Avg { n as f32 } else { 1.0 };
+            HostData::$variant(out.into_iter().map(|x| <$t>::from_f32(x / scale)).collect())
+        }};
+    }
+    match data {
+        HostData::F32(v) => native!(v, F32),
+        HostData::F64(v) => native!(v, F64),
+        HostData::I8(v) => native!(v, I8),
+        HostData::U8(v) => native!(v, U8),
+        HostData::I32(v) => native!(v, I32),
+        HostData::U32(v) => native!(v, U32),
+        HostData::I64(v) => native!(v, I64),
+        HostData::U64(v) => native!(v, U64),
+        HostData::F16(v) => widened!(v, F16, f16),
+        HostData::BF16(v) => widened!(v, BF16, bf16),
+    }
+}
+
+fn rebuild(shape: &[usize], data: HostData) -> Tensor {
+    Tensor::from_data(shape.to_vec(), data)
+}
+
+fn displacements(counts: &[i32]) -> Vec<i32> {
+    counts
+        .iter()
+        .scan(0i32, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect()
+}
+
+/// Appends each rank's part of one variable-count round to its output.
+fn scatter_round(out: &mut [Vec<u8>], tmp: &[u8], counts: &[i32], displs: &[i32]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let d = displs[r] as usize;
+        o.extend_from_slice(&tmp[d..d + counts[r] as usize]);
+    }
+}

@@ -1,0 +1,441 @@
+//! Host tensors: a dtype, a shape and owned, typed storage.
+//!
+//! Storage is one typed `Vec` per dtype (never a `Vec<u8>`), so views as `&[f64]`
+//! are always aligned; the byte view used by the data plane is a zero-copy cast.
+
+use crate::error::{Error, Result};
+use bytemuck::Pod;
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// Element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary64.
+    F64,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned 64-bit integer.
+    U64,
+}
+
+impl DType {
+    /// Every dtype, in wire-code order.
+    pub const ALL: [DType; 10] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+    ];
+
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+        }
+    }
+
+    /// Short lower-case name (`f32`, `bf16`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::I64 => "i64",
+            DType::U64 => "u64",
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+
+    pub(crate) fn code(self) -> u32 {
+        DType::ALL.iter().position(|d| *d == self).unwrap_or(0) as u32
+    }
+
+    pub(crate) fn from_code(code: u32) -> Option<DType> {
+        DType::ALL.get(code as usize).copied()
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Typed host storage of a tensor.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum HostData {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+    U64(Vec<u64>),
+}
+
+/// Runs `$body` with `$v` bound to the typed vector inside a [`HostData`].
+macro_rules! with_host_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            HostData::F32($v) => $body,
+            HostData::F64($v) => $body,
+            HostData::F16($v) => $body,
+            HostData::BF16($v) => $body,
+            HostData::I8($v) => $body,
+            HostData::U8($v) => $body,
+            HostData::I32($v) => $body,
+            HostData::U32($v) => $body,
+            HostData::I64($v) => $body,
+            HostData::U64($v) => $body,
+        }
+    };
+}
+
+
+/// A Rust type that can be a tensor element.
+pub trait Element: Pod + PartialEq + std::fmt::Debug + Send + Sync + 'static {
+    /// The dtype this type stands for.
+    const DTYPE: DType;
+    /// Wraps a vector as storage.
+    fn into_data(v: Vec<Self>) -> HostData;
+    /// Typed view of storage, `None` when the dtype differs.
+    fn view(data: &HostData) -> Option<&[Self]>;
+    /// Lossy conversion used by references and reductions of 16-bit floats.
+    fn to_f64(self) -> f64;
+    /// Lossy conversion (round to nearest, saturating for integers).
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident, $to:expr, $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn into_data(v: Vec<Self>) -> HostData {
+                HostData::$variant(v)
+            }
+            fn view(data: &HostData) -> Option<&[Self]> {
+                match data {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn to_f64(self) -> f64 {
+                let f: fn($t) -> f64 = $to;
+                f(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                let f: fn(f64) -> $t = $from;
+                f(v)
+            }
+        }
+    };
+}
+
+element!(f32, F32, |x| x as f64, |v| v as f32);
+element!(f64, F64, |x| x, |v| v);
+element!(f16, F16, |x| x.to_f64(), f16::from_f64);
+element!(bf16, BF16, |x| x.to_f64(), bf16::from_f64);
+element!(i8, I8, |x| x as f64, |v| v.round() as i8);
+element!(u8, U8, |x| x as f64, |v| v.round() as u8);
+element!(i32, I32, |x| x as f64, |v| v.round() as i32);
+element!(u32, U32, |x| x as f64, |v| v.round() as u32);
+element!(i64, I64, |x| x as f64, |v| v.round() as i64);
+element!(u64, U64, |x| x as f64, |v| v.round() as u64);
+
+impl HostData {
+    fn zeros(dtype: DType, n: usize) -> HostData {
+        match dtype {
+            DType::F32 => HostData::F32(vec![0.0; n]),
+            DType::F64 => HostData::F64(vec![0.0; n]),
+            DType::F16 => HostData::F16(vec![f16::ZERO; n]),
+            DType::BF16 => HostData::BF16(vec![bf16::ZERO; n]),
+            DType::I8 => HostData::I8(vec![0; n]),
+            DType::U8 => HostData::U8(vec![0; n]),
+            DType::I32 => HostData::I32(vec![0; n]),
+            DType::U32 => HostData::U32(vec![0; n]),
+            DType::I64 => HostData::I64(vec![0; n]),
+            DType::U64 => HostData::U64(vec![0; n]),
+        }
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I8(_) => DType::I8,
+            HostData::U8(_) => DType::U8,
+            HostData::I32(_) => DType::I32,
+            HostData::U32(_) => DType::U32,
+            HostData::I64(_) => DType::I64,
+            HostData::U64(_) => DType::U64,
+        }
+    }
+
+    fn len(&self) -> usize {
+        with_host_data!(self, v => v.len())
+    }
+}
+
+/// A dense, row-major host tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: HostData,
+}
+
+/// Number of elements of a shape (1 for a scalar `[]`).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Tensor {
+    /// Builds a tensor from a shape and row-major data; the lengths must agree.
+    pub fn from_vec<T: Element>(shape: impl Into<Vec<usize>>, data: Vec<T>) -> Result<Tensor> {
+        let shape = shape.into();
+        if numel(&shape) != data.len() {
+            return Err(Error::Tensor(format!(
+                "shape {shape:?} holds {} elements but {} were given",
+                numel(&shape),
+                data.len()
+            )));
+        }
+        Ok(Tensor {
+            shape,
+            data: T::into_data(data),
+        })
+    }
+
+    /// Wraps storage whose length the caller guarantees matches `shape`.
+    pub(crate) fn from_data(shape: Vec<usize>, data: HostData) -> Tensor {
+        debug_assert_eq!(numel(&shape), data.len());
+        Tensor { shape, data }
+    }
+
+    /// A zero-filled tensor.
+    pub fn zeros(shape: impl Into<Vec<usize>>, dtype: DType) -> Tensor {
+        let shape = shape.into();
+        let data = HostData::zeros(dtype, numel(&shape));
+        Tensor { shape, data }
+    }
+
+    /// A tensor whose elements are `f(flat_index)` converted to `dtype`.
+    pub fn from_fn(
+        shape: impl Into<Vec<usize>>,
+        dtype: DType,
+        f: impl Fn(usize) -> f64,
+    ) -> Tensor {
+        let mut t = Tensor::zeros(shape, dtype);
+        with_host_data!(&mut t.data, v => {
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = Element::from_f64(f(i));
+            }
+        });
+        t
+    }
+
+    /// Reinterprets raw bytes (native endianness) as a tensor.
+    pub fn from_bytes(shape: impl Into<Vec<usize>>, dtype: DType, bytes: &[u8]) -> Result<Tensor> {
+        let mut t = Tensor::zeros(shape, dtype);
+        if t.nbytes() != bytes.len() {
+            return Err(Error::Tensor(format!(
+                "shape {:?} of {dtype} needs {} bytes but {} were given",
+                t.shape,
+                t.nbytes(),
+                bytes.len()
+            )));
+        }
+        t.bytes_mut().copy_from_slice(bytes);
+        Ok(t)
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// Shape, outermost dimension first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Size of the storage in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+
+    /// The typed storage.
+    pub fn data(&self) -> &HostData {
+        &self.data
+    }
+
+    /// Typed view of the elements; an error names both dtypes when `T` is wrong.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        T::view(&self.data).ok_or_else(|| {
+            Error::Tensor(format!(
+                "tensor holds {} but {} was requested",
+                self.dtype(),
+                T::DTYPE
+            ))
+        })
+    }
+
+    /// Elements converted to `f64` (exact for every dtype but 64-bit integers above 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_host_data!(&self.data, v => v.iter().map(|x| x.to_f64()).collect())
+    }
+
+    /// Byte view of the storage (native endianness).
+    pub fn bytes(&self) -> &[u8] {
+        with_host_data!(&self.data, v => bytemuck::cast_slice(v.as_slice()))
+    }
+
+    /// Mutable byte view of the storage.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        with_host_data!(&mut self.data, v => bytemuck::cast_slice_mut(v.as_mut_slice()))
+    }
+
+    /// Same data, new shape with the same number of elements.
+    pub fn reshape(mut self, shape: impl Into<Vec<usize>>) -> Result<Tensor> {
+        let shape = shape.into();
+        if numel(&shape) != self.numel() {
+            return Err(Error::Tensor(format!(
+                "cannot reshape {:?} ({} elements) to {shape:?}",
+                self.shape,
+                self.numel()
+            )));
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+
+    /// Maps every element through `f64` (used for 16-bit reductions and references).
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        let src = self.to_f64_vec();
+        Tensor::from_fn(self.shape.clone(), dtype, |i| src[i])
+    }
+}
+
+/// `numerator / denominator`, an error when it does not divide exactly.
+pub fn divide(numerator: usize, denominator: usize) -> Result<usize> {
+    ensure_divisibility(numerator, denominator)?;
+    Ok(numerator / denominator)
+}
+
+/// An error unless `denominator` divides `numerator` (and is not zero).
+pub fn ensure_divisibility(numerator: usize, denominator: usize) -> Result<()> {
+    if denominator == 0 || numerator % denominator != 0 {
+        return Err(Error::Tensor(format!(
+            "{numerator} is not divisible by {denominator}"
+        )));
+    }
+    Ok(())
+}
+
+/// Splits a tensor into `num_partitions` equal, contiguous tensors along its last dimension.
+pub fn split_tensor_along_last_dim(tensor: &Tensor, num_partitions: usize) -> Result<Vec<Tensor>> {
+    let Some(&last) = tensor.shape().last() else {
+        return Err(Error::Tensor("cannot split a 0-d tensor".into()));
+    };
+    let part = divide(last, num_partitions)
+        .map_err(|e| Error::Tensor(format!("split along last dim of {:?}: {e}", tensor.shape())))?;
+    let packed = crate::layout_ops::split_dim(
+        tensor.bytes(),
+        tensor.shape(),
+        tensor.ndim() - 1,
+        num_partitions,
+        tensor.dtype().size(),
+    );
+    let mut shape = tensor.shape().to_vec();
+    *shape.last_mut().expect("checked non-empty") = part;
+    let block = numel(&shape) * tensor.dtype().size();
+    (0..num_partitions)
+        .map(|p| Tensor::from_bytes(shape.clone(), tensor.dtype(), &packed[p * block..(p + 1) * block]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_codes_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()), Some(d));
+        }
+        assert_eq!(DType::from_code(99), None);
+    }
+
+    #[test]
+    fn from_vec_checks_length() {
+        assert!(Tensor::from_vec([2, 3], vec![0f32; 6]).is_ok());
+        let e = Tensor::from_vec([2, 3], vec![0f32; 5]).unwrap_err().to_string();
+        assert!(e.contains("[2, 3] holds 6 elements but 5"), "{e}");
+    }
+
+    #[test]
+    fn wrong_view_dtype_is_an_error() {
+        let t = Tensor::from_vec([2], vec![1i32, 2]).unwrap();
+        assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 2]);
+        assert!(t.as_slice::<f32>().unwrap_err().to_string().contains("holds i32 but f32"));
+    }
+
+    #[test]
+    fn split_last_dim_matches_manual_slices() {
+        let t = Tensor::from_vec([2, 4], (0..8).map(|x| x as f32).collect()).unwrap();
+        let parts = split_tensor_along_last_dim(&t, 2).unwrap();
+        assert_eq!(parts[0].as_slice::<f32>().unwrap(), &[0., 1., 4., 5.]);
+        assert_eq!(parts[1].as_slice::<f32>().unwrap(), &[2., 3., 6., 7.]);
+        assert!(split_tensor_along_last_dim(&t, 3).is_err());
+        assert!(divide(7, 0).is_err());
+        assert_eq!(divide(8, 4).unwrap(), 2);
+    }
+}

@@ -1,0 +1,268 @@
+//! MPI start-up and the facts about the world: ranks, nodes, hosts.
+
+use crate::error::{Error, Result};
+use crate::group::GroupCoordinator;
+use crate::launcher::{self, MpiView};
+use crate::layout::validate_group_lists;
+use mpi::environment::Universe;
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use mpi::Threading;
+
+/// Bytes of a host name carried in the start-up exchange.
+const HOST_BYTES: usize = 256;
+
+/// Per-rank facts gathered once at start-up.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RankInfo {
+    /// World rank.
+    pub rank: usize,
+    /// Host name (`MPI_Get_processor_name`).
+    pub host: String,
+    /// Index of the rank's node, numbered by the lowest world rank on each node.
+    pub node: usize,
+    /// Rank among the processes of its node.
+    pub local_rank: usize,
+    /// Number of processes on its node.
+    pub local_size: usize,
+}
+
+/// Where every rank of the world runs. Node identity comes from
+/// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`, never from host names or env vars.
+#[derive(Clone, Debug)]
+pub struct WorldInfo {
+    /// This process's world rank.
+    pub rank: usize,
+    /// Number of ranks in the world.
+    pub size: usize,
+    /// Number of nodes.
+    pub node_count: usize,
+    /// Facts about every rank, indexed by world rank.
+    pub ranks: Vec<RankInfo>,
+}
+
+impl WorldInfo {
+    /// This rank's facts.
+    pub fn me(&self) -> &RankInfo {
+        &self.ranks[self.rank]
+    }
+}
+
+/// Start-up options.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Largest single MPI message in bytes; bigger transfers are chunked.
+    /// Defaults to 1 GiB, overridable with `RANKMESH_MAX_MESSAGE_BYTES`.
+    pub max_message_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_message_bytes: 1 << 30,
+        }
+    }
+}
+
+impl Options {
+    /// Defaults overridden by the `RANKMESH_*` environment variables.
+    pub fn from_env() -> Result<Options> {
+        let mut o = Options::default();
+        if let Ok(v) = std::env::var("RANKMESH_MAX_MESSAGE_BYTES") {
+            o.max_message_bytes = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=i32::MAX as usize).contains(n))
+                .ok_or_else(|| {
+                    Error::Launch(format!(
+                        "RANKMESH_MAX_MESSAGE_BYTES={v:?} is not a byte count in 1..={}",
+                        i32::MAX
+                    ))
+                })?;
+        }
+        Ok(o)
+    }
+}
+
+/// Owner of MPI for the process. Every communicator borrows it, so none can
+/// outlive MPI finalisation, which happens when the `Runtime` is dropped.
+pub struct Runtime {
+    // Field order is drop order: communicators before the universe.
+    world_comm: SimpleCommunicator,
+    info: WorldInfo,
+    options: Options,
+    threading: Threading,
+    warnings: Vec<String>,
+    _universe: Universe,
+}
+
+impl Runtime {
+    /// Initialises MPI (a world of 1 when not started by a launcher) with
+    /// options from the environment.
+    pub fn init() -> Result<Runtime> {
+        Runtime::init_with(Options::from_env()?)
+    }
+
+    /// Initialises MPI with explicit options.
+    pub fn init_with(options: Options) -> Result<Runtime> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
+            .ok_or_else(|| {
+                Error::Launch("MPI is already initialised: create one Runtime per process".into())
+            })?;
+        let world_comm = universe.world().duplicate();
+        let info = gather_world_info(&world_comm)?;
+        let me = info.me();
+        let view = MpiView {
+            rank: info.rank,
+            size: info.size,
+            local_rank: me.local_rank,
+            local_size: me.local_size,
+        };
+        let env = |k: &str| std::env::var(k).ok();
+        let mut warnings = launcher::check(&env, &view)?;
+        if threading < Threading::Funneled {
+            warnings.push(format!(
+                "MPI granted thread level {threading:?}; rankmesh keeps all MPI calls on one thread"
+            ));
+        }
+        for w in &warnings {
+            tracing::warn!(rank = info.rank, "{w}");
+        }
+        tracing::debug!(rank = info.rank, size = info.size, nodes = info.node_count, "MPI initialised");
+        Ok(Runtime {
+            world_comm,
+            info,
+            options,
+            threading,
+            warnings,
+            _universe: universe,
+        })
+    }
+
+    /// Facts about the world.
+    pub fn world(&self) -> &WorldInfo {
+        &self.info
+    }
+
+    /// This process's world rank.
+    pub fn rank(&self) -> usize {
+        self.info.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.info.size
+    }
+
+    /// Start-up options in force.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Thread level MPI granted.
+    pub fn threading(&self) -> Threading {
+        self.threading
+    }
+
+    /// Launcher disagreements found at start-up (also logged).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// A group over the whole world, named `world`.
+    pub fn world_group(&self) -> Result<GroupCoordinator<'_>> {
+        GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into())
+    }
+
+    /// Builds one group per list with a single `MPI_Comm_split` over the world
+    /// (collective: every rank passes the same lists). Returns the group that
+    /// holds this rank, `None` if it is in no list. Groups are named
+    /// `{name}:{index of the list}`.
+    pub fn split_groups(&self, name: &str, lists: &[Vec<usize>]) -> Result<Option<GroupCoordinator<'_>>> {
+        let local = validate_group_lists(self.size(), lists);
+        // Agree on validity and on the lists themselves before splitting, so a
+        // rank with different lists errors instead of joining the wrong group.
+        let digest = fnv1a(format!("{name}{lists:?}").as_bytes());
+        let mine = [u64::from(local.is_err()), digest];
+        let mut all = vec![0u64; 2 * self.size()];
+        self.world_comm.all_gather_into(&mine[..], &mut all[..]);
+        local?;
+        if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
+            return Err(Error::Layout(format!("rank {r} rejected the group lists for {name}")));
+        }
+        if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
+            return Err(Error::Layout(format!(
+                "rank {r} passed different group lists for {name} than rank {}",
+                self.rank()
+            )));
+        }
+        let index = lists.iter().position(|l| l.contains(&self.rank()));
+        let color = index.map_or(Color::undefined(), |i| Color::with_value(i as i32));
+        let key = index.map_or(0, |i| lists[i].iter().position(|r| *r == self.rank()).unwrap_or(0));
+        let comm = self.world_comm.split_by_color_with_key(color, key as i32);
+        match (index, comm) {
+            (Some(i), Some(comm)) => {
+                let group = GroupCoordinator::new(self, comm, format!("{name}:{i}"))?;
+                debug_assert_eq!(group.ranks(), lists[i].as_slice());
+                Ok(Some(group))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// FNV-1a, for cheap cross-rank agreement digests (not for security).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn gather_world_info(world: &SimpleCommunicator) -> Result<WorldInfo> {
+    let rank = world.rank() as usize;
+    let size = world.size() as usize;
+    let node_comm = world.split_shared(rank as i32);
+    let local_rank = node_comm.rank() as usize;
+    let local_size = node_comm.size() as usize;
+    // The node's identity is the lowest world rank on it (local rank 0, key = rank).
+    let mut leader = rank as u64;
+    node_comm.process_at_rank(0).broadcast_into(&mut leader);
+    let host = mpi::environment::processor_name()
+        .map_err(|e| Error::Launch(format!("processor name is not UTF-8: {e}")))?;
+    let mut mine = [0u8; 24 + HOST_BYTES];
+    mine[..8].copy_from_slice(&leader.to_le_bytes());
+    mine[8..16].copy_from_slice(&(local_rank as u64).to_le_bytes());
+    mine[16..24].copy_from_slice(&(local_size as u64).to_le_bytes());
+    let name = host.as_bytes();
+    let n = name.len().min(HOST_BYTES);
+    mine[24..24 + n].copy_from_slice(&name[..n]);
+    let mut all = vec![0u8; mine.len() * size];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let word = |rec: &[u8], i: usize| u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+    let mut leaders: Vec<u64> = all.chunks(mine.len()).map(|r| word(r, 0)).collect();
+    let per_rank_leader = leaders.clone();
+    leaders.sort_unstable();
+    leaders.dedup();
+    let ranks = all
+        .chunks(mine.len())
+        .enumerate()
+        .map(|(r, rec)| {
+            let host_bytes = &rec[24..];
+            let end = host_bytes.iter().position(|b| *b == 0).unwrap_or(host_bytes.len());
+            RankInfo {
+                rank: r,
+                host: String::from_utf8_lossy(&host_bytes[..end]).into_owned(),
+                node: leaders.binary_search(&per_rank_leader[r]).unwrap_or(0),
+                local_rank: word(rec, 1) as usize,
+                local_size: word(rec, 2) as usize,
+            }
+        })
+        .collect();
+    Ok(WorldInfo {
+        rank,
+        size,
+        node_count: leaders.len(),
+        ranks,
+    })
+}
