@@ -38,6 +38,7 @@ pub mod plane;
 pub mod reduce;
 pub mod tensor;
 pub mod tensor_dict;
+pub mod topo;
 pub mod world;
 
 pub use autograd::Differentiable;

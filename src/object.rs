@@ -71,9 +71,9 @@ impl GroupCoordinator<'_> {
         desc.len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
         let size = self.size();
         let check = |d: &Descriptor| {
-            let s = rank_in_range("src", d.params[0], size)?;
+            rank_in_range("src", d.params[0], size)?;
             if d.len == u64::MAX {
-                return Err(format!("group rank {s} is the source but passed no object"));
+                return Err("no object given on the source rank".into());
             }
             Ok(())
         };

@@ -212,6 +212,20 @@ impl Runtime {
     }
 }
 
+impl Drop for Runtime {
+    /// A rank that panics would otherwise finalise MPI while its peers wait in
+    /// a collective, and the job would hang; abort the whole job instead.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "rankmesh: rank {} panicked; aborting the MPI job so the other ranks do not wait forever",
+                self.info.rank
+            );
+            self.world_comm.abort(70);
+        }
+    }
+}
+
 /// FNV-1a, for cheap cross-rank agreement digests (not for security).
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {

@@ -128,7 +128,7 @@ impl<'c> HostPlane<'c> {
             let displs = displacements(&counts);
             let total = counts.iter().sum::<i32>() as usize;
             let mut tmp = vec![0u8; total];
-            let own = &mine[start..start + counts[self.comm.rank() as usize] as usize];
+            let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
             let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
             self.comm.all_gather_varcount_into(own, &mut part);
             scatter_round(&mut out, &tmp, &counts, &displs);
@@ -142,7 +142,7 @@ impl<'c> HostPlane<'c> {
         let is_root = self.comm.rank() as usize == root;
         let mut out: Vec<Vec<u8>> = lens.iter().map(|n| Vec::with_capacity(if is_root { *n } else { 0 })).collect();
         for (start, counts) in self.varcount_rounds(lens) {
-            let own = &mine[start..start + counts[self.comm.rank() as usize] as usize];
+            let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
             if is_root {
                 let displs = displacements(&counts);
                 let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
@@ -309,6 +309,12 @@ fn reduce_data(reducer: &impl Reducer, data: &HostData, op: ReduceOp, n: usize, 
 
 fn rebuild(shape: &[usize], data: HostData) -> Tensor {
     Tensor::from_data(shape.to_vec(), data)
+}
+
+/// This rank's piece of a variable-count round (empty once its data is sent).
+fn own_piece(mine: &[u8], start: usize, count: i32) -> &[u8] {
+    let start = start.min(mine.len());
+    &mine[start..start + count as usize]
 }
 
 fn displacements(counts: &[i32]) -> Vec<i32> {

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian/Ubuntu machine lacks to build and test rankmesh:
+# Open MPI (library, headers, mpirun), libclang for rsmpi's bindgen, pkg-config.
+# Does nothing when everything is present; needs root (or sudo) otherwise.
+set -euo pipefail
+need=()
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+[ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \
+  || dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-deps: missing ${need[*]} and no apt-get; install them with your package manager" >&2
+  exit 1
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+echo "install-deps: installing ${need[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi

@@ -1,0 +1,105 @@
+//! Every tensor collective, dtype and mode against the serial reference.
+
+use super::reference::{assert_tensor, concat, input, reduced, slice, values};
+use rankmesh::{DType, ReduceOp, Runtime, Tensor};
+
+pub fn run(rt: &Runtime) {
+    let g = rt.world_group().unwrap();
+    let (p, me) = (g.size(), g.rank_in_group());
+    let shapes: [&[usize]; 3] = [&[5], &[2, 3, 4], &[1, 2, 1, 3]];
+
+    for dtype in DType::ALL {
+        for op in ReduceOp::ALL {
+            for shape in shapes {
+                let x = input(me, shape, dtype, op);
+                let ctx = format!("all_reduce {op:?} {dtype} {shape:?} np{p}");
+                let got = g.all_reduce(&x, op).unwrap();
+                assert_tensor(&got, dtype, shape, &reduced(p, x.numel(), dtype, op), &ctx);
+            }
+        }
+
+        for shape in shapes {
+            let n: usize = shape.iter().product();
+            let parts: Vec<Vec<f64>> = (0..p).map(|r| values(r, n, dtype, ReduceOp::Sum)).collect();
+            let x = input(me, shape, dtype, ReduceOp::Sum);
+            for dim in -(shape.len() as isize)..shape.len() as isize {
+                let d = dim.rem_euclid(shape.len() as isize) as usize;
+                let (want_shape, want) = concat(&parts, shape, d);
+                let ctx = format!("all_gather dim {dim} {dtype} {shape:?} np{p}");
+                assert_tensor(&g.all_gather(&x, dim).unwrap(), dtype, &want_shape, &want, &ctx);
+                for dst in 0..p {
+                    let got = g.gather(&x, dst, dim).unwrap();
+                    match got {
+                        Some(t) => {
+                            assert_eq!(me, dst, "gather result on a non-destination rank");
+                            assert_tensor(&t, dtype, &want_shape, &want, &format!("gather to {dst}: {ctx}"));
+                        }
+                        None => assert_ne!(me, dst, "no gather result on the destination"),
+                    }
+                }
+            }
+            for src in 0..p {
+                let mut t = if me == src { x.clone() } else { Tensor::zeros(shape.to_vec(), dtype) };
+                g.broadcast(&mut t, src).unwrap();
+                let want = values(src, n, dtype, ReduceOp::Sum);
+                assert_tensor(&t, dtype, shape, &want, &format!("broadcast from {src} {dtype} np{p}"));
+            }
+        }
+
+        for op in ReduceOp::ALL {
+            for dim in 0..3usize {
+                let mut shape = vec![2, 3, 2];
+                shape[dim] *= p;
+                let x = input(me, &shape, dtype, op);
+                let full = reduced(p, x.numel(), dtype, op);
+                let (want_shape, want) = slice(&full, &shape, dim, me, p);
+                let ctx = format!("reduce_scatter {op:?} dim {dim} {dtype} np{p}");
+                let got = g.reduce_scatter(&x, dim as isize - 3, op).unwrap();
+                assert_tensor(&got, dtype, &want_shape, &want, &ctx);
+            }
+        }
+
+        all_to_all_4d(&g, dtype);
+    }
+}
+
+/// Both FastVideo modes, element by element from the definition.
+fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
+    let (p, me) = (g.size(), g.rank_in_group());
+    let (b, s, h, d) = (2, 3, 2, 2);
+    let sum = ReduceOp::Sum;
+
+    // (2, 1): [B, S/P, H, D] -> [B, S, H/P, D] with S/P = s, H = h·P.
+    let in_shape = [b, s, h * p, d];
+    let x = input(me, &in_shape, dtype, sum);
+    let got = g.all_to_all_4d(&x, 2, 1).unwrap();
+    let out_shape = [b, s * p, h, d];
+    let want: Vec<f64> = (0..out_shape.iter().product())
+        .map(|f| {
+            let i = super::reference::unflat(&out_shape, f);
+            let (src, seq) = (i[1] / s, i[1] % s);
+            let v = values(src, in_shape.iter().product(), dtype, sum);
+            v[super::reference::flat(&in_shape, &[i[0], seq, me * h + i[2], i[3]])]
+        })
+        .collect();
+    assert_tensor(&got, dtype, &out_shape, &want, &format!("all_to_all_4d (2,1) {dtype} np{p}"));
+
+    // (1, 2): [B, S, H/P, D] -> [B, S/P, H, D] with S = s·P, H/P = h.
+    let in_shape = [b, s * p, h, d];
+    let x = input(me, &in_shape, dtype, sum);
+    let got = g.all_to_all_4d(&x, 1, 2).unwrap();
+    let out_shape = [b, s, h * p, d];
+    let want: Vec<f64> = (0..out_shape.iter().product())
+        .map(|f| {
+            let i = super::reference::unflat(&out_shape, f);
+            let (src, head) = (i[2] / h, i[2] % h);
+            let v = values(src, in_shape.iter().product(), dtype, sum);
+            v[super::reference::flat(&in_shape, &[i[0], me * s + i[1], head, i[3]])]
+        })
+        .collect();
+    assert_tensor(&got, dtype, &out_shape, &want, &format!("all_to_all_4d (1,2) {dtype} np{p}"));
+
+    // The two modes are inverses.
+    let back = g.all_to_all_4d(&g.all_to_all_4d(&x, 1, 2).unwrap(), 2, 1).unwrap();
+    assert_eq!(back, x, "all_to_all_4d round trip {dtype} np{p}");
+}

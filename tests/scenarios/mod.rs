@@ -1,0 +1,37 @@
+//! Scenarios run by every rank of an mpirun job.
+
+mod adjoint;
+mod collectives;
+mod dicts;
+mod errors;
+mod groups;
+mod objects;
+mod p2p;
+mod reference;
+
+use rankmesh::Runtime;
+
+pub struct Scenario {
+    pub name: &'static str,
+    /// World sizes to launch it with.
+    pub sizes: &'static [usize],
+    /// Extra environment for the ranks.
+    pub env: &'static [(&'static str, &'static str)],
+    pub run: fn(&Runtime),
+}
+
+const ALL_SIZES: &[usize] = &[1, 2, 3, 4];
+/// Forces every transfer through the chunked paths (pieces of a few bytes).
+const TINY_CHUNKS: &[(&str, &str)] = &[("RANKMESH_MAX_MESSAGE_BYTES", "7")];
+
+pub const ALL: &[Scenario] = &[
+    Scenario { name: "collectives", sizes: ALL_SIZES, env: &[], run: collectives::run },
+    Scenario { name: "collectives_chunked", sizes: &[2, 3], env: TINY_CHUNKS, run: collectives::run },
+    Scenario { name: "objects", sizes: ALL_SIZES, env: &[], run: objects::run },
+    Scenario { name: "objects_chunked", sizes: &[3], env: TINY_CHUNKS, run: objects::run },
+    Scenario { name: "p2p", sizes: &[2, 3, 4], env: &[], run: p2p::run },
+    Scenario { name: "groups", sizes: ALL_SIZES, env: &[], run: groups::run },
+    Scenario { name: "tensor_dicts", sizes: &[2, 4], env: &[], run: dicts::run },
+    Scenario { name: "adjoint", sizes: ALL_SIZES, env: &[], run: adjoint::run },
+    Scenario { name: "errors", sizes: ALL_SIZES, env: &[], run: errors::run },
+];

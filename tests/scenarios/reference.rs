@@ -1,0 +1,106 @@
+//! Serial references: every rank can compute any rank's input, so each rank
+//! computes the expected result of a collective by plain index arithmetic
+//! (independent of the library's packing code) and compares.
+
+use rankmesh::{DType, ReduceOp, Tensor};
+
+/// Deterministic input of `rank`: small integers, exact in every dtype, whose
+/// sums and products stay in range for 4 ranks.
+pub fn values(rank: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
+    let signed = !matches!(dtype, DType::U8 | DType::U32 | DType::U64);
+    (0..n)
+        .map(|i| {
+            if op == ReduceOp::Prod {
+                ((rank + i) % 2 + 1) as f64
+            } else {
+                let v = ((rank * 7 + i * 3) % 9) as f64;
+                if signed { v - 4.0 } else { v }
+            }
+        })
+        .collect()
+}
+
+pub fn input(rank: usize, shape: &[usize], dtype: DType, op: ReduceOp) -> Tensor {
+    let v = values(rank, shape.iter().product(), dtype, op);
+    Tensor::from_fn(shape.to_vec(), dtype, |i| v[i])
+}
+
+/// Element-wise reduction of every rank's `values`, as the collective defines it.
+pub fn reduced(p: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
+    let all: Vec<Vec<f64>> = (0..p).map(|r| values(r, n, dtype, op)).collect();
+    (0..n)
+        .map(|i| {
+            let acc = (1..p).fold(all[0][i], |a, r| op.combine(a, all[r][i]));
+            match op {
+                ReduceOp::Avg if dtype.is_float() => acc / p as f64,
+                ReduceOp::Avg => (acc / p as f64).trunc(),
+                _ => acc,
+            }
+        })
+        .collect()
+}
+
+pub fn unflat(shape: &[usize], mut f: usize) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        idx[d] = f % shape[d];
+        f /= shape[d];
+    }
+    idx
+}
+
+pub fn flat(shape: &[usize], idx: &[usize]) -> usize {
+    idx.iter().zip(shape).fold(0, |acc, (i, n)| acc * n + i)
+}
+
+/// Concatenation of `parts` (each shaped `shape`) along `dim`.
+pub fn concat(parts: &[Vec<f64>], shape: &[usize], dim: usize) -> (Vec<usize>, Vec<f64>) {
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] *= parts.len();
+    let n: usize = out_shape.iter().product();
+    let data = (0..n)
+        .map(|f| {
+            let mut idx = unflat(&out_shape, f);
+            let part = idx[dim] / shape[dim];
+            idx[dim] %= shape[dim];
+            parts[part][flat(shape, &idx)]
+        })
+        .collect();
+    (out_shape, data)
+}
+
+/// Slice `k` of `parts` equal slices of `data` (shaped `shape`) along `dim`.
+pub fn slice(data: &[f64], shape: &[usize], dim: usize, k: usize, parts: usize) -> (Vec<usize>, Vec<f64>) {
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] /= parts;
+    let n: usize = out_shape.iter().product();
+    let out = (0..n)
+        .map(|f| {
+            let mut idx = unflat(&out_shape, f);
+            idx[dim] += k * out_shape[dim];
+            data[flat(shape, &idx)]
+        })
+        .collect();
+    (out_shape, out)
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+        DType::F32 => 1e-6,
+        DType::F64 => 1e-12,
+        _ => 0.0,
+    }
+}
+
+/// Asserts `got` has `shape`, `dtype` and values `want` (exact for integers,
+/// within one rounding of the dtype for floats).
+pub fn assert_tensor(got: &Tensor, dtype: DType, shape: &[usize], want: &[f64], ctx: &str) {
+    assert_eq!(got.dtype(), dtype, "{ctx}: dtype");
+    assert_eq!(got.shape(), shape, "{ctx}: shape");
+    let tol = tolerance(dtype);
+    for (i, (g, w)) in got.to_f64_vec().iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * w.abs(), "{ctx}: element {i} is {g}, expected {w}");
+    }
+}

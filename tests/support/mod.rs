@@ -1,0 +1,64 @@
+//! Launching real `mpirun` jobs from tests (through scripts/mpirun-local.sh,
+//! the same launcher the demo uses), bounded in time.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Seconds after which a job is killed: a hang fails the test instead of the run.
+pub const JOB_TIMEOUT_S: u32 = 180;
+
+/// A finished job.
+pub struct Job {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Job {
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    pub fn describe(&self) -> String {
+        format!("exit {:?}\n--- stdout\n{}\n--- stderr\n{}", self.code, self.stdout, self.stderr)
+    }
+}
+
+/// Runs `program args` on `np` local ranks with extra environment `env`.
+pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mpirun-local.sh");
+    let mut cmd = Command::new("timeout");
+    cmd.args(["--signal=TERM", "--kill-after=10", &JOB_TIMEOUT_S.to_string()])
+        .arg("bash")
+        .arg(launcher)
+        .args(["-np", &np.to_string()]);
+    for (k, _) in env {
+        cmd.args(["-x", k]);
+    }
+    cmd.arg(program).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    finish(cmd.output().expect("cannot start timeout/mpirun"))
+}
+
+/// Runs `program args` as a plain process (an MPI singleton).
+pub fn singleton(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["--signal=TERM", "--kill-after=10", &JOB_TIMEOUT_S.to_string()]).arg(program).args(args);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    finish(cmd.output().expect("cannot start program"))
+}
+
+fn finish(out: Output) -> Job {
+    Job {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
