@@ -6,7 +6,11 @@ use rankmesh::{ParallelState, Runtime};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "rankmesh", version, about = "Collective communication runtime for MPI-launched jobs")]
+#[command(
+    name = "rankmesh",
+    version,
+    about = "Collective communication runtime for MPI-launched jobs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,7 +38,10 @@ enum Command {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RANKMESH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Runs the command; MPI is finalised (the runtime dropped) before returning.
@@ -48,7 +55,10 @@ fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
             let report = TopoReport::new(&ps)?;
             if rt.rank() == 0 {
                 if json {
-                    println!("{}", serde_json::to_string(&report).expect("report is plain data"));
+                    println!(
+                        "{}",
+                        serde_json::to_string(&report).expect("report is plain data")
+                    );
                 } else {
                     print!("{}", report.table());
                 }

@@ -41,7 +41,10 @@ impl Differentiable {
             Differentiable::AllReduceSum => Differentiable::AllReduceSum,
             Differentiable::AllGather { dim } => Differentiable::ReduceScatterSum { dim },
             Differentiable::ReduceScatterSum { dim } => Differentiable::AllGather { dim },
-            Differentiable::AllToAll4d { scatter_dim, gather_dim } => Differentiable::AllToAll4d {
+            Differentiable::AllToAll4d {
+                scatter_dim,
+                gather_dim,
+            } => Differentiable::AllToAll4d {
                 scatter_dim: gather_dim,
                 gather_dim: scatter_dim,
             },
@@ -54,7 +57,10 @@ impl Differentiable {
             Differentiable::AllReduceSum => group.all_reduce(x, ReduceOp::Sum),
             Differentiable::AllGather { dim } => group.all_gather(x, dim),
             Differentiable::ReduceScatterSum { dim } => group.reduce_scatter(x, dim, ReduceOp::Sum),
-            Differentiable::AllToAll4d { scatter_dim, gather_dim } => group.all_to_all_4d(x, scatter_dim, gather_dim),
+            Differentiable::AllToAll4d {
+                scatter_dim,
+                gather_dim,
+            } => group.all_to_all_4d(x, scatter_dim, gather_dim),
         }
     }
 

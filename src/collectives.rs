@@ -19,29 +19,38 @@ impl GroupCoordinator<'_> {
     /// everywhere); the result on every member.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let desc = Descriptor::of(Op::AllReduce, t, &[op.code()]);
-        self.collective(desc, |_| Ok(()), |_| {
-            Ok(if self.size() == 1 {
-                // A group of one still applies the operator's identity rules:
-                // avg of one value is the value, as are sum/prod/min/max.
-                t.clone()
-            } else {
-                self.plane().all_reduce(t, op)
-            })
-        })
+        self.collective(
+            desc,
+            |_| Ok(()),
+            |_| {
+                Ok(if self.size() == 1 {
+                    // A group of one still applies the operator's identity rules:
+                    // avg of one value is the value, as are sum/prod/min/max.
+                    t.clone()
+                } else {
+                    self.plane().all_reduce(t, op)
+                })
+            },
+        )
     }
 
     /// Concatenation of every member's tensor along `dim` (negative counts from
     /// the end), in group-rank order; the result on every member.
     pub fn all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
         let desc = Descriptor::of(Op::AllGather, t, &[dim as i64]);
-        self.collective(desc, |d| dim_in_range(d, d.params[0]).map(|_| ()), |_| {
-            let d = crate::layout_ops::normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if self.size() == 1 {
-                return Ok(t.clone());
-            }
-            let blocks = self.plane().all_gather(t.bytes());
-            Ok(self.concat(t, &blocks, d))
-        })
+        self.collective(
+            desc,
+            |d| dim_in_range(d, d.params[0]).map(|_| ()),
+            |_| {
+                let d =
+                    crate::layout_ops::normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if self.size() == 1 {
+                    return Ok(t.clone());
+                }
+                let blocks = self.plane().all_gather(t.bytes());
+                Ok(self.concat(t, &blocks, d))
+            },
+        )
     }
 
     /// Like [`all_gather`](Self::all_gather) but the result only on group rank
@@ -58,7 +67,10 @@ impl GroupCoordinator<'_> {
             if size == 1 {
                 return Ok(Some(t.clone()));
             }
-            Ok(self.plane().gather(t.bytes(), dst).map(|blocks| self.concat(t, &blocks, d)))
+            Ok(self
+                .plane()
+                .gather(t.bytes(), dst)
+                .map(|blocks| self.concat(t, &blocks, d)))
         })
     }
 
@@ -71,7 +83,10 @@ impl GroupCoordinator<'_> {
             let k = dim_in_range(d, d.params[0])?;
             let n = d.shape()[k];
             if n % size != 0 {
-                return Err(format!("dim {} of size {n} is not divisible by the group size {size}", d.params[0]));
+                return Err(format!(
+                    "dim {} of size {n} is not divisible by the group size {size}",
+                    d.params[0]
+                ));
             }
             Ok(())
         };
@@ -93,12 +108,16 @@ impl GroupCoordinator<'_> {
     pub fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
         let desc = Descriptor::of(Op::Broadcast, t, &[src as i64]);
         let size = self.size();
-        self.collective(desc, |d| rank_in_range("src", d.params[0], size).map(|_| ()), |_| {
-            if size > 1 {
-                self.plane().broadcast(t.bytes_mut(), src);
-            }
-            Ok(())
-        })
+        self.collective(
+            desc,
+            |d| rank_in_range("src", d.params[0], size).map(|_| ()),
+            |_| {
+                if size > 1 {
+                    self.plane().broadcast(t.bytes_mut(), src);
+                }
+                Ok(())
+            },
+        )
     }
 
     /// FastVideo's `all_to_all_4D` on a 4-d tensor `[B, S, H, D]`.
@@ -108,7 +127,12 @@ impl GroupCoordinator<'_> {
     /// * `(1, 2)`: the inverse, `[B, S, H/P, D] → [B, S/P, H, D]`.
     ///
     /// Other dim pairs and a scattered dim not divisible by the group size are errors.
-    pub fn all_to_all_4d(&self, t: &Tensor, scatter_dim: usize, gather_dim: usize) -> Result<Tensor> {
+    pub fn all_to_all_4d(
+        &self,
+        t: &Tensor,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<Tensor> {
         let desc = Descriptor::of(Op::AllToAll4d, t, &[scatter_dim as i64, gather_dim as i64]);
         let size = self.size();
         let check = |d: &Descriptor| {
@@ -178,6 +202,7 @@ impl GroupCoordinator<'_> {
         let mut out_shape = t.shape().to_vec();
         out_shape[dim] *= self.size();
         let bytes = concat_dim(blocks, t.shape(), dim, self.size(), t.dtype().size());
-        Tensor::from_bytes(out_shape, t.dtype(), &bytes).expect("sizes follow from the agreed shape")
+        Tensor::from_bytes(out_shape, t.dtype(), &bytes)
+            .expect("sizes follow from the agreed shape")
     }
 }

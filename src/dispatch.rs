@@ -210,7 +210,11 @@ impl Descriptor {
     /// The fields that must be equal across ranks for the call to proceed.
     fn agreement_key(&self) -> (u32, u32, u32, u64, [u64; MAX_DIMS], [i64; 4]) {
         let tensor = self.op().is_some_and(Op::carries_tensor);
-        let (len, dims) = if tensor { (self.len, self.dims) } else { (0, [0; MAX_DIMS]) };
+        let (len, dims) = if tensor {
+            (self.len, self.dims)
+        } else {
+            (0, [0; MAX_DIMS])
+        };
         (self.op, self.dtype, self.ndim, len, dims, self.params)
     }
 }
@@ -223,7 +227,10 @@ pub fn agree(
     me: usize,
     check: &dyn Fn(&Descriptor) -> Result<(), String>,
 ) -> Result<(), String> {
-    if let Some(r) = descs.iter().position(|d| d.magic != MAGIC || d.op().is_none()) {
+    if let Some(r) = descs
+        .iter()
+        .position(|d| d.magic != MAGIC || d.op().is_none())
+    {
         return Err(format!(
             "group rank {r} sent a corrupt call descriptor (magic {:#x}, op code {}): is it running the same rankmesh version?",
             descs[r].magic, descs[r].op
@@ -249,7 +256,10 @@ pub fn agree(
         }
     }
     if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
-        return Err(format!("tensors have at most {MAX_DIMS} dimensions, got {}", descs[me].ndim()));
+        return Err(format!(
+            "tensors have at most {MAX_DIMS} dimensions, got {}",
+            descs[me].ndim()
+        ));
     }
     check(&descs[me])?;
     for (r, d) in descs.iter().enumerate() {
@@ -262,10 +272,18 @@ pub fn agree(
 
 /// Checks a peer-to-peer pair: what the sender sends against what the receiver expects.
 /// Both peers call it with the same pair and get the same verdict.
-pub fn agree_peers(sent: &Descriptor, expected: &Descriptor, sender: usize, receiver: usize) -> Result<(), String> {
+pub fn agree_peers(
+    sent: &Descriptor,
+    expected: &Descriptor,
+    sender: usize,
+    receiver: usize,
+) -> Result<(), String> {
     for (who, d) in [(sender, sent), (receiver, expected)] {
         if d.magic != MAGIC || d.op().is_none() {
-            return Err(format!("group rank {who} sent a corrupt message header (magic {:#x})", d.magic));
+            return Err(format!(
+                "group rank {who} sent a corrupt message header (magic {:#x})",
+                d.magic
+            ));
         }
     }
     if sent.agreement_key() != expected.agreement_key() {
@@ -326,7 +344,10 @@ mod tests {
         b.seq = 3;
         let e = agree(&[a, b], 0, &ok).unwrap_err();
         assert!(e.contains("group rank 0 is in call #3 barrier()"), "{e}");
-        assert!(e.contains("group rank 1 is in call #3 all_reduce(shape [4] i32, op sum)"), "{e}");
+        assert!(
+            e.contains("group rank 1 is in call #3 all_reduce(shape [4] i32, op sum)"),
+            "{e}"
+        );
         b = a;
         b.seq = 4;
         assert!(agree(&[a, b], 1, &ok).unwrap_err().contains("call #4"));
@@ -338,14 +359,19 @@ mod tests {
         let mut bytes = bytemuck::bytes_of(&a).to_vec();
         bytes[0] ^= 0xff;
         let bad: Descriptor = bytemuck::pod_read_unaligned(&bytes);
-        assert!(agree(&[a, bad], 0, &ok).unwrap_err().contains("group rank 1 sent a corrupt call descriptor"));
+        assert!(agree(&[a, bad], 0, &ok)
+            .unwrap_err()
+            .contains("group rank 1 sent a corrupt call descriptor"));
     }
 
     #[test]
     fn check_failures_name_the_failing_rank_for_others() {
         let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3, 4], &[3]);
         let check = |d: &Descriptor| dim_in_range(d, d.params[0]).map(|_| ());
-        assert_eq!(agree(&[d, d], 0, &check).unwrap_err(), "dim 3 out of range for a 3-d tensor");
+        assert_eq!(
+            agree(&[d, d], 0, &check).unwrap_err(),
+            "dim 3 out of range for a 3-d tensor"
+        );
     }
 
     #[test]
@@ -373,7 +399,9 @@ mod tests {
     #[test]
     fn rank_and_dim_checks() {
         assert_eq!(rank_in_range("src", 2, 4), Ok(2));
-        assert!(rank_in_range("src", 4, 4).unwrap_err().contains("src 4 is not a rank of this group of size 4"));
+        assert!(rank_in_range("src", 4, 4)
+            .unwrap_err()
+            .contains("src 4 is not a rank of this group of size 4"));
         assert!(rank_in_range("dst", -1, 4).is_err());
         let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3], &[0]);
         assert_eq!(dim_in_range(&d, -2), Ok(0));

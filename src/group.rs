@@ -117,12 +117,16 @@ impl<'rt> GroupCoordinator<'rt> {
 
     /// Blocks until every member has called it (also checks all are in the same call).
     pub fn barrier(&self) -> Result<()> {
-        self.collective(Descriptor::new(Op::Barrier, &[]), |_| Ok(()), |_| {
-            if self.size() > 1 {
-                self.inner.comm.barrier();
-            }
-            Ok(())
-        })
+        self.collective(
+            Descriptor::new(Op::Barrier, &[]),
+            |_| Ok(()),
+            |_| {
+                if self.size() > 1 {
+                    self.inner.comm.barrier();
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Positions (group ranks) of the members on the same node as group rank `src`.
@@ -140,7 +144,11 @@ impl<'rt> GroupCoordinator<'rt> {
     pub fn is_the_same_node_as(&self, src: usize) -> Result<Vec<bool>> {
         let src = rank_in_range("src", src as i64, self.size())
             .map_err(|m| Error::collective("is_the_same_node_as", self.name(), m))?;
-        let nodes: Vec<usize> = self.ranks().iter().map(|r| self.inner.rt.world().ranks[*r].node).collect();
+        let nodes: Vec<usize> = self
+            .ranks()
+            .iter()
+            .map(|r| self.inner.rt.world().ranks[*r].node)
+            .collect();
         Ok(nodes.iter().map(|n| *n == nodes[src]).collect())
     }
 
@@ -150,7 +158,8 @@ impl<'rt> GroupCoordinator<'rt> {
 
     /// Validates a position argument (`src`, `dst`) for `op`.
     pub(crate) fn check_rank(&self, op: Op, what: &str, rank: usize) -> Result<usize> {
-        rank_in_range(what, rank as i64, self.size()).map_err(|m| Error::collective(op.name(), self.name(), m))
+        rank_in_range(what, rank as i64, self.size())
+            .map_err(|m| Error::collective(op.name(), self.name(), m))
     }
 
     /// The dispatch path of every collective: numbers the call, opens its
@@ -179,12 +188,14 @@ impl<'rt> GroupCoordinator<'rt> {
             vec![desc]
         } else {
             let mut all = vec![Descriptor::new(op, &[]); self.size()];
-            self.inner
-                .comm
-                .all_gather_into(bytemuck::bytes_of(&desc), bytemuck::cast_slice_mut::<_, u8>(&mut all[..]));
+            self.inner.comm.all_gather_into(
+                bytemuck::bytes_of(&desc),
+                bytemuck::cast_slice_mut::<_, u8>(&mut all[..]),
+            );
             all
         };
-        agree(&descs, self.rank_in_group(), &check).map_err(|m| Error::collective(op.name(), self.name(), m))?;
+        agree(&descs, self.rank_in_group(), &check)
+            .map_err(|m| Error::collective(op.name(), self.name(), m))?;
         tracing::trace!("agreed");
         body(&descs)
     }
@@ -209,7 +220,10 @@ impl<'rt> GroupCoordinator<'rt> {
             return Err(Error::collective(
                 op.name(),
                 self.name(),
-                format!("{what} {peer_rank} is this rank itself (group of size {})", self.size()),
+                format!(
+                    "{what} {peer_rank} is this rank itself (group of size {})",
+                    self.size()
+                ),
             ));
         }
         let span = tracing::debug_span!(
@@ -235,7 +249,8 @@ impl<'rt> GroupCoordinator<'rt> {
             plane.send_header(bytemuck::bytes_of(&desc), peer_rank, TAG_ANSWER);
             (other, desc, peer_rank, self.rank_in_group())
         };
-        agree_peers(&sent, &expected, sender, receiver).map_err(|m| Error::collective(op.name(), self.name(), m))?;
+        agree_peers(&sent, &expected, sender, receiver)
+            .map_err(|m| Error::collective(op.name(), self.name(), m))?;
         body(&sent)
     }
 }

@@ -72,7 +72,11 @@ impl Field {
 pub fn check(env: &dyn Fn(&str) -> Option<String>, view: &MpiView) -> Result<Vec<String>> {
     let slurm_tasks = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"]
         .iter()
-        .find_map(|k| env(k).and_then(|v| v.trim().parse::<usize>().ok()).map(|n| (*k, n)));
+        .find_map(|k| {
+            env(k)
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .map(|n| (*k, n))
+        });
     if let Some((var, n)) = slurm_tasks {
         if view.size == 1 && n > 1 && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1") {
             return Err(Error::Launch(format!(
@@ -110,8 +114,10 @@ mod tests {
     use super::*;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let owned: Vec<(String, String)> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| owned.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.clone())
     }
 
@@ -139,7 +145,10 @@ mod tests {
         let w = check(&env, &VIEW).unwrap();
         assert_eq!(w.len(), 2);
         assert!(w[0].contains("PMI_SIZE=\"x\" is not a number"), "{w:?}");
-        assert!(w[1].contains("torchrun: LOCAL_RANK=3 disagrees with the MPI local rank 1"), "{w:?}");
+        assert!(
+            w[1].contains("torchrun: LOCAL_RANK=3 disagrees with the MPI local rank 1"),
+            "{w:?}"
+        );
     }
 
     #[test]
@@ -150,8 +159,13 @@ mod tests {
             local_rank: 0,
             local_size: 1,
         };
-        let e = check(&env_of(&[("SLURM_NTASKS", "4")]), &single).unwrap_err().to_string();
-        assert!(e.contains("SLURM_NTASKS=4 but MPI reports a world of 1"), "{e}");
+        let e = check(&env_of(&[("SLURM_NTASKS", "4")]), &single)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("SLURM_NTASKS=4 but MPI reports a world of 1"),
+            "{e}"
+        );
         assert!(e.contains("srun --mpi=pmix"), "{e}");
         let allowed = env_of(&[("SLURM_NTASKS", "4"), ("RANKMESH_ALLOW_SINGLETON", "1")]);
         assert_eq!(check(&allowed, &single).unwrap().len(), 1);

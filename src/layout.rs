@@ -95,7 +95,9 @@ impl Layout {
         match kind {
             GroupKind::Tp => consecutive_groups(w, self.tp),
             GroupKind::Sp => consecutive_groups(w, self.sp),
-            GroupKind::Dp => (0..self.sp).map(|i| (i..w).step_by(self.sp).collect()).collect(),
+            GroupKind::Dp => (0..self.sp)
+                .map(|i| (i..w).step_by(self.sp).collect())
+                .collect(),
         }
     }
 
@@ -108,7 +110,9 @@ impl Layout {
 /// Number of groups of `size` consecutive ranks, or an error naming `what`.
 pub fn consecutive_group_count(world_size: usize, size: usize, what: &str) -> Result<usize> {
     if size == 0 {
-        return Err(Error::Layout(format!("{what} size must be at least 1, got 0")));
+        return Err(Error::Layout(format!(
+            "{what} size must be at least 1, got 0"
+        )));
     }
     if world_size % size != 0 {
         return Err(Error::Layout(format!(
@@ -120,7 +124,9 @@ pub fn consecutive_group_count(world_size: usize, size: usize, what: &str) -> Re
 
 /// Groups `[i·size, (i+1)·size)` covering `0..world_size` (size must divide it).
 pub fn consecutive_groups(world_size: usize, size: usize) -> Vec<Vec<usize>> {
-    (0..world_size / size).map(|i| (i * size..(i + 1) * size).collect()).collect()
+    (0..world_size / size)
+        .map(|i| (i * size..(i + 1) * size).collect())
+        .collect()
 }
 
 /// Checks explicit group lists: ranks in range and each rank in at most one list.
@@ -203,14 +209,28 @@ mod tests {
             }
         }
         let e = Layout::new(8, 2, 2, Some(2)).unwrap_err().to_string();
-        assert!(e.contains("data-parallel size 2 contradicts world size 8 / sequence-parallel size 2 = 4"), "{e}");
+        assert!(
+            e.contains(
+                "data-parallel size 2 contradicts world size 8 / sequence-parallel size 2 = 4"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
     fn group_lists_are_validated() {
         assert!(validate_group_lists(4, &[vec![0, 1], vec![2]]).is_ok());
-        assert!(validate_group_lists(4, &[vec![0, 1], vec![1]]).unwrap_err().to_string().contains("rank 1 appears"));
-        assert!(validate_group_lists(4, &[vec![4]]).unwrap_err().to_string().contains("names rank 4"));
-        assert!(validate_group_lists(4, &[vec![]]).unwrap_err().to_string().contains("empty"));
+        assert!(validate_group_lists(4, &[vec![0, 1], vec![1]])
+            .unwrap_err()
+            .to_string()
+            .contains("rank 1 appears"));
+        assert!(validate_group_lists(4, &[vec![4]])
+            .unwrap_err()
+            .to_string()
+            .contains("names rank 4"));
+        assert!(validate_group_lists(4, &[vec![]])
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
     }
 }

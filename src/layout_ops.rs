@@ -107,12 +107,12 @@ mod tests {
             let mut block_shape = shape.clone();
             block_shape[dim] /= parts;
             let bn: usize = block_shape.iter().product();
-            for f in 0..n {
+            for (f, value) in src.iter().enumerate() {
                 let idx = unflat(&shape, f);
                 let p = idx[dim] / block_shape[dim];
                 let mut bidx = idx.clone();
                 bidx[dim] %= block_shape[dim];
-                prop_assert_eq!(packed[p * bn + flat(&block_shape, &bidx)], src[f]);
+                prop_assert_eq!(packed[p * bn + flat(&block_shape, &bidx)], *value);
             }
             prop_assert_eq!(concat_dim(&packed, &block_shape, dim, parts, 1), src);
         }

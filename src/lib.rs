@@ -47,6 +47,8 @@ pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};
 pub use parallel::ParallelState;
 pub use reduce::ReduceOp;
-pub use tensor::{divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor};
+pub use tensor::{
+    divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor,
+};
 pub use tensor_dict::{DictValue, TensorDict};
 pub use world::{Options, RankInfo, Runtime, WorldInfo};

@@ -28,7 +28,12 @@ fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u
 }
 
 /// Decodes `bytes` as exactly one `T`.
-fn decode<T: DeserializeOwned>(g: &GroupCoordinator<'_>, op: Op, peer: usize, bytes: &[u8]) -> Result<T> {
+fn decode<T: DeserializeOwned>(
+    g: &GroupCoordinator<'_>,
+    op: Op,
+    peer: usize,
+    bytes: &[u8],
+) -> Result<T> {
     let err = |msg: String| Error::Decode {
         op: op.name(),
         group: g.name().to_string(),
@@ -38,7 +43,10 @@ fn decode<T: DeserializeOwned>(g: &GroupCoordinator<'_>, op: Op, peer: usize, by
     };
     match postcard::take_from_bytes::<T>(bytes) {
         Ok((v, [])) => Ok(v),
-        Ok((_, rest)) => Err(err(format!("{} trailing bytes after the value", rest.len()))),
+        Ok((_, rest)) => Err(err(format!(
+            "{} trailing bytes after the value",
+            rest.len()
+        ))),
         Err(e) => Err(err(format!("{e} ({} bytes received)", bytes.len()))),
     }
 }
@@ -49,7 +57,10 @@ fn name_type<T>(e: Error) -> Error {
         Error::Collective { op, group, msg } if msg.contains("type #") => Error::Collective {
             op,
             group,
-            msg: format!("{msg} (types differ; this rank uses `{}`)", std::any::type_name::<T>()),
+            msg: format!(
+                "{msg} (types differ; this rank uses `{}`)",
+                std::any::type_name::<T>()
+            ),
         },
         e => e,
     }
@@ -58,7 +69,11 @@ fn name_type<T>(e: Error) -> Error {
 impl GroupCoordinator<'_> {
     /// Sends `obj` from group rank `src` to every member; `obj` is ignored (and
     /// may be `None`) elsewhere.
-    pub fn broadcast_object<T: Serialize + DeserializeOwned>(&self, obj: Option<&T>, src: usize) -> Result<T> {
+    pub fn broadcast_object<T: Serialize + DeserializeOwned>(
+        &self,
+        obj: Option<&T>,
+        src: usize,
+    ) -> Result<T> {
         let op = Op::BroadcastObject;
         let is_src = self.rank_in_group() == src;
         let bytes = match (is_src, obj) {
@@ -94,28 +109,56 @@ impl GroupCoordinator<'_> {
         let bytes = encode(self, op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         desc.len = bytes.len() as u64;
-        self.collective(desc, |_| Ok(()), |descs| {
-            let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
-            let all = if self.size() == 1 { vec![bytes] } else { self.plane().all_gather_varcount(&bytes, &lens) };
-            all.iter().enumerate().map(|(r, b)| decode(self, op, r, b)).collect()
-        })
+        self.collective(
+            desc,
+            |_| Ok(()),
+            |descs| {
+                let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
+                let all = if self.size() == 1 {
+                    vec![bytes]
+                } else {
+                    self.plane().all_gather_varcount(&bytes, &lens)
+                };
+                all.iter()
+                    .enumerate()
+                    .map(|(r, b)| decode(self, op, r, b))
+                    .collect()
+            },
+        )
         .map_err(name_type::<T>)
     }
 
     /// Every member's `obj`, indexed by group rank, on group rank `dst`
     /// (`Some`); `None` on the others.
-    pub fn gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T, dst: usize) -> Result<Option<Vec<T>>> {
+    pub fn gather_object<T: Serialize + DeserializeOwned>(
+        &self,
+        obj: &T,
+        dst: usize,
+    ) -> Result<Option<Vec<T>>> {
         let op = Op::GatherObject;
         let bytes = encode(self, op, obj)?;
         let mut desc = Descriptor::new(op, &[dst as i64, type_digest::<T>()]);
         desc.len = bytes.len() as u64;
         let size = self.size();
-        self.collective(desc, |d| rank_in_range("dst", d.params[0], size).map(|_| ()), |descs| {
-            let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
-            let all = if size == 1 { Some(vec![bytes]) } else { self.plane().gather_varcount(&bytes, &lens, dst) };
-            all.map(|all| all.iter().enumerate().map(|(r, b)| decode(self, op, r, b)).collect())
+        self.collective(
+            desc,
+            |d| rank_in_range("dst", d.params[0], size).map(|_| ()),
+            |descs| {
+                let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
+                let all = if size == 1 {
+                    Some(vec![bytes])
+                } else {
+                    self.plane().gather_varcount(&bytes, &lens, dst)
+                };
+                all.map(|all| {
+                    all.iter()
+                        .enumerate()
+                        .map(|(r, b)| decode(self, op, r, b))
+                        .collect()
+                })
                 .transpose()
-        })
+            },
+        )
         .map_err(name_type::<T>)
     }
 

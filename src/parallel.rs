@@ -48,15 +48,28 @@ impl<'rt> ParallelState<'rt> {
     /// size `W / sp` (`dp`, when given, must equal it), one `MPI_Comm_split` per
     /// kind. Invalid sizes are an error on every rank before any communicator
     /// is made. Collective over the world.
-    pub fn initialize_model_parallel(&mut self, tp: usize, sp: usize, dp: Option<usize>) -> Result<()> {
+    pub fn initialize_model_parallel(
+        &mut self,
+        tp: usize,
+        sp: usize,
+        dp: Option<usize>,
+    ) -> Result<()> {
         if self.groups.is_some() {
-            return Err(Error::State("model parallel groups are already initialised".into()));
+            return Err(Error::State(
+                "model parallel groups are already initialised".into(),
+            ));
         }
         let layout = Layout::new(self.rt.size(), tp, sp, dp)?;
         let make = |kind: GroupKind| -> Result<GroupCoordinator<'rt>> {
             self.rt
                 .split_groups(kind.name(), &layout.groups(kind))?
-                .ok_or_else(|| Error::State(format!("rank {} is in no {} group", self.rt.rank(), kind.name())))
+                .ok_or_else(|| {
+                    Error::State(format!(
+                        "rank {} is in no {} group",
+                        self.rt.rank(),
+                        kind.name()
+                    ))
+                })
         };
         self.groups = Some(Groups {
             layout,
@@ -156,19 +169,37 @@ impl<'rt> ParallelState<'rt> {
 
     /// A TP group of `size` consecutive ranks for one model, named
     /// `tp_{suffix}:{index}` (FastVideo's `initialize_tensor_parallel_group`).
-    pub fn new_tensor_parallel_group(&self, size: usize, suffix: &str) -> Result<GroupCoordinator<'rt>> {
+    pub fn new_tensor_parallel_group(
+        &self,
+        size: usize,
+        suffix: &str,
+    ) -> Result<GroupCoordinator<'rt>> {
         self.consecutive_group("tp", "tensor-parallel", size, suffix)
     }
 
     /// An SP group of `size` consecutive ranks for one model, named
     /// `sp_{suffix}:{index}` (FastVideo's `initialize_sequence_parallel_group`).
-    pub fn new_sequence_parallel_group(&self, size: usize, suffix: &str) -> Result<GroupCoordinator<'rt>> {
+    pub fn new_sequence_parallel_group(
+        &self,
+        size: usize,
+        suffix: &str,
+    ) -> Result<GroupCoordinator<'rt>> {
         self.consecutive_group("sp", "sequence-parallel", size, suffix)
     }
 
-    fn consecutive_group(&self, kind: &str, what: &str, size: usize, suffix: &str) -> Result<GroupCoordinator<'rt>> {
+    fn consecutive_group(
+        &self,
+        kind: &str,
+        what: &str,
+        size: usize,
+        suffix: &str,
+    ) -> Result<GroupCoordinator<'rt>> {
         consecutive_group_count(self.rt.size(), size, what)?;
-        let name = if suffix.is_empty() { kind.to_string() } else { format!("{kind}_{suffix}") };
+        let name = if suffix.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}_{suffix}")
+        };
         self.rt
             .split_groups(&name, &consecutive_groups(self.rt.size(), size))?
             .ok_or_else(|| Error::State(format!("rank {} is in no {name} group", self.rt.rank())))
@@ -176,12 +207,20 @@ impl<'rt> ParallelState<'rt> {
 
     /// Runs `f` with `group` as the TP group (FastVideo's
     /// `patch_tensor_parallel_group`). Nesting is an error.
-    pub fn with_tp_group<R>(&self, group: &GroupCoordinator<'rt>, f: impl FnOnce() -> R) -> Result<R> {
+    pub fn with_tp_group<R>(
+        &self,
+        group: &GroupCoordinator<'rt>,
+        f: impl FnOnce() -> R,
+    ) -> Result<R> {
         Self::with_override(&self.tp_override, "tensor", group, f)
     }
 
     /// Runs `f` with `group` as the SP group. Nesting is an error.
-    pub fn with_sp_group<R>(&self, group: &GroupCoordinator<'rt>, f: impl FnOnce() -> R) -> Result<R> {
+    pub fn with_sp_group<R>(
+        &self,
+        group: &GroupCoordinator<'rt>,
+        f: impl FnOnce() -> R,
+    ) -> Result<R> {
         Self::with_override(&self.sp_override, "sequence", group, f)
     }
 

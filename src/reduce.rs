@@ -23,7 +23,13 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every operator.
-    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
 
     /// Lower-case name, as nccl-tests spells it.
     pub fn name(self) -> &'static str {
@@ -41,7 +47,9 @@ impl ReduceOp {
     }
 
     pub(crate) fn from_code(code: i64) -> Option<ReduceOp> {
-        usize::try_from(code).ok().and_then(|i| ReduceOp::ALL.get(i).copied())
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| ReduceOp::ALL.get(i).copied())
     }
 
     /// Serial reference: combines `a` and `b` as the collective would (in f64).

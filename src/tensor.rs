@@ -128,7 +128,6 @@ macro_rules! with_host_data {
     };
 }
 
-
 /// A Rust type that can be a tensor element.
 pub trait Element: Pod + PartialEq + std::fmt::Debug + Send + Sync + 'static {
     /// The dtype this type stands for.
@@ -258,11 +257,7 @@ impl Tensor {
     }
 
     /// A tensor whose elements are `f(flat_index)` converted to `dtype`.
-    pub fn from_fn(
-        shape: impl Into<Vec<usize>>,
-        dtype: DType,
-        f: impl Fn(usize) -> f64,
-    ) -> Tensor {
+    pub fn from_fn(shape: impl Into<Vec<usize>>, dtype: DType, f: impl Fn(usize) -> f64) -> Tensor {
         let mut t = Tensor::zeros(shape, dtype);
         with_host_data!(&mut t.data, v => {
             for (i, x) in v.iter_mut().enumerate() {
@@ -398,7 +393,13 @@ pub fn split_tensor_along_last_dim(tensor: &Tensor, num_partitions: usize) -> Re
     *shape.last_mut().expect("checked non-empty") = part;
     let block = numel(&shape) * tensor.dtype().size();
     (0..num_partitions)
-        .map(|p| Tensor::from_bytes(shape.clone(), tensor.dtype(), &packed[p * block..(p + 1) * block]))
+        .map(|p| {
+            Tensor::from_bytes(
+                shape.clone(),
+                tensor.dtype(),
+                &packed[p * block..(p + 1) * block],
+            )
+        })
         .collect()
 }
 
@@ -417,7 +418,9 @@ mod tests {
     #[test]
     fn from_vec_checks_length() {
         assert!(Tensor::from_vec([2, 3], vec![0f32; 6]).is_ok());
-        let e = Tensor::from_vec([2, 3], vec![0f32; 5]).unwrap_err().to_string();
+        let e = Tensor::from_vec([2, 3], vec![0f32; 5])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("[2, 3] holds 6 elements but 5"), "{e}");
     }
 
@@ -425,7 +428,11 @@ mod tests {
     fn wrong_view_dtype_is_an_error() {
         let t = Tensor::from_vec([2], vec![1i32, 2]).unwrap();
         assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 2]);
-        assert!(t.as_slice::<f32>().unwrap_err().to_string().contains("holds i32 but f32"));
+        assert!(t
+            .as_slice::<f32>()
+            .unwrap_err()
+            .to_string()
+            .contains("holds i32 but f32"));
     }
 
     #[test]

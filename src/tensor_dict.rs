@@ -43,8 +43,13 @@ fn metadata(dict: &TensorDict) -> Vec<(String, EntryMeta)> {
 }
 
 fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_json::Value> {
-    serde_json::from_str(text)
-        .map_err(|e| Error::collective("tensor_dict", g.name(), format!("entry {key:?} is not valid JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| {
+        Error::collective(
+            "tensor_dict",
+            g.name(),
+            format!("entry {key:?} is not valid JSON: {e}"),
+        )
+    })
 }
 
 /// The piece of a flattened tensor this rank of an all-gather group moves,
@@ -58,7 +63,11 @@ fn ag_slice(t_numel: usize, ag: Option<&GroupCoordinator<'_>>) -> Option<(usize,
 impl GroupCoordinator<'_> {
     /// Sends group rank `src`'s dictionary to every member. Empty tensors are
     /// not sent (they are recreated from metadata). `dict` is ignored elsewhere.
-    pub fn broadcast_tensor_dict(&self, dict: Option<&TensorDict>, src: usize) -> Result<TensorDict> {
+    pub fn broadcast_tensor_dict(
+        &self,
+        dict: Option<&TensorDict>,
+        src: usize,
+    ) -> Result<TensorDict> {
         let meta = dict.map(metadata);
         let meta: Vec<(String, EntryMeta)> = self.broadcast_object(meta.as_ref(), src)?;
         let mut out = TensorDict::new();
@@ -101,7 +110,11 @@ impl GroupCoordinator<'_> {
             match ag_slice(t.numel(), all_gather_group) {
                 Some((start, len)) => {
                     let e = t.dtype().size();
-                    let piece = Tensor::from_bytes([len], t.dtype(), &t.bytes()[start * e..(start + len) * e])?;
+                    let piece = Tensor::from_bytes(
+                        [len],
+                        t.dtype(),
+                        &t.bytes()[start * e..(start + len) * e],
+                    )?;
                     self.send(&piece, Some(dst))?;
                 }
                 None => self.send(t, Some(dst))?,

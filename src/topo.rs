@@ -85,9 +85,20 @@ impl TopoReport {
     /// A fixed-width table for terminals and logs.
     pub fn table(&self) -> String {
         let fmt_group = |g: &[usize]| format!("{g:?}");
-        let host_w = self.ranks.iter().map(|r| r.host.len()).max().unwrap_or(4).max(4);
+        let host_w = self
+            .ranks
+            .iter()
+            .map(|r| r.host.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
         let group_w = |k: fn(&RankGroups) -> &Vec<usize>| {
-            self.ranks.iter().map(|r| fmt_group(k(&r.groups)).len()).max().unwrap_or(2).max(2)
+            self.ranks
+                .iter()
+                .map(|r| fmt_group(k(&r.groups)).len())
+                .max()
+                .unwrap_or(2)
+                .max(2)
         };
         let (tw, sw, dw) = (group_w(|g| &g.tp), group_w(|g| &g.sp), group_w(|g| &g.dp));
         let mut out = format!(

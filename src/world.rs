@@ -129,7 +129,12 @@ impl Runtime {
         for w in &warnings {
             tracing::warn!(rank = info.rank, "{w}");
         }
-        tracing::debug!(rank = info.rank, size = info.size, nodes = info.node_count, "MPI initialised");
+        tracing::debug!(
+            rank = info.rank,
+            size = info.size,
+            nodes = info.node_count,
+            "MPI initialised"
+        );
         Ok(Runtime {
             world_comm,
             info,
@@ -179,7 +184,11 @@ impl Runtime {
     /// (collective: every rank passes the same lists). Returns the group that
     /// holds this rank, `None` if it is in no list. Groups are named
     /// `{name}:{index of the list}`.
-    pub fn split_groups(&self, name: &str, lists: &[Vec<usize>]) -> Result<Option<GroupCoordinator<'_>>> {
+    pub fn split_groups(
+        &self,
+        name: &str,
+        lists: &[Vec<usize>],
+    ) -> Result<Option<GroupCoordinator<'_>>> {
         let local = validate_group_lists(self.size(), lists);
         // Agree on validity and on the lists themselves before splitting, so a
         // rank with different lists errors instead of joining the wrong group.
@@ -189,7 +198,9 @@ impl Runtime {
         self.world_comm.all_gather_into(&mine[..], &mut all[..]);
         local?;
         if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
-            return Err(Error::Layout(format!("rank {r} rejected the group lists for {name}")));
+            return Err(Error::Layout(format!(
+                "rank {r} rejected the group lists for {name}"
+            )));
         }
         if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
             return Err(Error::Layout(format!(
@@ -199,7 +210,9 @@ impl Runtime {
         }
         let index = lists.iter().position(|l| l.contains(&self.rank()));
         let color = index.map_or(Color::undefined(), |i| Color::with_value(i as i32));
-        let key = index.map_or(0, |i| lists[i].iter().position(|r| *r == self.rank()).unwrap_or(0));
+        let key = index.map_or(0, |i| {
+            lists[i].iter().position(|r| *r == self.rank()).unwrap_or(0)
+        });
         let comm = self.world_comm.split_by_color_with_key(color, key as i32);
         match (index, comm) {
             (Some(i), Some(comm)) => {
@@ -253,7 +266,9 @@ fn gather_world_info(world: &SimpleCommunicator) -> Result<WorldInfo> {
     mine[24..24 + n].copy_from_slice(&name[..n]);
     let mut all = vec![0u8; mine.len() * size];
     world.all_gather_into(&mine[..], &mut all[..]);
-    let word = |rec: &[u8], i: usize| u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+    let word = |rec: &[u8], i: usize| {
+        u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap_or_default())
+    };
     let mut leaders: Vec<u64> = all.chunks(mine.len()).map(|r| word(r, 0)).collect();
     let per_rank_leader = leaders.clone();
     leaders.sort_unstable();
@@ -263,7 +278,10 @@ fn gather_world_info(world: &SimpleCommunicator) -> Result<WorldInfo> {
         .enumerate()
         .map(|(r, rec)| {
             let host_bytes = &rec[24..];
-            let end = host_bytes.iter().position(|b| *b == 0).unwrap_or(host_bytes.len());
+            let end = host_bytes
+                .iter()
+                .position(|b| *b == 0)
+                .unwrap_or(host_bytes.len());
             RankInfo {
                 rank: r,
                 host: String::from_utf8_lossy(&host_bytes[..end]).into_owned(),

@@ -39,7 +39,11 @@ fn launch(s: &'static scenarios::Scenario, np: usize) -> Result<(), Failed> {
     let mut env: Vec<(&str, &str)> = vec![(SCENARIO_VAR, s.name)];
     env.extend_from_slice(s.env);
     let job = support::mpirun(np, &exe, &[], &env);
-    let oks = job.stdout.lines().filter(|l| l.starts_with("SCENARIO-OK rank ")).count();
+    let oks = job
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("SCENARIO-OK rank "))
+        .count();
     if !job.ok() || oks != np {
         return Err(format!("{oks} of {np} ranks finished; {}", job.describe()).into());
     }

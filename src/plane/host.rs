@@ -5,10 +5,9 @@
 //! every rank, at most `max_bytes / P` per rank). Calls here assume the ranks
 //! already agreed on sizes through the dispatch path.
 
+use super::reduction::{reduce_data, Reducer};
 use crate::reduce::ReduceOp;
 use crate::tensor::{HostData, Tensor};
-use half::{bf16, f16};
-use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -56,9 +55,11 @@ impl<'c> HostPlane<'c> {
         let mut tmp = vec![0u8; piece * p];
         for start in (0..n).step_by(piece) {
             let len = piece.min(n - start);
-            self.comm.all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
+            self.comm
+                .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
             for r in 0..p {
-                out[r * n + start..r * n + start + len].copy_from_slice(&tmp[r * len..(r + 1) * len]);
+                out[r * n + start..r * n + start + len]
+                    .copy_from_slice(&tmp[r * len..(r + 1) * len]);
             }
         }
         out
@@ -72,14 +73,15 @@ impl<'c> HostPlane<'c> {
         let mut out = is_root.then(|| vec![0u8; n * p]);
         let piece = self.per_rank_piece();
         let mut tmp = vec![0u8; if is_root { piece.min(n) * p } else { 0 }];
-        for start in (0..n.max(1)).step_by(piece).take_while(|s| *s < n) {
+        for start in (0..n).step_by(piece) {
             let len = piece.min(n - start);
             let send = &block[start..start + len];
             match out.as_mut() {
                 Some(out) => {
                     root_proc.gather_into_root(send, &mut tmp[..len * p]);
                     for r in 0..p {
-                        out[r * n + start..r * n + start + len].copy_from_slice(&tmp[r * len..(r + 1) * len]);
+                        out[r * n + start..r * n + start + len]
+                            .copy_from_slice(&tmp[r * len..(r + 1) * len]);
                     }
                 }
                 None => root_proc.gather_into(send),
@@ -111,11 +113,13 @@ impl<'c> HostPlane<'c> {
         for start in (0..block).step_by(piece) {
             let len = piece.min(block - start);
             for q in 0..p {
-                s[q * len..(q + 1) * len].copy_from_slice(&send[q * block + start..q * block + start + len]);
+                s[q * len..(q + 1) * len]
+                    .copy_from_slice(&send[q * block + start..q * block + start + len]);
             }
             self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
             for q in 0..p {
-                out[q * block + start..q * block + start + len].copy_from_slice(&r[q * len..(q + 1) * len]);
+                out[q * block + start..q * block + start + len]
+                    .copy_from_slice(&r[q * len..(q + 1) * len]);
             }
         }
         out
@@ -137,10 +141,18 @@ impl<'c> HostPlane<'c> {
     }
 
     /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`.
-    pub fn gather_varcount(&self, mine: &[u8], lens: &[usize], root: usize) -> Option<Vec<Vec<u8>>> {
+    pub fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: usize,
+    ) -> Option<Vec<Vec<u8>>> {
         let root_proc = self.comm.process_at_rank(root as i32);
         let is_root = self.comm.rank() as usize == root;
-        let mut out: Vec<Vec<u8>> = lens.iter().map(|n| Vec::with_capacity(if is_root { *n } else { 0 })).collect();
+        let mut out: Vec<Vec<u8>> = lens
+            .iter()
+            .map(|n| Vec::with_capacity(if is_root { *n } else { 0 }))
+            .collect();
         for (start, counts) in self.varcount_rounds(lens) {
             let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
             if is_root {
@@ -163,7 +175,10 @@ impl<'c> HostPlane<'c> {
         (0..longest)
             .step_by(piece)
             .map(|start| {
-                let counts = lens.iter().map(|n| n.saturating_sub(start).min(piece) as i32).collect();
+                let counts = lens
+                    .iter()
+                    .map(|n| n.saturating_sub(start).min(piece) as i32)
+                    .collect();
                 (start, counts)
             })
             .collect()
@@ -187,12 +202,16 @@ impl<'c> HostPlane<'c> {
 
     /// Sends a fixed-size header with `tag`.
     pub fn send_header(&self, header: &[u8], dst: usize, tag: i32) {
-        self.comm.process_at_rank(dst as i32).send_with_tag(header, tag);
+        self.comm
+            .process_at_rank(dst as i32)
+            .send_with_tag(header, tag);
     }
 
     /// Receives a fixed-size header with `tag`.
     pub fn recv_header(&self, header: &mut [u8], src: usize, tag: i32) {
-        self.comm.process_at_rank(src as i32).receive_into_with_tag(header, tag);
+        self.comm
+            .process_at_rank(src as i32)
+            .receive_into_with_tag(header, tag);
     }
 
     /// Element-wise reduction of same-shaped tensors; the result on every rank.
@@ -211,15 +230,15 @@ impl<'c> HostPlane<'c> {
     }
 }
 
-/// A reduction collective over typed slices.
-trait Reducer {
-    fn run<T: Equivalence + Copy + Default>(&self, send: &[T], recv: &mut [T], op: &SystemOperation);
-}
-
 struct AllReduce<'p, 'c>(&'p HostPlane<'c>);
 
 impl Reducer for AllReduce<'_, '_> {
-    fn run<T: Equivalence + Copy + Default>(&self, send: &[T], recv: &mut [T], op: &SystemOperation) {
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    ) {
         let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
         for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
             self.0.comm.all_reduce_into(s, r, op);
@@ -230,7 +249,12 @@ impl Reducer for AllReduce<'_, '_> {
 struct ReduceScatter<'p, 'c>(&'p HostPlane<'c>);
 
 impl Reducer for ReduceScatter<'_, '_> {
-    fn run<T: Equivalence + Copy + Default>(&self, send: &[T], recv: &mut [T], op: &SystemOperation) {
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    ) {
         let p = self.0.size();
         let block = recv.len();
         let piece = (self.0.per_rank_piece() / std::mem::size_of::<T>()).max(1);
@@ -242,68 +266,13 @@ impl Reducer for ReduceScatter<'_, '_> {
         for start in (0..block).step_by(piece) {
             let len = piece.min(block - start);
             for q in 0..p {
-                s[q * len..(q + 1) * len].copy_from_slice(&send[q * block + start..q * block + start + len]);
+                s[q * len..(q + 1) * len]
+                    .copy_from_slice(&send[q * block + start..q * block + start + len]);
             }
-            self.0.comm.reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
+            self.0
+                .comm
+                .reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
         }
-    }
-}
-
-/// Division by the group size for `Avg` (truncating for integers).
-trait DivN {
-    fn div_n(self, n: usize) -> Self;
-}
-
-macro_rules! div_n {
-    ($($t:ty),*) => {$(
-        impl DivN for $t {
-            fn div_n(self, n: usize) -> Self {
-                self / (n as $t)
-            }
-        }
-    )*};
-}
-div_n!(f32, f64, i8, u8, i32, u32, i64, u64);
-
-/// Runs `reducer` for the dtype of `data` with an output of `out_len` elements,
-/// widening 16-bit floats to f32 (one rounding at the end), then applies `Avg`.
-fn reduce_data(reducer: &impl Reducer, data: &HostData, op: ReduceOp, n: usize, out_len: usize) -> HostData {
-    let sys = match op {
-        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
-        ReduceOp::Prod => SystemOperation::product(),
-        ReduceOp::Min => SystemOperation::min(),
-        ReduceOp::Max => SystemOperation::max(),
-    };
-    macro_rules! native {
-        ($v:expr, $variant:ident) => {{
-            let mut out = vec![Default::default(); out_len];
-            reducer.run($v.as_slice(), &mut out, &sys);
-            if op == ReduceOp::Avg {
-                out.iter_mut().for_each(|x| *x = DivN::div_n(*x, n));
-            }
-            HostData::$variant(out)
-        }};
-    }
-    macro_rules! widened {
-        ($v:expr, $variant:ident, $t:ty) => {{
-            let wide: Vec<f32> = $v.iter().map(|x| x.to_f32()).collect();
-            let mut out = vec![0f32; out_len];
-            reducer.run(&wide, &mut out, &sys);
-            let scale = if op == ReduceOp::Avg { n as f32 } else { 1.0 };
-            HostData::$variant(out.into_iter().map(|x| <$t>::from_f32(x / scale)).collect())
-        }};
-    }
-    match data {
-        HostData::F32(v) => native!(v, F32),
-        HostData::F64(v) => native!(v, F64),
-        HostData::I8(v) => native!(v, I8),
-        HostData::U8(v) => native!(v, U8),
-        HostData::I32(v) => native!(v, I32),
-        HostData::U32(v) => native!(v, U32),
-        HostData::I64(v) => native!(v, I64),
-        HostData::U64(v) => native!(v, U64),
-        HostData::F16(v) => widened!(v, F16, f16),
-        HostData::BF16(v) => widened!(v, BF16, bf16),
     }
 }
 

@@ -2,3 +2,4 @@
 //! memory); the GPU plane (NCCL) plugs in beside it.
 
 pub mod host;
+mod reduction;

@@ -4,9 +4,17 @@
 use rankmesh::{DType, Differentiable, GroupCoordinator, ReduceOp, Runtime, Tensor};
 
 fn dot(g: &GroupCoordinator<'_>, a: &Tensor, b: &Tensor) -> f64 {
-    let local: f64 = a.to_f64_vec().iter().zip(b.to_f64_vec()).map(|(x, y)| x * y).sum();
+    let local: f64 = a
+        .to_f64_vec()
+        .iter()
+        .zip(b.to_f64_vec())
+        .map(|(x, y)| x * y)
+        .sum();
     let t = Tensor::from_vec([1], vec![local]).unwrap();
-    g.all_reduce(&t, ReduceOp::Sum).unwrap().as_slice::<f64>().unwrap()[0]
+    g.all_reduce(&t, ReduceOp::Sum)
+        .unwrap()
+        .as_slice::<f64>()
+        .unwrap()[0]
 }
 
 fn pseudo_random(seed: usize, shape: &[usize]) -> Tensor {
@@ -24,8 +32,20 @@ pub fn run(rt: &Runtime) {
         (Differentiable::AllGather { dim: 1 }, vec![2, 3, 2]),
         (Differentiable::AllGather { dim: -1 }, vec![2, 3]),
         (Differentiable::ReduceScatterSum { dim: 0 }, vec![2 * p, 3]),
-        (Differentiable::AllToAll4d { scatter_dim: 2, gather_dim: 1 }, vec![2, 3, 2 * p, 2]),
-        (Differentiable::AllToAll4d { scatter_dim: 1, gather_dim: 2 }, vec![2, 3 * p, 2, 2]),
+        (
+            Differentiable::AllToAll4d {
+                scatter_dim: 2,
+                gather_dim: 1,
+            },
+            vec![2, 3, 2 * p, 2],
+        ),
+        (
+            Differentiable::AllToAll4d {
+                scatter_dim: 1,
+                gather_dim: 2,
+            },
+            vec![2, 3 * p, 2, 2],
+        ),
     ];
     for (op, shape) in cases {
         let x = pseudo_random(me, &shape);
@@ -34,7 +54,10 @@ pub fn run(rt: &Runtime) {
         let aty = op.backward(&g, &y).unwrap();
         assert_eq!(aty.shape(), x.shape(), "{op:?}: gradient shape");
         let (lhs, rhs) = (dot(&g, &ax, &y), dot(&g, &x, &aty));
-        assert!((lhs - rhs).abs() <= 1e-9 * lhs.abs().max(1.0), "{op:?} np{p}: <Ax,y> = {lhs} but <x,A^T y> = {rhs}");
+        assert!(
+            (lhs - rhs).abs() <= 1e-9 * lhs.abs().max(1.0),
+            "{op:?} np{p}: <Ax,y> = {lhs} but <x,A^T y> = {rhs}"
+        );
         assert_eq!(op.adjoint().adjoint(), op);
     }
 }

@@ -26,23 +26,45 @@ pub fn run(rt: &Runtime) {
                 let d = dim.rem_euclid(shape.len() as isize) as usize;
                 let (want_shape, want) = concat(&parts, shape, d);
                 let ctx = format!("all_gather dim {dim} {dtype} {shape:?} np{p}");
-                assert_tensor(&g.all_gather(&x, dim).unwrap(), dtype, &want_shape, &want, &ctx);
+                assert_tensor(
+                    &g.all_gather(&x, dim).unwrap(),
+                    dtype,
+                    &want_shape,
+                    &want,
+                    &ctx,
+                );
                 for dst in 0..p {
                     let got = g.gather(&x, dst, dim).unwrap();
                     match got {
                         Some(t) => {
                             assert_eq!(me, dst, "gather result on a non-destination rank");
-                            assert_tensor(&t, dtype, &want_shape, &want, &format!("gather to {dst}: {ctx}"));
+                            assert_tensor(
+                                &t,
+                                dtype,
+                                &want_shape,
+                                &want,
+                                &format!("gather to {dst}: {ctx}"),
+                            );
                         }
                         None => assert_ne!(me, dst, "no gather result on the destination"),
                     }
                 }
             }
             for src in 0..p {
-                let mut t = if me == src { x.clone() } else { Tensor::zeros(shape.to_vec(), dtype) };
+                let mut t = if me == src {
+                    x.clone()
+                } else {
+                    Tensor::zeros(shape.to_vec(), dtype)
+                };
                 g.broadcast(&mut t, src).unwrap();
                 let want = values(src, n, dtype, ReduceOp::Sum);
-                assert_tensor(&t, dtype, shape, &want, &format!("broadcast from {src} {dtype} np{p}"));
+                assert_tensor(
+                    &t,
+                    dtype,
+                    shape,
+                    &want,
+                    &format!("broadcast from {src} {dtype} np{p}"),
+                );
             }
         }
 
@@ -60,6 +82,49 @@ pub fn run(rt: &Runtime) {
         }
 
         all_to_all_4d(&g, dtype);
+    }
+    eight_bit_arithmetic_wraps(&g);
+}
+
+/// 8-bit sums and products wrap like Rust's `wrapping_*`, also on vectors long
+/// enough for SIMD reduction kernels (Open MPI 4.1's AVX kernels saturate).
+fn eight_bit_arithmetic_wraps(g: &rankmesh::GroupCoordinator<'_>) {
+    let p = g.size();
+    let n = 4096;
+    let u: Vec<u8> = (0..n).map(|i| 200 + (i % 7) as u8).collect();
+    let i: Vec<i8> = (0..n).map(|k| 100 + (k % 7) as i8).collect();
+    let tu = Tensor::from_vec([n], u.clone()).unwrap();
+    let ti = Tensor::from_vec([n], i.clone()).unwrap();
+    let sum_u = g.all_reduce(&tu, ReduceOp::Sum).unwrap();
+    let sum_i = g.all_reduce(&ti, ReduceOp::Sum).unwrap();
+    let prod_u = g.all_reduce(&tu, ReduceOp::Prod).unwrap();
+    let want_sum_u: Vec<u8> = u.iter().map(|x| x.wrapping_mul(p as u8)).collect();
+    let want_sum_i: Vec<i8> = i.iter().map(|x| x.wrapping_mul(p as i8)).collect();
+    let want_prod_u: Vec<u8> = u
+        .iter()
+        .map(|x| (0..p).fold(1u8, |a, _| a.wrapping_mul(*x)))
+        .collect();
+    first_mismatch(
+        sum_u.as_slice::<u8>().unwrap(),
+        &want_sum_u,
+        &format!("u8 sum wraps np{p}"),
+    );
+    first_mismatch(
+        sum_i.as_slice::<i8>().unwrap(),
+        &want_sum_i,
+        &format!("i8 sum wraps np{p}"),
+    );
+    first_mismatch(
+        prod_u.as_slice::<u8>().unwrap(),
+        &want_prod_u,
+        &format!("u8 prod wraps np{p}"),
+    );
+}
+
+fn first_mismatch<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}: length");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+        panic!("{ctx}: element {i} is {:?}, expected {:?}", got[i], want[i]);
     }
 }
 
@@ -82,7 +147,13 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
             v[super::reference::flat(&in_shape, &[i[0], seq, me * h + i[2], i[3]])]
         })
         .collect();
-    assert_tensor(&got, dtype, &out_shape, &want, &format!("all_to_all_4d (2,1) {dtype} np{p}"));
+    assert_tensor(
+        &got,
+        dtype,
+        &out_shape,
+        &want,
+        &format!("all_to_all_4d (2,1) {dtype} np{p}"),
+    );
 
     // (1, 2): [B, S, H/P, D] -> [B, S/P, H, D] with S = s·P, H/P = h.
     let in_shape = [b, s * p, h, d];
@@ -97,9 +168,17 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
             v[super::reference::flat(&in_shape, &[i[0], me * s + i[1], head, i[3]])]
         })
         .collect();
-    assert_tensor(&got, dtype, &out_shape, &want, &format!("all_to_all_4d (1,2) {dtype} np{p}"));
+    assert_tensor(
+        &got,
+        dtype,
+        &out_shape,
+        &want,
+        &format!("all_to_all_4d (1,2) {dtype} np{p}"),
+    );
 
     // The two modes are inverses.
-    let back = g.all_to_all_4d(&g.all_to_all_4d(&x, 1, 2).unwrap(), 2, 1).unwrap();
+    let back = g
+        .all_to_all_4d(&g.all_to_all_4d(&x, 1, 2).unwrap(), 2, 1)
+        .unwrap();
     assert_eq!(back, x, "all_to_all_4d round trip {dtype} np{p}");
 }

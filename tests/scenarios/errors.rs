@@ -25,7 +25,11 @@ struct Percent(u32);
 impl TryFrom<u32> for Percent {
     type Error = String;
     fn try_from(v: u32) -> Result<Self, String> {
-        if v <= 100 { Ok(Percent(v)) } else { Err(format!("{v} is not a percentage")) }
+        if v <= 100 {
+            Ok(Percent(v))
+        } else {
+            Err(format!("{v} is not a percentage"))
+        }
     }
 }
 
@@ -41,36 +45,86 @@ pub fn run(rt: &Runtime) {
     let x = Tensor::from_vec([2, 3, 4], vec![1f32; 24]).unwrap();
 
     // Arguments wrong on every rank.
-    expect_err(g.all_gather(&x, 3), &["all_gather on world: dim 3 out of range for a 3-d tensor"]);
+    expect_err(
+        g.all_gather(&x, 3),
+        &["all_gather on world: dim 3 out of range for a 3-d tensor"],
+    );
     expect_err(g.all_gather(&x, -4), &["dim -4 out of range"]);
-    expect_err(g.gather(&x, p, 0), &[&format!("gather on world: dst {p} is not a rank of this group of size {p}")]);
-    expect_err(g.broadcast(&mut x.clone(), p + 3), &["broadcast on world: src"]);
-    expect_err(g.all_to_all_4d(&x, 2, 1), &["expects a 4-d tensor, got shape [2, 3, 4]"]);
+    expect_err(
+        g.gather(&x, p, 0),
+        &[&format!(
+            "gather on world: dst {p} is not a rank of this group of size {p}"
+        )],
+    );
+    expect_err(
+        g.broadcast(&mut x.clone(), p + 3),
+        &["broadcast on world: src"],
+    );
+    expect_err(
+        g.all_to_all_4d(&x, 2, 1),
+        &["expects a 4-d tensor, got shape [2, 3, 4]"],
+    );
     let x4 = Tensor::zeros([1, 2, 4 * p + 1, 2], DType::F16);
     expect_err(g.all_to_all_4d(&x4, 0, 3), &["(0, 3) is not supported"]);
     if p > 1 {
-        expect_err(g.all_to_all_4d(&x4, 2, 1), &["not divisible by the group size"]);
+        expect_err(
+            g.all_to_all_4d(&x4, 2, 1),
+            &["not divisible by the group size"],
+        );
         let odd = Tensor::zeros([p * 2 + 1], DType::I32);
-        expect_err(g.reduce_scatter(&odd, 0, ReduceOp::Sum), &["reduce_scatter on world: dim 0 of size", "not divisible"]);
+        expect_err(
+            g.reduce_scatter(&odd, 0, ReduceOp::Sum),
+            &["reduce_scatter on world: dim 0 of size", "not divisible"],
+        );
     }
-    expect_err(g.broadcast_object::<String>(None, 0), &["no object given on the source rank"]);
+    expect_err(
+        g.broadcast_object::<String>(None, 0),
+        &["no object given on the source rank"],
+    );
     expect_err(g.is_the_same_node_as(p), &["src"]);
 
     // Arguments that differ between ranks: everyone learns who passed what.
     if p > 1 {
-        let mine = if me == p - 1 { Tensor::zeros([2, 5], DType::F32) } else { Tensor::zeros([2, 4], DType::F32) };
-        expect_err(g.all_reduce(&mine, ReduceOp::Sum), &[
-            "ranks disagree",
-            "group rank 0 passed all_reduce(shape [2, 4] f32, op sum)",
-            &format!("group rank {} passed all_reduce(shape [2, 5] f32, op sum)", p - 1),
-        ]);
+        let mine = if me == p - 1 {
+            Tensor::zeros([2, 5], DType::F32)
+        } else {
+            Tensor::zeros([2, 4], DType::F32)
+        };
+        expect_err(
+            g.all_reduce(&mine, ReduceOp::Sum),
+            &[
+                "ranks disagree",
+                "group rank 0 passed all_reduce(shape [2, 4] f32, op sum)",
+                &format!(
+                    "group rank {} passed all_reduce(shape [2, 5] f32, op sum)",
+                    p - 1
+                ),
+            ],
+        );
         let dt = if me == 0 { DType::BF16 } else { DType::F16 };
-        expect_err(g.all_gather(&Tensor::zeros([3], dt), 0), &["ranks disagree", "bf16", "f16"]);
-        let op = if me == 0 { ReduceOp::Max } else { ReduceOp::Min };
-        expect_err(g.all_reduce(&Tensor::zeros([3], DType::I8), op), &["op max", "op min"]);
+        expect_err(
+            g.all_gather(&Tensor::zeros([3], dt), 0),
+            &["ranks disagree", "bf16", "f16"],
+        );
+        let op = if me == 0 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Min
+        };
+        expect_err(
+            g.all_reduce(&Tensor::zeros([3], DType::I8), op),
+            &["op max", "op min"],
+        );
         // Different calls: rank 0 is at a barrier while the others all-reduce.
-        let r = if me == 0 { g.barrier() } else { g.all_reduce(&x, ReduceOp::Sum).map(|_| ()) };
-        expect_err(r, &["ranks are in different calls", "barrier()", "all_reduce("]);
+        let r = if me == 0 {
+            g.barrier()
+        } else {
+            g.all_reduce(&x, ReduceOp::Sum).map(|_| ())
+        };
+        expect_err(
+            r,
+            &["ranks are in different calls", "barrier()", "all_reduce("],
+        );
         // Different object types.
         let r = if me == 0 {
             g.broadcast_object(Some(&"text".to_string()), 0).map(|_| ())
@@ -80,13 +134,22 @@ pub fn run(rt: &Runtime) {
         expect_err(r, &["broadcast_object on world", "types differ"]);
         // A message that is well formed on the wire but invalid for the type.
         let bad = (me == 0).then_some(Percent(250));
-        expect_err(g.broadcast_object(bad.as_ref(), 0), &["broadcast_object on world: cannot decode `", "Percent` sent by group rank 0"]);
+        expect_err(
+            g.broadcast_object(bad.as_ref(), 0),
+            &[
+                "broadcast_object on world: cannot decode `",
+                "Percent` sent by group rank 0",
+            ],
+        );
 
         // Point-to-point: a shape mismatch fails on both sides.
         if me == 0 {
             expect_err(g.send(&Tensor::zeros([4], DType::F32), Some(1)), &["group rank 0 sends send/recv(shape [4] f32) but group rank 1 expects send/recv(shape [3] f32)"]);
         } else if me == 1 {
-            expect_err(g.recv(&[3], DType::F32, Some(0)), &["group rank 0 sends send/recv(shape [4] f32) but group rank 1 expects"]);
+            expect_err(
+                g.recv(&[3], DType::F32, Some(0)),
+                &["group rank 0 sends send/recv(shape [4] f32) but group rank 1 expects"],
+            );
         }
         if me == 0 {
             expect_err(g.send_object(&1u8, 1), &["types differ"]);
@@ -99,12 +162,33 @@ pub fn run(rt: &Runtime) {
 
     // Invalid layouts fail on every rank before any communicator is made.
     let mut ps = ParallelState::new(rt).unwrap();
-    expect_err(ps.initialize_model_parallel(0, 1, None), &["tensor-parallel size must be at least 1"]);
-    expect_err(ps.initialize_model_parallel(p + 1, 1, None), &[&format!("world size {p} is not divisible by tensor-parallel size {}", p + 1)]);
-    expect_err(ps.initialize_model_parallel(1, p + 1, None), &["sequence-parallel size"]);
-    expect_err(ps.initialize_model_parallel(1, 1, Some(p + 1)), &["data-parallel size"]);
-    expect_err(ps.new_tensor_parallel_group(p + 1, "m"), &["tensor-parallel size"]);
-    expect_err(rt.split_groups("bad", &[vec![0], vec![0]]), &["rank 0 appears in group lists 0 and 1"]);
+    expect_err(
+        ps.initialize_model_parallel(0, 1, None),
+        &["tensor-parallel size must be at least 1"],
+    );
+    expect_err(
+        ps.initialize_model_parallel(p + 1, 1, None),
+        &[&format!(
+            "world size {p} is not divisible by tensor-parallel size {}",
+            p + 1
+        )],
+    );
+    expect_err(
+        ps.initialize_model_parallel(1, p + 1, None),
+        &["sequence-parallel size"],
+    );
+    expect_err(
+        ps.initialize_model_parallel(1, 1, Some(p + 1)),
+        &["data-parallel size"],
+    );
+    expect_err(
+        ps.new_tensor_parallel_group(p + 1, "m"),
+        &["tensor-parallel size"],
+    );
+    expect_err(
+        rt.split_groups("bad", &[vec![0], vec![0]]),
+        &["rank 0 appears in group lists 0 and 1"],
+    );
     assert!(!ps.model_parallel_is_initialized());
 
     // The group still works after all of that.

@@ -22,7 +22,10 @@ pub fn run(rt: &Runtime) {
                 let want = layout.group_of(kind, me);
                 let pos = want.iter().position(|r| *r == me).unwrap();
                 assert_eq!(g.ranks(), want.as_slice(), "{kind:?} t{t} s{s}");
-                assert_eq!(g.name(), format!("{}:{}", kind.name(), layout.group_index(kind, me)));
+                assert_eq!(
+                    g.name(),
+                    format!("{}:{}", kind.name(), layout.group_index(kind, me))
+                );
                 assert_eq!(g.rank_in_group(), pos);
                 assert_eq!(g.size(), want.len());
                 assert_eq!(g.global_rank(), me);
@@ -35,10 +38,16 @@ pub fn run(rt: &Runtime) {
                 // Sum of world ranks over the group.
                 let x = rankmesh::Tensor::from_vec([1], vec![me as i64]).unwrap();
                 let sum = g.all_reduce(&x, ReduceOp::Sum).unwrap();
-                assert_eq!(sum.as_slice::<i64>().unwrap(), &[want.iter().sum::<usize>() as i64]);
+                assert_eq!(
+                    sum.as_slice::<i64>().unwrap(),
+                    &[want.iter().sum::<usize>() as i64]
+                );
                 // All ranks run on one node here.
                 assert_eq!(g.is_the_same_node_as(0).unwrap(), vec![true; want.len()]);
-                assert_eq!(g.same_node_ranks(want.len() - 1).unwrap(), (0..want.len()).collect::<Vec<_>>());
+                assert_eq!(
+                    g.same_node_ranks(want.len() - 1).unwrap(),
+                    (0..want.len()).collect::<Vec<_>>()
+                );
                 g.barrier().unwrap();
             }
             assert_eq!(ps.tp_world_size().unwrap(), t);
@@ -47,7 +56,10 @@ pub fn run(rt: &Runtime) {
             assert_eq!(ps.tp_rank().unwrap(), me % t);
             assert_eq!(ps.sp_rank().unwrap(), me % s);
             assert_eq!(ps.dp_rank().unwrap(), me / s);
-            let again = ps.initialize_model_parallel(t, s, None).unwrap_err().to_string();
+            let again = ps
+                .initialize_model_parallel(t, s, None)
+                .unwrap_err()
+                .to_string();
             assert!(again.contains("already initialised"), "{again}");
             ps.destroy_model_parallel();
             assert!(!ps.model_parallel_is_initialized());
@@ -65,15 +77,26 @@ pub fn run(rt: &Runtime) {
             let tp = ps.tp().unwrap();
             let x = super::reference::input(me, &[4], DType::F32, ReduceOp::Sum);
             let got = tp.all_reduce(&x, ReduceOp::Sum).unwrap();
-            assert_tensor(&got, DType::F32, &[4], &reduced(w, 4, DType::F32, ReduceOp::Sum), "override");
+            assert_tensor(
+                &got,
+                DType::F32,
+                &[4],
+                &reduced(w, 4, DType::F32, ReduceOp::Sum),
+                "override",
+            );
             let nested = ps.with_tp_group(&model_tp, || ()).unwrap_err().to_string();
-            assert!(nested.contains("already overridden by tp_model1:0"), "{nested}");
+            assert!(
+                nested.contains("already overridden by tp_model1:0"),
+                "{nested}"
+            );
             ps.tp_world_size().unwrap()
         })
         .unwrap();
     assert_eq!(inside, w);
     assert_eq!(ps.tp_world_size().unwrap(), 1, "override restored");
-    let sp_inside = ps.with_sp_group(&model_sp, || ps.sp().unwrap().name().to_string()).unwrap();
+    let sp_inside = ps
+        .with_sp_group(&model_sp, || ps.sp().unwrap().name().to_string())
+        .unwrap();
     assert_eq!(sp_inside, format!("sp_model2:{me}"));
     assert_eq!(ps.sp().unwrap().name(), format!("sp:{me}"));
     let _ = input;

@@ -5,6 +5,7 @@ mod collectives;
 mod dicts;
 mod errors;
 mod groups;
+mod large;
 mod objects;
 mod p2p;
 mod reference;
@@ -25,13 +26,64 @@ const ALL_SIZES: &[usize] = &[1, 2, 3, 4];
 const TINY_CHUNKS: &[(&str, &str)] = &[("RANKMESH_MAX_MESSAGE_BYTES", "7")];
 
 pub const ALL: &[Scenario] = &[
-    Scenario { name: "collectives", sizes: ALL_SIZES, env: &[], run: collectives::run },
-    Scenario { name: "collectives_chunked", sizes: &[2, 3], env: TINY_CHUNKS, run: collectives::run },
-    Scenario { name: "objects", sizes: ALL_SIZES, env: &[], run: objects::run },
-    Scenario { name: "objects_chunked", sizes: &[3], env: TINY_CHUNKS, run: objects::run },
-    Scenario { name: "p2p", sizes: &[2, 3, 4], env: &[], run: p2p::run },
-    Scenario { name: "groups", sizes: ALL_SIZES, env: &[], run: groups::run },
-    Scenario { name: "tensor_dicts", sizes: &[2, 4], env: &[], run: dicts::run },
-    Scenario { name: "adjoint", sizes: ALL_SIZES, env: &[], run: adjoint::run },
-    Scenario { name: "errors", sizes: ALL_SIZES, env: &[], run: errors::run },
+    Scenario {
+        name: "collectives",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_chunked",
+        sizes: &[2, 3],
+        env: TINY_CHUNKS,
+        run: collectives::run,
+    },
+    Scenario {
+        name: "objects",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: objects::run,
+    },
+    Scenario {
+        name: "objects_chunked",
+        sizes: &[3],
+        env: TINY_CHUNKS,
+        run: objects::run,
+    },
+    Scenario {
+        name: "p2p",
+        sizes: &[2, 3, 4],
+        env: &[],
+        run: p2p::run,
+    },
+    Scenario {
+        name: "groups",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: groups::run,
+    },
+    Scenario {
+        name: "tensor_dicts",
+        sizes: &[2, 4],
+        env: &[],
+        run: dicts::run,
+    },
+    Scenario {
+        name: "adjoint",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: adjoint::run,
+    },
+    Scenario {
+        name: "errors",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: errors::run,
+    },
+    Scenario {
+        name: "large_buffers",
+        sizes: &[2],
+        env: &[],
+        run: large::run,
+    },
 ];

@@ -27,15 +27,23 @@ pub fn run(rt: &Runtime) {
 
     for src in 0..p {
         let mine = (me == src).then(|| config_of(src));
-        assert_eq!(g.broadcast_object(mine.as_ref(), src).unwrap(), config_of(src));
-        let s: String = g.broadcast_object(Some(&format!("hello from {me}")), src).unwrap();
+        assert_eq!(
+            g.broadcast_object(mine.as_ref(), src).unwrap(),
+            config_of(src)
+        );
+        let s: String = g
+            .broadcast_object(Some(&format!("hello from {me}")), src)
+            .unwrap();
         assert_eq!(s, format!("hello from {src}"));
     }
 
     let all = g.all_gather_object(&config_of(me)).unwrap();
     assert_eq!(all, (0..p).map(config_of).collect::<Vec<_>>());
     let empties: Vec<Vec<u8>> = g.all_gather_object(&vec![7u8; me % 2]).unwrap();
-    assert_eq!(empties, (0..p).map(|r| vec![7u8; r % 2]).collect::<Vec<_>>());
+    assert_eq!(
+        empties,
+        (0..p).map(|r| vec![7u8; r % 2]).collect::<Vec<_>>()
+    );
 
     for dst in 0..p {
         let got = g.gather_object(&(me as u64 * 10), dst).unwrap();

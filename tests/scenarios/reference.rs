@@ -14,7 +14,11 @@ pub fn values(rank: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
                 ((rank + i) % 2 + 1) as f64
             } else {
                 let v = ((rank * 7 + i * 3) % 9) as f64;
-                if signed { v - 4.0 } else { v }
+                if signed {
+                    v - 4.0
+                } else {
+                    v
+                }
             }
         })
         .collect()
@@ -70,7 +74,13 @@ pub fn concat(parts: &[Vec<f64>], shape: &[usize], dim: usize) -> (Vec<usize>, V
 }
 
 /// Slice `k` of `parts` equal slices of `data` (shaped `shape`) along `dim`.
-pub fn slice(data: &[f64], shape: &[usize], dim: usize, k: usize, parts: usize) -> (Vec<usize>, Vec<f64>) {
+pub fn slice(
+    data: &[f64],
+    shape: &[usize],
+    dim: usize,
+    k: usize,
+    parts: usize,
+) -> (Vec<usize>, Vec<f64>) {
     let mut out_shape = shape.to_vec();
     out_shape[dim] /= parts;
     let n: usize = out_shape.iter().product();
@@ -101,6 +111,9 @@ pub fn assert_tensor(got: &Tensor, dtype: DType, shape: &[usize], want: &[f64], 
     assert_eq!(got.shape(), shape, "{ctx}: shape");
     let tol = tolerance(dtype);
     for (i, (g, w)) in got.to_f64_vec().iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * w.abs(), "{ctx}: element {i} is {g}, expected {w}");
+        assert!(
+            (g - w).abs() <= tol * w.abs(),
+            "{ctx}: element {i} is {g}, expected {w}"
+        );
     }
 }

@@ -22,7 +22,10 @@ impl Job {
     }
 
     pub fn describe(&self) -> String {
-        format!("exit {:?}\n--- stdout\n{}\n--- stderr\n{}", self.code, self.stdout, self.stderr)
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
     }
 }
 
@@ -30,10 +33,14 @@ impl Job {
 pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
     let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mpirun-local.sh");
     let mut cmd = Command::new("timeout");
-    cmd.args(["--signal=TERM", "--kill-after=10", &JOB_TIMEOUT_S.to_string()])
-        .arg("bash")
-        .arg(launcher)
-        .args(["-np", &np.to_string()]);
+    cmd.args([
+        "--signal=TERM",
+        "--kill-after=10",
+        &JOB_TIMEOUT_S.to_string(),
+    ])
+    .arg("bash")
+    .arg(launcher)
+    .args(["-np", &np.to_string()]);
     for (k, _) in env {
         cmd.args(["-x", k]);
     }
@@ -47,8 +54,15 @@ pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) ->
 /// Runs `program args` as a plain process (an MPI singleton).
 pub fn singleton(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
     let mut cmd = Command::new("timeout");
-    cmd.args(["--signal=TERM", "--kill-after=10", &JOB_TIMEOUT_S.to_string()]).arg(program).args(args);
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd.args([
+        "--signal=TERM",
+        "--kill-after=10",
+        &JOB_TIMEOUT_S.to_string(),
+    ])
+    .arg(program)
+    .args(args);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -1,0 +1,134 @@
+//! Typed reductions on host memory: dtype dispatch, f16/bf16 widening, `Avg`,
+//! and wrapping 8-bit arithmetic. The collective that combines the ranks is a
+//! [`Reducer`] supplied by the data plane.
+
+use crate::reduce::ReduceOp;
+use crate::tensor::HostData;
+use half::{bf16, f16};
+use mpi::collective::{SystemOperation, UnsafeUserOperation};
+use mpi::traits::*;
+use std::os::raw::{c_int, c_void};
+
+/// A reduction collective over typed slices.
+pub(crate) trait Reducer {
+    /// Reduces `send` across the ranks into `recv` with `op`.
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    );
+}
+
+/// Division by the group size for `Avg` (truncating for integers).
+trait DivN {
+    fn div_n(self, n: usize) -> Self;
+}
+
+macro_rules! div_n {
+    ($($t:ty),*) => {$(
+        impl DivN for $t {
+            fn div_n(self, n: usize) -> Self {
+                self / (n as $t)
+            }
+        }
+    )*};
+}
+div_n!(f32, f64, i8, u8, i32, u32, i64, u64);
+
+/// Element-wise wrapping reductions of 8-bit integers. Open MPI 4.1's AVX
+/// kernels saturate 8-bit `MPI_SUM`/`MPI_PROD` on long vectors while its scalar
+/// tail wraps, so a sum could depend on the buffer length; these user
+/// operations wrap everywhere, as C, NCCL and Rust's `wrapping_*` do.
+macro_rules! wrapping_op {
+    ($name:ident, $t:ty, $method:ident) => {
+        unsafe extern "C" fn $name(
+            invec: *mut c_void,
+            inoutvec: *mut c_void,
+            len: *mut c_int,
+            _datatype: *mut mpi::ffi::MPI_Datatype,
+        ) {
+            // SAFETY: MPI passes two buffers of `*len` elements of the type the
+            // operation was used with (only ever `$t`, see `wrapping_8bit_op`).
+            let (a, b) = unsafe {
+                let n = *len as usize;
+                (
+                    std::slice::from_raw_parts(invec as *const $t, n),
+                    std::slice::from_raw_parts_mut(inoutvec as *mut $t, n),
+                )
+            };
+            for (x, y) in a.iter().zip(b) {
+                *y = y.$method(*x);
+            }
+        }
+    };
+}
+wrapping_op!(add_i8, i8, wrapping_add);
+wrapping_op!(add_u8, u8, wrapping_add);
+wrapping_op!(mul_i8, i8, wrapping_mul);
+wrapping_op!(mul_u8, u8, wrapping_mul);
+
+/// The wrapping operation replacing MPI's for 8-bit sums and products.
+fn wrapping_8bit_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
+    let f: mpi::collective::UnsafeUserFunction = match (data, op) {
+        (HostData::I8(_), ReduceOp::Sum | ReduceOp::Avg) => add_i8,
+        (HostData::U8(_), ReduceOp::Sum | ReduceOp::Avg) => add_u8,
+        (HostData::I8(_), ReduceOp::Prod) => mul_i8,
+        (HostData::U8(_), ReduceOp::Prod) => mul_u8,
+        _ => return None,
+    };
+    // SAFETY: each function is only used with buffers of its own element type.
+    Some(unsafe { UnsafeUserOperation::commutative(f) })
+}
+
+/// Runs `reducer` for the dtype of `data` with an output of `out_len` elements,
+/// widening 16-bit floats to f32 (one rounding at the end), then applies `Avg`.
+pub(crate) fn reduce_data(
+    reducer: &impl Reducer,
+    data: &HostData,
+    op: ReduceOp,
+    n: usize,
+    out_len: usize,
+) -> HostData {
+    let sys = match op {
+        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
+        ReduceOp::Prod => SystemOperation::product(),
+        ReduceOp::Min => SystemOperation::min(),
+        ReduceOp::Max => SystemOperation::max(),
+    };
+    let wrapping = wrapping_8bit_op(data, op);
+    macro_rules! native {
+        ($v:expr, $variant:ident) => {{
+            let mut out = vec![Default::default(); out_len];
+            match &wrapping {
+                Some(user_op) => reducer.run($v.as_slice(), &mut out, user_op),
+                None => reducer.run($v.as_slice(), &mut out, &sys),
+            }
+            if op == ReduceOp::Avg {
+                out.iter_mut().for_each(|x| *x = DivN::div_n(*x, n));
+            }
+            HostData::$variant(out)
+        }};
+    }
+    macro_rules! widened {
+        ($v:expr, $variant:ident, $t:ty) => {{
+            let wide: Vec<f32> = $v.iter().map(|x| x.to_f32()).collect();
+            let mut out = vec![0f32; out_len];
+            reducer.run(&wide, &mut out, &sys);
+            let scale = if op == ReduceOp::Avg { n as f32 } else { 1.0 };
+            HostData::$variant(out.into_iter().map(|x| <$t>::from_f32(x / scale)).collect())
+        }};
+    }
+    match data {
+        HostData::F32(v) => native!(v, F32),
+        HostData::F64(v) => native!(v, F64),
+        HostData::I8(v) => native!(v, I8),
+        HostData::U8(v) => native!(v, U8),
+        HostData::I32(v) => native!(v, I32),
+        HostData::U32(v) => native!(v, U32),
+        HostData::I64(v) => native!(v, I64),
+        HostData::U64(v) => native!(v, U64),
+        HostData::F16(v) => widened!(v, F16, f16),
+        HostData::BF16(v) => widened!(v, BF16, bf16),
+    }
+}

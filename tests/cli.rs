@@ -1,0 +1,191 @@
+//! The `rankmesh` CLI under real mpirun: `topo` output and its failures.
+
+mod support;
+
+use serde_json::Value;
+use std::path::Path;
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_rankmesh"))
+}
+
+fn group(start: usize, step: usize, len: usize) -> Vec<Value> {
+    (0..len).map(|i| Value::from(start + i * step)).collect()
+}
+
+#[test]
+fn topo_json_describes_every_rank_and_group() {
+    for (np, tp, sp) in [
+        (1, 1, 1),
+        (2, 2, 1),
+        (3, 1, 3),
+        (4, 2, 2),
+        (4, 4, 1),
+        (4, 1, 2),
+    ] {
+        let job = support::mpirun(
+            np,
+            exe(),
+            &[
+                "topo",
+                "--tp",
+                &tp.to_string(),
+                "--sp",
+                &sp.to_string(),
+                "--json",
+            ],
+            &[],
+        );
+        assert!(job.ok(), "np{np} tp{tp} sp{sp}: {}", job.describe());
+        let docs: Vec<&str> = job
+            .stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        assert_eq!(docs.len(), 1, "exactly one JSON document: {}", job.stdout);
+        let v: Value = serde_json::from_str(docs[0]).unwrap();
+        assert_eq!(v["world_size"], np);
+        assert_eq!(v["nodes"], 1);
+        assert_eq!(
+            (v["tp"].clone(), v["sp"].clone(), v["dp"].clone()),
+            (tp.into(), sp.into(), (np / sp).into())
+        );
+        // Key order is part of the format (serde_json::Value sorts, so read the text).
+        assert!(docs[0].starts_with(r#"{"world_size":"#), "{}", docs[0]);
+        assert_eq!(
+            docs[0].matches(r#","groups":{"tp":["#).count(),
+            np,
+            "{}",
+            docs[0]
+        );
+        assert_eq!(docs[0].matches(r#"],"sp":["#).count(), np, "{}", docs[0]);
+        assert_eq!(docs[0].matches(r#"],"dp":["#).count(), np, "{}", docs[0]);
+        let ranks = v["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), np);
+        for (r, e) in ranks.iter().enumerate() {
+            assert_eq!(e["rank"], r);
+            assert_eq!(e["node"], 0);
+            assert_eq!(e["local_rank"], r);
+            assert_eq!(e["local_size"], np);
+            assert!(!e["host"].as_str().unwrap().is_empty());
+            assert_eq!(
+                e["groups"]["tp"].as_array().unwrap(),
+                &group(r / tp * tp, 1, tp)
+            );
+            assert_eq!(
+                e["groups"]["sp"].as_array().unwrap(),
+                &group(r / sp * sp, 1, sp)
+            );
+            assert_eq!(
+                e["groups"]["dp"].as_array().unwrap(),
+                &group(r % sp, sp, np / sp)
+            );
+        }
+    }
+}
+
+#[test]
+fn topo_table_lists_ranks() {
+    let job = support::mpirun(4, exe(), &["topo", "--tp", "2", "--sp", "2"], &[]);
+    assert!(job.ok(), "{}", job.describe());
+    assert!(
+        job.stdout
+            .starts_with("4 ranks on 1 node(s): tp=2 sp=2 dp=2\n"),
+        "{}",
+        job.stdout
+    );
+    assert_eq!(job.stdout.lines().count(), 6, "{}", job.stdout);
+    assert!(
+        job.stdout
+            .lines()
+            .nth(4)
+            .unwrap()
+            .contains("[2, 3]  [2, 3]  [0, 2]"),
+        "{}",
+        job.stdout
+    );
+}
+
+#[test]
+fn invalid_sizes_fail_on_every_rank_with_the_reason() {
+    for (np, args, msg) in [
+        (
+            3,
+            vec!["topo", "--tp", "2"],
+            "world size 3 is not divisible by tensor-parallel size 2",
+        ),
+        (
+            4,
+            vec!["topo", "--sp", "3"],
+            "world size 4 is not divisible by sequence-parallel size 3",
+        ),
+        (
+            2,
+            vec!["topo", "--tp", "0"],
+            "tensor-parallel size must be at least 1",
+        ),
+        (
+            4,
+            vec!["topo", "--sp", "2", "--dp", "4"],
+            "data-parallel size 4 contradicts world size 4 / sequence-parallel size 2 = 2",
+        ),
+    ] {
+        let job = support::mpirun(np, exe(), &args, &[]);
+        assert!(!job.ok(), "{args:?} must fail: {}", job.describe());
+        assert!(
+            job.stdout.trim().is_empty(),
+            "nothing on stdout: {}",
+            job.stdout
+        );
+        let lines = job
+            .stderr
+            .lines()
+            .filter(|l| l.contains("rankmesh: error (rank ") && l.contains(msg))
+            .count();
+        assert!(lines >= 1, "{args:?}: {}", job.describe());
+    }
+}
+
+#[test]
+fn invalid_sizes_fail_in_a_singleton_too() {
+    let job = support::singleton(exe(), &["topo", "--tp", "2"], &[]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    assert!(job.stderr.contains("rankmesh: error (rank 0): invalid parallel layout: world size 1 is not divisible by tensor-parallel size 2"), "{}", job.describe());
+}
+
+#[test]
+fn slurm_tasks_started_as_singletons_are_an_error() {
+    let job = support::singleton(exe(), &["topo"], &[("SLURM_NTASKS", "4")]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    assert!(
+        job.stderr
+            .contains("SLURM_NTASKS=4 but MPI reports a world of 1"),
+        "{}",
+        job.describe()
+    );
+    assert!(job.stderr.contains("srun --mpi=pmix"), "{}", job.describe());
+}
+
+#[test]
+fn launcher_disagreement_is_a_warning_not_an_error() {
+    let job = support::singleton(exe(), &["topo", "--json"], &[("LOCAL_RANK", "3")]);
+    assert!(job.ok(), "{}", job.describe());
+    assert!(
+        job.stderr
+            .contains("torchrun: LOCAL_RANK=3 disagrees with the MPI local rank 0"),
+        "{}",
+        job.describe()
+    );
+}
+
+#[test]
+fn bad_environment_is_an_error() {
+    let job = support::singleton(exe(), &["topo"], &[("RANKMESH_MAX_MESSAGE_BYTES", "lots")]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    assert!(
+        job.stderr
+            .contains("RANKMESH_MAX_MESSAGE_BYTES=\"lots\" is not a byte count"),
+        "{}",
+        job.describe()
+    );
+}
