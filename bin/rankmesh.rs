@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use rankmesh::topo::TopoReport;
 use rankmesh::{ParallelState, Runtime};
+use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -76,7 +77,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let who = rank.map_or(String::new(), |r| format!(" (rank {r})"));
-            eprintln!("rankmesh: error{who}: {e}");
+            // One write, so lines of several ranks sharing a terminal do not interleave.
+            let line = format!("rankmesh: error{who}: {e}\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
             ExitCode::FAILURE
         }
     }

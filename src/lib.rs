@@ -8,7 +8,7 @@
 //! descriptor across the group, so bad input is the same clear [`Error`] on
 //! every rank instead of a hang or an abort.
 //!
-//! ```no_run
+//! ```
 //! use rankmesh::{ParallelState, ReduceOp, Runtime, Tensor};
 //!
 //! fn main() -> rankmesh::Result<()> {
@@ -52,3 +52,8 @@ pub use tensor::{
 };
 pub use tensor_dict::{DictValue, TensorDict};
 pub use world::{Options, RankInfo, Runtime, WorldInfo};
+
+/// The README's examples are compiled as doc tests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
