@@ -58,6 +58,27 @@ pub enum Error {
     /// Parallel state used before initialisation, after teardown, or overridden twice.
     #[error("parallel state: {0}")]
     State(String),
+    /// A user function run by a helper (`main_first`, `main_only`, ...) failed
+    /// on some rank; every rank of the group gets this error.
+    #[error("{op} on {group}: the function failed on group rank {rank}: {msg}")]
+    Failed {
+        /// Helper name.
+        op: &'static str,
+        /// Unique group name.
+        group: String,
+        /// Group rank where the function failed.
+        rank: usize,
+        /// The function's error, as text.
+        msg: String,
+    },
+    /// A shared-workspace file that is missing pieces, corrupt or from another run.
+    #[error("workspace {path}: {msg}")]
+    Workspace {
+        /// File or directory concerned.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
 }
 
 impl Error {

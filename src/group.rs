@@ -152,6 +152,10 @@ impl<'rt> GroupCoordinator<'rt> {
         Ok(nodes.iter().map(|n| *n == nodes[src]).collect())
     }
 
+    pub(crate) fn raw_comm(&self) -> &SimpleCommunicator {
+        &self.inner.comm
+    }
+
     pub(crate) fn plane(&self) -> HostPlane<'_> {
         HostPlane::new(&self.inner.comm, self.inner.rt.options().max_message_bytes)
     }

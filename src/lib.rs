@@ -28,7 +28,9 @@ pub mod autograd;
 mod collectives;
 pub mod dispatch;
 pub mod error;
+pub mod gather;
 pub mod group;
+pub mod helpers;
 pub mod launcher;
 pub mod layout;
 pub mod layout_ops;
@@ -36,9 +38,11 @@ mod object;
 pub mod parallel;
 pub mod plane;
 pub mod reduce;
+pub mod stateless;
 pub mod tensor;
 pub mod tensor_dict;
 pub mod topo;
+pub mod workspace;
 pub mod world;
 
 pub use autograd::Differentiable;
@@ -47,10 +51,12 @@ pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};
 pub use parallel::ParallelState;
 pub use reduce::ReduceOp;
+pub use stateless::StatelessGroup;
 pub use tensor::{
     divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor,
 };
 pub use tensor_dict::{DictValue, TensorDict};
+pub use workspace::Workspace;
 pub use world::{Options, RankInfo, Runtime, WorldInfo};
 
 /// The README's examples are compiled as doc tests so they stay true.

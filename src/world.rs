@@ -239,6 +239,67 @@ impl Drop for Runtime {
     }
 }
 
+impl Runtime {
+    /// Builds a group over `ranks` (world ranks, in group-rank order) with
+    /// `MPI_Comm_create_group`: only the listed ranks call it, the others are
+    /// not involved. The list must be non-empty, without duplicates, inside
+    /// the world and contain the caller; every member must pass the same list
+    /// (checked once the group exists).
+    pub fn subgroup(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {
+        check_rank_list(ranks, self.size(), self.rank(), "world")?;
+        let as_i32: Vec<i32> = ranks.iter().map(|r| *r as i32).collect();
+        let group = self.world_comm.group().include(&as_i32);
+        let comm = self
+            .world_comm
+            .split_by_subgroup_with_tag(&group, SUBGROUP_TAG)
+            .ok_or_else(|| {
+                Error::Layout(format!(
+                    "MPI_Comm_create_group for {name} {ranks:?} returned no communicator"
+                ))
+            })?;
+        let g = GroupCoordinator::new(self, comm, format!("{name}{ranks:?}"))?;
+        let digest = fnv1a(format!("{ranks:?}").as_bytes());
+        let all: Vec<u64> = g.all_gather_object(&digest)?;
+        if let Some(r) = all.iter().position(|d| *d != digest) {
+            return Err(Error::Layout(format!(
+                "group rank {r} of {} passed a different rank list",
+                g.name()
+            )));
+        }
+        Ok(g)
+    }
+}
+
+/// `MPI_Comm_create_group` tag of rankmesh's sub-groups.
+const SUBGROUP_TAG: i32 = 0x5210;
+
+/// Checks a rank list for a collective among its members only: not empty,
+/// no duplicates, inside a group of `size`, and holding the caller `me`.
+pub(crate) fn check_rank_list(ranks: &[usize], size: usize, me: usize, what: &str) -> Result<()> {
+    if ranks.is_empty() {
+        return Err(Error::Layout("the rank list is empty".into()));
+    }
+    if let Some(r) = ranks.iter().find(|r| **r >= size) {
+        return Err(Error::Layout(format!(
+            "rank {r} in {ranks:?} is not in {what} (size {size})"
+        )));
+    }
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::Layout(format!(
+            "rank {} appears twice in {ranks:?}",
+            w[0]
+        )));
+    }
+    if !ranks.contains(&me) {
+        return Err(Error::Layout(format!(
+            "rank {me} called a collective over {ranks:?} but is not in the list"
+        )));
+    }
+    Ok(())
+}
+
 /// FNV-1a, for cheap cross-rank agreement digests (not for security).
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {

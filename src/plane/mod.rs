@@ -3,3 +3,4 @@
 
 pub mod host;
 mod reduction;
+pub mod shm_window;

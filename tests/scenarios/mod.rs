@@ -4,11 +4,14 @@ mod adjoint;
 mod collectives;
 mod dicts;
 mod errors;
+mod gathering;
 mod groups;
+mod helpers;
 mod large;
 mod objects;
 mod p2p;
 mod reference;
+mod workspace;
 
 use rankmesh::Runtime;
 
@@ -79,6 +82,30 @@ pub const ALL: &[Scenario] = &[
         sizes: ALL_SIZES,
         env: &[],
         run: errors::run,
+    },
+    Scenario {
+        name: "helpers",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: helpers::run,
+    },
+    Scenario {
+        name: "gathering",
+        sizes: ALL_SIZES,
+        env: &[],
+        run: gathering::run,
+    },
+    Scenario {
+        name: "gathering_without_shm",
+        sizes: &[3],
+        env: &[("RANKMESH_GATHER_SHM", "0")],
+        run: gathering::run,
+    },
+    Scenario {
+        name: "workspace",
+        sizes: &[1, 3],
+        env: &[],
+        run: workspace::run,
     },
     Scenario {
         name: "large_buffers",

@@ -1,0 +1,161 @@
+//! Main-rank helpers (axolotl's `utils.distributed`), done so that a failure
+//! on one rank is an error on every rank instead of a hang until a timeout,
+//! and values keep their type (no float32 rounding).
+
+use crate::error::{Error, Result};
+use crate::group::GroupCoordinator;
+use crate::world::Runtime;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::fmt::Display;
+
+/// Whether more than one rank takes part.
+pub fn is_distributed(rt: &Runtime) -> bool {
+    rt.size() > 1
+}
+
+/// Whether this is world rank 0 (true in a world of 1).
+pub fn is_main_process(rt: &Runtime) -> bool {
+    rt.rank() == 0
+}
+
+/// Whether this is the first rank on its node.
+pub fn is_local_main_process(rt: &Runtime) -> bool {
+    rt.world().me().local_rank == 0
+}
+
+/// A function's result as it travels between ranks.
+#[derive(Serialize, Deserialize)]
+enum Outcome<T> {
+    Ok(T),
+    Failed(String),
+}
+
+impl<T> Outcome<T> {
+    fn of<E: Display>(r: std::result::Result<T, E>) -> Self {
+        r.map_or_else(|e| Outcome::Failed(e.to_string()), Outcome::Ok)
+    }
+}
+
+impl GroupCoordinator<'_> {
+    fn failed(&self, op: &'static str, rank: usize, msg: String) -> Error {
+        Error::Failed {
+            op,
+            group: self.name().to_string(),
+            rank,
+            msg,
+        }
+    }
+
+    /// Every rank learns whether `mine` failed anywhere; the first failure
+    /// (in group-rank order) becomes the error on all of them.
+    fn agree_on_failures(&self, op: &'static str, mine: Option<String>) -> Result<()> {
+        let all: Vec<Option<String>> = self.all_gather_object(&mine)?;
+        match all
+            .into_iter()
+            .enumerate()
+            .find_map(|(r, m)| m.map(|m| (r, m)))
+        {
+            Some((r, m)) => Err(self.failed(op, r, m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Group rank 0 runs `f` first (e.g. to download or preprocess), then the
+    /// others run theirs (axolotl's `zero_first`). If rank 0's `f` fails, every
+    /// rank returns that error at once and the others never run `f`; a failure
+    /// on any other rank is also returned everywhere.
+    pub fn main_first<R, E: Display>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        const OP: &str = "main_first";
+        let mut f = Some(f);
+        let mut result = None;
+        if self.is_first_rank() {
+            result = f.take().map(|f| f());
+        }
+        let status = result
+            .as_ref()
+            .and_then(|r| r.as_ref().err().map(|e| e.to_string()));
+        let status: Option<String> = self.broadcast_object(Some(&status), 0)?;
+        if let Some(msg) = status {
+            return Err(self.failed(OP, 0, msg));
+        }
+        let result = match (result, f) {
+            (Some(r), _) => r,
+            (None, Some(f)) => f(),
+            (None, None) => unreachable!("f runs exactly once"),
+        };
+        let mine = result.as_ref().err().map(|e| e.to_string());
+        self.agree_on_failures(OP, mine)?;
+        result.map_err(|e| self.failed(OP, self.rank_in_group(), e.to_string()))
+    }
+
+    /// Group rank `src` computes `f`; its value (or its error) reaches every
+    /// rank. Any serde type, exactly (axolotl rounds through float32).
+    pub fn compute_and_broadcast<T, E>(
+        &self,
+        src: usize,
+        f: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+    {
+        let src = self.check_rank(crate::dispatch::Op::BroadcastObject, "src", src)?;
+        let outcome = (self.rank_in_group() == src).then(|| Outcome::of(f()));
+        match self.broadcast_object(outcome.as_ref(), src)? {
+            Outcome::Ok(v) => Ok(v),
+            Outcome::Failed(msg) => Err(self.failed("compute_and_broadcast", src, msg)),
+        }
+    }
+
+    /// Group rank 0 computes `f`; the result reaches every rank (axolotl's
+    /// `zero_only` with the value shared).
+    pub fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+    {
+        self.compute_and_broadcast(0, f)
+    }
+
+    /// Every rank runs `f`; group rank `dst` gets all values in group-rank
+    /// order (`Some`), the others `None`. A failure anywhere is an error everywhere.
+    pub fn gather_from_all_ranks<T, E>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<T, E>,
+        dst: usize,
+    ) -> Result<Option<Vec<T>>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+    {
+        let dst = self.check_rank(crate::dispatch::Op::GatherObject, "dst", dst)?;
+        let value = f();
+        let mine = value.as_ref().err().map(|e| e.to_string());
+        self.agree_on_failures("gather_from_all_ranks", mine)?;
+        let value = value.map_err(|e| {
+            self.failed("gather_from_all_ranks", self.rank_in_group(), e.to_string())
+        })?;
+        self.gather_object(&value, dst)
+    }
+
+    /// Every rank runs `f1`; group rank 0 reduces the values with `f2`; the
+    /// result reaches every rank.
+    pub fn reduce_and_broadcast<T, U, E>(
+        &self,
+        f1: impl FnOnce() -> std::result::Result<T, E>,
+        f2: impl FnOnce(Vec<T>) -> U,
+    ) -> Result<U>
+    where
+        T: Serialize + DeserializeOwned,
+        U: Serialize + DeserializeOwned,
+        E: Display,
+    {
+        let gathered = self.gather_from_all_ranks(f1, 0)?;
+        let reduced = gathered.map(f2);
+        self.broadcast_object(reduced.as_ref(), 0)
+    }
+}

@@ -1,0 +1,269 @@
+//! A shared-filesystem workspace (ModelOpt's `NFSWorkspace`), done safely.
+//!
+//! Each rank writes one file (its config and tensors); any rank reads any
+//! other's. The run directory is private to the user (0700) and named after
+//! the job plus a token drawn at creation, so concurrent jobs never collide.
+//! Every file carries a header with the format version, the writer's rank,
+//! the run token and a checksum: a truncated, corrupted or stale file is an
+//! error, a missing one is `None`. Writes are atomic (temporary file, fsync,
+//! rename, fsync of the directory), so a reader never sees half a file.
+//!
+//! Reads and writes are not collective (as in ModelOpt): synchronise with
+//! `barrier` between writing and reading.
+
+use crate::error::{Error, Result};
+use crate::group::GroupCoordinator;
+use crate::tensor::{DType, Tensor};
+use crate::world::fnv1a;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"RMWSPACE";
+/// Version of the file format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_BYTES: usize = 8 + 4 + 4 + 16 + 8 + 8 + 8;
+
+/// What one rank stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankState {
+    /// The rank's config, if it wrote one.
+    pub config: Option<serde_json::Value>,
+    /// The rank's tensors by name.
+    pub tensors: BTreeMap<String, Tensor>,
+}
+
+/// Metadata stored before the raw tensor bytes.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    config: Option<String>,
+    tensors: Vec<(String, DType, Vec<usize>)>,
+}
+
+/// A per-run directory on a shared file system.
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    dir: PathBuf,
+    token: [u8; 16],
+    rank: usize,
+}
+
+fn io_err(path: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::Workspace {
+        path: path.to_path_buf(),
+        msg: format!("{what}: {e}"),
+    }
+}
+
+/// The launcher's job identity, for readable directory names.
+fn job_label() -> String {
+    ["SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .unwrap_or_else(|| "local".into())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// 128 bits that differ between runs: clock, process, host.
+fn new_token() -> [u8; 16] {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let host = mpi::environment::processor_name().unwrap_or_default();
+    let salt = fnv1a(format!("{host}/{}/{nanos}", std::process::id()).as_bytes());
+    let mut t = [0u8; 16];
+    t[..8].copy_from_slice(&(nanos as u64).to_le_bytes());
+    t[8..].copy_from_slice(&salt.to_le_bytes());
+    t
+}
+
+impl Workspace {
+    /// Collective over `group`: group rank 0 creates `root/rankmesh-{job}-{token}`
+    /// (mode 0700, `root` created if missing) and every member gets its handle.
+    pub fn create(root: impl AsRef<Path>, group: &GroupCoordinator<'_>) -> Result<Workspace> {
+        let root = root.as_ref();
+        let proposal = group.is_first_rank().then(|| {
+            let token = new_token();
+            let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+            let dir = root.join(format!("rankmesh-{}-{hex}", job_label()));
+            (dir, token)
+        });
+        let (dir, token): (PathBuf, [u8; 16]) = group.broadcast_object(proposal.as_ref(), 0)?;
+        group.main_first(|| -> Result<()> {
+            if group.is_first_rank() {
+                fs::create_dir_all(root).map_err(|e| io_err(root, "cannot create the workspace root", e))?;
+                fs::create_dir(&dir).map_err(|e| io_err(&dir, "cannot create the run directory", e))?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                    .map_err(|e| io_err(&dir, "cannot make the run directory private", e))?;
+            } else if !dir.is_dir() {
+                return Err(Error::Workspace {
+                    path: dir.clone(),
+                    msg: "the run directory is not visible here: is the workspace on a shared file system?".into(),
+                });
+            }
+            Ok(())
+        })?;
+        Ok(Workspace {
+            dir,
+            token,
+            rank: group.rank_in_group(),
+        })
+    }
+
+    /// The run directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of group rank `rank`'s file.
+    pub fn file_of(&self, rank: usize) -> PathBuf {
+        self.dir.join(format!("rank-{rank:06}.rmws"))
+    }
+
+    /// Atomically replaces this rank's file with `config` and `tensors`.
+    pub fn write(
+        &self,
+        config: Option<&serde_json::Value>,
+        tensors: &BTreeMap<String, Tensor>,
+    ) -> Result<()> {
+        let meta = Meta {
+            config: config.map(|c| c.to_string()),
+            tensors: tensors
+                .iter()
+                .map(|(k, t)| (k.clone(), t.dtype(), t.shape().to_vec()))
+                .collect(),
+        };
+        let mut payload = postcard::to_stdvec(&meta).map_err(|e| Error::Workspace {
+            path: self.dir.clone(),
+            msg: format!("cannot encode metadata: {e}"),
+        })?;
+        let meta_len = payload.len() as u64;
+        for t in tensors.values() {
+            payload.extend_from_slice(t.bytes());
+        }
+        let mut file = Vec::with_capacity(HEADER_BYTES + payload.len());
+        file.extend_from_slice(MAGIC);
+        file.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        file.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        file.extend_from_slice(&self.token);
+        file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        file.extend_from_slice(&meta_len.to_le_bytes());
+        file.extend_from_slice(&fnv1a(&payload).to_le_bytes());
+        file.extend_from_slice(&payload);
+
+        let path = self.file_of(self.rank);
+        let tmp = self
+            .dir
+            .join(format!(".rank-{:06}.{}.tmp", self.rank, std::process::id()));
+        let mut f = fs::File::create(&tmp).map_err(|e| io_err(&tmp, "cannot create", e))?;
+        f.write_all(&file)
+            .map_err(|e| io_err(&tmp, "cannot write", e))?;
+        f.sync_all().map_err(|e| io_err(&tmp, "cannot sync", e))?;
+        fs::rename(&tmp, &path).map_err(|e| io_err(&path, "cannot rename into place", e))?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(&self.dir, "cannot sync the directory", e))
+    }
+
+    /// Group rank `rank`'s state: `None` if it wrote nothing, an error if the
+    /// file is truncated, corrupt, from another run or another format.
+    pub fn read(&self, rank: usize) -> Result<Option<RankState>> {
+        let path = self.file_of(rank);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&path, "cannot read", e)),
+        };
+        self.decode(&path, rank, &bytes).map(Some)
+    }
+
+    fn decode(&self, path: &Path, rank: usize, bytes: &[u8]) -> Result<RankState> {
+        let bad = |msg: String| Error::Workspace {
+            path: path.to_path_buf(),
+            msg,
+        };
+        if bytes.len() < HEADER_BYTES {
+            return Err(bad(format!(
+                "truncated: {} bytes, the header alone needs {HEADER_BYTES}",
+                bytes.len()
+            )));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if &bytes[..8] != MAGIC {
+            return Err(bad("not a rankmesh workspace file (bad magic)".into()));
+        }
+        if u32_at(8) != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format version {}, this build reads {FORMAT_VERSION}",
+                u32_at(8)
+            )));
+        }
+        if u32_at(12) as usize != rank {
+            return Err(bad(format!(
+                "written by group rank {}, expected {rank}",
+                u32_at(12)
+            )));
+        }
+        if bytes[16..32] != self.token {
+            return Err(bad(
+                "stale: written by another run of this workspace root".into()
+            ));
+        }
+        let (len, meta_len, sum) = (u64_at(32) as usize, u64_at(40) as usize, u64_at(48));
+        let payload = &bytes[HEADER_BYTES..];
+        if payload.len() != len {
+            return Err(bad(format!(
+                "truncated: payload has {} of {len} bytes",
+                payload.len()
+            )));
+        }
+        if fnv1a(payload) != sum {
+            return Err(bad("corrupt: checksum mismatch".into()));
+        }
+        let meta: Meta = payload
+            .get(..meta_len)
+            .and_then(|m| postcard::from_bytes(m).ok())
+            .ok_or_else(|| bad("corrupt metadata".into()))?;
+        let config = meta
+            .config
+            .map(|c| serde_json::from_str(&c).map_err(|e| bad(format!("config is not JSON: {e}"))))
+            .transpose()?;
+        let mut offset = meta_len;
+        let mut tensors = BTreeMap::new();
+        for (name, dtype, shape) in meta.tensors {
+            let n = shape.iter().product::<usize>() * dtype.size();
+            let data = payload
+                .get(offset..offset + n)
+                .ok_or_else(|| bad(format!("tensor {name:?} runs past the end of the file")))?;
+            tensors.insert(name, Tensor::from_bytes(shape, dtype, data)?);
+            offset += n;
+        }
+        if offset != payload.len() {
+            return Err(bad(format!(
+                "{} unexpected bytes after the tensors",
+                payload.len() - offset
+            )));
+        }
+        Ok(RankState { config, tensors })
+    }
+
+    /// Collective over `group`: waits for every member, then removes the run directory.
+    pub fn remove(self, group: &GroupCoordinator<'_>) -> Result<()> {
+        group.barrier()?;
+        group.main_only(|| {
+            fs::remove_dir_all(&self.dir).map_err(|e| io_err(&self.dir, "cannot remove", e))
+        })
+    }
+}

@@ -1,0 +1,128 @@
+//! Main-rank helpers, including their failure paths.
+
+use rankmesh::helpers::{is_distributed, is_local_main_process, is_main_process};
+use rankmesh::{Error, Runtime};
+use std::cell::Cell;
+
+#[track_caller]
+fn expect_failed<T: std::fmt::Debug>(r: rankmesh::Result<T>, op: &str, rank: usize, msg: &str) {
+    match r {
+        Err(Error::Failed {
+            op: o,
+            rank: r,
+            msg: m,
+            ..
+        }) => {
+            assert_eq!((o, r, m.as_str()), (op, rank, msg));
+        }
+        other => panic!("expected {op} to fail on group rank {rank}, got {other:?}"),
+    }
+}
+
+pub fn run(rt: &Runtime) {
+    let g = rt.world_group().unwrap();
+    let (p, me) = (g.size(), g.rank_in_group());
+    assert_eq!(is_distributed(rt), p > 1);
+    assert_eq!(is_main_process(rt), me == 0);
+    assert_eq!(
+        is_local_main_process(rt),
+        me == 0,
+        "one node: local main is rank 0"
+    );
+
+    // main_first: rank 0 runs before everybody else.
+    let stamp = std::sync::atomic::AtomicUsize::new(0);
+    let order: Vec<u64> = {
+        let t = g
+            .main_first(|| -> Result<u64, String> {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64;
+                if me == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                stamp.store(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(now)
+            })
+            .unwrap();
+        g.all_gather_object(&t).unwrap()
+    };
+    assert!(
+        order.iter().skip(1).all(|t| *t > order[0] + 40_000_000),
+        "others start after rank 0 finished: {order:?}"
+    );
+
+    // main_first: rank 0 fails -> everyone errors and the others never run f.
+    let ran = Cell::new(false);
+    let r = g.main_first(|| -> Result<(), String> {
+        ran.set(true);
+        if me == 0 {
+            Err("download failed".into())
+        } else {
+            Ok(())
+        }
+    });
+    expect_failed(r, "main_first", 0, "download failed");
+    assert_eq!(ran.get(), me == 0, "only rank 0 ran f");
+
+    // main_first: a later rank fails -> everyone errors.
+    if p > 1 {
+        let r = g.main_first(|| {
+            if me == p - 1 {
+                Err("disk full")
+            } else {
+                Ok(me)
+            }
+        });
+        expect_failed(r, "main_first", p - 1, "disk full");
+    }
+
+    // compute_and_broadcast keeps the exact value and type (axolotl goes through float32).
+    let big = (1u64 << 53) + 1;
+    for src in 0..p {
+        let v: (u64, String) = g
+            .compute_and_broadcast(src, || {
+                Ok::<_, String>((big + me as u64, format!("from {me}")))
+            })
+            .unwrap();
+        assert_eq!(v, (big + src as u64, format!("from {src}")));
+    }
+    assert_eq!(
+        g.main_only(|| Ok::<_, String>(vec![0.1f64, 1e-300]))
+            .unwrap(),
+        vec![0.1, 1e-300]
+    );
+    expect_failed(
+        g.main_only(|| if me == 0 { Err("no") } else { Ok(1u8) }),
+        "compute_and_broadcast",
+        0,
+        "no",
+    );
+    assert!(g.compute_and_broadcast(p, || Ok::<_, String>(1u8)).is_err());
+
+    // gather_from_all_ranks: positions are ranks.
+    for dst in 0..p {
+        let got = g
+            .gather_from_all_ranks(|| Ok::<_, String>(format!("r{me}")), dst)
+            .unwrap();
+        assert_eq!(
+            got,
+            (me == dst).then(|| (0..p).map(|r| format!("r{r}")).collect())
+        );
+    }
+    if p > 1 {
+        let r = g.gather_from_all_ranks(|| if me == 1 { Err("bad shard") } else { Ok(me) }, 0);
+        expect_failed(r, "gather_from_all_ranks", 1, "bad shard");
+    }
+
+    // reduce_and_broadcast.
+    let total = g
+        .reduce_and_broadcast(
+            || Ok::<_, String>(me as u64 + 1),
+            |v: Vec<u64>| v.iter().sum::<u64>(),
+        )
+        .unwrap();
+    assert_eq!(total, (p * (p + 1) / 2) as u64);
+    let _ = stamp;
+}

@@ -1,0 +1,92 @@
+//! A rank killed while shared-memory windows are alive leaves nothing behind
+//! in /dev/shm or Open MPI's session directory.
+//!
+//! Its own test binary, so no other MPI job runs meanwhile (cargo runs test
+//! binaries one after another) and every new file can be attributed to it.
+
+mod support;
+
+use rankmesh::{DType, Runtime, Tensor};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+const WORKER: &str = "RANKMESH_RESIDUE_WORKER";
+
+/// Every file under /dev/shm and the Open MPI session directories in /tmp.
+fn shared_memory_files() -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.insert(p.display().to_string());
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(Path::new("/dev/shm"), &mut out);
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("ompi."))
+        {
+            walk(&e.path(), &mut out);
+        }
+    }
+    out
+}
+
+/// Run by each rank: rank 1 aborts (no unwinding, no MPI_Finalize) while the
+/// ranks loop over 64 MiB gathers, each of which lives in a shared window.
+#[test]
+fn worker() {
+    if std::env::var(WORKER).is_err() {
+        return;
+    }
+    let rt = Runtime::init().unwrap();
+    let g = rt.world_group().unwrap();
+    let all: Vec<usize> = (0..g.size()).collect();
+    let t = Tensor::zeros([16 << 20], DType::F32);
+    if g.rank_in_group() == 1 {
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            std::process::abort();
+        });
+    }
+    for _ in 0..1000 {
+        g.gather_tensors(&t, &all).unwrap();
+    }
+    panic!("rank 1 should have aborted long before 1000 gathers");
+}
+
+#[test]
+fn killed_rank_leaves_no_shared_memory_behind() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let before = shared_memory_files();
+    let exe = std::env::current_exe().unwrap();
+    let job = support::mpirun(
+        3,
+        &exe,
+        &["--exact", "worker", "--nocapture"],
+        &[(WORKER, "1")],
+    );
+    assert!(
+        !job.ok(),
+        "the job must fail when a rank aborts: {}",
+        job.describe()
+    );
+    assert!(
+        job.stderr.contains("signal 6") || job.stderr.contains("Aborted"),
+        "{}",
+        job.describe()
+    );
+    let after = shared_memory_files();
+    let left: Vec<&String> = after.difference(&before).collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
