@@ -30,6 +30,17 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Gathers each listed rank's optional JSON config to the first rank of
     /// `ranks` (positions in this group). Returns `Some(configs by group
     /// rank)` there and `None` on the other listed ranks.
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let cfg = serde_json::json!({"hidden": 4096});
+    /// let all: Vec<usize> = (0..world.size()).collect();
+    /// if let Some(configs) = world.gather_configs(Some(&cfg), &all)? {
+    ///     assert_eq!(configs[&0], Some(cfg)); // keyed by rank; a missing config is None
+    /// }
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn gather_configs(
         &self,
         config: Option<&serde_json::Value>,
@@ -63,6 +74,17 @@ impl<'rt> GroupCoordinator<'rt> {
     /// the first of them, in list order. Returns `Some` there, `None` on the
     /// other listed ranks. Same-node ranks use a shared-memory window unless
     /// `RANKMESH_GATHER_SHM=0`.
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let shard = rankmesh::Tensor::from_vec([2], vec![rt.rank() as f32; 2])?;
+    /// let all: Vec<usize> = (0..world.size()).collect();
+    /// if let Some(shards) = world.gather_tensors(&shard, &all)? {
+    ///     assert_eq!(shards.len(), world.size());
+    /// }
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn gather_tensors(&self, tensor: &Tensor, ranks: &[usize]) -> Result<Option<Vec<Tensor>>> {
         let sub = self.members(ranks)?;
         let meta: Vec<(DType, Vec<usize>)> =

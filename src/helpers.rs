@@ -65,6 +65,16 @@ impl GroupCoordinator<'_> {
     /// others run theirs (axolotl's `zero_first`). If rank 0's `f` fails, every
     /// rank returns that error at once and the others never run `f`; a failure
     /// on any other rank is also returned everywhere.
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// // Rank 0 fills the cache; the others then read it.
+    /// let path = world.main_first(|| std::fs::create_dir_all(std::env::temp_dir().join("cache"))
+    ///     .map(|_| std::env::temp_dir().join("cache")))?;
+    /// assert!(path.is_dir());
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn main_first<R, E: Display>(
         &self,
         f: impl FnOnce() -> std::result::Result<R, E>,
@@ -94,6 +104,14 @@ impl GroupCoordinator<'_> {
 
     /// Group rank `src` computes `f`; its value (or its error) reaches every
     /// rank. Any serde type, exactly (axolotl rounds through float32).
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let seed: u64 = world.compute_and_broadcast(0, || Ok::<_, String>((1 << 53) + 1))?;
+    /// assert_eq!(seed, 9007199254740993); // exact, unlike a float32 round trip
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn compute_and_broadcast<T, E>(
         &self,
         src: usize,
@@ -113,6 +131,14 @@ impl GroupCoordinator<'_> {
 
     /// Group rank 0 computes `f`; the result reaches every rank (axolotl's
     /// `zero_only` with the value shared).
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let vocab: Vec<String> = world.main_only(|| Ok::<_, String>(vec!["<pad>".into(), "<eos>".into()]))?;
+    /// assert_eq!(vocab.len(), 2);
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
     where
         T: Serialize + DeserializeOwned,
@@ -123,6 +149,16 @@ impl GroupCoordinator<'_> {
 
     /// Every rank runs `f`; group rank `dst` gets all values in group-rank
     /// order (`Some`), the others `None`. A failure anywhere is an error everywhere.
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let losses = world.gather_from_all_ranks(|| Ok::<_, String>(0.25f64), 0)?;
+    /// if world.is_first_rank() {
+    ///     assert_eq!(losses.unwrap().len(), world.size());
+    /// }
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn gather_from_all_ranks<T, E>(
         &self,
         f: impl FnOnce() -> std::result::Result<T, E>,
@@ -144,6 +180,14 @@ impl GroupCoordinator<'_> {
 
     /// Every rank runs `f1`; group rank 0 reduces the values with `f2`; the
     /// result reaches every rank.
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let tokens: u64 = world.reduce_and_broadcast(|| Ok::<_, String>(1000u64), |v| v.iter().sum())?;
+    /// assert_eq!(tokens, 1000 * world.size() as u64);
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     pub fn reduce_and_broadcast<T, U, E>(
         &self,
         f1: impl FnOnce() -> std::result::Result<T, E>,

@@ -12,6 +12,15 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// A metadata-only group over a list of world ranks.
+///
+/// ```
+/// # let rt = rankmesh::Runtime::init()?;
+/// use rankmesh::StatelessGroup;
+/// let me = rt.rank();
+/// let solo = StatelessGroup::create(&rt, &[me])?; // only the listed ranks call this
+/// assert_eq!(solo.all_gather_obj(&"hello".to_string())?, vec!["hello".to_string()]);
+/// # Ok::<(), rankmesh::Error>(())
+/// ```
 pub struct StatelessGroup<'rt> {
     group: GroupCoordinator<'rt>,
 }
