@@ -1,56 +1,184 @@
 //! Tensor collectives and point-to-point transfers on a group (host data plane).
 //!
 //! Each call builds its descriptor, lets the dispatch path agree on it across
-//! the group, then moves bytes. Results are new tensors (out-of-place), except
-//! `broadcast`, which fills the caller's tensor as FastVideo's does.
+//! the group, then moves bytes. Every collective has an `_into` form that
+//! writes a caller-owned output (no allocation in a hot loop) and an
+//! out-of-place form that allocates it; `broadcast` works in place, as
+//! FastVideo's does. An output of the wrong shape or dtype is an error on
+//! every rank.
 
 use crate::dispatch::{dim_in_range, rank_in_range, Descriptor, Op};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::group::{GroupCoordinator, Peer};
-use crate::layout_ops::{concat_dim, split_dim};
+use crate::layout_ops::{
+    concat_dim_into, is_contiguous_split, normalize_dim, split_dim, split_dim_into,
+};
 use crate::reduce::ReduceOp;
 use crate::tensor::{DType, Tensor};
 
 /// The two FastVideo all-to-all modes `(scatter_dim, gather_dim)`.
 const ALL_TO_ALL_MODES: [(i64, i64); 2] = [(2, 1), (1, 2)];
 
+/// `shape` with dimension `dim` multiplied (`mul`) or divided by `factor`.
+fn scaled(shape: &[usize], dim: usize, factor: usize, mul: bool) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if mul {
+        s[dim] *= factor;
+    } else {
+        s[dim] /= factor;
+    }
+    s
+}
+
+/// Whether `out` has `dtype` and `shape`.
+fn fits(out: &Tensor, dtype: DType, shape: &[usize]) -> bool {
+    out.dtype() == dtype && out.shape() == shape
+}
+
+fn divisible(
+    d: &Descriptor,
+    dim: usize,
+    size: usize,
+    what: &str,
+) -> std::result::Result<(), String> {
+    let n = d.shape()[dim];
+    if n % size != 0 {
+        return Err(format!(
+            "{what} {dim} of size {n} is not divisible by the group size {size}"
+        ));
+    }
+    Ok(())
+}
+
 impl GroupCoordinator<'_> {
+    /// Adds this rank's expected output shape to an output error.
+    fn explain_output(&self, e: Error, out: &Tensor, dtype: DType, shape: &[usize]) -> Error {
+        match e {
+            Error::Collective { op, group, msg } if !fits(out, dtype, shape) => Error::Collective {
+                op,
+                group,
+                msg: format!(
+                    "{msg} (this rank: output is {:?} {}, expected {shape:?} {dtype})",
+                    out.shape(),
+                    out.dtype()
+                ),
+            },
+            e => e,
+        }
+    }
+
     /// Element-wise reduction of every member's tensor (same shape and dtype
     /// everywhere); the result on every member.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let desc = Descriptor::of(Op::AllReduce, t, &[op.code()]);
+        let mut out = Tensor::zeros(t.shape().to_vec(), t.dtype());
+        self.all_reduce_into(t, &mut out, op)?;
+        Ok(out)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) into `out` (same shape and dtype as `t`).
+    pub fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<()> {
+        let ok = fits(out, t.dtype(), t.shape());
+        let desc = Descriptor::of(Op::AllReduce, t, &[op.code()]).with_bad_output(!ok);
         self.collective(
             desc,
             |_| Ok(()),
             |_| {
-                Ok(if self.size() == 1 {
-                    // A group of one still applies the operator's identity rules:
-                    // avg of one value is the value, as are sum/prod/min/max.
-                    t.clone()
+                if self.size() == 1 {
+                    // Every operator maps one value to itself (avg of one is the value).
+                    out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
-                    self.plane().all_reduce(t, op)
-                })
+                    self.plane().all_reduce_into(t, out, op);
+                }
+                Ok(())
             },
         )
+        .map_err(|e| self.explain_output(e, out, t.dtype(), t.shape()))
+    }
+
+    /// Element-wise reduction onto group rank `dst` (`Some` there, `None` elsewhere).
+    pub fn reduce(&self, t: &Tensor, dst: usize, op: ReduceOp) -> Result<Option<Tensor>> {
+        let mut out = Tensor::zeros(t.shape().to_vec(), t.dtype());
+        self.reduce_into(t, &mut out, dst, op)?;
+        Ok((self.rank_in_group() == dst).then_some(out))
+    }
+
+    /// [`reduce`](Self::reduce) into `out` (same shape and dtype as `t` on
+    /// every rank; written on `dst` only).
+    pub fn reduce_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dst: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let ok = fits(out, t.dtype(), t.shape());
+        let desc = Descriptor::of(Op::Reduce, t, &[dst as i64, op.code()]).with_bad_output(!ok);
+        let size = self.size();
+        self.collective(
+            desc,
+            |d| rank_in_range("dst", d.params[0], size).map(|_| ()),
+            |_| {
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else {
+                    self.plane().reduce_into_root(t, out, dst, op);
+                }
+                Ok(())
+            },
+        )
+        .map_err(|e| self.explain_output(e, out, t.dtype(), t.shape()))
     }
 
     /// Concatenation of every member's tensor along `dim` (negative counts from
     /// the end), in group-rank order; the result on every member.
     pub fn all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
-        let desc = Descriptor::of(Op::AllGather, t, &[dim as i64]);
+        let d = normalize_dim(dim, t.ndim()).unwrap_or(0);
+        let shape = if t.ndim() == 0 {
+            vec![]
+        } else {
+            scaled(t.shape(), d, self.size(), true)
+        };
+        let mut out = Tensor::zeros(shape, t.dtype());
+        self.all_gather_into(t, &mut out, dim)?;
+        Ok(out)
+    }
+
+    /// [`all_gather`](Self::all_gather) into `out`.
+    pub fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
+        let size = self.size();
+        let d = normalize_dim(dim, t.ndim());
+        let want = d.map(|d| scaled(t.shape(), d, size, true));
+        let ok = want.as_ref().is_some_and(|w| fits(out, t.dtype(), w));
+        let desc =
+            Descriptor::of(Op::AllGather, t, &[dim as i64]).with_bad_output(d.is_some() && !ok);
         self.collective(
             desc,
             |d| dim_in_range(d, d.params[0]).map(|_| ()),
             |_| {
-                let d =
-                    crate::layout_ops::normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if self.size() == 1 {
-                    return Ok(t.clone());
+                let d = d.expect("checked by dispatch");
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else if is_contiguous_split(t.shape(), d) {
+                    self.plane().all_gather_into(t.bytes(), out.bytes_mut());
+                } else {
+                    let mut blocks = vec![0u8; out.nbytes()];
+                    self.plane().all_gather_into(t.bytes(), &mut blocks);
+                    concat_dim_into(
+                        &blocks,
+                        t.shape(),
+                        d,
+                        size,
+                        t.dtype().size(),
+                        out.bytes_mut(),
+                    );
                 }
-                let blocks = self.plane().all_gather(t.bytes());
-                Ok(self.concat(t, &blocks, d))
+                Ok(())
             },
         )
+        .map_err(|e| match &want {
+            Some(w) => self.explain_output(e, out, t.dtype(), w),
+            None => e,
+        })
     }
 
     /// Like [`all_gather`](Self::all_gather) but the result only on group rank
@@ -63,43 +191,74 @@ impl GroupCoordinator<'_> {
             dim_in_range(d, d.params[1]).map(|_| ())
         };
         self.collective(desc, check, |_| {
-            let d = crate::layout_ops::normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 return Ok(Some(t.clone()));
             }
-            Ok(self
-                .plane()
-                .gather(t.bytes(), dst)
-                .map(|blocks| self.concat(t, &blocks, d)))
+            let Some(blocks) = self.plane().gather(t.bytes(), dst) else {
+                return Ok(None);
+            };
+            let mut out = Tensor::zeros(scaled(t.shape(), d, size, true), t.dtype());
+            concat_dim_into(
+                &blocks,
+                t.shape(),
+                d,
+                size,
+                t.dtype().size(),
+                out.bytes_mut(),
+            );
+            Ok(Some(out))
         })
     }
 
     /// Reduces every member's tensor with `op` and leaves slice `r` (of `size`
     /// equal slices along `dim`) on group rank `r`. The adjoint of `all_gather`.
     pub fn reduce_scatter(&self, t: &Tensor, dim: isize, op: ReduceOp) -> Result<Tensor> {
-        let desc = Descriptor::of(Op::ReduceScatter, t, &[dim as i64, op.code()]);
+        let d = normalize_dim(dim, t.ndim()).unwrap_or(0);
+        let shape = if t.ndim() == 0 {
+            vec![]
+        } else {
+            scaled(t.shape(), d, self.size(), false)
+        };
+        let mut out = Tensor::zeros(shape, t.dtype());
+        self.reduce_scatter_into(t, &mut out, dim, op)?;
+        Ok(out)
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter) into `out`.
+    pub fn reduce_scatter_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dim: isize,
+        op: ReduceOp,
+    ) -> Result<()> {
         let size = self.size();
+        let d = normalize_dim(dim, t.ndim());
+        let want = d.map(|d| scaled(t.shape(), d, size, false));
+        let ok = want.as_ref().is_some_and(|w| fits(out, t.dtype(), w));
+        let desc = Descriptor::of(Op::ReduceScatter, t, &[dim as i64, op.code()])
+            .with_bad_output(d.is_some() && !ok);
         let check = |d: &Descriptor| {
             let k = dim_in_range(d, d.params[0])?;
-            let n = d.shape()[k];
-            if n % size != 0 {
-                return Err(format!(
-                    "dim {} of size {n} is not divisible by the group size {size}",
-                    d.params[0]
-                ));
-            }
-            Ok(())
+            divisible(d, k, size, "dim")
         };
         self.collective(desc, check, |_| {
-            let d = crate::layout_ops::normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let d = d.expect("checked by dispatch");
             if size == 1 {
-                return Ok(t.clone());
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if is_contiguous_split(t.shape(), d) {
+                self.plane().reduce_scatter_block_into(t, out, op);
+            } else {
+                let packed = split_dim(t.bytes(), t.shape(), d, size, t.dtype().size());
+                let packed = Tensor::from_bytes(t.shape().to_vec(), t.dtype(), &packed)?;
+                self.plane().reduce_scatter_block_into(&packed, out, op);
             }
-            let mut out_shape = t.shape().to_vec();
-            out_shape[d] /= size;
-            let packed = split_dim(t.bytes(), t.shape(), d, size, t.dtype().size());
-            let packed = Tensor::from_bytes(t.shape().to_vec(), t.dtype(), &packed)?;
-            Ok(self.plane().reduce_scatter_block(&packed, op, &out_shape))
+            Ok(())
+        })
+        .map_err(|e| match &want {
+            Some(w) => self.explain_output(e, out, t.dtype(), w),
+            None => e,
         })
     }
 
@@ -118,6 +277,37 @@ impl GroupCoordinator<'_> {
                 Ok(())
             },
         )
+    }
+
+    /// Splits dim 0 of `t` into `size` equal blocks and sends block `r` to group
+    /// rank `r`; the result holds the received blocks in source order (same
+    /// shape as `t`). nccl-tests' `alltoall`.
+    pub fn all_to_all(&self, t: &Tensor) -> Result<Tensor> {
+        let mut out = Tensor::zeros(t.shape().to_vec(), t.dtype());
+        self.all_to_all_into(t, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`all_to_all`](Self::all_to_all) into `out` (same shape and dtype as `t`).
+    pub fn all_to_all_into(&self, t: &Tensor, out: &mut Tensor) -> Result<()> {
+        let size = self.size();
+        let ok = fits(out, t.dtype(), t.shape());
+        let desc = Descriptor::of(Op::AllToAll, t, &[]).with_bad_output(!ok);
+        let check = |d: &Descriptor| {
+            if d.ndim() == 0 {
+                return Err("expects a tensor with at least one dimension".into());
+            }
+            divisible(d, 0, size, "dim")
+        };
+        self.collective(desc, check, |_| {
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else {
+                self.plane().all_to_all_into(t.bytes(), out.bytes_mut());
+            }
+            Ok(())
+        })
+        .map_err(|e| self.explain_output(e, out, t.dtype(), t.shape()))
     }
 
     /// FastVideo's `all_to_all_4D` on a 4-d tensor `[B, S, H, D]`.
@@ -145,28 +335,28 @@ impl GroupCoordinator<'_> {
                     "(scatter_dim, gather_dim) = {mode:?} is not supported; use (2, 1) or (1, 2)"
                 ));
             }
-            let n = d.shape()[d.params[0] as usize];
-            if n % size != 0 {
-                return Err(format!(
-                    "scatter dim {} of size {n} is not divisible by the group size {size}",
-                    d.params[0]
-                ));
-            }
-            Ok(())
+            divisible(d, d.params[0] as usize, size, "scatter dim")
         };
         self.collective(desc, check, |_| {
             if size == 1 {
                 return Ok(t.clone());
             }
             let elem = t.dtype().size();
-            let packed = split_dim(t.bytes(), t.shape(), scatter_dim, size, elem);
-            let received = self.plane().all_to_all(&packed);
-            let mut block_shape = t.shape().to_vec();
-            block_shape[scatter_dim] /= size;
-            let mut out_shape = block_shape.clone();
-            out_shape[gather_dim] *= size;
-            let bytes = concat_dim(&received, &block_shape, gather_dim, size, elem);
-            Tensor::from_bytes(out_shape, t.dtype(), &bytes)
+            let mut packed = vec![0u8; t.nbytes()];
+            split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, &mut packed);
+            let mut received = vec![0u8; t.nbytes()];
+            self.plane().all_to_all_into(&packed, &mut received);
+            let block_shape = scaled(t.shape(), scatter_dim, size, false);
+            let mut out = Tensor::zeros(scaled(&block_shape, gather_dim, size, true), t.dtype());
+            concat_dim_into(
+                &received,
+                &block_shape,
+                gather_dim,
+                size,
+                elem,
+                out.bytes_mut(),
+            );
+            Ok(out)
         })
     }
 
@@ -174,9 +364,8 @@ impl GroupCoordinator<'_> {
     ///
     /// Synchronous: returns once the receiver has matched the call and taken
     /// the data, so a program never depends on MPI's eager buffering. Shape or
-    /// dtype disagreement with the receiver is an error on both sides. For an
-    /// exchange in a ring, order the calls (even ranks send first) or use a
-    /// collective.
+    /// dtype disagreement with the receiver is an error on both sides. For a
+    /// ring, use [`send_recv`](Self::send_recv).
     pub fn send(&self, t: &Tensor, dst: Option<usize>) -> Result<()> {
         let dst = dst.unwrap_or((self.rank_in_group() + 1) % self.size());
         self.point_to_point(Descriptor::of(Op::Send, t, &[]), Peer::To(dst), |_| {
@@ -197,12 +386,39 @@ impl GroupCoordinator<'_> {
         })
     }
 
-    /// Concatenates `size` gathered blocks shaped like `t` along `dim`.
-    fn concat(&self, t: &Tensor, blocks: &[u8], dim: usize) -> Tensor {
-        let mut out_shape = t.shape().to_vec();
-        out_shape[dim] *= self.size();
-        let bytes = concat_dim(blocks, t.shape(), dim, self.size(), t.dtype().size());
-        Tensor::from_bytes(out_shape, t.dtype(), &bytes)
-            .expect("sizes follow from the agreed shape")
+    /// Sends `t` to `dst` while receiving `out` from `src` (defaults: next and
+    /// previous member), deadlock-free in a ring. `out`'s shape and dtype are
+    /// what this rank expects from `src`; each link is checked by both ends.
+    /// `dst == src == self` copies locally.
+    pub fn send_recv_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dst: Option<usize>,
+        src: Option<usize>,
+    ) -> Result<()> {
+        let me = self.rank_in_group();
+        let dst = dst.unwrap_or((me + 1) % self.size());
+        let src = src.unwrap_or((me + self.size() - 1) % self.size());
+        let sent = Descriptor::of(Op::Send, t, &[]);
+        let expected = Descriptor::of(Op::Send, out, &[]);
+        if dst == me || src == me {
+            if dst != src {
+                return Err(Error::collective(
+                    "send_recv",
+                    self.name(),
+                    "dst and src must both be this rank or both another",
+                ));
+            }
+            crate::dispatch::agree_peers(&sent, &expected, me, me)
+                .map_err(|m| Error::collective("send_recv", self.name(), m))?;
+            out.bytes_mut().copy_from_slice(t.bytes());
+            return Ok(());
+        }
+        self.exchange(sent, dst, expected, src, |send_ok, recv_ok| {
+            let send = send_ok.then(|| t.bytes());
+            let recv = if recv_ok { Some(out.bytes_mut()) } else { None };
+            self.plane().send_recv(send, dst, recv, src);
+        })
     }
 }

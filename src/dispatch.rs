@@ -17,6 +17,8 @@ use bytemuck::{Pod, Zeroable};
 pub const MAX_DIMS: usize = 16;
 const MAGIC: u64 = 0x726b_6d65_7368_0001; // "rkmesh" + wire version 1
 const NO_DTYPE: u32 = u32::MAX;
+/// Flag: the caller's output tensor does not fit the call.
+const BAD_OUTPUT: u32 = 1;
 
 /// Operations that go through the dispatch path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,10 +48,14 @@ pub enum Op {
     GatherObject,
     /// Serialised object to one peer.
     SendObject,
+    /// Reduction, result on one rank.
+    Reduce,
+    /// Equal blocks of dim 0 exchanged between all ranks.
+    AllToAll,
 }
 
 impl Op {
-    const ALL: [Op; 12] = [
+    const ALL: [Op; 14] = [
         Op::Barrier,
         Op::AllReduce,
         Op::AllGather,
@@ -62,6 +68,8 @@ impl Op {
         Op::AllGatherObject,
         Op::GatherObject,
         Op::SendObject,
+        Op::Reduce,
+        Op::AllToAll,
     ];
 
     /// Public name of the operation.
@@ -79,6 +87,8 @@ impl Op {
             Op::AllGatherObject => "all_gather_object",
             Op::GatherObject => "gather_object",
             Op::SendObject => "send_object/recv_object",
+            Op::Reduce => "reduce",
+            Op::AllToAll => "all_to_all",
         }
     }
 
@@ -89,7 +99,8 @@ impl Op {
     /// Names of the parameters in `Descriptor::params`, in order.
     fn param_names(self) -> &'static [&'static str] {
         match self {
-            Op::Barrier | Op::Send => &[],
+            Op::Barrier | Op::Send | Op::AllToAll => &[],
+            Op::Reduce => &["dst", "op"],
             Op::AllReduce => &["op"],
             Op::AllGather => &["dim"],
             Op::Gather => &["dst", "dim"],
@@ -112,6 +123,8 @@ impl Op {
                 | Op::Broadcast
                 | Op::AllToAll4d
                 | Op::Send
+                | Op::Reduce
+                | Op::AllToAll
         )
     }
 }
@@ -126,7 +139,8 @@ pub struct Descriptor {
     op: u32,
     dtype: u32,
     ndim: u32,
-    _pad: u32,
+    /// Local problems that are not part of the agreement (`BAD_OUTPUT`).
+    flags: u32,
     /// Elements of the tensor, or bytes of a serialised object.
     pub len: u64,
     /// Operation parameters, named by `Op::param_names`.
@@ -160,6 +174,20 @@ impl Descriptor {
     /// Shorthand for [`Descriptor::for_tensor`] with a tensor's dtype and shape.
     pub fn of(op: Op, t: &Tensor, params: &[i64]) -> Descriptor {
         Descriptor::for_tensor(op, t.dtype(), t.shape(), params)
+    }
+
+    /// Marks the caller's output buffer as unfit (checked after the exchange,
+    /// so the other ranks fail too instead of waiting).
+    pub fn with_bad_output(mut self, bad: bool) -> Descriptor {
+        if bad {
+            self.flags |= BAD_OUTPUT;
+        }
+        self
+    }
+
+    /// Whether [`with_bad_output`](Self::with_bad_output) flagged this rank.
+    pub fn bad_output(&self) -> bool {
+        self.flags & BAD_OUTPUT != 0
     }
 
     /// The operation, `None` for a corrupt code.
@@ -266,6 +294,11 @@ pub fn agree(
         if r != me {
             check(d).map_err(|m| format!("group rank {r}: {m}"))?;
         }
+    }
+    if let Some(r) = descs.iter().position(Descriptor::bad_output) {
+        return Err(format!(
+            "group rank {r} passed an output tensor of the wrong shape or dtype"
+        ));
     }
     Ok(())
 }

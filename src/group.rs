@@ -259,6 +259,58 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 }
 
+impl GroupCoordinator<'_> {
+    /// The dispatch path of a combined send/receive (each rank sends to `dst`
+    /// and receives from `src`, as in a ring shift): headers and answers are
+    /// exchanged with `MPI_Sendrecv`, each link is checked by its two ends,
+    /// links that agree move their payload, and a failed link is an error on
+    /// both of its ends.
+    pub(crate) fn exchange(
+        &self,
+        sent: Descriptor,
+        dst: usize,
+        expected: Descriptor,
+        src: usize,
+        body: impl FnOnce(bool, bool),
+    ) -> Result<()> {
+        let op = Op::Send;
+        let me = self.rank_in_group();
+        let dst = self.check_rank(op, "dst", dst)?;
+        let src = self.check_rank(op, "src", src)?;
+        let span = tracing::debug_span!(
+            "exchange",
+            rank = self.global_rank(),
+            group = self.name(),
+            dst,
+            src
+        );
+        let _entered = span.enter();
+        let plane = self.plane();
+        let mut incoming = Descriptor::new(op, &[]);
+        let mut answer = Descriptor::new(op, &[]);
+        plane.exchange_headers(
+            bytemuck::bytes_of(&sent),
+            dst,
+            bytemuck::bytes_of_mut(&mut incoming),
+            src,
+            TAG_HEADER,
+        );
+        plane.exchange_headers(
+            bytemuck::bytes_of(&expected),
+            src,
+            bytemuck::bytes_of_mut(&mut answer),
+            dst,
+            TAG_ANSWER,
+        );
+        let out_link = agree_peers(&sent, &answer, me, dst);
+        let in_link = agree_peers(&incoming, &expected, src, me);
+        body(out_link.is_ok(), in_link.is_ok());
+        out_link
+            .and(in_link)
+            .map_err(|m| Error::collective("send_recv", self.name(), m))
+    }
+}
+
 impl std::fmt::Debug for GroupCoordinator<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GroupCoordinator")

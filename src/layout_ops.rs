@@ -24,11 +24,24 @@ fn outer_inner(shape: &[usize], dim: usize, elem: usize) -> (usize, usize) {
 /// indices `[p·n/parts, (p+1)·n/parts)` of dimension `dim` (`n = shape[dim]`).
 /// The caller guarantees `parts` divides `shape[dim]`.
 pub fn split_dim(src: &[u8], shape: &[usize], dim: usize, parts: usize, elem: usize) -> Vec<u8> {
+    let mut out = vec![0u8; src.len()];
+    split_dim_into(src, shape, dim, parts, elem, &mut out);
+    out
+}
+
+/// [`split_dim`] into a caller's buffer of `src.len()` bytes.
+pub fn split_dim_into(
+    src: &[u8],
+    shape: &[usize],
+    dim: usize,
+    parts: usize,
+    elem: usize,
+    out: &mut [u8],
+) {
     let (outer, inner) = outer_inner(shape, dim, elem);
     let chunk = shape[dim] / parts * inner;
     let row = shape[dim] * inner;
     let block = outer * chunk;
-    let mut out = vec![0u8; src.len()];
     for p in 0..parts {
         for o in 0..outer {
             let from = o * row + p * chunk;
@@ -36,7 +49,6 @@ pub fn split_dim(src: &[u8], shape: &[usize], dim: usize, parts: usize, elem: us
             out[to..to + chunk].copy_from_slice(&src[from..from + chunk]);
         }
     }
-    out
 }
 
 /// Concatenates `parts` contiguous blocks, each of shape `block_shape`, along `dim`.
@@ -48,11 +60,24 @@ pub fn concat_dim(
     parts: usize,
     elem: usize,
 ) -> Vec<u8> {
+    let mut out = vec![0u8; blocks.len()];
+    concat_dim_into(blocks, block_shape, dim, parts, elem, &mut out);
+    out
+}
+
+/// [`concat_dim`] into a caller's buffer of `blocks.len()` bytes.
+pub fn concat_dim_into(
+    blocks: &[u8],
+    block_shape: &[usize],
+    dim: usize,
+    parts: usize,
+    elem: usize,
+    out: &mut [u8],
+) {
     let (outer, inner) = outer_inner(block_shape, dim, elem);
     let chunk = block_shape[dim] * inner;
     let row = chunk * parts;
     let block = outer * chunk;
-    let mut out = vec![0u8; blocks.len()];
     for p in 0..parts {
         for o in 0..outer {
             let from = p * block + o * chunk;
@@ -60,7 +85,12 @@ pub fn concat_dim(
             out[to..to + chunk].copy_from_slice(&blocks[from..from + chunk]);
         }
     }
-    out
+}
+
+/// Whether moving blocks along `dim` of `shape` is the identity on bytes
+/// (every dimension before `dim` has size 1), so a plane can skip packing.
+pub fn is_contiguous_split(shape: &[usize], dim: usize) -> bool {
+    shape[..dim].iter().all(|n| *n == 1)
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ impl HostData {
         }
     }
 
-    fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             HostData::F32(_) => DType::F32,
             HostData::F64(_) => DType::F64,
@@ -241,12 +241,6 @@ impl Tensor {
             shape,
             data: T::into_data(data),
         })
-    }
-
-    /// Wraps storage whose length the caller guarantees matches `shape`.
-    pub(crate) fn from_data(shape: Vec<usize>, data: HostData) -> Tensor {
-        debug_assert_eq!(numel(&shape), data.len());
-        Tensor { shape, data }
     }
 
     /// A zero-filled tensor.
@@ -310,6 +304,10 @@ impl Tensor {
     /// The typed storage.
     pub fn data(&self) -> &HostData {
         &self.data
+    }
+
+    pub(crate) fn data_mut(&mut self) -> &mut HostData {
+        &mut self.data
     }
 
     /// Typed view of the elements; an error names both dtypes when `T` is wrong.

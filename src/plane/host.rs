@@ -5,9 +5,9 @@
 //! every rank, at most `max_bytes / P` per rank). Calls here assume the ranks
 //! already agreed on sizes through the dispatch path.
 
-use super::reduction::{reduce_data, Reducer};
+use super::reduction::{reduce_into, Reducer};
 use crate::reduce::ReduceOp;
-use crate::tensor::{HostData, Tensor};
+use crate::tensor::Tensor;
 use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -43,13 +43,12 @@ impl<'c> HostPlane<'c> {
         (self.max_bytes / self.size()).max(1)
     }
 
-    /// Every rank's `block` (same length everywhere), concatenated in rank order.
-    pub fn all_gather(&self, block: &[u8]) -> Vec<u8> {
+    /// Every rank's `block` (same length everywhere) into `out`, in rank order.
+    pub fn all_gather_into(&self, block: &[u8], out: &mut [u8]) {
         let (n, p) = (block.len(), self.size());
-        let mut out = vec![0u8; n * p];
         if n <= self.per_rank_piece() {
-            self.comm.all_gather_into(block, &mut out[..]);
-            return out;
+            self.comm.all_gather_into(block, out);
+            return;
         }
         let piece = self.per_rank_piece();
         let mut tmp = vec![0u8; piece * p];
@@ -62,7 +61,6 @@ impl<'c> HostPlane<'c> {
                     .copy_from_slice(&tmp[r * len..(r + 1) * len]);
             }
         }
-        out
     }
 
     /// Every rank's `block` concatenated on `root`; `None` elsewhere.
@@ -98,14 +96,14 @@ impl<'c> HostPlane<'c> {
         }
     }
 
-    /// Rank `r` receives block `r` of every rank's `send`; received blocks in source order.
-    pub fn all_to_all(&self, send: &[u8]) -> Vec<u8> {
+    /// Rank `r` receives block `r` of every rank's `send`; `out` holds the
+    /// received blocks in source order.
+    pub fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) {
         let p = self.size();
         let block = send.len() / p;
-        let mut out = vec![0u8; send.len()];
         if block <= self.per_rank_piece() {
-            self.comm.all_to_all_into(send, &mut out[..]);
-            return out;
+            self.comm.all_to_all_into(send, out);
+            return;
         }
         let piece = self.per_rank_piece();
         let mut s = vec![0u8; piece * p];
@@ -122,7 +120,52 @@ impl<'c> HostPlane<'c> {
                     .copy_from_slice(&r[q * len..(q + 1) * len]);
             }
         }
-        out
+    }
+
+    /// Sends `send` to `dst` while receiving `recv` from `src`, each only when
+    /// its flag is set (a link whose handshake failed carries nothing). Pieces
+    /// pair up by index on each link, so no ring of such calls can deadlock.
+    pub fn send_recv(&self, send: Option<&[u8]>, dst: usize, recv: Option<&mut [u8]>, src: usize) {
+        let (to, from) = (
+            self.comm.process_at_rank(dst as i32),
+            self.comm.process_at_rank(src as i32),
+        );
+        let c = self.max_bytes;
+        let send_pieces: Vec<&[u8]> = send.map_or(Vec::new(), |b| b.chunks(c).collect());
+        let mut recv_pieces: Vec<&mut [u8]> =
+            recv.map_or(Vec::new(), |b| b.chunks_mut(c).collect());
+        let rounds = send_pieces.len().max(recv_pieces.len());
+        let mut recv_iter = recv_pieces.iter_mut();
+        for k in 0..rounds {
+            match (send_pieces.get(k), recv_iter.next()) {
+                (Some(s), Some(r)) => {
+                    mpi::point_to_point::send_receive_into_with_tags(
+                        *s, &to, TAG_DATA, &mut **r, &from, TAG_DATA,
+                    );
+                }
+                (Some(s), None) => to.send_with_tag(*s, TAG_DATA),
+                (None, Some(r)) => {
+                    from.receive_into_with_tag(&mut **r, TAG_DATA);
+                }
+                (None, None) => {}
+            }
+        }
+    }
+
+    /// Exchanges fixed-size headers with `tag`: ours to `dst`, `src`'s into `theirs`.
+    pub fn exchange_headers(
+        &self,
+        ours: &[u8],
+        dst: usize,
+        theirs: &mut [u8],
+        src: usize,
+        tag: i32,
+    ) {
+        let (to, from) = (
+            self.comm.process_at_rank(dst as i32),
+            self.comm.process_at_rank(src as i32),
+        );
+        mpi::point_to_point::send_receive_into_with_tags(ours, &to, tag, theirs, &from, tag);
     }
 
     /// Each rank's `mine` (lengths `lens`, known to all) delivered to every rank.
@@ -214,19 +257,39 @@ impl<'c> HostPlane<'c> {
             .receive_into_with_tag(header, tag);
     }
 
-    /// Element-wise reduction of same-shaped tensors; the result on every rank.
-    /// f16/bf16 are reduced in f32 and rounded once at the end.
-    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Tensor {
-        let data = reduce_data(&AllReduce(self), t.data(), op, self.size(), t.numel());
-        rebuild(t.shape(), data)
+    /// Element-wise reduction of same-shaped tensors into `output` on every
+    /// rank. f16/bf16 are reduced in f32 and rounded once at the end.
+    pub fn all_reduce_into(&self, input: &Tensor, output: &mut Tensor, op: ReduceOp) {
+        reduce_into(
+            &AllReduce(self),
+            input.data(),
+            output.data_mut(),
+            op,
+            self.size(),
+        );
     }
 
-    /// `send` holds `P` equal blocks; rank `r` gets the reduction of every rank's
-    /// block `r`, shaped `out_shape`.
-    pub fn reduce_scatter_block(&self, send: &Tensor, op: ReduceOp, out_shape: &[usize]) -> Tensor {
-        let n = self.size();
-        let data = reduce_data(&ReduceScatter(self), send.data(), op, n, send.numel() / n);
-        rebuild(out_shape, data)
+    /// `packed` holds `P` equal blocks; rank `r` gets the reduction of every
+    /// rank's block `r` in `output`.
+    pub fn reduce_scatter_block_into(&self, packed: &Tensor, output: &mut Tensor, op: ReduceOp) {
+        reduce_into(
+            &ReduceScatter(self),
+            packed.data(),
+            output.data_mut(),
+            op,
+            self.size(),
+        );
+    }
+
+    /// Element-wise reduction onto `root`'s `output` (ignored elsewhere).
+    pub fn reduce_into_root(&self, input: &Tensor, output: &mut Tensor, root: usize, op: ReduceOp) {
+        reduce_into(
+            &Reduce(self, root),
+            input.data(),
+            output.data_mut(),
+            op,
+            self.size(),
+        );
     }
 }
 
@@ -242,6 +305,29 @@ impl Reducer for AllReduce<'_, '_> {
         let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
         for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
             self.0.comm.all_reduce_into(s, r, op);
+        }
+    }
+}
+
+struct Reduce<'p, 'c>(&'p HostPlane<'c>, usize);
+
+impl Reducer for Reduce<'_, '_> {
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    ) {
+        let root = self.0.comm.process_at_rank(self.1 as i32);
+        let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
+        if self.0.comm.rank() as usize == self.1 {
+            for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
+                root.reduce_into_root(s, r, op);
+            }
+        } else {
+            for s in send.chunks(piece) {
+                root.reduce_into(s, op);
+            }
         }
     }
 }
@@ -274,10 +360,6 @@ impl Reducer for ReduceScatter<'_, '_> {
                 .reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
         }
     }
-}
-
-fn rebuild(shape: &[usize], data: HostData) -> Tensor {
-    Tensor::from_data(shape.to_vec(), data)
 }
 
 /// This rank's piece of a variable-count round (empty once its data is sent).

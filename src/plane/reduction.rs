@@ -81,54 +81,60 @@ fn wrapping_8bit_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation
     Some(unsafe { UnsafeUserOperation::commutative(f) })
 }
 
-/// Runs `reducer` for the dtype of `data` with an output of `out_len` elements,
-/// widening 16-bit floats to f32 (one rounding at the end), then applies `Avg`.
-pub(crate) fn reduce_data(
+/// Runs `reducer` from `input` into `output` (same dtype; lengths as the
+/// reducer needs), widening 16-bit floats to f32 (one rounding at the end),
+/// then applies `Avg`'s division by the group size `n`.
+pub(crate) fn reduce_into(
     reducer: &impl Reducer,
-    data: &HostData,
+    input: &HostData,
+    output: &mut HostData,
     op: ReduceOp,
     n: usize,
-    out_len: usize,
-) -> HostData {
+) {
     let sys = match op {
         ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
         ReduceOp::Prod => SystemOperation::product(),
         ReduceOp::Min => SystemOperation::min(),
         ReduceOp::Max => SystemOperation::max(),
     };
-    let wrapping = wrapping_8bit_op(data, op);
+    let wrapping = wrapping_8bit_op(input, op);
     macro_rules! native {
-        ($v:expr, $variant:ident) => {{
-            let mut out = vec![Default::default(); out_len];
+        ($i:expr, $o:expr) => {{
             match &wrapping {
-                Some(user_op) => reducer.run($v.as_slice(), &mut out, user_op),
-                None => reducer.run($v.as_slice(), &mut out, &sys),
+                Some(user_op) => reducer.run($i.as_slice(), $o.as_mut_slice(), user_op),
+                None => reducer.run($i.as_slice(), $o.as_mut_slice(), &sys),
             }
             if op == ReduceOp::Avg {
-                out.iter_mut().for_each(|x| *x = DivN::div_n(*x, n));
+                $o.iter_mut().for_each(|x| *x = DivN::div_n(*x, n));
             }
-            HostData::$variant(out)
         }};
     }
     macro_rules! widened {
-        ($v:expr, $variant:ident, $t:ty) => {{
-            let wide: Vec<f32> = $v.iter().map(|x| x.to_f32()).collect();
-            let mut out = vec![0f32; out_len];
+        ($i:expr, $o:expr, $t:ty) => {{
+            let wide: Vec<f32> = $i.iter().map(|x| x.to_f32()).collect();
+            let mut out = vec![0f32; $o.len()];
             reducer.run(&wide, &mut out, &sys);
             let scale = if op == ReduceOp::Avg { n as f32 } else { 1.0 };
-            HostData::$variant(out.into_iter().map(|x| <$t>::from_f32(x / scale)).collect())
+            for (o, x) in $o.iter_mut().zip(out) {
+                *o = <$t>::from_f32(x / scale);
+            }
         }};
     }
-    match data {
-        HostData::F32(v) => native!(v, F32),
-        HostData::F64(v) => native!(v, F64),
-        HostData::I8(v) => native!(v, I8),
-        HostData::U8(v) => native!(v, U8),
-        HostData::I32(v) => native!(v, I32),
-        HostData::U32(v) => native!(v, U32),
-        HostData::I64(v) => native!(v, I64),
-        HostData::U64(v) => native!(v, U64),
-        HostData::F16(v) => widened!(v, F16, f16),
-        HostData::BF16(v) => widened!(v, BF16, bf16),
+    match (input, output) {
+        (HostData::F32(i), HostData::F32(o)) => native!(i, o),
+        (HostData::F64(i), HostData::F64(o)) => native!(i, o),
+        (HostData::I8(i), HostData::I8(o)) => native!(i, o),
+        (HostData::U8(i), HostData::U8(o)) => native!(i, o),
+        (HostData::I32(i), HostData::I32(o)) => native!(i, o),
+        (HostData::U32(i), HostData::U32(o)) => native!(i, o),
+        (HostData::I64(i), HostData::I64(o)) => native!(i, o),
+        (HostData::U64(i), HostData::U64(o)) => native!(i, o),
+        (HostData::F16(i), HostData::F16(o)) => widened!(i, o, f16),
+        (HostData::BF16(i), HostData::BF16(o)) => widened!(i, o, bf16),
+        (i, o) => unreachable!(
+            "dtypes agreed before reducing: {:?} into {:?}",
+            i.dtype(),
+            o.dtype()
+        ),
     }
 }

@@ -82,6 +82,7 @@ pub fn run(rt: &Runtime) {
         }
 
         all_to_all_4d(&g, dtype);
+        rooted_and_exchanges(&g, dtype);
     }
     eight_bit_arithmetic_wraps(&g);
 }
@@ -181,4 +182,75 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
         .all_to_all_4d(&g.all_to_all_4d(&x, 1, 2).unwrap(), 2, 1)
         .unwrap();
     assert_eq!(back, x, "all_to_all_4d round trip {dtype} np{p}");
+}
+
+/// reduce, all_to_all, send_recv and the `_into` forms with reused outputs.
+fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
+    let (p, me) = (g.size(), g.rank_in_group());
+    for op in ReduceOp::ALL {
+        let x = input(me, &[2, 3], dtype, op);
+        for dst in 0..p {
+            let got = g.reduce(&x, dst, op).unwrap();
+            match got {
+                Some(t) => {
+                    assert_eq!(me, dst);
+                    assert_tensor(
+                        &t,
+                        dtype,
+                        &[2, 3],
+                        &reduced(p, 6, dtype, op),
+                        &format!("reduce {op:?} to {dst}"),
+                    );
+                }
+                None => assert_ne!(me, dst),
+            }
+        }
+        let mut out = Tensor::zeros([2, 3], dtype);
+        for _ in 0..2 {
+            g.all_reduce_into(&x, &mut out, op).unwrap();
+            assert_tensor(
+                &out,
+                dtype,
+                &[2, 3],
+                &reduced(p, 6, dtype, op),
+                &format!("all_reduce_into {op:?}"),
+            );
+        }
+    }
+
+    // all_to_all: block r of dim 0 goes to rank r; received blocks in source order.
+    let shape = [2 * p, 3];
+    let x = input(me, &shape, dtype, ReduceOp::Sum);
+    let got = g.all_to_all(&x).unwrap();
+    let want: Vec<f64> = (0..p)
+        .flat_map(|src| values(src, 6 * p, dtype, ReduceOp::Sum)[me * 6..(me + 1) * 6].to_vec())
+        .collect();
+    assert_tensor(
+        &got,
+        dtype,
+        &shape,
+        &want,
+        &format!("all_to_all {dtype} np{p}"),
+    );
+
+    // Ring shift with send_recv: everyone sends to next and receives from previous.
+    let x = input(me, &[4], dtype, ReduceOp::Sum);
+    let mut out = Tensor::zeros([4], dtype);
+    g.send_recv_into(&x, &mut out, None, None).unwrap();
+    let prev = (me + p - 1) % p;
+    assert_tensor(
+        &out,
+        dtype,
+        &[4],
+        &values(prev, 4, dtype, ReduceOp::Sum),
+        &format!("send_recv {dtype} np{p}"),
+    );
+
+    // all_gather_into / reduce_scatter_into with a reused output, dim 1 (packed path).
+    let x = input(me, &[2, 3], dtype, ReduceOp::Sum);
+    let mut out = Tensor::zeros([2, 3 * p], dtype);
+    g.all_gather_into(&x, &mut out, 1).unwrap();
+    let parts: Vec<Vec<f64>> = (0..p).map(|r| values(r, 6, dtype, ReduceOp::Sum)).collect();
+    let (want_shape, want) = concat(&parts, &[2, 3], 1);
+    assert_tensor(&out, dtype, &want_shape, &want, "all_gather_into");
 }

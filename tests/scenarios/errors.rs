@@ -157,6 +157,56 @@ pub fn run(rt: &Runtime) {
             expect_err(g.recv_object::<String>(0), &["types differ", "String"]);
         }
     }
+    // A wrong output buffer on one rank fails every rank, naming that rank.
+    let input = Tensor::zeros([4], DType::F32);
+    let mut out = if me == 0 {
+        Tensor::zeros([5], DType::F32)
+    } else {
+        Tensor::zeros([4], DType::F32)
+    };
+    expect_err(
+        g.all_reduce_into(&input, &mut out, ReduceOp::Sum),
+        &["all_reduce on world: group rank 0 passed an output tensor of the wrong shape or dtype"],
+    );
+    if me == 0 {
+        expect_err(
+            g.all_reduce_into(&input, &mut out, ReduceOp::Sum),
+            &["this rank: output is [5] f32, expected [4] f32"],
+        );
+    } else {
+        expect_err(
+            g.all_reduce_into(&input, &mut out, ReduceOp::Sum),
+            &["group rank 0 passed an output tensor"],
+        );
+    }
+    let mut wrong_dtype = Tensor::zeros([4 * p], DType::F64);
+    expect_err(
+        g.all_gather_into(&input, &mut wrong_dtype, 0),
+        &[
+            "output tensor of the wrong shape or dtype",
+            "expected [",
+            "f32",
+        ],
+    );
+    expect_err(
+        g.reduce(&input, p, ReduceOp::Sum),
+        &["reduce on world: dst"],
+    );
+    if p > 1 {
+        expect_err(
+            g.all_to_all(&Tensor::zeros([p + 1], DType::U8)),
+            &["all_to_all on world: dim 0 of size"],
+        );
+        // A ring where one link disagrees: both ends of that link fail, the others succeed.
+        let send = Tensor::zeros([if me == 0 { 3 } else { 2 }], DType::I32);
+        let mut recv = Tensor::zeros([2], DType::I32);
+        let r = g.send_recv_into(&send, &mut recv, None, None);
+        if me == 0 || me == 1 % p {
+            expect_err(r, &["send_recv on world: group rank 0 sends send/recv(shape [3] i32) but group rank 1 expects send/recv(shape [2] i32)"]);
+        } else {
+            r.unwrap();
+        }
+    }
     expect_err(g.send(&x, Some(me)), &["dst", "is this rank itself"]);
     expect_err(g.recv(&[1], DType::U8, Some(p)), &["src", "is not a rank"]);
 
