@@ -1,9 +1,11 @@
 //! `rankmesh`: the command-line front end. Thin: parsing and printing only.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rankmesh::bench::{self, ops::BenchOp, Average, BenchConfig, GroupChoice};
 use rankmesh::topo::TopoReport;
-use rankmesh::{ParallelState, Runtime};
+use rankmesh::{Error, ParallelState, Runtime};
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -34,6 +36,233 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// nccl-tests-compatible collective benchmark (run under mpirun/srun).
+    Bench(Box<BenchArgs>),
+    /// Plot bus bandwidth and time against size from `bench -J` files.
+    Plot {
+        /// JSON files written by `rankmesh bench -J` (or nccl-tests).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Output SVG file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// MPI on host memory.
+    Host,
+    /// NCCL on GPU memory.
+    Nccl,
+    /// NCCL when available, else host.
+    Auto,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GroupArg {
+    World,
+    Tp,
+    Sp,
+    Dp,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall,
+    /// sendrecv, all_to_all_4d, broadcast_object (or nccl-tests' *_perf names).
+    collective: String,
+    /// Minimum size in bytes (K/M/G suffixes are powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M")]
+    min_bytes: String,
+    /// Maximum size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
+    max_bytes: String,
+    /// Size increment (when -f is 1).
+    #[arg(short = 'i', long = "stepbytes", default_value = "1M")]
+    step_bytes: String,
+    /// Size multiplication factor.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 1)]
+    step_factor: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Calls aggregated per timed iteration.
+    #[arg(short = 'm', long = "agg_iters", default_value_t = 1)]
+    agg: usize,
+    /// Repeat the sweep this many times (0: until killed).
+    #[arg(short = 'N', long = "run_cycles", default_value_t = 1)]
+    cycles: usize,
+    /// Validation runs per size (0: off).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: usize,
+    /// Reduction: sum, prod, max, min, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    op: String,
+    /// Data type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Root rank (broadcast, reduce).
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// 1: barrier after each call.
+    #[arg(short = 'z', long = "blocking", default_value_t = 0)]
+    blocking: usize,
+    /// Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.
+    #[arg(short = 'a', long = "average", default_value_t = 1)]
+    average: u8,
+    /// Abort the run after this many seconds (0: never).
+    #[arg(short = 'T', long = "timeout", default_value_t = 0)]
+    timeout: u64,
+    /// Write nccl-tests-style JSON (version 3) to this file.
+    #[arg(short = 'J', long = "output_json")]
+    json: Option<PathBuf>,
+    /// Data plane.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: Backend,
+    /// Run every group of this kind at once and report per group.
+    #[arg(long, value_enum, default_value = "world")]
+    group: GroupArg,
+    /// Tensor-parallel size for --group.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Sequence-parallel size for --group.
+    #[arg(long, default_value_t = 1)]
+    sp: usize,
+    /// Also time direct MPI calls (`mpi`) and print the ratio.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Append per-iteration min/max/avg/p50/p99 across ranks.
+    #[arg(long)]
+    stats: bool,
+    /// Fail when the average bus bandwidth is below 90% of this (GB/s), as NCCL_TESTS_MIN_BW.
+    #[arg(long = "min-bw")]
+    min_bw: Option<f64>,
+    /// Flip one output byte on rank 0 before the first validation (tests the checker).
+    #[arg(long)]
+    corrupt: bool,
+    /// nccl-tests options with no meaning here; accepted and reported as ignored.
+    #[arg(short = 't', long = "nthreads", hide = true)]
+    nthreads: Option<String>,
+    #[arg(short = 'g', long = "ngpus", hide = true)]
+    ngpus: Option<String>,
+    #[arg(short = 'p', long = "parallel_init", hide = true)]
+    parallel_init: Option<String>,
+    #[arg(short = 'y', long = "stream_null", hide = true)]
+    stream_null: Option<String>,
+    #[arg(short = 'G', long = "cudagraph", hide = true)]
+    cudagraph: Option<String>,
+    #[arg(short = 'C', long = "report_cputime", hide = true)]
+    report_cputime: Option<String>,
+    #[arg(short = 'R', long = "local_register", hide = true)]
+    local_register: Option<String>,
+}
+
+fn usage(msg: String) -> Error {
+    Error::Collective {
+        op: "bench",
+        group: "world".into(),
+        msg,
+    }
+}
+
+impl BenchArgs {
+    /// Notes for nccl-tests options that do not apply, printed like nccl-tests' own.
+    fn ignored(&self) -> Vec<String> {
+        [
+            ("-t", &self.nthreads),
+            ("-g", &self.ngpus),
+            ("-p", &self.parallel_init),
+            ("-y", &self.stream_null),
+            ("-G", &self.cudagraph),
+            ("-C", &self.report_cputime),
+            ("-R", &self.local_register),
+        ]
+        .iter()
+        .filter_map(|(flag, v)| {
+            v.as_ref()
+                .map(|v| format!("Option {flag} {v} is not supported by rankmesh. Ignoring"))
+        })
+        .collect()
+    }
+
+    fn config(&self) -> rankmesh::Result<BenchConfig> {
+        let op = BenchOp::parse(&self.collective)
+            .ok_or_else(|| usage(format!("unknown collective {:?}", self.collective)))?;
+        let size = |what: &str, s: &str| {
+            bench::parse_size(s)
+                .ok_or_else(|| usage(format!("invalid size specified for '{what}': {s:?}")))
+        };
+        let min_bw = match (self.min_bw, std::env::var("NCCL_TESTS_MIN_BW")) {
+            (Some(v), _) => Some(v),
+            (None, Ok(v)) => Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| usage(format!("NCCL_TESTS_MIN_BW={v:?} is not a number")))?,
+            ),
+            (None, Err(_)) => None,
+        };
+        match self.backend {
+            Backend::Host | Backend::Auto => {}
+            Backend::Nccl => {
+                return Err(usage(
+                    "the NCCL data plane is not part of this build yet; use --backend host or auto"
+                        .into(),
+                ))
+            }
+        }
+        if let Some(b) = &self.baseline {
+            if b != "mpi" {
+                return Err(usage(format!(
+                    "unknown baseline {b:?}; the only baseline is mpi"
+                )));
+            }
+        }
+        Ok(BenchConfig {
+            op,
+            min_bytes: size("minbytes", &self.min_bytes)?,
+            max_bytes: size("maxbytes", &self.max_bytes)?,
+            step_bytes: size("stepbytes", &self.step_bytes)?,
+            step_factor: self.step_factor,
+            iters: self.iters,
+            warmup: self.warmup,
+            agg: self.agg,
+            cycles: self.cycles,
+            check: self.check,
+            redop: self.op.parse().map_err(usage)?,
+            dtype: bench::parse_dtype(&self.dtype)
+                .ok_or_else(|| usage(format!("invalid type {:?}", self.dtype)))?,
+            root: self.root,
+            blocking: self.blocking,
+            average: match self.average {
+                0 => Average::Rank0,
+                1 => Average::Mean,
+                2 => Average::Min,
+                3 => Average::Max,
+                a => {
+                    return Err(usage(format!(
+                        "-a {a}: use 0 (rank 0), 1 (mean), 2 (min) or 3 (max)"
+                    )))
+                }
+            },
+            group: match self.group {
+                GroupArg::World => GroupChoice::World,
+                GroupArg::Tp => GroupChoice::Tp,
+                GroupArg::Sp => GroupChoice::Sp,
+                GroupArg::Dp => GroupChoice::Dp,
+            },
+            tp: self.tp,
+            sp: self.sp,
+            baseline: self.baseline.is_some(),
+            stats: self.stats,
+            corrupt: self.corrupt,
+            min_bw,
+            progress: true,
+        })
+    }
 }
 
 fn init_logging() {
@@ -45,28 +274,108 @@ fn init_logging() {
         .init();
 }
 
-/// Runs the command; MPI is finalised (the runtime dropped) before returning.
-fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
-    let rt = Runtime::init()?;
-    *rank = Some(rt.rank());
-    match cli.command {
-        Command::Topo { tp, sp, dp, json } => {
-            let mut ps = ParallelState::new(&rt)?;
-            ps.initialize_model_parallel(tp, sp, dp)?;
-            let report = TopoReport::new(&ps)?;
-            if rt.rank() == 0 {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&report).expect("report is plain data")
-                    );
-                } else {
-                    print!("{}", report.table());
-                }
-            }
+fn topo(rt: &Runtime, tp: usize, sp: usize, dp: Option<usize>, json: bool) -> rankmesh::Result<()> {
+    let mut ps = ParallelState::new(rt)?;
+    ps.initialize_model_parallel(tp, sp, dp)?;
+    let report = TopoReport::new(&ps)?;
+    if rt.rank() == 0 {
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("report is plain data")
+            );
+        } else {
+            print!("{}", report.table());
         }
     }
     Ok(())
+}
+
+fn run_bench(rt: &Runtime, args: &BenchArgs) -> rankmesh::Result<()> {
+    // Every rank parses the same arguments, so every rank fails alike.
+    let cfg = args.config()?;
+    let start = bench::json::now_secs();
+    if args.timeout > 0 {
+        let secs = args.timeout;
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            let _ = std::io::stderr().write_all(
+                format!("rankmesh bench: timeout ({secs}s) reached, aborting\n").as_bytes(),
+            );
+            std::process::exit(124);
+        });
+    }
+    let main = rt.rank() == 0;
+    let mut stdout = std::io::stdout().lock();
+    if main {
+        for note in args.ignored() {
+            let _ = writeln!(stdout, "{note}");
+        }
+        if let Some(path) = &args.json {
+            let _ = writeln!(stdout, "# Writing JSON output to {}", path.display());
+        }
+    }
+    let mut sink = std::io::sink();
+    let out: &mut dyn Write = if main { &mut stdout } else { &mut sink };
+    let report = bench::run(rt, &cfg, out)?;
+    if let (true, Some(path)) = (main, &args.json) {
+        let doc = bench::json::document(
+            &cfg,
+            &report,
+            report.devices.clone(),
+            start,
+            std::env::args().collect(),
+        );
+        let text = serde_json::to_string_pretty(&doc).expect("report is plain data");
+        std::fs::write(path, text)
+            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if report.wrong_rows > 0 {
+        return Err(usage(format!(
+            "{} sizes had wrong results",
+            report.wrong_rows
+        )));
+    }
+    if let Some(min) = cfg.min_bw {
+        if report.avg_busbw < 0.9 * min {
+            return Err(usage(format!(
+                "average bus bandwidth {:.4} GB/s is below 90% of the minimum {min} GB/s",
+                report.avg_busbw
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn plot(files: &[PathBuf], output: &PathBuf) -> rankmesh::Result<()> {
+    let series = files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| usage(format!("cannot read {}: {e}", f.display())))?;
+            let label = f.file_stem().map_or_else(
+                || f.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
+            bench::plot::series_from_json(&label, &text)
+        })
+        .collect::<rankmesh::Result<Vec<_>>>()?;
+    std::fs::write(output, bench::plot::svg(&series))
+        .map_err(|e| usage(format!("cannot write {}: {e}", output.display())))
+}
+
+/// Runs the command; MPI is finalised (the runtime dropped) before returning.
+fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
+    if let Command::Plot { files, output } = &cli.command {
+        return plot(files, output);
+    }
+    let rt = Runtime::init()?;
+    *rank = Some(rt.rank());
+    match &cli.command {
+        Command::Topo { tp, sp, dp, json } => topo(&rt, *tp, *sp, *dp, *json),
+        Command::Bench(args) => run_bench(&rt, args),
+        Command::Plot { .. } => unreachable!("handled before MPI starts"),
+    }
 }
 
 fn main() -> ExitCode {

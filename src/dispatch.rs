@@ -235,6 +235,40 @@ impl Descriptor {
         format!("{}({})", op.name(), parts.join(", "))
     }
 
+    /// 64-bit digest of everything ranks must agree on (magic, call number and
+    /// the agreement fields): equal digests everywhere mean agreement, up to
+    /// a 2^-64 collision chance.
+    pub fn digest(&self) -> u64 {
+        let (op, dtype, ndim, len, dims, params) = self.agreement_key();
+        // Word-wise multiply-xor with a final avalanche: no allocation and ~25
+        // multiplications, since this runs on every collective.
+        let words = [
+            self.magic,
+            self.seq,
+            u64::from(op) << 32 | u64::from(dtype),
+            u64::from(ndim),
+            len,
+        ]
+        .into_iter()
+        .chain(dims)
+        .chain(params.map(|p| p as u64));
+        let mut h = 0x9e37_79b9_7f4a_7c15u64;
+        for w in words {
+            h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(31);
+        }
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+
+    /// Whether every rank must see every descriptor (variable-length objects).
+    pub fn needs_all(&self) -> bool {
+        matches!(
+            self.op(),
+            Some(Op::BroadcastObject | Op::AllGatherObject | Op::GatherObject)
+        )
+    }
+
     /// The fields that must be equal across ranks for the call to proceed.
     fn agreement_key(&self) -> (u32, u32, u32, u64, [u64; MAX_DIMS], [i64; 4]) {
         let tensor = self.op().is_some_and(Op::carries_tensor);

@@ -5,6 +5,7 @@ use crate::dispatch::{agree, agree_peers, rank_in_range, Descriptor, Op};
 use crate::error::{Error, Result};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
 use crate::world::Runtime;
+use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use std::cell::Cell;
@@ -167,8 +168,9 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 
     /// The dispatch path of every collective: numbers the call, opens its
-    /// tracing span, exchanges descriptors, applies `check` to every rank's
-    /// descriptor, and only then runs `body` with all descriptors (by group rank).
+    /// tracing span, agrees on descriptors, applies `check`, and only then runs
+    /// `body`. `body` gets every rank's descriptor (by group rank) when the op
+    /// [needs them all](Descriptor::needs_all), otherwise this rank's only.
     pub(crate) fn collective<R>(
         &self,
         mut desc: Descriptor,
@@ -188,16 +190,39 @@ impl<'rt> GroupCoordinator<'rt> {
             shape = ?desc.shape(),
         );
         let _entered = span.enter();
-        let descs = if self.size() == 1 {
-            vec![desc]
-        } else {
-            let mut all = vec![Descriptor::new(op, &[]); self.size()];
-            self.inner.comm.all_gather_into(
-                bytemuck::bytes_of(&desc),
-                bytemuck::cast_slice_mut::<_, u8>(&mut all[..]),
-            );
-            all
+        // Fast path: one all-reduce (max) of [digest, !digest, flags] proves
+        // that every rank passed the same call with a usable output; only
+        // when it does not (or when sizes differ by design) are the full
+        // descriptors gathered, to name who passed what.
+        if self.size() == 1 {
+            agree(std::slice::from_ref(&desc), 0, &check)
+                .map_err(|m| Error::collective(op.name(), self.name(), m))?;
+            return body(std::slice::from_ref(&desc));
+        }
+        let agreed = {
+            let key = desc.digest();
+            let mine = [key, !key, u64::from(desc.bad_output())];
+            let mut max = [0u64; 3];
+            if desc.needs_all() {
+                false
+            } else {
+                self.inner
+                    .comm
+                    .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
+                max == [key, !key, 0]
+            }
         };
+        if agreed {
+            // Identical everywhere: the op's own check gives every rank the same verdict.
+            check(&desc).map_err(|m| Error::collective(op.name(), self.name(), m))?;
+            tracing::trace!("agreed");
+            return body(std::slice::from_ref(&desc));
+        }
+        let mut descs = vec![Descriptor::new(op, &[]); self.size()];
+        self.inner.comm.all_gather_into(
+            bytemuck::bytes_of(&desc),
+            bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
+        );
         agree(&descs, self.rank_in_group(), &check)
             .map_err(|m| Error::collective(op.name(), self.name(), m))?;
         tracing::trace!("agreed");

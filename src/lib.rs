@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod bench;
 mod collectives;
 pub mod dispatch;
 pub mod error;

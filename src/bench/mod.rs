@@ -1,0 +1,573 @@
+//! `rankmesh bench`: nccl-tests-compatible collective benchmarks.
+//!
+//! The harness follows nccl-tests: warm-up at the largest and smallest size,
+//! then per size a synchronising call, `iters × agg` back-to-back calls timed
+//! with the host clock, the per-iteration time combined across ranks (`-a`),
+//! and a separate validation call (`-c`) against exact expected data. Each
+//! collective only describes itself (`ops.rs`); output is byte-compatible
+//! (`format.rs`); JSON follows nccl-tests' version-3 keys (`json.rs`).
+
+pub mod format;
+pub mod json;
+pub mod ops;
+pub mod plot;
+
+use crate::error::{Error, Result};
+use crate::group::GroupCoordinator;
+use crate::parallel::ParallelState;
+use crate::reduce::ReduceOp;
+use crate::tensor::DType;
+use crate::world::Runtime;
+use format::{Cell, Extras, IterStats};
+use ops::BenchOp;
+use serde::{Deserialize, Serialize};
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+/// How per-rank times are combined (nccl-tests `-a`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Average {
+    /// Rank 0's time.
+    Rank0,
+    /// Mean over ranks.
+    Mean,
+    /// Fastest rank.
+    Min,
+    /// Slowest rank.
+    Max,
+}
+
+/// Which groups run the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupChoice {
+    /// The whole world.
+    World,
+    /// Every TP group at once.
+    Tp,
+    /// Every SP group at once.
+    Sp,
+    /// Every DP group at once.
+    Dp,
+}
+
+/// A full benchmark configuration (nccl-tests flags plus rankmesh's).
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Collective.
+    pub op: BenchOp,
+    /// `-b`.
+    pub min_bytes: usize,
+    /// `-e`.
+    pub max_bytes: usize,
+    /// `-i`.
+    pub step_bytes: usize,
+    /// `-f` (> 1: multiply instead of add).
+    pub step_factor: usize,
+    /// `-n`.
+    pub iters: usize,
+    /// `-w`.
+    pub warmup: usize,
+    /// `-m`.
+    pub agg: usize,
+    /// `-N` (0: until killed).
+    pub cycles: usize,
+    /// `-c`: validation runs per size (0: off).
+    pub check: usize,
+    /// `-o`.
+    pub redop: ReduceOp,
+    /// `-d`.
+    pub dtype: DType,
+    /// `-r`.
+    pub root: usize,
+    /// `-z`: 1 = barrier after each call.
+    pub blocking: usize,
+    /// `-a`.
+    pub average: Average,
+    /// `--group` with `--tp` / `--sp`.
+    pub group: GroupChoice,
+    /// TP size for `--group`.
+    pub tp: usize,
+    /// SP size for `--group`.
+    pub sp: usize,
+    /// `--baseline mpi`.
+    pub baseline: bool,
+    /// `--stats`.
+    pub stats: bool,
+    /// Flip one output element on rank 0 before the first validation (tests the checker).
+    pub corrupt: bool,
+    /// `--min-bw` / `NCCL_TESTS_MIN_BW`.
+    pub min_bw: Option<f64>,
+    /// Show progress on stderr when it is a terminal.
+    pub progress: bool,
+}
+
+/// One printed row.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    /// Group name (`world`, `tp:1`).
+    pub group: String,
+    /// Bytes (max of send and receive per rank).
+    pub size: usize,
+    /// Elements per rank (nccl-tests' count).
+    pub count: usize,
+    /// nccl-tests type name.
+    pub dtype: String,
+    /// Reduction name or `none`.
+    pub redop: String,
+    /// Root or -1.
+    pub root: i64,
+    /// Out-of-place measurement.
+    pub out_of_place: Cell,
+    /// In-place measurement (see the module docs of the CLI: a second run).
+    pub in_place: Cell,
+    /// Raw MPI baseline, out-of-place.
+    pub baseline: Option<Cell>,
+    /// Per-iteration statistics across ranks, out-of-place.
+    pub stats: Option<IterStats>,
+}
+
+/// Everything a run produced, for printing, JSON and exit status.
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    /// Rows of every group (world rank 0 only; empty elsewhere).
+    pub rows: Vec<Row>,
+    /// Groups as (name, world ranks), in report order.
+    pub groups: Vec<(String, Vec<usize>)>,
+    /// Rows with wrong elements.
+    pub wrong_rows: u64,
+    /// Mean bus bandwidth over all rows.
+    pub avg_busbw: f64,
+    /// Every rank's device entry (world rank 0 only).
+    pub devices: Vec<json::Device>,
+}
+
+/// nccl-tests' type names.
+pub fn nccl_type_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "half",
+        DType::BF16 => "bfloat16",
+        DType::I8 => "int8",
+        DType::U8 => "uint8",
+        DType::I32 => "int32",
+        DType::U32 => "uint32",
+        DType::I64 => "int64",
+        DType::U64 => "uint64",
+    }
+}
+
+/// Parses nccl-tests' `-d` names (and rankmesh's `f32`, `bf16`, ...).
+pub fn parse_dtype(s: &str) -> Option<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|d| nccl_type_name(*d) == s || d.name() == s)
+}
+
+/// nccl-tests' sizes: a number with an optional K/M/G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    (v >= 0.0 && v.is_finite()).then_some((v * mult as f64) as usize)
+}
+
+/// The sizes of a sweep, in bytes.
+pub fn sizes(cfg: &BenchConfig) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = cfg.min_bytes;
+    while s <= cfg.max_bytes {
+        out.push(s);
+        let next = if cfg.step_factor > 1 {
+            s.saturating_mul(cfg.step_factor)
+        } else {
+            s.saturating_add(cfg.step_bytes)
+        };
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    out
+}
+
+impl BenchConfig {
+    /// Rejects sizes and flags that cannot run, on every rank alike.
+    pub fn validate(&self, group_size: usize) -> Result<()> {
+        let bad = |m: String| {
+            Err(Error::Collective {
+                op: "bench",
+                group: "world".into(),
+                msg: m,
+            })
+        };
+        if self.min_bytes > self.max_bytes {
+            return bad(format!(
+                "minimum size {} is above maximum size {}",
+                self.min_bytes, self.max_bytes
+            ));
+        }
+        if self.step_factor <= 1 && self.step_bytes == 0 && self.min_bytes != self.max_bytes {
+            return bad("step bytes (-i) must be positive when -f is 1".into());
+        }
+        if self.iters == 0 || self.agg == 0 {
+            return bad("-n and -m must be at least 1".into());
+        }
+        if self.op.rooted() && self.root >= group_size {
+            return bad(format!(
+                "root {} is not a rank of a group of size {group_size}",
+                self.root
+            ));
+        }
+        if self.op == BenchOp::BroadcastObject && self.dtype != DType::U8 {
+            return bad("broadcast_object moves bytes: use -d uint8".into());
+        }
+        Ok(())
+    }
+}
+
+/// Combines a per-rank value across the group as `-a` says.
+fn combine(g: &GroupCoordinator<'_>, v: f64, how: Average) -> Result<f64> {
+    let t = crate::Tensor::from_vec([1], vec![v])?;
+    let op = match how {
+        Average::Rank0 => {
+            let mut t = t;
+            g.broadcast(&mut t, 0)?;
+            return Ok(t.as_slice::<f64>()?[0]);
+        }
+        Average::Mean => ReduceOp::Avg,
+        Average::Min => ReduceOp::Min,
+        Average::Max => ReduceOp::Max,
+    };
+    Ok(g.all_reduce(&t, op)?.as_slice::<f64>()?[0])
+}
+
+/// Runs the benchmark on every rank; world rank 0's report holds every row.
+pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<BenchReport> {
+    let mut ps = ParallelState::new(rt)?;
+    let group = match cfg.group {
+        GroupChoice::World => ps.world().clone(),
+        kind => {
+            ps.initialize_model_parallel(cfg.tp, cfg.sp, None)?;
+            match kind {
+                GroupChoice::Tp => ps.tp()?,
+                GroupChoice::Sp => ps.sp()?,
+                _ => ps.dp()?,
+            }
+        }
+    };
+    cfg.validate(group.size())?;
+    let world = ps.world().clone();
+    let extras = Extras {
+        baseline: cfg.baseline,
+        stats: cfg.stats,
+    };
+    let is_main = world.is_first_rank();
+    let groups: Vec<(String, Vec<usize>)> = world
+        .all_gather_object(&(group.name().to_string(), group.ranks().to_vec()))?
+        .into_iter()
+        .enumerate()
+        .filter(|(r, (_, ranks))| ranks[0] == *r)
+        .map(|(_, g)| g)
+        .collect();
+
+    // Preamble and device lines, gathered in rank order as nccl-tests does.
+    let group_index = groups
+        .iter()
+        .position(|(n, _)| n == group.name())
+        .unwrap_or(0);
+    let me = rt.world().me();
+    let device = json::Device {
+        rank: rt.rank(),
+        group: group_index,
+        pid: std::process::id(),
+        hostname: me.host.clone(),
+        device: -1,
+        device_hex: "0000:00:00".into(),
+        device_info: "host memory (MPI)".into(),
+    };
+    let devices = world.gather_object(&device, 0)?.unwrap_or_default();
+    if is_main {
+        let (step, factor) = if cfg.step_factor > 1 {
+            (cfg.step_factor, true)
+        } else {
+            (cfg.step_bytes, false)
+        };
+        let pre = format::Preamble {
+            program: &cfg.op.program(),
+            min_bytes: cfg.min_bytes,
+            max_bytes: cfg.max_bytes,
+            step: (step, factor),
+            warmup: cfg.warmup,
+            iters: cfg.iters,
+            agg: cfg.agg,
+            check: cfg.check,
+            blocking: cfg.blocking,
+            nccl_version: 0,
+        };
+        write_out(out, &format::preamble(&pre))?;
+        let lines: String = devices
+            .iter()
+            .map(|d| {
+                format::device_line(
+                    d.rank,
+                    d.group,
+                    d.pid,
+                    &d.hostname,
+                    d.device,
+                    &d.device_hex,
+                    &d.device_info,
+                )
+            })
+            .collect();
+        write_out(out, &lines)?;
+        write_out(out, &format::header(extras))?;
+    }
+
+    let sweep = sizes(cfg);
+    let mut all_rows = Vec::new();
+    let mut cycle = 0;
+    while cfg.cycles == 0 || cycle < cfg.cycles {
+        cycle += 1;
+        warm_up(&group, cfg, &sweep)?;
+        let mut rows = Vec::new();
+        for (k, &size) in sweep.iter().enumerate() {
+            if cfg.progress && is_main && std::io::stderr().is_terminal() {
+                eprint!(
+                    "\r[rankmesh bench] {} B ({}/{})   ",
+                    size,
+                    k + 1,
+                    sweep.len()
+                );
+            }
+            rows.push(measure_size(&group, cfg, size, cycle == 1 && k == 0)?);
+        }
+        if cfg.progress && is_main && std::io::stderr().is_terminal() {
+            eprint!("\r{:60}\r", "");
+        }
+        // Each group's first rank holds its rows; world rank 0 prints them all.
+        let mine = group.is_first_rank().then_some(rows);
+        let gathered: Option<Vec<Option<Vec<Row>>>> = world.gather_object(&mine, 0)?;
+        if let Some(gathered) = gathered {
+            let by_group: Vec<Vec<Row>> = gathered.into_iter().flatten().collect();
+            for rows in by_group {
+                if groups.len() > 1 {
+                    let ranks = groups
+                        .iter()
+                        .find(|(n, _)| *n == rows.first().map_or("", |r| r.group.as_str()))
+                        .map(|(_, r)| r.clone());
+                    write_out(
+                        out,
+                        &format!(
+                            "# Group {} ranks {:?}\n",
+                            rows.first().map_or("", |r| r.group.as_str()),
+                            ranks.unwrap_or_default()
+                        ),
+                    )?;
+                }
+                for r in &rows {
+                    write_out(out, &render_row(r, extras))?;
+                }
+                all_rows.extend(rows);
+            }
+        }
+    }
+
+    let wrong_rows = all_rows
+        .iter()
+        .filter(|r| r.out_of_place.wrong.unwrap_or(0) + r.in_place.wrong.unwrap_or(0) > 0)
+        .count() as u64;
+    let cells: Vec<f64> = all_rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw, r.in_place.busbw])
+        .collect();
+    let avg_busbw = if cells.is_empty() {
+        0.0
+    } else {
+        cells.iter().sum::<f64>() / cells.len() as f64
+    };
+    // Every rank ends with rank 0's verdict, so every rank exits alike.
+    let (wrong_rows, avg_busbw): (u64, f64) =
+        world.broadcast_object(Some(&(wrong_rows, avg_busbw)), 0)?;
+    if is_main {
+        write_out(
+            out,
+            &format::footer(wrong_rows, avg_busbw, cfg.min_bw, &cfg.op.program()),
+        )?;
+    }
+    Ok(BenchReport {
+        rows: all_rows,
+        groups,
+        wrong_rows,
+        avg_busbw,
+        devices,
+    })
+}
+
+fn write_out(out: &mut dyn Write, s: &str) -> Result<()> {
+    out.write_all(s.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|e| Error::Collective {
+            op: "bench",
+            group: "world".into(),
+            msg: format!("cannot write the report: {e}"),
+        })
+}
+
+/// One row as nccl-tests prints it, plus extension columns.
+pub fn render_row(r: &Row, extras: Extras) -> String {
+    let mut line = format::row_start(r.size, r.count, &r.dtype, &r.redop, r.root);
+    line += &format::cell(&r.out_of_place);
+    line += &format::cell(&r.in_place);
+    if extras.baseline {
+        line += &format::baseline_cells(&r.out_of_place, r.baseline.as_ref());
+    }
+    if extras.stats {
+        line += &format::stats_cells(&r.stats.unwrap_or_default());
+    }
+    line + "\n"
+}
+
+/// Warm-up calls at the largest and smallest size, as nccl-tests does.
+fn warm_up(g: &GroupCoordinator<'_>, cfg: &BenchConfig, sweep: &[usize]) -> Result<()> {
+    for &size in [sweep.last(), sweep.first()].into_iter().flatten() {
+        let (mut input, mut output) = cfg.op.buffers(g, size / cfg.dtype.size(), cfg.dtype);
+        cfg.op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
+        for _ in 0..cfg.warmup {
+            cfg.op.run(g, &input, &mut output, cfg.redop, cfg.root)?;
+        }
+    }
+    Ok(())
+}
+
+/// Times `iters × agg` calls of `call` after one synchronising call; returns
+/// the combined per-call time in seconds and this rank's per-iteration samples (µs).
+fn time_calls(
+    g: &GroupCoordinator<'_>,
+    cfg: &BenchConfig,
+    mut call: impl FnMut() -> Result<()>,
+) -> Result<(f64, Vec<f64>)> {
+    call()?;
+    g.barrier()?;
+    let mut samples = Vec::with_capacity(if cfg.stats { cfg.iters } else { 0 });
+    let start = Instant::now();
+    for _ in 0..cfg.iters {
+        let it = Instant::now();
+        for _ in 0..cfg.agg {
+            call()?;
+            if cfg.blocking == 1 {
+                g.barrier()?;
+            }
+        }
+        if cfg.stats {
+            samples.push(it.elapsed().as_secs_f64() * 1e6 / cfg.agg as f64);
+        }
+    }
+    let per_call = start.elapsed().as_secs_f64() / (cfg.iters * cfg.agg) as f64;
+    Ok((combine(g, per_call, cfg.average)?, samples))
+}
+
+/// Measures one size: out-of-place, in-place, baseline and statistics.
+fn measure_size(
+    g: &GroupCoordinator<'_>,
+    cfg: &BenchConfig,
+    size: usize,
+    first: bool,
+) -> Result<Row> {
+    let op = cfg.op;
+    let n = g.size();
+    let elem = cfg.dtype.size();
+    let count = size / elem;
+    let (send, recv, param) = op.counts(count, n, elem);
+    let bytes = send.max(recv) * elem;
+    let (mut input, mut output) = op.buffers(g, count, cfg.dtype);
+    op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
+    let bw = |secs: f64| {
+        let algbw = if secs > 0.0 {
+            bytes as f64 / 1e9 / secs
+        } else {
+            0.0
+        };
+        (algbw, algbw * op.bus_factor(n))
+    };
+
+    let mut cells = Vec::new();
+    let mut stats = None;
+    // rankmesh's host API is out-of-place; the in-place columns are a second,
+    // independently timed and validated run of the same call.
+    for pass in 0..2 {
+        let (secs, samples) = time_calls(g, cfg, || {
+            op.run(g, &input, &mut output, cfg.redop, cfg.root)
+        })?;
+        if cfg.stats && pass == 0 {
+            let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
+            stats = Some(IterStats::of(&all.concat()));
+        }
+        let (algbw, busbw) = bw(secs);
+        g.barrier()?;
+        let mut wrong = None;
+        for _ in 0..cfg.check {
+            op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
+            op.run(g, &input, &mut output, cfg.redop, cfg.root)?;
+            if cfg.corrupt && first && pass == 0 && g.is_first_rank() && output.numel() > 0 {
+                let b = output.bytes_mut();
+                b[0] ^= 0x5a;
+            }
+            let local = op.count_wrong(g, input.numel(), &output, cfg.redop, cfg.root);
+            let t = crate::Tensor::from_vec([1], vec![local])?;
+            let total = g.all_reduce(&t, ReduceOp::Sum)?.as_slice::<u64>()?[0];
+            wrong = Some(total);
+            if total > 0 {
+                break;
+            }
+        }
+        cells.push(Cell {
+            time_us: secs * 1e6,
+            algbw,
+            busbw,
+            wrong,
+        });
+    }
+
+    let baseline = if cfg.baseline {
+        let comm = g.raw_comm();
+        let mut supported = true;
+        let (secs, _) = time_calls(g, cfg, || {
+            supported = op.run_mpi(comm, &input, &mut output, cfg.redop, cfg.root);
+            Ok(())
+        })?;
+        supported.then(|| {
+            let (algbw, busbw) = bw(secs);
+            Cell {
+                time_us: secs * 1e6,
+                algbw,
+                busbw,
+                wrong: None,
+            }
+        })
+    } else {
+        None
+    };
+
+    Ok(Row {
+        group: g.name().to_string(),
+        size: bytes,
+        count: param,
+        dtype: nccl_type_name(cfg.dtype).to_string(),
+        redop: if op.reduces() {
+            cfg.redop.name().to_string()
+        } else {
+            "none".to_string()
+        },
+        root: if op.rooted() { cfg.root as i64 } else { -1 },
+        out_of_place: cells[0],
+        in_place: cells[1],
+        baseline,
+        stats,
+    })
+}
