@@ -212,6 +212,10 @@ impl HostData {
     fn len(&self) -> usize {
         with_host_data!(self, v => v.len())
     }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A dense, row-major host tensor.

@@ -46,6 +46,10 @@ impl<'c> HostPlane<'c> {
     /// Every rank's `block` (same length everywhere) into `out`, in rank order.
     pub fn all_gather_into(&self, block: &[u8], out: &mut [u8]) {
         let (n, p) = (block.len(), self.size());
+        // Empty Rust buffers share one dangling address, which MPI reads as aliasing.
+        if n == 0 {
+            return;
+        }
         if n <= self.per_rank_piece() {
             self.comm.all_gather_into(block, out);
             return;
@@ -66,6 +70,9 @@ impl<'c> HostPlane<'c> {
     /// Every rank's `block` concatenated on `root`; `None` elsewhere.
     pub fn gather(&self, block: &[u8], root: usize) -> Option<Vec<u8>> {
         let (n, p) = (block.len(), self.size());
+        if n == 0 {
+            return (self.comm.rank() as usize == root).then(Vec::new);
+        }
         let root_proc = self.comm.process_at_rank(root as i32);
         let is_root = self.comm.rank() as usize == root;
         let mut out = is_root.then(|| vec![0u8; n * p]);
@@ -100,6 +107,9 @@ impl<'c> HostPlane<'c> {
     /// received blocks in source order.
     pub fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) {
         let p = self.size();
+        if send.is_empty() {
+            return;
+        }
         let block = send.len() / p;
         if block <= self.per_rank_piece() {
             self.comm.all_to_all_into(send, out);

@@ -91,6 +91,10 @@ pub(crate) fn reduce_into(
     op: ReduceOp,
     n: usize,
 ) {
+    // Nothing to combine; and empty buffers would look aliased to MPI.
+    if input.is_empty() {
+        return;
+    }
     let sys = match op {
         ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
         ReduceOp::Prod => SystemOperation::product(),

@@ -187,6 +187,30 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
 /// reduce, all_to_all, send_recv and the `_into` forms with reused outputs.
 fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     let (p, me) = (g.size(), g.rank_in_group());
+    // Zero elements move nothing and must not upset MPI (empty Rust buffers
+    // share one address, which MPI would read as aliasing).
+    let empty = Tensor::zeros([0, 3], dtype);
+    for op in ReduceOp::ALL {
+        assert_eq!(g.all_reduce(&empty, op).unwrap().shape(), &[0, 3]);
+        assert_eq!(g.reduce_scatter(&empty, 0, op).unwrap().shape(), &[0, 3]);
+        assert_eq!(
+            g.reduce(&empty, 0, op)
+                .unwrap()
+                .map(|t| t.numel())
+                .unwrap_or(0),
+            0
+        );
+    }
+    assert_eq!(g.all_gather(&empty, 0).unwrap().shape(), &[0, 3]);
+    assert_eq!(g.all_to_all(&empty).unwrap().shape(), &[0, 3]);
+    assert_eq!(
+        g.gather(&empty, 0, 1)
+            .unwrap()
+            .map(|t| t.shape().to_vec())
+            .unwrap_or_default(),
+        if me == 0 { vec![0, 3 * p] } else { vec![] }
+    );
+    g.broadcast(&mut empty.clone(), 0).unwrap();
     for op in ReduceOp::ALL {
         let x = input(me, &[2, 3], dtype, op);
         for dst in 0..p {

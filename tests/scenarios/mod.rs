@@ -1,6 +1,7 @@
 //! Scenarios run by every rank of an mpirun job.
 
 mod adjoint;
+mod bench_sweep;
 mod collectives;
 mod dicts;
 mod errors;
@@ -106,6 +107,12 @@ pub const ALL: &[Scenario] = &[
         sizes: &[1, 3],
         env: &[],
         run: workspace::run,
+    },
+    Scenario {
+        name: "bench_sweep",
+        sizes: &[2, 3, 4],
+        env: &[],
+        run: bench_sweep::run,
     },
     Scenario {
         name: "large_buffers",

@@ -1,0 +1,77 @@
+//! Every benchmarked collective, dtype and reduction validated with `-c 1`:
+//! the harness's expected data must match what the collectives produce.
+
+use rankmesh::bench::ops::BenchOp;
+use rankmesh::bench::{self, Average, BenchConfig, GroupChoice};
+use rankmesh::{DType, ReduceOp, Runtime};
+
+fn config(op: BenchOp, dtype: DType, redop: ReduceOp, root: usize) -> BenchConfig {
+    BenchConfig {
+        op,
+        min_bytes: 8,
+        max_bytes: 4096,
+        step_bytes: 0,
+        step_factor: 8,
+        iters: 2,
+        warmup: 1,
+        agg: 1,
+        cycles: 1,
+        check: 1,
+        redop,
+        dtype,
+        root,
+        blocking: 0,
+        average: Average::Mean,
+        group: GroupChoice::World,
+        tp: 1,
+        sp: 1,
+        baseline: true,
+        stats: true,
+        corrupt: false,
+        min_bw: None,
+        progress: false,
+    }
+}
+
+pub fn run(rt: &Runtime) {
+    let p = rt.size();
+    let mut runs = 0;
+    for op in BenchOp::ALL {
+        let dtypes: Vec<DType> = if op == BenchOp::BroadcastObject {
+            vec![DType::U8]
+        } else {
+            DType::ALL.to_vec()
+        };
+        let redops: &[ReduceOp] = if op.reduces() {
+            &ReduceOp::ALL
+        } else {
+            &[ReduceOp::Sum]
+        };
+        for &dtype in &dtypes {
+            for &redop in redops {
+                let root = if op.rooted() { p - 1 } else { 0 };
+                let cfg = config(op, dtype, redop, root);
+                let report = bench::run(rt, &cfg, &mut std::io::sink()).unwrap();
+                assert_eq!(
+                    report.wrong_rows, 0,
+                    "{op:?} {dtype} {redop:?} np{p}: wrong results"
+                );
+                if rt.rank() == 0 {
+                    assert_eq!(report.rows.len(), 4, "sizes 8, 64, 512, 4096");
+                    for r in &report.rows {
+                        assert_eq!(r.out_of_place.wrong, Some(0));
+                        assert_eq!(r.in_place.wrong, Some(0));
+                        let factor = op.bus_factor(p);
+                        assert!(
+                            (r.out_of_place.busbw - r.out_of_place.algbw * factor).abs()
+                                <= 1e-12 * r.out_of_place.algbw.max(1.0)
+                        );
+                        assert!(r.stats.is_some());
+                    }
+                }
+                runs += 1;
+            }
+        }
+    }
+    assert_eq!(runs, 3 * 10 * 5 + 5 * 10 + 1);
+}
