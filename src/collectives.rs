@@ -30,6 +30,12 @@ fn scaled(shape: &[usize], dim: usize, factor: usize, mul: bool) -> Vec<usize> {
     s
 }
 
+/// Output shape of a dim-scaling collective: `t`'s shape with `dim` multiplied
+/// (`mul`) or divided by `factor`; `None` when `dim` is out of range.
+fn output_shape(t: &Tensor, dim: isize, factor: usize, mul: bool) -> Option<Vec<usize>> {
+    normalize_dim(dim, t.ndim()).map(|d| scaled(t.shape(), d, factor, mul))
+}
+
 /// Whether `out` has `dtype` and `shape`.
 fn fits(out: &Tensor, dtype: DType, shape: &[usize]) -> bool {
     out.dtype() == dtype && out.shape() == shape
@@ -132,12 +138,8 @@ impl GroupCoordinator<'_> {
     /// Concatenation of every member's tensor along `dim` (negative counts from
     /// the end), in group-rank order; the result on every member.
     pub fn all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
-        let d = normalize_dim(dim, t.ndim()).unwrap_or(0);
-        let shape = if t.ndim() == 0 {
-            vec![]
-        } else {
-            scaled(t.shape(), d, self.size(), true)
-        };
+        // A bad dim still calls in, so every rank learns about it together.
+        let shape = output_shape(t, dim, self.size(), true).unwrap_or_default();
         let mut out = Tensor::zeros(shape, t.dtype());
         self.all_gather_into(t, &mut out, dim)?;
         Ok(out)
@@ -147,7 +149,7 @@ impl GroupCoordinator<'_> {
     pub fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
         let size = self.size();
         let d = normalize_dim(dim, t.ndim());
-        let want = d.map(|d| scaled(t.shape(), d, size, true));
+        let want = output_shape(t, dim, size, true);
         let ok = want.as_ref().is_some_and(|w| fits(out, t.dtype(), w));
         let desc =
             Descriptor::of(Op::AllGather, t, &[dim as i64]).with_bad_output(d.is_some() && !ok);
@@ -214,12 +216,7 @@ impl GroupCoordinator<'_> {
     /// Reduces every member's tensor with `op` and leaves slice `r` (of `size`
     /// equal slices along `dim`) on group rank `r`. The adjoint of `all_gather`.
     pub fn reduce_scatter(&self, t: &Tensor, dim: isize, op: ReduceOp) -> Result<Tensor> {
-        let d = normalize_dim(dim, t.ndim()).unwrap_or(0);
-        let shape = if t.ndim() == 0 {
-            vec![]
-        } else {
-            scaled(t.shape(), d, self.size(), false)
-        };
+        let shape = output_shape(t, dim, self.size(), false).unwrap_or_default();
         let mut out = Tensor::zeros(shape, t.dtype());
         self.reduce_scatter_into(t, &mut out, dim, op)?;
         Ok(out)
@@ -235,7 +232,7 @@ impl GroupCoordinator<'_> {
     ) -> Result<()> {
         let size = self.size();
         let d = normalize_dim(dim, t.ndim());
-        let want = d.map(|d| scaled(t.shape(), d, size, false));
+        let want = output_shape(t, dim, size, false);
         let ok = want.as_ref().is_some_and(|w| fits(out, t.dtype(), w));
         let desc = Descriptor::of(Op::ReduceScatter, t, &[dim as i64, op.code()])
             .with_bad_output(d.is_some() && !ok);

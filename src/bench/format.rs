@@ -148,7 +148,7 @@ pub fn header(extras: Extras) -> String {
         units += &format!(" {:>7}  {:>6}  {:>6}  {:>7}", "(us)", "(GB/s)", "", "(us)");
     }
     if extras.stats {
-        top += "   per-iteration, all ranks (out-of-place)";
+        top += "   rank means, then all iterations (out-of-place)";
         names += &format!(
             " {:>7}  {:>7}  {:>7}  {:>7}  {:>7}",
             "min", "max", "avg", "p50", "p99"
@@ -215,12 +215,47 @@ pub fn baseline_cells(mine: &Cell, mpi: Option<&Cell>) -> String {
     }
 }
 
-/// `--stats` extension columns.
-pub fn stats_cells(s: &IterStats) -> String {
-    [s.min, s.max, s.avg, s.p50, s.p99]
+/// `--stats` extension columns, OSU/IMB style: the fastest, slowest and mean
+/// of the ranks' mean latencies, then p50 and p99 over every iteration of
+/// every rank.
+pub fn stats_cells(s: &RankStats) -> String {
+    [s.rank_min, s.rank_max, s.rank_avg, s.all.p50, s.all.p99]
         .iter()
         .map(|v| format!("  {}", float_str(*v, 7)))
         .collect()
+}
+
+/// Latency statistics of one measurement across ranks (µs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankStats {
+    /// Smallest per-rank mean.
+    pub rank_min: f64,
+    /// Largest per-rank mean.
+    pub rank_max: f64,
+    /// Mean of the per-rank means.
+    pub rank_avg: f64,
+    /// Statistics over every iteration of every rank.
+    pub all: IterStats,
+}
+
+impl RankStats {
+    /// From each rank's per-iteration samples.
+    pub fn of(per_rank: &[Vec<f64>]) -> RankStats {
+        let means: Vec<f64> = per_rank
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.iter().sum::<f64>() / s.len() as f64)
+            .collect();
+        if means.is_empty() {
+            return RankStats::default();
+        }
+        RankStats {
+            rank_min: means.iter().copied().fold(f64::INFINITY, f64::min),
+            rank_max: means.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            rank_avg: means.iter().sum::<f64>() / means.len() as f64,
+            all: IterStats::of(&per_rank.concat()),
+        }
+    }
 }
 
 /// Per-iteration statistics in microseconds.
@@ -387,5 +422,8 @@ mod tests {
             (1.0, 100.0, 51.0, 95.0, 99.0)
         );
         assert!((s.avg - 50.5).abs() < 1e-12);
+        let r = RankStats::of(&[vec![1.0, 3.0], vec![10.0, 10.0], vec![]]);
+        assert_eq!((r.rank_min, r.rank_max, r.rank_avg), (2.0, 10.0, 6.0));
+        assert_eq!((r.all.min, r.all.max), (1.0, 10.0));
     }
 }

@@ -4,7 +4,7 @@
 //! the run (NCCL_, RANKMESH_, OMPI_, SLURM_, PMIX_), never the whole
 //! environment, which may hold secrets.
 
-use super::format::{Cell, IterStats};
+use super::format::{Cell, RankStats};
 use super::{BenchConfig, BenchReport, Row};
 use serde::{Deserialize, Serialize};
 
@@ -100,6 +100,10 @@ pub struct PerIter {
     pub p99_us: f64,
     pub stdev_us: f64,
     pub cv_pct: f64,
+    /// rankmesh: smallest, largest and mean of the ranks' mean latencies.
+    pub rank_min_avg_us: f64,
+    pub rank_max_avg_us: f64,
+    pub rank_avg_us: f64,
 }
 
 /// The raw-MPI comparison of one row.
@@ -170,8 +174,12 @@ fn measurement(c: &Cell) -> Measurement {
     }
 }
 
-fn per_iter(s: &IterStats) -> PerIter {
+fn per_iter(r: &RankStats) -> PerIter {
+    let s = &r.all;
     PerIter {
+        rank_min_avg_us: r.rank_min,
+        rank_max_avg_us: r.rank_max,
+        rank_avg_us: r.rank_avg,
         min_us: s.min,
         max_us: s.max,
         avg_us: s.avg,

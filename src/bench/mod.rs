@@ -18,7 +18,7 @@ use crate::parallel::ParallelState;
 use crate::reduce::ReduceOp;
 use crate::tensor::DType;
 use crate::world::Runtime;
-use format::{Cell, Extras, IterStats};
+use format::{Cell, Extras, RankStats};
 use ops::BenchOp;
 use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
@@ -123,7 +123,7 @@ pub struct Row {
     /// Raw MPI baseline, out-of-place.
     pub baseline: Option<Cell>,
     /// Per-iteration statistics across ranks, out-of-place.
-    pub stats: Option<IterStats>,
+    pub stats: Option<RankStats>,
 }
 
 /// Everything a run produced, for printing, JSON and exit status.
@@ -506,7 +506,7 @@ fn measure_size(
         })?;
         if cfg.stats && pass == 0 {
             let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
-            stats = Some(IterStats::of(&all.concat()));
+            stats = Some(RankStats::of(&all));
         }
         let (algbw, busbw) = bw(secs);
         g.barrier()?;
