@@ -189,3 +189,35 @@ fn bad_environment_is_an_error() {
         job.describe()
     );
 }
+
+#[test]
+fn topo_sees_fake_nodes() {
+    if !support::fake_nodes_available() {
+        eprintln!("SKIPPED topo_sees_fake_nodes: `unshare --uts` is not permitted here");
+        return;
+    }
+    let job = support::fake_nodes("2,3", exe(), &["topo", "--json"], &[]);
+    assert!(job.ok(), "{}", job.describe());
+    let v: Value = serde_json::from_str(job.stdout.trim()).unwrap();
+    assert_eq!(v["nodes"], 2);
+    let nodes: Vec<u64> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["node"].as_u64().unwrap())
+        .collect();
+    assert_eq!(nodes, [0, 0, 1, 1, 1]);
+    let local: Vec<(u64, u64)> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["local_rank"].as_u64().unwrap(),
+                r["local_size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(local, [(0, 2), (1, 2), (0, 3), (1, 3), (2, 3)]);
+    assert_eq!(v["ranks"][4]["host"], "rankmesh-node1");
+}

@@ -34,11 +34,30 @@ fn worker(name: &str) -> i32 {
     0
 }
 
-fn launch(s: &'static scenarios::Scenario, np: usize) -> Result<(), Failed> {
+/// Where a trial's ranks run.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// `np` ranks on this host.
+    Local(usize),
+    /// Fake nodes with these ranks per node ("2,3").
+    Nodes(&'static str),
+}
+
+fn launch(s: &'static scenarios::Scenario, place: Placement) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| Failed::from(e.to_string()))?;
     let mut env: Vec<(&str, &str)> = vec![(SCENARIO_VAR, s.name)];
     env.extend_from_slice(s.env);
-    let job = support::mpirun(np, &exe, &[], &env);
+    let (job, np) = match place {
+        Placement::Local(np) => (support::mpirun(np, &exe, &[], &env), np),
+        Placement::Nodes(spec) => {
+            env.push(("RANKMESH_TEST_NODES", spec));
+            let np = spec
+                .split(',')
+                .map(|n| n.parse::<usize>().unwrap_or(0))
+                .sum();
+            (support::fake_nodes(spec, &exe, &[], &env), np)
+        }
+    };
     let oks = job
         .stdout
         .lines()
@@ -55,13 +74,24 @@ fn main() {
         std::process::exit(worker(&name));
     }
     let args = Arguments::from_args();
-    let trials = scenarios::ALL
-        .iter()
-        .flat_map(|s| {
-            s.sizes
-                .iter()
-                .map(move |&np| Trial::test(format!("{}::np{np}", s.name), move || launch(s, np)))
-        })
-        .collect();
+    let fake_nodes = support::fake_nodes_available();
+    if !fake_nodes {
+        eprintln!("SKIPPED: fake-node trials need `unshare --uts` (root or user namespaces); they are marked ignored");
+    }
+    let mut trials: Vec<Trial> = Vec::new();
+    for s in scenarios::ALL {
+        for &np in s.sizes {
+            trials.push(Trial::test(format!("{}::np{np}", s.name), move || {
+                launch(s, Placement::Local(np))
+            }));
+        }
+        for &spec in s.nodes {
+            let name = format!("{}::nodes[{spec}]", s.name);
+            trials.push(
+                Trial::test(name, move || launch(s, Placement::Nodes(spec)))
+                    .with_ignored_flag(!fake_nodes),
+            );
+        }
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -9,6 +9,7 @@ mod gathering;
 mod groups;
 mod helpers;
 mod large;
+mod nodes;
 mod objects;
 mod p2p;
 mod reference;
@@ -18,8 +19,10 @@ use rankmesh::Runtime;
 
 pub struct Scenario {
     pub name: &'static str,
-    /// World sizes to launch it with.
+    /// World sizes to launch it with on this host.
     pub sizes: &'static [usize],
+    /// Fake-node layouts to launch it with (ranks per node, "2,3").
+    pub nodes: &'static [&'static str],
     /// Extra environment for the ranks.
     pub env: &'static [(&'static str, &'static str)],
     pub run: fn(&Runtime),
@@ -32,90 +35,126 @@ const TINY_CHUNKS: &[(&str, &str)] = &[("RANKMESH_MAX_MESSAGE_BYTES", "7")];
 pub const ALL: &[Scenario] = &[
     Scenario {
         name: "collectives",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: collectives::run,
     },
     Scenario {
         name: "collectives_chunked",
+        nodes: &[],
         sizes: &[2, 3],
         env: TINY_CHUNKS,
         run: collectives::run,
     },
     Scenario {
         name: "objects",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: objects::run,
     },
     Scenario {
         name: "objects_chunked",
+        nodes: &[],
         sizes: &[3],
         env: TINY_CHUNKS,
         run: objects::run,
     },
     Scenario {
         name: "p2p",
+        nodes: &[],
         sizes: &[2, 3, 4],
         env: &[],
         run: p2p::run,
     },
     Scenario {
         name: "groups",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: groups::run,
     },
     Scenario {
         name: "tensor_dicts",
+        nodes: &[],
         sizes: &[2, 4],
         env: &[],
         run: dicts::run,
     },
     Scenario {
         name: "adjoint",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: adjoint::run,
     },
     Scenario {
         name: "errors",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: errors::run,
     },
     Scenario {
         name: "helpers",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: helpers::run,
     },
     Scenario {
         name: "gathering",
+        nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
         run: gathering::run,
     },
     Scenario {
         name: "gathering_without_shm",
+        nodes: &[],
         sizes: &[3],
         env: &[("RANKMESH_GATHER_SHM", "0")],
         run: gathering::run,
     },
     Scenario {
         name: "workspace",
+        nodes: &[],
         sizes: &[1, 3],
         env: &[],
         run: workspace::run,
     },
     Scenario {
         name: "bench_sweep",
+        nodes: &[],
         sizes: &[2, 3, 4],
         env: &[],
         run: bench_sweep::run,
     },
     Scenario {
+        name: "nodes",
+        nodes: &["2,2", "3,3", "2,3,1"],
+        sizes: &[],
+        env: &[],
+        run: nodes::run,
+    },
+    Scenario {
+        name: "collectives_across_nodes",
+        nodes: &["2,2"],
+        sizes: &[],
+        env: &[],
+        run: collectives::run,
+    },
+    Scenario {
+        name: "gathering_across_nodes",
+        nodes: &["2,2"],
+        sizes: &[],
+        env: &[],
+        run: gathering::run,
+    },
+    Scenario {
         name: "large_buffers",
+        nodes: &[],
         sizes: &[2],
         env: &[],
         run: large::run,

@@ -51,6 +51,39 @@ pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) ->
     finish(cmd.output().expect("cannot start timeout/mpirun"))
 }
 
+/// Whether this machine can give processes their own UTS namespace (root, or
+/// user namespaces allowed), which `scripts/fake-nodes.sh` needs.
+pub fn fake_nodes_available() -> bool {
+    Command::new("unshare")
+        .args(["--uts", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `program args` over fake nodes (`per_node` ranks on each, "2,3").
+pub fn fake_nodes(per_node: &str, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fake-nodes.sh");
+    let nodes = per_node.split(',').count();
+    let mut cmd = Command::new("timeout");
+    cmd.args([
+        "--signal=TERM",
+        "--kill-after=10",
+        &JOB_TIMEOUT_S.to_string(),
+    ])
+    .arg("bash")
+    .arg(launcher)
+    .arg(nodes.to_string())
+    .arg(per_node);
+    for (k, _) in env {
+        cmd.args(["-x", k]);
+    }
+    cmd.arg(program).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    finish(cmd.output().expect("cannot start timeout/fake-nodes.sh"))
+}
+
 /// Runs `program args` as a plain process (an MPI singleton).
 pub fn singleton(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
     let mut cmd = Command::new("timeout");
