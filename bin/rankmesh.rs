@@ -38,6 +38,21 @@ enum Command {
     },
     /// nccl-tests-compatible collective benchmark (run under mpirun/srun).
     Bench(Box<BenchArgs>),
+    /// A self-checking TP/SP/DP workload (all_reduce, all_to_all_4d, avg).
+    Workload {
+        /// Tensor-parallel size.
+        #[arg(long, default_value_t = 1)]
+        tp: usize,
+        /// Sequence-parallel size.
+        #[arg(long, default_value_t = 1)]
+        sp: usize,
+        /// Steps to run.
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// Local sequence length (tokens per rank).
+        #[arg(long, default_value_t = 256)]
+        tokens: usize,
+    },
     /// Plot bus bandwidth and time against size from `bench -J` files.
     Plot {
         /// JSON files written by `rankmesh bench -J` (or nccl-tests).
@@ -374,6 +389,25 @@ fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
     match &cli.command {
         Command::Topo { tp, sp, dp, json } => topo(&rt, *tp, *sp, *dp, *json),
         Command::Bench(args) => run_bench(&rt, args),
+        Command::Workload {
+            tp,
+            sp,
+            steps,
+            tokens,
+        } => {
+            let r = rankmesh::workload::run(&rt, *tp, *sp, *steps, *tokens)?;
+            if rt.rank() == 0 {
+                println!(
+                    "workload OK: {} ranks on {} node(s), tp={tp} sp={sp}, {} steps of {} elements, {:.1} us per step (slowest rank)",
+                    rt.size(),
+                    rt.world().node_count,
+                    r.steps,
+                    r.elements,
+                    r.step_secs * 1e6
+                );
+            }
+            Ok(())
+        }
         Command::Plot { .. } => unreachable!("handled before MPI starts"),
     }
 }

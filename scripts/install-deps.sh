@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test rankmesh:
-# Open MPI (library, headers, mpirun), libclang for rsmpi's bindgen, pkg-config.
+# Open MPI (library, headers, mpirun), libclang for rsmpi's bindgen, pkg-config;
+# with --test also Slurm and munge for the local-cluster tests.
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 need=()
+if [ "${1:-}" = "--test" ]; then
+  command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+  command -v munged >/dev/null 2>&1 || need+=(munge)
+fi
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \
   || dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)

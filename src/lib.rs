@@ -43,6 +43,7 @@ pub mod stateless;
 pub mod tensor;
 pub mod tensor_dict;
 pub mod topo;
+pub mod workload;
 pub mod workspace;
 pub mod world;
 

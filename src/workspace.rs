@@ -50,13 +50,15 @@ struct Meta {
 /// use rankmesh::{Tensor, Workspace};
 /// use std::collections::BTreeMap;
 /// let world = rt.world_group()?;
-/// let ws = Workspace::create(std::env::temp_dir().join("rankmesh-doc"), &world)?;
+/// let root = std::env::temp_dir().join(format!("rankmesh-doc-{}", std::process::id()));
+/// let ws = Workspace::create(&root, &world)?;
 /// let w = BTreeMap::from([("w".to_string(), Tensor::from_vec([2], vec![1f32, 2.0])?)]);
 /// ws.write(Some(&serde_json::json!({"layer": 0})), &w)?;
 /// world.barrier()?;
 /// let state = ws.read(0)?.expect("rank 0 wrote");
 /// assert_eq!(state.tensors, w);
 /// ws.remove(&world)?;
+/// # std::fs::remove_dir(&root).ok();
 /// # Ok::<(), rankmesh::Error>(())
 /// ```
 #[derive(Clone, Debug)]
