@@ -15,6 +15,9 @@ use std::process::ExitCode;
     about = "Collective communication runtime for MPI-launched jobs"
 )]
 struct Cli {
+    /// CPU binding applied at start: none, cores, numa, gpu (overrides RANKMESH_BIND).
+    #[arg(long, global = true)]
+    bind: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -384,7 +387,11 @@ fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
     if let Command::Plot { files, output } = &cli.command {
         return plot(files, output);
     }
-    let rt = Runtime::init()?;
+    let mut options = rankmesh::Options::from_env()?;
+    if let Some(b) = &cli.bind {
+        options.bind = Some(b.parse()?);
+    }
+    let rt = Runtime::init_with(options)?;
     *rank = Some(rt.rank());
     match &cli.command {
         Command::Topo { tp, sp, dp, json } => topo(&rt, *tp, *sp, *dp, *json),

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs an Open MPI job on this machine only: loopback TCP and shared memory,
-# oversubscription allowed (more ranks than cores), no core binding, and idle
-# ranks yield the CPU so oversubscribed jobs do not spin each other out.
+# oversubscription allowed (more ranks than cores), no core binding (set
+# RANKMESH_MPIRUN_BIND=core to let mpirun bind), and idle ranks yield the CPU
+# so oversubscribed jobs do not spin each other out.
 # Usage: scripts/mpirun-local.sh -np N PROGRAM [ARGS...]
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1
-exec mpirun --oversubscribe --bind-to none \
+exec mpirun --oversubscribe --bind-to "${RANKMESH_MPIRUN_BIND:-none}" \
   --mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
   --mca btl_vader_single_copy_mechanism none \
   "$@"

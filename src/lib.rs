@@ -37,6 +37,7 @@ pub mod layout;
 pub mod layout_ops;
 mod object;
 pub mod parallel;
+pub mod placement;
 pub mod plane;
 pub mod reduce;
 pub mod stateless;

@@ -20,6 +20,14 @@ pub struct RankEntry {
     pub local_size: usize,
     /// World ranks of its groups.
     pub groups: RankGroups,
+    /// CPUs the rank may run on (list format).
+    pub cpus: String,
+    /// NUMA nodes of those CPUs.
+    pub numa: Vec<usize>,
+    /// Its GPU, when the node has GPUs.
+    pub gpu: Option<crate::placement::GpuInfo>,
+    /// Who set the binding: `launcher`, `rankmesh:<policy>` or `none`.
+    pub bound_by: String,
 }
 
 /// World ranks of the groups one rank belongs to.
@@ -33,7 +41,8 @@ pub struct RankGroups {
     pub dp: Vec<usize>,
 }
 
-/// The whole report; its JSON form is the CLI's `--json` output.
+/// The whole report; its JSON form is the CLI's `--json` output (placement
+/// keys follow the group lists).
 #[derive(Clone, Debug, Serialize)]
 pub struct TopoReport {
     /// Number of ranks.
@@ -55,11 +64,19 @@ impl TopoReport {
     /// node identity was gathered at start-up, groups follow from the layout).
     pub fn new(ps: &ParallelState<'_>) -> Result<TopoReport> {
         let layout = ps.layout()?;
-        let world = ps.world().runtime().world();
+        let rt = ps.world().runtime();
+        let world = rt.world();
+        // Placement is per process: every rank describes itself, all gather.
+        let mine = match rt.applied_placement() {
+            Some(p) => p.clone(),
+            None => crate::placement::describe(world.me().local_rank)?,
+        };
+        let placements = ps.world().all_gather_object(&mine)?;
         let ranks = world
             .ranks
             .iter()
-            .map(|r| RankEntry {
+            .zip(placements)
+            .map(|(r, p)| RankEntry {
                 rank: r.rank,
                 host: r.host.clone(),
                 node: r.node,
@@ -70,6 +87,10 @@ impl TopoReport {
                     sp: layout.group_of(GroupKind::Sp, r.rank),
                     dp: layout.group_of(GroupKind::Dp, r.rank),
                 },
+                cpus: p.cpus,
+                numa: p.numa,
+                gpu: p.gpu,
+                bound_by: p.bound_by,
             })
             .collect();
         Ok(TopoReport {
@@ -101,13 +122,42 @@ impl TopoReport {
                 .max(2)
         };
         let (tw, sw, dw) = (group_w(|g| &g.tp), group_w(|g| &g.sp), group_w(|g| &g.dp));
+        let numa = |r: &RankEntry| {
+            r.numa
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let gpu = |r: &RankEntry| r.gpu.as_ref().map_or("-".to_string(), |g| g.bus_id.clone());
+        let cw = self
+            .ranks
+            .iter()
+            .map(|r| r.cpus.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let nw = self
+            .ranks
+            .iter()
+            .map(|r| numa(r).len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let gw = self
+            .ranks
+            .iter()
+            .map(|r| gpu(r).len())
+            .max()
+            .unwrap_or(3)
+            .max(3);
         let mut out = format!(
-            "{} ranks on {} node(s): tp={} sp={} dp={}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}\n",
-            self.world_size, self.nodes, self.tp, self.sp, self.dp, "rank", "host", "node", "local", "tp", "sp", "dp"
+            "{} ranks on {} node(s): tp={} sp={} dp={}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
+            self.world_size, self.nodes, self.tp, self.sp, self.dp, "rank", "host", "node", "local", "tp", "sp", "dp", "cpus", "numa", "gpu", "bound"
         );
         for r in &self.ranks {
             out += &format!(
-                "{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}\n",
+                "{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
                 r.rank,
                 r.host,
                 r.node,
@@ -115,6 +165,10 @@ impl TopoReport {
                 fmt_group(&r.groups.tp),
                 fmt_group(&r.groups.sp),
                 fmt_group(&r.groups.dp),
+                r.cpus,
+                numa(r),
+                gpu(r),
+                r.bound_by,
             );
         }
         out

@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::launcher::{self, MpiView};
 use crate::layout::validate_group_lists;
+use crate::placement::{self, BindPolicy, Placement};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
@@ -54,12 +55,16 @@ pub struct Options {
     /// Largest single MPI message in bytes; bigger transfers are chunked.
     /// Defaults to 1 GiB, overridable with `RANKMESH_MAX_MESSAGE_BYTES`.
     pub max_message_bytes: usize,
+    /// CPU binding applied at start (`RANKMESH_BIND`); `None` leaves the
+    /// launcher's binding, if any, in place.
+    pub bind: Option<BindPolicy>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             max_message_bytes: 1 << 30,
+            bind: None,
         }
     }
 }
@@ -81,6 +86,9 @@ impl Options {
                     ))
                 })?;
         }
+        if let Ok(v) = std::env::var("RANKMESH_BIND") {
+            o.bind = Some(v.parse()?);
+        }
         Ok(o)
     }
 }
@@ -94,6 +102,7 @@ pub struct Runtime {
     options: Options,
     threading: Threading,
     warnings: Vec<String>,
+    placement: Option<Placement>,
     _universe: Universe,
 }
 
@@ -121,6 +130,15 @@ impl Runtime {
         };
         let env = |k: &str| std::env::var(k).ok();
         let mut warnings = launcher::check(&env, &view)?;
+        let placement = match options.bind {
+            Some(policy) => Some(bind_everywhere(
+                &world_comm,
+                policy,
+                me.local_rank,
+                me.local_size,
+            )?),
+            None => None,
+        };
         if threading < Threading::Funneled {
             warnings.push(format!(
                 "MPI granted thread level {threading:?}; rankmesh keeps all MPI calls on one thread"
@@ -141,6 +159,7 @@ impl Runtime {
             options,
             threading,
             warnings,
+            placement,
             _universe: universe,
         })
     }
@@ -168,6 +187,11 @@ impl Runtime {
     /// Thread level MPI granted.
     pub fn threading(&self) -> Threading {
         self.threading
+    }
+
+    /// The placement rankmesh applied at start, when a binding policy was set.
+    pub fn applied_placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
     }
 
     /// Launcher disagreements found at start-up (also logged).
@@ -298,6 +322,28 @@ pub(crate) fn check_rank_list(ranks: &[usize], size: usize, me: usize, what: &st
         )));
     }
     Ok(())
+}
+
+/// Applies a binding policy on every rank; a rank that cannot bind makes
+/// every rank fail (a half-bound job would run with skewed performance).
+fn bind_everywhere(
+    world: &SimpleCommunicator,
+    policy: BindPolicy,
+    local_rank: usize,
+    local_size: usize,
+) -> Result<Placement> {
+    let mine = placement::apply(Some(policy), local_rank, local_size);
+    let mut all = vec![0u8; world.size() as usize];
+    world.all_gather_into(&u8::from(mine.is_err()), &mut all[..]);
+    match (mine, all.iter().position(|f| *f != 0)) {
+        (Err(Error::Launch(m)), _) => Err(Error::Launch(format!("rank {}: {m}", world.rank()))),
+        (Err(e), _) => Err(e),
+        (Ok(_), Some(r)) => Err(Error::Launch(format!(
+            "--bind {} failed on rank {r} (see its error)",
+            policy.name()
+        ))),
+        (Ok(p), None) => Ok(p),
+    }
 }
 
 /// FNV-1a, for cheap cross-rank agreement digests (not for security).
