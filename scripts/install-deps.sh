@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test rankmesh:
-# Open MPI (library, headers, mpirun), libclang for rsmpi's bindgen, pkg-config;
+# Open MPI (library, headers, mpirun), hwloc and libudev (placement),
+# libclang for rsmpi's bindgen, pkg-config;
 # with --test also Slurm and munge for the local-cluster tests.
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
@@ -13,6 +14,8 @@ command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \
   || dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+dpkg -s libhwloc-dev >/dev/null 2>&1 || need+=(libhwloc-dev)
+dpkg -s libudev-dev >/dev/null 2>&1 || need+=(libudev-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 if [ ${#need[@]} -eq 0 ]; then
