@@ -70,30 +70,48 @@ impl Field {
 /// that is certain to break the job: Slurm started N tasks but each one is a
 /// world of 1 (the PMI of `srun` and of the MPI library do not match).
 pub fn check(env: &dyn Fn(&str) -> Option<String>, view: &MpiView) -> Result<Vec<String>> {
-    let slurm_tasks = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"]
-        .iter()
-        .find_map(|k| {
-            env(k)
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .map(|n| (*k, n))
-        });
-    if let Some((var, n)) = slurm_tasks {
-        if view.size == 1 && n > 1 && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1") {
+    let number = |k: &str| env(k).and_then(|v| v.trim().parse::<usize>().ok());
+    let fix = |n: usize| {
+        format!(
+            "Launch with `srun --mpi=pmix` (see `srun --mpi=list`), or run `mpirun -np {n}` inside the allocation"
+        )
+    };
+    let mut warnings = Vec::new();
+    // srun started this process itself: its step's task count is the world.
+    if let Some(n) = number("SLURM_STEP_NUM_TASKS") {
+        if n != view.size && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1") {
+            let how = if view.size == 1 {
+                format!("the tasks started as {n} separate singletons, so srun's PMI does not match the MPI library")
+            } else {
+                "srun's task count and the MPI world disagree".to_string()
+            };
             return Err(Error::Launch(format!(
-                "{var}={n} but MPI reports a world of 1: the tasks started as {n} separate \
-                 singletons, so srun's PMI does not match the MPI library. Launch with \
-                 `srun --mpi=pmix` (see `srun --mpi=list`), or run `mpirun -np {n}` inside \
-                 the allocation; set RANKMESH_ALLOW_SINGLETON=1 if a single process is intended"
+                "SLURM_STEP_NUM_TASKS={n} but MPI reports a world of {}: {how}. {}; set RANKMESH_ALLOW_SINGLETON=1 if this is intended",
+                view.size,
+                fix(n)
+            )));
+        }
+    } else if let Some(n) = number("SLURM_NTASKS") {
+        // Inside an allocation without srun: mpirun may use fewer ranks on purpose,
+        // but a lone process that is not under mpirun is a missing launcher.
+        let under_mpirun = env("OMPI_COMM_WORLD_SIZE").is_some() || env("PMI_SIZE").is_some();
+        if view.size == 1
+            && n > 1
+            && !under_mpirun
+            && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1")
+        {
+            return Err(Error::Launch(format!(
+                "SLURM_NTASKS={n} but MPI reports a world of 1: the tasks started as {n} separate singletons, or the program ran without a launcher. {}; set RANKMESH_ALLOW_SINGLETON=1 if a single process is intended",
+                fix(n)
             )));
         }
         if n != view.size {
-            return Ok(vec![format!(
-                "Slurm: {var}={n} disagrees with the MPI world size {}",
+            warnings.push(format!(
+                "Slurm: SLURM_NTASKS={n} disagrees with the MPI world size {}",
                 view.size
-            )]);
+            ));
         }
     }
-    let mut warnings = Vec::new();
     for (launcher, var, field) in CHECKS {
         let Some(raw) = env(var) else { continue };
         let mpi = field.get(view);
@@ -169,5 +187,51 @@ mod tests {
         assert!(e.contains("srun --mpi=pmix"), "{e}");
         let allowed = env_of(&[("SLURM_NTASKS", "4"), ("RANKMESH_ALLOW_SINGLETON", "1")]);
         assert_eq!(check(&allowed, &single).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn srun_step_size_must_match_the_world() {
+        let single = MpiView {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+        };
+        let e = check(&env_of(&[("SLURM_STEP_NUM_TASKS", "2")]), &single)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SLURM_STEP_NUM_TASKS=2 but MPI reports a world of 1: the tasks started as 2 separate singletons"), "{e}");
+        let e = check(
+            &env_of(&[("SLURM_STEP_NUM_TASKS", "8"), ("SLURM_NTASKS", "8")]),
+            &VIEW,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("SLURM_STEP_NUM_TASKS=8 but MPI reports a world of 4: srun's task count and the MPI world disagree"), "{e}");
+        assert!(e.contains("mpirun -np 8"), "{e}");
+        assert!(check(&env_of(&[("SLURM_STEP_NUM_TASKS", "4")]), &VIEW)
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn mpirun_inside_a_larger_allocation_only_warns() {
+        let env = env_of(&[("SLURM_NTASKS", "8"), ("OMPI_COMM_WORLD_SIZE", "4")]);
+        let w = check(&env, &VIEW).unwrap();
+        assert_eq!(
+            w,
+            vec!["Slurm: SLURM_NTASKS=8 disagrees with the MPI world size 4".to_string()]
+        );
+        let single = MpiView {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+        };
+        let env = env_of(&[("SLURM_NTASKS", "8"), ("OMPI_COMM_WORLD_SIZE", "1")]);
+        assert!(
+            check(&env, &single).is_ok(),
+            "mpirun -np 1 in an allocation is intended"
+        );
     }
 }
