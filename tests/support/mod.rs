@@ -29,9 +29,18 @@ impl Job {
     }
 }
 
-/// Runs `program args` on `np` local ranks with extra environment `env`.
-pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
-    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mpirun-local.sh");
+/// Runs a launcher script from scripts/ with its own arguments, then
+/// `program args`, exporting `env` to the ranks; bounded by JOB_TIMEOUT_S.
+fn launch(
+    script: &str,
+    script_args: &[String],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Job {
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(script);
     let mut cmd = Command::new("timeout");
     cmd.args([
         "--signal=TERM",
@@ -40,7 +49,7 @@ pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) ->
     ])
     .arg("bash")
     .arg(launcher)
-    .args(["-np", &np.to_string()]);
+    .args(script_args);
     for (k, _) in env {
         cmd.args(["-x", k]);
     }
@@ -48,7 +57,18 @@ pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) ->
     for (k, v) in env {
         cmd.env(k, v);
     }
-    finish(cmd.output().expect("cannot start timeout/mpirun"))
+    finish(cmd.output().expect("cannot start timeout and the launcher"))
+}
+
+/// Runs `program args` on `np` local ranks with extra environment `env`.
+pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
+    launch(
+        "mpirun-local.sh",
+        &["-np".into(), np.to_string()],
+        program,
+        args,
+        env,
+    )
 }
 
 /// Whether this machine can give processes their own UTS namespace (root, or
@@ -62,26 +82,14 @@ pub fn fake_nodes_available() -> bool {
 
 /// Runs `program args` over fake nodes (`per_node` ranks on each, "2,3").
 pub fn fake_nodes(per_node: &str, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
-    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fake-nodes.sh");
     let nodes = per_node.split(',').count();
-    let mut cmd = Command::new("timeout");
-    cmd.args([
-        "--signal=TERM",
-        "--kill-after=10",
-        &JOB_TIMEOUT_S.to_string(),
-    ])
-    .arg("bash")
-    .arg(launcher)
-    .arg(nodes.to_string())
-    .arg(per_node);
-    for (k, _) in env {
-        cmd.args(["-x", k]);
-    }
-    cmd.arg(program).args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    finish(cmd.output().expect("cannot start timeout/fake-nodes.sh"))
+    launch(
+        "fake-nodes.sh",
+        &[nodes.to_string(), per_node.to_string()],
+        program,
+        args,
+        env,
+    )
 }
 
 /// Runs `program args` as a plain process (an MPI singleton).
