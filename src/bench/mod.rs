@@ -7,6 +7,7 @@
 //! collective only describes itself (`ops.rs`); output is byte-compatible
 //! (`format.rs`); JSON follows nccl-tests' version-3 keys (`json.rs`).
 
+pub mod config;
 pub mod format;
 pub mod json;
 pub mod ops;
@@ -16,90 +17,14 @@ use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::parallel::ParallelState;
 use crate::reduce::ReduceOp;
-use crate::tensor::DType;
 use crate::world::Runtime;
+pub use config::{
+    nccl_type_name, parse_dtype, parse_size, sizes, Average, BenchConfig, GroupChoice,
+};
 use format::{Cell, Extras, RankStats};
-use ops::BenchOp;
 use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
-
-/// How per-rank times are combined (nccl-tests `-a`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Average {
-    /// Rank 0's time.
-    Rank0,
-    /// Mean over ranks.
-    Mean,
-    /// Fastest rank.
-    Min,
-    /// Slowest rank.
-    Max,
-}
-
-/// Which groups run the benchmark.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupChoice {
-    /// The whole world.
-    World,
-    /// Every TP group at once.
-    Tp,
-    /// Every SP group at once.
-    Sp,
-    /// Every DP group at once.
-    Dp,
-}
-
-/// A full benchmark configuration (nccl-tests flags plus rankmesh's).
-#[derive(Clone, Debug)]
-pub struct BenchConfig {
-    /// Collective.
-    pub op: BenchOp,
-    /// `-b`.
-    pub min_bytes: usize,
-    /// `-e`.
-    pub max_bytes: usize,
-    /// `-i`.
-    pub step_bytes: usize,
-    /// `-f` (> 1: multiply instead of add).
-    pub step_factor: usize,
-    /// `-n`.
-    pub iters: usize,
-    /// `-w`.
-    pub warmup: usize,
-    /// `-m`.
-    pub agg: usize,
-    /// `-N` (0: until killed).
-    pub cycles: usize,
-    /// `-c`: validation runs per size (0: off).
-    pub check: usize,
-    /// `-o`.
-    pub redop: ReduceOp,
-    /// `-d`.
-    pub dtype: DType,
-    /// `-r`.
-    pub root: usize,
-    /// `-z`: 1 = barrier after each call.
-    pub blocking: usize,
-    /// `-a`.
-    pub average: Average,
-    /// `--group` with `--tp` / `--sp`.
-    pub group: GroupChoice,
-    /// TP size for `--group`.
-    pub tp: usize,
-    /// SP size for `--group`.
-    pub sp: usize,
-    /// `--baseline mpi`.
-    pub baseline: bool,
-    /// `--stats`.
-    pub stats: bool,
-    /// Flip one output element on rank 0 before the first validation (tests the checker).
-    pub corrupt: bool,
-    /// `--min-bw` / `NCCL_TESTS_MIN_BW`.
-    pub min_bw: Option<f64>,
-    /// Show progress on stderr when it is a terminal.
-    pub progress: bool,
-}
 
 /// One printed row.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -139,96 +64,6 @@ pub struct BenchReport {
     pub avg_busbw: f64,
     /// Every rank's device entry (world rank 0 only).
     pub devices: Vec<json::Device>,
-}
-
-/// nccl-tests' type names.
-pub fn nccl_type_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float",
-        DType::F64 => "double",
-        DType::F16 => "half",
-        DType::BF16 => "bfloat16",
-        DType::I8 => "int8",
-        DType::U8 => "uint8",
-        DType::I32 => "int32",
-        DType::U32 => "uint32",
-        DType::I64 => "int64",
-        DType::U64 => "uint64",
-    }
-}
-
-/// Parses nccl-tests' `-d` names (and rankmesh's `f32`, `bf16`, ...).
-pub fn parse_dtype(s: &str) -> Option<DType> {
-    DType::ALL
-        .into_iter()
-        .find(|d| nccl_type_name(*d) == s || d.name() == s)
-}
-
-/// nccl-tests' sizes: a number with an optional K/M/G suffix (powers of 1024).
-pub fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v: f64 = num.trim().parse().ok()?;
-    (v >= 0.0 && v.is_finite()).then_some((v * mult as f64) as usize)
-}
-
-/// The sizes of a sweep, in bytes.
-pub fn sizes(cfg: &BenchConfig) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut s = cfg.min_bytes;
-    while s <= cfg.max_bytes {
-        out.push(s);
-        let next = if cfg.step_factor > 1 {
-            s.saturating_mul(cfg.step_factor)
-        } else {
-            s.saturating_add(cfg.step_bytes)
-        };
-        if next == s {
-            break;
-        }
-        s = next;
-    }
-    out
-}
-
-impl BenchConfig {
-    /// Rejects sizes and flags that cannot run, on every rank alike.
-    pub fn validate(&self, group_size: usize) -> Result<()> {
-        let bad = |m: String| {
-            Err(Error::Collective {
-                op: "bench",
-                group: "world".into(),
-                msg: m,
-            })
-        };
-        if self.min_bytes > self.max_bytes {
-            return bad(format!(
-                "minimum size {} is above maximum size {}",
-                self.min_bytes, self.max_bytes
-            ));
-        }
-        if self.step_factor <= 1 && self.step_bytes == 0 && self.min_bytes != self.max_bytes {
-            return bad("step bytes (-i) must be positive when -f is 1".into());
-        }
-        if self.iters == 0 || self.agg == 0 {
-            return bad("-n and -m must be at least 1".into());
-        }
-        if self.op.rooted() && self.root >= group_size {
-            return bad(format!(
-                "root {} is not a rank of a group of size {group_size}",
-                self.root
-            ));
-        }
-        if self.op == BenchOp::BroadcastObject && self.dtype != DType::U8 {
-            return bad("broadcast_object moves bytes: use -d uint8".into());
-        }
-        Ok(())
-    }
 }
 
 /// Combines a per-rank value across the group as `-a` says.
