@@ -223,14 +223,18 @@ impl BenchArgs {
             ),
             (None, Err(_)) => None,
         };
-        match self.backend {
-            Backend::Host | Backend::Auto => {}
-            Backend::Nccl => {
-                return Err(usage(
-                    "the NCCL data plane is not part of this build yet; use --backend host or auto"
-                        .into(),
-                ))
-            }
+        if let Backend::Nccl = self.backend {
+            let found = rankmesh::plane::nccl::loader::load(&|k| std::env::var(k).ok()).map_err(
+                |e| match e {
+                    Error::Launch(m) => usage(format!("--backend nccl: {m}")),
+                    other => other,
+                },
+            )?;
+            return Err(usage(format!(
+                "--backend nccl: NCCL {} found at {}, but the NCCL data plane is not part of this build yet; use --backend host or auto",
+                found.version(),
+                found.path()
+            )));
         }
         if let Some(b) = &self.baseline {
             if b != "mpi" {
@@ -324,6 +328,20 @@ fn run_bench(rt: &Runtime, args: &BenchArgs) -> rankmesh::Result<()> {
         });
     }
     let main = rt.rank() == 0;
+    if main && matches!(args.backend, Backend::Auto) {
+        let why = match rankmesh::plane::nccl::loader::load(&|k| std::env::var(k).ok()) {
+            Ok(n) => format!(
+                "NCCL {} found at {}, but this build has no NCCL data plane yet",
+                n.version(),
+                n.path()
+            ),
+            Err(_) => "NCCL not found".to_string(),
+        };
+        let _ = std::io::stderr().write_all(
+            format!("rankmesh bench: --backend auto: {why}; using the host plane (MPI)\n")
+                .as_bytes(),
+        );
+    }
     let mut stdout = std::io::stdout().lock();
     if main {
         for note in args.ignored() {

@@ -57,11 +57,22 @@ pub struct TopoReport {
     pub dp: usize,
     /// Every rank, sorted by rank.
     pub ranks: Vec<RankEntry>,
+    /// The NCCL library world rank 0 finds (`None`: not found).
+    pub nccl: Option<NcclInfo>,
+}
+
+/// Which NCCL the runtime would load.
+#[derive(Clone, Debug, Serialize)]
+pub struct NcclInfo {
+    /// `major.minor.patch`.
+    pub version: String,
+    /// Library path or name it was loaded as.
+    pub path: String,
 }
 
 impl TopoReport {
-    /// Builds the report from initialised parallel state (no communication:
-    /// node identity was gathered at start-up, groups follow from the layout).
+    /// Builds the report from initialised parallel state (collective over the
+    /// world: each rank contributes its placement).
     pub fn new(ps: &ParallelState<'_>) -> Result<TopoReport> {
         let layout = ps.layout()?;
         let rt = ps.world().runtime();
@@ -100,6 +111,13 @@ impl TopoReport {
             sp: layout.sp,
             dp: layout.dp,
             ranks,
+            nccl: crate::plane::nccl::loader::load(&|k| std::env::var(k).ok())
+                .map(|n| NcclInfo {
+                    version: n.version(),
+                    path: n.path().to_string(),
+                })
+                .map_err(|e| tracing::debug!("{e}"))
+                .ok(),
         })
     }
 
@@ -152,8 +170,14 @@ impl TopoReport {
             .unwrap_or(3)
             .max(3);
         let mut out = format!(
-            "{} ranks on {} node(s): tp={} sp={} dp={}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
-            self.world_size, self.nodes, self.tp, self.sp, self.dp, "rank", "host", "node", "local", "tp", "sp", "dp", "cpus", "numa", "gpu", "bound"
+            "{} ranks on {} node(s): tp={} sp={} dp={}; {}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
+            self.world_size,
+            self.nodes,
+            self.tp,
+            self.sp,
+            self.dp,
+            self.nccl.as_ref().map_or("NCCL not found".to_string(), |n| format!("NCCL {} ({})", n.version, n.path)),
+            "rank", "host", "node", "local", "tp", "sp", "dp", "cpus", "numa", "gpu", "bound"
         );
         for r in &self.ranks {
             out += &format!(

@@ -379,7 +379,7 @@ fn ignored_and_bad_options() {
         ),
         (
             vec!["all_reduce", "--backend", "nccl"],
-            "NCCL data plane is not part of this build",
+            "--backend nccl: NCCL not found; tried",
         ),
         (
             vec!["all_reduce", "--group", "tp", "--tp", "3"],

@@ -90,7 +90,7 @@ fn topo_table_lists_ranks() {
     assert!(job.ok(), "{}", job.describe());
     assert!(
         job.stdout
-            .starts_with("4 ranks on 1 node(s): tp=2 sp=2 dp=2\n"),
+            .starts_with("4 ranks on 1 node(s): tp=2 sp=2 dp=2; NCCL"),
         "{}",
         job.stdout
     );
@@ -220,4 +220,88 @@ fn topo_sees_fake_nodes() {
         .collect();
     assert_eq!(local, [(0, 2), (1, 2), (0, 3), (1, 3), (2, 3)]);
     assert_eq!(v["ranks"][4]["host"], "rankmesh-node1");
+}
+
+/// A stand-in libnccl exporting `ncclGetVersion` (2.20.5), built with the C
+/// compiler, proves discovery through RANKMESH_NCCL_LIB end to end.
+#[test]
+fn nccl_library_is_discovered_and_reported() {
+    let dir = std::env::temp_dir().join(format!("rankmesh-fake-nccl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("nccl.c");
+    let lib = dir.join("libnccl.so.2");
+    std::fs::write(
+        &src,
+        "int ncclGetVersion(int *v) { *v = 22005; return 0; }\n",
+    )
+    .unwrap();
+    let cc = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(cc.success());
+    let lib_s = lib.to_str().unwrap();
+    let job = support::singleton(exe(), &["topo", "--json"], &[("RANKMESH_NCCL_LIB", lib_s)]);
+    assert!(job.ok(), "{}", job.describe());
+    let v: Value = serde_json::from_str(job.stdout.trim()).unwrap();
+    assert_eq!(v["nccl"]["version"], "2.20.5");
+    assert_eq!(v["nccl"]["path"], lib_s);
+    // A forced NCCL backend says what it found and why it cannot use it yet.
+    let job = support::singleton(
+        exe(),
+        &["bench", "all_reduce", "--backend", "nccl"],
+        &[("RANKMESH_NCCL_LIB", lib_s)],
+    );
+    assert!(!job.ok());
+    assert!(
+        job.stderr.contains("--backend nccl: NCCL 2.20.5 found at"),
+        "{}",
+        job.describe()
+    );
+    // Without a library: the error lists every file it tried.
+    let job = support::singleton(
+        exe(),
+        &["bench", "all_reduce", "--backend", "nccl"],
+        &[("RANKMESH_NCCL_LIB", "/nonexistent/libnccl.so.2")],
+    );
+    assert!(!job.ok());
+    assert!(
+        job.stderr.contains("NCCL not found; tried"),
+        "{}",
+        job.describe()
+    );
+    assert!(
+        job.stderr.contains("/nonexistent/libnccl.so.2: "),
+        "{}",
+        job.describe()
+    );
+    // auto falls back to the host plane with one line on stderr.
+    let job = support::singleton(
+        exe(),
+        &[
+            "bench",
+            "all_reduce",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ],
+        &[("RANKMESH_NCCL_LIB", lib_s)],
+    );
+    assert!(job.ok(), "{}", job.describe());
+    assert_eq!(
+        job.stderr
+            .matches("--backend auto: NCCL 2.20.5 found at")
+            .count(),
+        1,
+        "{}",
+        job.describe()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -168,7 +168,7 @@ fn main() {
         trial("sbatch_topo", |c| {
             let text = c.sbatch("topo.sbatch", "TP=2")?;
             check(
-                text.starts_with("2 ranks on 1 node(s): tp=2 sp=1 dp=2\n")
+                text.starts_with("2 ranks on 1 node(s): tp=2 sp=1 dp=2; NCCL")
                     && text.lines().count() == 4,
                 "topo output",
                 &text,

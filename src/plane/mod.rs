@@ -2,5 +2,6 @@
 //! memory); the GPU plane (NCCL) plugs in beside it.
 
 pub mod host;
+pub mod nccl;
 mod reduction;
 pub mod shm_window;

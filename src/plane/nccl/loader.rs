@@ -1,0 +1,201 @@
+//! Finding and opening `libnccl`.
+
+use crate::error::{Error, Result};
+use std::os::raw::c_int;
+use std::path::{Path, PathBuf};
+
+/// A loaded NCCL library.
+pub struct Nccl {
+    path: String,
+    version: i32,
+    // Kept open for the symbols the data plane will resolve.
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for Nccl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nccl")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl Nccl {
+    /// Where it was loaded from (a path, or a name the loader resolved).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// `ncclGetVersion`'s code (e.g. 22005 for 2.20.5).
+    pub fn version_code(&self) -> i32 {
+        self.version
+    }
+
+    /// `major.minor.patch`, decoded as NCCL's `NCCL_VERSION` macro encodes it.
+    pub fn version(&self) -> String {
+        let v = self.version;
+        if v >= 10000 {
+            format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
+        } else {
+            format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
+        }
+    }
+}
+
+/// The candidates, in search order: `RANKMESH_NCCL_LIB` (a file), the loader
+/// path (`libnccl.so.2`, `libnccl.so`), `$NCCL_HOME/lib`, `$CUDA_HOME/lib64`,
+/// and the `nvidia/nccl/lib` directory of Python wheels in the usual
+/// site-packages locations.
+pub fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = env("RANKMESH_NCCL_LIB") {
+        out.push(p);
+    }
+    out.push("libnccl.so.2".into());
+    out.push("libnccl.so".into());
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(h) = env("NCCL_HOME") {
+        dirs.push(Path::new(&h).join("lib"));
+    }
+    if let Some(h) = env("CUDA_HOME") {
+        dirs.push(Path::new(&h).join("lib64"));
+    }
+    for d in dirs {
+        for name in ["libnccl.so.2", "libnccl.so"] {
+            out.push(d.join(name).display().to_string());
+        }
+    }
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(v) = env(var) {
+            roots.push(PathBuf::from(v).join("lib"));
+        }
+    }
+    if let Some(home) = env("HOME") {
+        roots.push(Path::new(&home).join(".local/lib"));
+    }
+    roots.extend(["/usr/local/lib", "/usr/lib", "/opt/conda/lib"].map(PathBuf::from));
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("python3"))
+            })
+            .collect();
+        pythons.sort();
+        for py in pythons {
+            for sub in ["site-packages", "dist-packages"] {
+                let lib = py.join(sub).join("nvidia/nccl/lib/libnccl.so.2");
+                if lib.exists() {
+                    out.push(lib.display().to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Opens the first candidate that loads and exports `ncclGetVersion`; the
+/// error lists every candidate and why it failed.
+pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
+    let mut tried = Vec::new();
+    for cand in candidates(env) {
+        // SAFETY: loading runs the library's initialisers; NCCL's are benign.
+        match unsafe { libloading::Library::new(&cand) } {
+            Ok(lib) => {
+                // SAFETY: the signature is NCCL's `ncclResult_t ncclGetVersion(int*)`.
+                let get: std::result::Result<
+                    libloading::Symbol<unsafe extern "C" fn(*mut c_int) -> c_int>,
+                    _,
+                > = unsafe { lib.get(b"ncclGetVersion\0") };
+                match get {
+                    Ok(get) => {
+                        let mut v: c_int = 0;
+                        // SAFETY: `v` is a valid out-pointer.
+                        let rc = unsafe { get(&mut v) };
+                        if rc != 0 {
+                            tried.push(format!("{cand}: ncclGetVersion returned error {rc}"));
+                            continue;
+                        }
+                        return Ok(Nccl {
+                            path: cand,
+                            version: v,
+                            _lib: lib,
+                        });
+                    }
+                    Err(e) => tried.push(format!("{cand}: not NCCL ({e})")),
+                }
+            }
+            Err(e) => tried.push(format!("{cand}: {e}")),
+        }
+    }
+    Err(Error::Launch(format!(
+        "NCCL not found; tried (set RANKMESH_NCCL_LIB to the library file):\n  {}",
+        tried.join("\n  ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(kk, _)| *kk == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn search_order_starts_with_the_explicit_file() {
+        let c = candidates(&env_of(&[
+            ("RANKMESH_NCCL_LIB", "/x/libnccl.so.2"),
+            ("NCCL_HOME", "/nccl"),
+            ("CUDA_HOME", "/cuda"),
+        ]));
+        assert_eq!(
+            &c[..7],
+            [
+                "/x/libnccl.so.2",
+                "libnccl.so.2",
+                "libnccl.so",
+                "/nccl/lib/libnccl.so.2",
+                "/nccl/lib/libnccl.so",
+                "/cuda/lib64/libnccl.so.2",
+                "/cuda/lib64/libnccl.so",
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_library_lists_what_was_tried() {
+        let e = load(&env_of(&[(
+            "RANKMESH_NCCL_LIB",
+            "/nonexistent/libnccl.so.2",
+        )]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("NCCL not found; tried"), "{e}");
+        assert!(e.contains("/nonexistent/libnccl.so.2: "), "{e}");
+        assert!(e.contains("libnccl.so.2: "), "{e}");
+    }
+
+    #[test]
+    fn version_codes_decode() {
+        let n = |v| Nccl {
+            path: String::new(),
+            version: v,
+            _lib: unsafe { libloading::Library::new("libc.so.6").unwrap() },
+        };
+        assert_eq!(n(22005).version(), "2.20.5");
+        assert_eq!(n(2708).version(), "2.7.8");
+    }
+}
