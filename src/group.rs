@@ -28,6 +28,8 @@ struct Inner<'rt> {
     ranks: Vec<usize>,
     rank_in_group: usize,
     seq: Cell<u64>,
+    /// This group's name in the runtime's hang watchdog.
+    watch_id: u32,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -42,6 +44,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Wraps a communicator (collective over it: members exchange world ranks).
     pub(crate) fn new(rt: &'rt Runtime, comm: SimpleCommunicator, name: String) -> Result<Self> {
         let size = comm.size() as usize;
+        let watch_id = rt.watchdog().register(&name);
         let mut ranks = vec![0u64; size];
         comm.all_gather_into(&(rt.rank() as u64), &mut ranks[..]);
         Ok(GroupCoordinator {
@@ -52,6 +55,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 name,
                 ranks: ranks.into_iter().map(|r| r as usize).collect(),
                 seq: Cell::new(0),
+                watch_id,
             }),
         })
     }
@@ -199,6 +203,13 @@ impl<'rt> GroupCoordinator<'rt> {
                 .map_err(|m| Error::collective(op.name(), self.name(), m))?;
             return body(std::slice::from_ref(&desc));
         }
+        // Until every rank has entered a call, a rank that waits too long is
+        // reported by the watchdog instead of hanging silently.
+        let waiting = self
+            .inner
+            .rt
+            .watchdog()
+            .wait(self.inner.watch_id, op.name(), desc.seq);
         let agreed = {
             let key = desc.digest();
             let mine = [key, !key, u64::from(desc.bad_output())];
@@ -213,6 +224,7 @@ impl<'rt> GroupCoordinator<'rt> {
             }
         };
         if agreed {
+            drop(waiting);
             // Identical everywhere: the op's own check gives every rank the same verdict.
             check(&desc).map_err(|m| Error::collective(op.name(), self.name(), m))?;
             tracing::trace!("agreed");
@@ -223,6 +235,7 @@ impl<'rt> GroupCoordinator<'rt> {
             bytemuck::bytes_of(&desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
+        drop(waiting);
         agree(&descs, self.rank_in_group(), &check)
             .map_err(|m| Error::collective(op.name(), self.name(), m))?;
         tracing::trace!("agreed");
@@ -267,6 +280,11 @@ impl<'rt> GroupCoordinator<'rt> {
         );
         let _entered = span.enter();
         let plane = self.plane();
+        let waiting = self
+            .inner
+            .rt
+            .watchdog()
+            .wait(self.inner.watch_id, op.name(), 0);
         let mut other = Descriptor::new(op, &[]);
         let other_bytes = bytemuck::bytes_of_mut(&mut other);
         let (sent, expected, sender, receiver) = if sending {
@@ -278,6 +296,7 @@ impl<'rt> GroupCoordinator<'rt> {
             plane.send_header(bytemuck::bytes_of(&desc), peer_rank, TAG_ANSWER);
             (other, desc, peer_rank, self.rank_in_group())
         };
+        drop(waiting);
         agree_peers(&sent, &expected, sender, receiver)
             .map_err(|m| Error::collective(op.name(), self.name(), m))?;
         body(&sent)
@@ -313,6 +332,11 @@ impl GroupCoordinator<'_> {
         let plane = self.plane();
         let mut incoming = Descriptor::new(op, &[]);
         let mut answer = Descriptor::new(op, &[]);
+        let waiting = self
+            .inner
+            .rt
+            .watchdog()
+            .wait(self.inner.watch_id, "send_recv", 0);
         plane.exchange_headers(
             bytemuck::bytes_of(&sent),
             dst,
@@ -327,6 +351,7 @@ impl GroupCoordinator<'_> {
             dst,
             TAG_ANSWER,
         );
+        drop(waiting);
         let out_link = agree_peers(&sent, &answer, me, dst);
         let in_link = agree_peers(&incoming, &expected, src, me);
         body(out_link.is_ok(), in_link.is_ok());

@@ -44,6 +44,7 @@ pub mod stateless;
 pub mod tensor;
 pub mod tensor_dict;
 pub mod topo;
+mod watchdog;
 pub mod workload;
 pub mod workspace;
 pub mod world;

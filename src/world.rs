@@ -5,6 +5,7 @@ use crate::group::GroupCoordinator;
 use crate::launcher::{self, MpiView};
 use crate::layout::validate_group_lists;
 use crate::placement::{self, BindPolicy, Placement};
+use crate::watchdog::Watchdog;
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
@@ -58,6 +59,10 @@ pub struct Options {
     /// CPU binding applied at start (`RANKMESH_BIND`); `None` leaves the
     /// launcher's binding, if any, in place.
     pub bind: Option<BindPolicy>,
+    /// How long a rank waits for its peers to enter a call before the job is
+    /// aborted with a message naming the call (`RANKMESH_TIMEOUT` seconds,
+    /// default 600, 0 = wait forever).
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for Options {
@@ -65,6 +70,7 @@ impl Default for Options {
         Options {
             max_message_bytes: 1 << 30,
             bind: None,
+            timeout: Some(std::time::Duration::from_secs(600)),
         }
     }
 }
@@ -86,6 +92,17 @@ impl Options {
                     ))
                 })?;
         }
+        if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| *s >= 0.0 && s.is_finite())
+                .ok_or_else(|| {
+                    Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds"))
+                })?;
+            o.timeout = (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs));
+        }
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);
         }
@@ -103,6 +120,7 @@ pub struct Runtime {
     threading: Threading,
     warnings: Vec<String>,
     placement: Option<Placement>,
+    watchdog: Watchdog,
     _universe: Universe,
 }
 
@@ -153,6 +171,7 @@ impl Runtime {
             nodes = info.node_count,
             "MPI initialised"
         );
+        let watchdog = Watchdog::start(info.rank, options.timeout);
         Ok(Runtime {
             world_comm,
             info,
@@ -160,6 +179,7 @@ impl Runtime {
             threading,
             warnings,
             placement,
+            watchdog,
             _universe: universe,
         })
     }
@@ -187,6 +207,10 @@ impl Runtime {
     /// Thread level MPI granted.
     pub fn threading(&self) -> Threading {
         self.threading
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
     }
 
     /// The placement rankmesh applied at start, when a binding policy was set.
