@@ -92,7 +92,7 @@ impl Op {
         }
     }
 
-    fn from_code(code: u32) -> Option<Op> {
+    pub(crate) fn from_code(code: u32) -> Option<Op> {
         Op::ALL.into_iter().find(|o| *o as u32 == code)
     }
 

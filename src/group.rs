@@ -209,7 +209,7 @@ impl<'rt> GroupCoordinator<'rt> {
             .inner
             .rt
             .watchdog()
-            .wait(self.inner.watch_id, op.name(), desc.seq);
+            .wait(self.inner.watch_id, op, desc.seq);
         let agreed = {
             let key = desc.digest();
             let mine = [key, !key, u64::from(desc.bad_output())];
@@ -280,11 +280,7 @@ impl<'rt> GroupCoordinator<'rt> {
         );
         let _entered = span.enter();
         let plane = self.plane();
-        let waiting = self
-            .inner
-            .rt
-            .watchdog()
-            .wait(self.inner.watch_id, op.name(), 0);
+        let waiting = self.inner.rt.watchdog().wait(self.inner.watch_id, op, 0);
         let mut other = Descriptor::new(op, &[]);
         let other_bytes = bytemuck::bytes_of_mut(&mut other);
         let (sent, expected, sender, receiver) = if sending {
@@ -332,11 +328,7 @@ impl GroupCoordinator<'_> {
         let plane = self.plane();
         let mut incoming = Descriptor::new(op, &[]);
         let mut answer = Descriptor::new(op, &[]);
-        let waiting = self
-            .inner
-            .rt
-            .watchdog()
-            .wait(self.inner.watch_id, "send_recv", 0);
+        let waiting = self.inner.rt.watchdog().wait(self.inner.watch_id, op, 0);
         plane.exchange_headers(
             bytemuck::bytes_of(&sent),
             dst,

@@ -7,6 +7,7 @@
 //! and the launcher then ends the job: a loud, attributed failure instead of
 //! a silent hang (a pending MPI request cannot be abandoned safely).
 
+use crate::dispatch::Op;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -68,9 +69,9 @@ impl Watchdog {
     }
 
     /// Marks this rank as waiting in `op` (call `seq`) on group `group`.
-    pub fn wait(&self, group: u32, op: &'static str, seq: u64) -> Waiting<'_> {
+    pub fn wait(&self, group: u32, op: Op, seq: u64) -> Waiting<'_> {
         let s = &*self.shared;
-        s.op.store(op_code(op), Ordering::Relaxed);
+        s.op.store(op as u32, Ordering::Relaxed);
         s.seq.store(seq, Ordering::Relaxed);
         s.group.store(group, Ordering::Relaxed);
         s.since
@@ -87,30 +88,6 @@ impl Drop for Watchdog {
             let _ = t.join();
         }
     }
-}
-
-/// Op names are `&'static str`s from a fixed set; store an index, not a pointer.
-const OPS: [&str; 16] = [
-    "barrier",
-    "all_reduce",
-    "all_gather",
-    "gather",
-    "reduce_scatter",
-    "broadcast",
-    "all_to_all_4d",
-    "send/recv",
-    "broadcast_object",
-    "all_gather_object",
-    "gather_object",
-    "send_object/recv_object",
-    "reduce",
-    "all_to_all",
-    "send_recv",
-    "a call",
-];
-
-fn op_code(op: &str) -> u32 {
-    OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1) as u32
 }
 
 fn watch(s: &Shared, rank: usize, limit: Duration) {
@@ -131,7 +108,7 @@ fn watch(s: &Shared, rank: usize, limit: Duration) {
                 .get(s.group.load(Ordering::Relaxed) as usize)
                 .cloned()
                 .unwrap_or_default();
-            let op = OPS[s.op.load(Ordering::Relaxed) as usize % OPS.len()];
+            let op = Op::from_code(s.op.load(Ordering::Relaxed)).map_or("a call", Op::name);
             let msg = format!(
                 "rankmesh: rank {rank} waited {:.0} s in {op} on {group} (call #{}) for its peers to enter the same call: \
                  ranks are in mismatched calls, or a peer is stuck or gone; aborting (RANKMESH_TIMEOUT={} s)\n",
@@ -154,24 +131,10 @@ mod tests {
         let w = Watchdog::start(0, Some(Duration::from_millis(50)));
         let g = w.register("world");
         for seq in 0..5 {
-            let _waiting = w.wait(g, "all_reduce", seq);
+            let _waiting = w.wait(g, Op::AllReduce, seq);
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(120));
         drop(w); // returns promptly: the thread is unparked
-    }
-
-    #[test]
-    fn op_codes_cover_every_dispatched_op() {
-        for name in [
-            "barrier",
-            "all_reduce",
-            "send/recv",
-            "send_recv",
-            "all_to_all",
-        ] {
-            assert_eq!(OPS[op_code(name) as usize], name);
-        }
-        assert_eq!(OPS[op_code("unknown") as usize], "a call");
     }
 }
