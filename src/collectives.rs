@@ -36,6 +36,18 @@ fn output_shape(t: &Tensor, dim: isize, factor: usize, mul: bool) -> Option<Vec<
     normalize_dim(dim, t.ndim()).map(|d| scaled(t.shape(), d, factor, mul))
 }
 
+/// Concatenates `parts` gathered blocks shaped like `t` along `dim` into `out`.
+fn concat_blocks(t: &Tensor, blocks: &[u8], dim: usize, parts: usize, out: &mut Tensor) {
+    concat_dim_into(
+        blocks,
+        t.shape(),
+        dim,
+        parts,
+        t.dtype().size(),
+        out.bytes_mut(),
+    );
+}
+
 /// Whether `out` has `dtype` and `shape`.
 fn fits(out: &Tensor, dtype: DType, shape: &[usize]) -> bool {
     out.dtype() == dtype && out.shape() == shape
@@ -165,14 +177,7 @@ impl GroupCoordinator<'_> {
                 } else {
                     let mut blocks = vec![0u8; out.nbytes()];
                     self.plane().all_gather_into(t.bytes(), &mut blocks);
-                    concat_dim_into(
-                        &blocks,
-                        t.shape(),
-                        d,
-                        size,
-                        t.dtype().size(),
-                        out.bytes_mut(),
-                    );
+                    concat_blocks(t, &blocks, d, size, out);
                 }
                 Ok(())
             },
@@ -201,14 +206,7 @@ impl GroupCoordinator<'_> {
                 return Ok(None);
             };
             let mut out = Tensor::zeros(scaled(t.shape(), d, size, true), t.dtype());
-            concat_dim_into(
-                &blocks,
-                t.shape(),
-                d,
-                size,
-                t.dtype().size(),
-                out.bytes_mut(),
-            );
+            concat_blocks(t, &blocks, d, size, &mut out);
             Ok(Some(out))
         })
     }

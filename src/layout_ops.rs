@@ -2,9 +2,9 @@
 //! row-major tensor. Byte-level and dtype-agnostic so the host plane and a device
 //! plane's pack/unpack kernels agree on one definition.
 //!
-//! `split_dim` and `concat_dim` are inverses: `split_dim` lays the `parts` equal
+//! `split_dim` and `concat_dim_into` are inverses: `split_dim` lays the `parts` equal
 //! slices along `dim` out as contiguous blocks (slice `p` is block `p`);
-//! `concat_dim` takes contiguous blocks and concatenates them along `dim`.
+//! `concat_dim_into` takes contiguous blocks and concatenates them along `dim`.
 
 /// Normalises a possibly negative dimension index; `None` when out of range.
 pub fn normalize_dim(dim: isize, ndim: usize) -> Option<usize> {
@@ -51,21 +51,9 @@ pub fn split_dim_into(
     }
 }
 
-/// Concatenates `parts` contiguous blocks, each of shape `block_shape`, along `dim`.
-/// The result has shape `block_shape` with `dim` multiplied by `parts`.
-pub fn concat_dim(
-    blocks: &[u8],
-    block_shape: &[usize],
-    dim: usize,
-    parts: usize,
-    elem: usize,
-) -> Vec<u8> {
-    let mut out = vec![0u8; blocks.len()];
-    concat_dim_into(blocks, block_shape, dim, parts, elem, &mut out);
-    out
-}
-
-/// [`concat_dim`] into a caller's buffer of `blocks.len()` bytes.
+/// Concatenates `parts` contiguous blocks, each of shape `block_shape`, along
+/// `dim`, into `out` (`blocks.len()` bytes; the result has shape `block_shape`
+/// with `dim` multiplied by `parts`).
 pub fn concat_dim_into(
     blocks: &[u8],
     block_shape: &[usize],
@@ -97,6 +85,18 @@ pub fn is_contiguous_split(shape: &[usize], dim: usize) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn concat_dim(
+        blocks: &[u8],
+        block_shape: &[usize],
+        dim: usize,
+        parts: usize,
+        elem: usize,
+    ) -> Vec<u8> {
+        let mut out = vec![0u8; blocks.len()];
+        concat_dim_into(blocks, block_shape, dim, parts, elem, &mut out);
+        out
+    }
 
     /// Reference: element at multi-index `idx` of a row-major shape.
     fn flat(shape: &[usize], idx: &[usize]) -> usize {
