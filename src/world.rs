@@ -271,23 +271,7 @@ impl Runtime {
             _ => Ok(None),
         }
     }
-}
 
-impl Drop for Runtime {
-    /// A rank that panics would otherwise finalise MPI while its peers wait in
-    /// a collective, and the job would hang; abort the whole job instead.
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "rankmesh: rank {} panicked; aborting the MPI job so the other ranks do not wait forever",
-                self.info.rank
-            );
-            self.world_comm.abort(70);
-        }
-    }
-}
-
-impl Runtime {
     /// Builds a group over `ranks` (world ranks, in group-rank order) with
     /// `MPI_Comm_create_group`: only the listed ranks call it, the others are
     /// not involved. The list must be non-empty, without duplicates, inside
@@ -315,6 +299,20 @@ impl Runtime {
             )));
         }
         Ok(g)
+    }
+}
+
+impl Drop for Runtime {
+    /// A rank that panics would otherwise finalise MPI while its peers wait in
+    /// a collective, and the job would hang; abort the whole job instead.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "rankmesh: rank {} panicked; aborting the MPI job so the other ranks do not wait forever",
+                self.info.rank
+            );
+            self.world_comm.abort(70);
+        }
     }
 }
 
