@@ -150,7 +150,8 @@ struct BenchArgs {
     /// Sequence-parallel size for --group.
     #[arg(long, default_value_t = 1)]
     sp: usize,
-    /// Also time direct MPI calls (`mpi`) and print the ratio.
+    /// Also time direct MPI calls (`mpi`, host plane) or NCCL calls (`nccl`,
+    /// device plane) on the same buffers and print the ratio.
     #[arg(long)]
     baseline: Option<String>,
     /// Append per-iteration min/max/avg/p50/p99 across ranks.
@@ -223,23 +224,10 @@ impl BenchArgs {
             ),
             (None, Err(_)) => None,
         };
-        if let Backend::Nccl = self.backend {
-            let found = rankmesh::plane::nccl::loader::load(&|k| std::env::var(k).ok()).map_err(
-                |e| match e {
-                    Error::Launch(m) => usage(format!("--backend nccl: {m}")),
-                    other => other,
-                },
-            )?;
-            return Err(usage(format!(
-                "--backend nccl: NCCL {} found at {}, but the NCCL data plane is not part of this build yet; use --backend host or auto",
-                found.version(),
-                found.path()
-            )));
-        }
         if let Some(b) = &self.baseline {
-            if b != "mpi" {
+            if b != "mpi" && b != "nccl" {
                 return Err(usage(format!(
-                    "unknown baseline {b:?}; the only baseline is mpi"
+                    "unknown baseline {b:?}; use mpi (host plane) or nccl (device plane)"
                 )));
             }
         }
@@ -278,6 +266,7 @@ impl BenchArgs {
             },
             tp: self.tp,
             sp: self.sp,
+            device: false,
             baseline: self.baseline.is_some(),
             stats: self.stats,
             corrupt: self.corrupt,
@@ -313,6 +302,37 @@ fn topo(rt: &Runtime, tp: usize, sp: usize, dp: Option<usize>, json: bool) -> ra
     Ok(())
 }
 
+/// Decides the data plane on every rank alike: the device plane needs a
+/// usable GPU stack (driver, device, NCCL) on every rank of the world.
+fn choose_plane(rt: &Runtime, backend: Backend) -> rankmesh::Result<bool> {
+    if let Backend::Host = backend {
+        return Ok(false);
+    }
+    let mine: Option<String> = rt.gpu().err().map(|e| match e {
+        Error::Gpu(m) => m,
+        e => e.to_string(),
+    });
+    let all: Vec<Option<String>> = rt.world_group()?.all_gather_object(&mine)?;
+    let failure = all
+        .iter()
+        .enumerate()
+        .find_map(|(r, m)| m.as_ref().map(|m| (r, m.clone())));
+    match (backend, failure) {
+        (_, None) => Ok(true),
+        (Backend::Nccl, Some((r, m))) => Err(usage(format!("--backend nccl: rank {r}: {m}"))),
+        (_, Some((r, m))) => {
+            if rt.rank() == 0 {
+                let first = m.lines().next().unwrap_or_default();
+                let _ = std::io::stderr().write_all(
+                    format!("rankmesh bench: --backend auto: rank {r}: {first}; using the host plane (MPI)\n")
+                        .as_bytes(),
+                );
+            }
+            Ok(false)
+        }
+    }
+}
+
 fn run_bench(rt: &Runtime, args: &BenchArgs) -> rankmesh::Result<()> {
     // Every rank parses the same arguments, so every rank fails alike.
     let cfg = args.config()?;
@@ -328,19 +348,20 @@ fn run_bench(rt: &Runtime, args: &BenchArgs) -> rankmesh::Result<()> {
         });
     }
     let main = rt.rank() == 0;
-    if main && matches!(args.backend, Backend::Auto) {
-        let why = match rankmesh::plane::nccl::loader::load(&|k| std::env::var(k).ok()) {
-            Ok(n) => format!(
-                "NCCL {} found at {}, but this build has no NCCL data plane yet",
-                n.version(),
-                n.path()
-            ),
-            Err(_) => "NCCL not found".to_string(),
-        };
-        let _ = std::io::stderr().write_all(
-            format!("rankmesh bench: --backend auto: {why}; using the host plane (MPI)\n")
-                .as_bytes(),
-        );
+    let mut cfg = cfg;
+    cfg.device = choose_plane(rt, args.backend)?;
+    match (args.baseline.as_deref(), cfg.device) {
+        (Some("mpi"), true) => {
+            return Err(usage(
+                "--baseline mpi compares the host plane; the device plane compares with --baseline nccl".into(),
+            ))
+        }
+        (Some("nccl"), false) => {
+            return Err(usage(
+                "--baseline nccl needs the device plane (--backend nccl, or auto on a GPU host)".into(),
+            ))
+        }
+        _ => {}
     }
     let mut stdout = std::io::stdout().lock();
     if main {

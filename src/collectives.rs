@@ -20,7 +20,7 @@ use crate::tensor::{DType, Tensor};
 const ALL_TO_ALL_MODES: [(i64, i64); 2] = [(2, 1), (1, 2)];
 
 /// `shape` with dimension `dim` multiplied (`mul`) or divided by `factor`.
-fn scaled(shape: &[usize], dim: usize, factor: usize, mul: bool) -> Vec<usize> {
+pub(crate) fn scaled(shape: &[usize], dim: usize, factor: usize, mul: bool) -> Vec<usize> {
     let mut s = shape.to_vec();
     if mul {
         s[dim] *= factor;
@@ -53,7 +53,7 @@ fn fits(out: &Tensor, dtype: DType, shape: &[usize]) -> bool {
     out.dtype() == dtype && out.shape() == shape
 }
 
-fn divisible(
+pub(crate) fn divisible(
     d: &Descriptor,
     dim: usize,
     size: usize,
@@ -66,6 +66,21 @@ fn divisible(
         ));
     }
     Ok(())
+}
+
+/// The rules of `all_to_all_4d` (both planes): a 4-d tensor, one of
+/// FastVideo's two modes, the scattered dim divisible by the group size.
+pub(crate) fn check_all_to_all_4d(d: &Descriptor, size: usize) -> std::result::Result<(), String> {
+    if d.ndim() != 4 {
+        return Err(format!("expects a 4-d tensor, got shape {:?}", d.shape()));
+    }
+    let mode = (d.params[0], d.params[1]);
+    if !ALL_TO_ALL_MODES.contains(&mode) {
+        return Err(format!(
+            "(scatter_dim, gather_dim) = {mode:?} is not supported; use (2, 1) or (1, 2)"
+        ));
+    }
+    divisible(d, d.params[0] as usize, size, "scatter dim")
 }
 
 impl GroupCoordinator<'_> {
@@ -320,39 +335,32 @@ impl GroupCoordinator<'_> {
     ) -> Result<Tensor> {
         let desc = Descriptor::of(Op::AllToAll4d, t, &[scatter_dim as i64, gather_dim as i64]);
         let size = self.size();
-        let check = |d: &Descriptor| {
-            if d.ndim() != 4 {
-                return Err(format!("expects a 4-d tensor, got shape {:?}", d.shape()));
-            }
-            let mode = (d.params[0], d.params[1]);
-            if !ALL_TO_ALL_MODES.contains(&mode) {
-                return Err(format!(
-                    "(scatter_dim, gather_dim) = {mode:?} is not supported; use (2, 1) or (1, 2)"
-                ));
-            }
-            divisible(d, d.params[0] as usize, size, "scatter dim")
-        };
-        self.collective(desc, check, |_| {
-            if size == 1 {
-                return Ok(t.clone());
-            }
-            let elem = t.dtype().size();
-            let mut packed = vec![0u8; t.nbytes()];
-            split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, &mut packed);
-            let mut received = vec![0u8; t.nbytes()];
-            self.plane().all_to_all_into(&packed, &mut received);
-            let block_shape = scaled(t.shape(), scatter_dim, size, false);
-            let mut out = Tensor::zeros(scaled(&block_shape, gather_dim, size, true), t.dtype());
-            concat_dim_into(
-                &received,
-                &block_shape,
-                gather_dim,
-                size,
-                elem,
-                out.bytes_mut(),
-            );
-            Ok(out)
-        })
+        self.collective(
+            desc,
+            |d| check_all_to_all_4d(d, size),
+            |_| {
+                if size == 1 {
+                    return Ok(t.clone());
+                }
+                let elem = t.dtype().size();
+                let mut packed = vec![0u8; t.nbytes()];
+                split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, &mut packed);
+                let mut received = vec![0u8; t.nbytes()];
+                self.plane().all_to_all_into(&packed, &mut received);
+                let block_shape = scaled(t.shape(), scatter_dim, size, false);
+                let mut out =
+                    Tensor::zeros(scaled(&block_shape, gather_dim, size, true), t.dtype());
+                concat_dim_into(
+                    &received,
+                    &block_shape,
+                    gather_dim,
+                    size,
+                    elem,
+                    out.bytes_mut(),
+                );
+                Ok(out)
+            },
+        )
     }
 
     /// Sends `t` to group rank `dst` (the next member when `None`).

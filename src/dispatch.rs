@@ -19,6 +19,9 @@ const MAGIC: u64 = 0x726b_6d65_7368_0001; // "rkmesh" + wire version 1
 const NO_DTYPE: u32 = u32::MAX;
 /// Flag: the caller's output tensor does not fit the call.
 const BAD_OUTPUT: u32 = 1;
+/// Flag: the tensor lives in GPU memory (NCCL plane); part of the agreement,
+/// so a host call meeting a device call is an error, not a hang.
+const DEVICE: u32 = 2;
 
 /// Operations that go through the dispatch path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +55,12 @@ pub enum Op {
     Reduce,
     /// Equal blocks of dim 0 exchanged between all ranks.
     AllToAll,
+    /// Creation of the group's NCCL communicator.
+    Connect,
 }
 
 impl Op {
-    const ALL: [Op; 14] = [
+    const ALL: [Op; 15] = [
         Op::Barrier,
         Op::AllReduce,
         Op::AllGather,
@@ -70,6 +75,7 @@ impl Op {
         Op::SendObject,
         Op::Reduce,
         Op::AllToAll,
+        Op::Connect,
     ];
 
     /// Public name of the operation.
@@ -89,6 +95,7 @@ impl Op {
             Op::SendObject => "send_object/recv_object",
             Op::Reduce => "reduce",
             Op::AllToAll => "all_to_all",
+            Op::Connect => "connect",
         }
     }
 
@@ -99,7 +106,7 @@ impl Op {
     /// Names of the parameters in `Descriptor::params`, in order.
     fn param_names(self) -> &'static [&'static str] {
         match self {
-            Op::Barrier | Op::Send | Op::AllToAll => &[],
+            Op::Barrier | Op::Send | Op::AllToAll | Op::Connect => &[],
             Op::Reduce => &["dst", "op"],
             Op::AllReduce => &["op"],
             Op::AllGather => &["dim"],
@@ -185,6 +192,17 @@ impl Descriptor {
         self
     }
 
+    /// Marks the call as one on device tensors (NCCL data plane).
+    pub fn on_device(mut self) -> Descriptor {
+        self.flags |= DEVICE;
+        self
+    }
+
+    /// Whether the call moves device tensors.
+    pub fn is_device(&self) -> bool {
+        self.flags & DEVICE != 0
+    }
+
     /// Whether [`with_bad_output`](Self::with_bad_output) flagged this rank.
     pub fn bad_output(&self) -> bool {
         self.flags & BAD_OUTPUT != 0
@@ -219,10 +237,15 @@ impl Descriptor {
         let mut parts = Vec::new();
         if op.carries_tensor() {
             let dt = self.dtype().map_or("?", DType::name);
+            let place = if self.is_device() { "device " } else { "" };
             parts.push(if self.ndim() > MAX_DIMS {
-                format!("{}-d tensor of {} elements {dt}", self.ndim(), self.len)
+                format!(
+                    "{place}{}-d tensor of {} elements {dt}",
+                    self.ndim(),
+                    self.len
+                )
             } else {
-                format!("shape {:?} {dt}", self.shape())
+                format!("{place}shape {:?} {dt}", self.shape())
             });
         }
         for (name, v) in op.param_names().iter().zip(self.params) {
@@ -239,14 +262,14 @@ impl Descriptor {
     /// the agreement fields): equal digests everywhere mean agreement, up to
     /// a 2^-64 collision chance.
     pub fn digest(&self) -> u64 {
-        let (op, dtype, ndim, len, dims, params) = self.agreement_key();
+        let (op, dtype, ndim, device, len, dims, params) = self.agreement_key();
         // Word-wise multiply-xor with a final avalanche: no allocation and ~25
         // multiplications, since this runs on every collective.
         let words = [
             self.magic,
             self.seq,
             u64::from(op) << 32 | u64::from(dtype),
-            u64::from(ndim),
+            u64::from(ndim) | u64::from(device) << 32,
             len,
         ]
         .into_iter()
@@ -270,14 +293,22 @@ impl Descriptor {
     }
 
     /// The fields that must be equal across ranks for the call to proceed.
-    fn agreement_key(&self) -> (u32, u32, u32, u64, [u64; MAX_DIMS], [i64; 4]) {
+    fn agreement_key(&self) -> (u32, u32, u32, bool, u64, [u64; MAX_DIMS], [i64; 4]) {
         let tensor = self.op().is_some_and(Op::carries_tensor);
         let (len, dims) = if tensor {
             (self.len, self.dims)
         } else {
             (0, [0; MAX_DIMS])
         };
-        (self.op, self.dtype, self.ndim, len, dims, self.params)
+        (
+            self.op,
+            self.dtype,
+            self.ndim,
+            self.is_device(),
+            len,
+            dims,
+            self.params,
+        )
     }
 }
 
@@ -461,6 +492,18 @@ mod tests {
             "group rank 0 sends send/recv(shape [4] f16) but group rank 1 expects send/recv(shape [4] f32)"
         );
         assert!(agree_peers(&s, &s, 0, 1).is_ok());
+    }
+
+    #[test]
+    fn host_and_device_calls_disagree() {
+        let h = Descriptor::for_tensor(Op::AllReduce, DType::BF16, &[8], &[0]);
+        let d = h.on_device();
+        assert_ne!(h.digest(), d.digest());
+        assert_eq!(
+            agree(&[h, d], 0, &ok).unwrap_err(),
+            "ranks disagree: group rank 0 passed all_reduce(shape [8] bf16, op sum) but group rank 1 passed all_reduce(device shape [8] bf16, op sum)"
+        );
+        assert!(agree(&[d, d], 1, &ok).is_ok());
     }
 
     #[test]

@@ -79,6 +79,10 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
+    /// The GPU stack (CUDA driver, device, NCCL library) is missing or unusable
+    /// on this rank; the message says what was looked for and found.
+    #[error("gpu: {0}")]
+    Gpu(String),
 }
 
 impl Error {

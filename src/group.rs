@@ -4,11 +4,13 @@
 use crate::dispatch::{agree, agree_peers, rank_in_range, Descriptor, Op};
 use crate::error::{Error, Result};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
+use crate::plane::nccl::comm::Communicator as NcclComm;
+use crate::watchdog::Waiting;
 use crate::world::Runtime;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use std::cell::Cell;
+use std::cell::{Cell, Ref, RefCell};
 use std::rc::Rc;
 
 /// A process group: a sub-communicator of the world plus rank helpers.
@@ -30,6 +32,10 @@ struct Inner<'rt> {
     seq: Cell<u64>,
     /// This group's name in the runtime's hang watchdog.
     watch_id: u32,
+    /// The group's NCCL communicator, created at its first device operation.
+    /// Declared after `comm`, but dropped with the group, always before the
+    /// `Runtime` (the borrow guarantees it), so before MPI finalisation.
+    nccl: RefCell<Option<NcclComm<'rt>>>,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -56,6 +62,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 ranks: ranks.into_iter().map(|r| r as usize).collect(),
                 seq: Cell::new(0),
                 watch_id,
+                nccl: RefCell::new(None),
             }),
         })
     }
@@ -163,6 +170,35 @@ impl<'rt> GroupCoordinator<'rt> {
 
     pub(crate) fn plane(&self) -> HostPlane<'_> {
         HostPlane::new(&self.inner.comm, self.inner.rt.options().max_message_bytes)
+    }
+
+    /// Arms the hang watchdog for a blocking step of `op` outside the
+    /// agreement (e.g. NCCL communicator creation).
+    pub(crate) fn watched(&self, op: Op) -> Waiting<'rt> {
+        self.inner
+            .rt
+            .watchdog()
+            .wait(self.inner.watch_id, op, self.inner.seq.get())
+    }
+
+    /// The group's NCCL communicator, created by `connect` on first use.
+    /// Collective on first use: call only where every member calls too.
+    pub(crate) fn nccl_comm(
+        &self,
+        connect: impl FnOnce() -> Result<NcclComm<'rt>>,
+    ) -> Result<Ref<'_, NcclComm<'rt>>> {
+        if self.inner.nccl.borrow().is_none() {
+            let comm = connect()?;
+            *self.inner.nccl.borrow_mut() = Some(comm);
+        }
+        Ok(Ref::map(self.inner.nccl.borrow(), |c| {
+            c.as_ref().expect("set above")
+        }))
+    }
+
+    /// The NCCL communicator if one was created.
+    pub(crate) fn existing_nccl_comm(&self) -> Option<Ref<'_, NcclComm<'rt>>> {
+        Ref::filter_map(self.inner.nccl.borrow(), |c| c.as_ref()).ok()
     }
 
     /// Validates a position argument (`src`, `dst`) for `op`.

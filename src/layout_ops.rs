@@ -20,6 +20,79 @@ fn outer_inner(shape: &[usize], dim: usize, elem: usize) -> (usize, usize) {
     (outer, inner)
 }
 
+/// One strided 2-D byte copy: `height` rows of `width` bytes, row `i` read at
+/// `src_offset + i·src_pitch` and written at `dst_offset + i·dst_pitch`.
+///
+/// Both planes execute the same copies: the host with `copy_from_slice`
+/// ([`Copy2d::apply`]), the device with `cuMemcpy2DAsync`. So the pack/unpack
+/// around `all_to_all_4d`, `all_gather` and `reduce_scatter` has one definition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy2d {
+    /// First byte read.
+    pub src_offset: usize,
+    /// First byte written.
+    pub dst_offset: usize,
+    /// Bytes per row.
+    pub width: usize,
+    /// Number of rows.
+    pub height: usize,
+    /// Distance between rows in the source.
+    pub src_pitch: usize,
+    /// Distance between rows in the destination.
+    pub dst_pitch: usize,
+}
+
+impl Copy2d {
+    /// Runs the copy on host memory.
+    pub fn apply(&self, src: &[u8], dst: &mut [u8]) {
+        for row in 0..self.height {
+            let from = self.src_offset + row * self.src_pitch;
+            let to = self.dst_offset + row * self.dst_pitch;
+            dst[to..to + self.width].copy_from_slice(&src[from..from + self.width]);
+        }
+    }
+}
+
+/// The copies that pack a tensor of `shape` into `parts` contiguous blocks
+/// along `dim` (one copy per block); see [`split_dim`].
+pub fn split_dim_copies(shape: &[usize], dim: usize, parts: usize, elem: usize) -> Vec<Copy2d> {
+    let (outer, inner) = outer_inner(shape, dim, elem);
+    let chunk = shape[dim] / parts * inner;
+    let row = shape[dim] * inner;
+    (0..parts)
+        .map(|p| Copy2d {
+            src_offset: p * chunk,
+            dst_offset: p * outer * chunk,
+            width: chunk,
+            height: outer,
+            src_pitch: row,
+            dst_pitch: chunk,
+        })
+        .collect()
+}
+
+/// The copies that concatenate `parts` contiguous blocks of `block_shape`
+/// along `dim` (one copy per block); see [`concat_dim_into`].
+pub fn concat_dim_copies(
+    block_shape: &[usize],
+    dim: usize,
+    parts: usize,
+    elem: usize,
+) -> Vec<Copy2d> {
+    let (outer, inner) = outer_inner(block_shape, dim, elem);
+    let chunk = block_shape[dim] * inner;
+    (0..parts)
+        .map(|p| Copy2d {
+            src_offset: p * outer * chunk,
+            dst_offset: p * chunk,
+            width: chunk,
+            height: outer,
+            src_pitch: chunk,
+            dst_pitch: chunk * parts,
+        })
+        .collect()
+}
+
 /// Packs `src` (shape `shape`) into `parts` contiguous blocks, block `p` holding
 /// indices `[p·n/parts, (p+1)·n/parts)` of dimension `dim` (`n = shape[dim]`).
 /// The caller guarantees `parts` divides `shape[dim]`.
@@ -38,16 +111,8 @@ pub fn split_dim_into(
     elem: usize,
     out: &mut [u8],
 ) {
-    let (outer, inner) = outer_inner(shape, dim, elem);
-    let chunk = shape[dim] / parts * inner;
-    let row = shape[dim] * inner;
-    let block = outer * chunk;
-    for p in 0..parts {
-        for o in 0..outer {
-            let from = o * row + p * chunk;
-            let to = p * block + o * chunk;
-            out[to..to + chunk].copy_from_slice(&src[from..from + chunk]);
-        }
+    for c in split_dim_copies(shape, dim, parts, elem) {
+        c.apply(src, out);
     }
 }
 
@@ -62,16 +127,8 @@ pub fn concat_dim_into(
     elem: usize,
     out: &mut [u8],
 ) {
-    let (outer, inner) = outer_inner(block_shape, dim, elem);
-    let chunk = block_shape[dim] * inner;
-    let row = chunk * parts;
-    let block = outer * chunk;
-    for p in 0..parts {
-        for o in 0..outer {
-            let from = p * block + o * chunk;
-            let to = o * row + p * chunk;
-            out[to..to + chunk].copy_from_slice(&blocks[from..from + chunk]);
-        }
+    for c in concat_dim_copies(block_shape, dim, parts, elem) {
+        c.apply(blocks, out);
     }
 }
 
@@ -110,6 +167,27 @@ mod tests {
             f /= shape[d];
         }
         idx
+    }
+
+    #[test]
+    fn copies_are_strided_rows() {
+        // [2, 4, 3] bytes split in 2 along dim 1: block p takes rows of 2·3 bytes
+        // at stride 4·3, packed densely.
+        let c = split_dim_copies(&[2, 4, 3], 1, 2, 1);
+        assert_eq!(
+            c[1],
+            Copy2d {
+                src_offset: 6,
+                dst_offset: 12,
+                width: 6,
+                height: 2,
+                src_pitch: 12,
+                dst_pitch: 6
+            }
+        );
+        let j = concat_dim_copies(&[2, 2, 3], 1, 2, 1);
+        assert_eq!((j[1].src_offset, j[1].dst_offset), (12, 6));
+        assert_eq!((j[1].src_pitch, j[1].dst_pitch), (6, 12));
     }
 
     #[test]

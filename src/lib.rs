@@ -27,6 +27,7 @@
 pub mod autograd;
 pub mod bench;
 mod collectives;
+pub mod device;
 pub mod dispatch;
 pub mod error;
 pub mod gather;
@@ -50,6 +51,7 @@ pub mod workspace;
 pub mod world;
 
 pub use autograd::Differentiable;
+pub use device::{DeviceGroup, DeviceTensor, Gpu};
 pub use error::{Error, Result};
 pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};

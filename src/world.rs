@@ -1,5 +1,6 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
+use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::launcher::{self, MpiView};
@@ -10,6 +11,7 @@ use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
+use std::cell::OnceCell;
 
 /// Bytes of a host name carried in the start-up exchange.
 const HOST_BYTES: usize = 256;
@@ -114,6 +116,9 @@ impl Options {
 /// outlive MPI finalisation, which happens when the `Runtime` is dropped.
 pub struct Runtime {
     // Field order is drop order: communicators before the universe.
+    /// Opened at the first device call; the error is kept so every later
+    /// call reports the same thing.
+    gpu: OnceCell<std::result::Result<Gpu, String>>,
     world_comm: SimpleCommunicator,
     info: WorldInfo,
     options: Options,
@@ -173,6 +178,7 @@ impl Runtime {
         );
         let watchdog = Watchdog::start(info.rank, options.timeout);
         Ok(Runtime {
+            gpu: OnceCell::new(),
             world_comm,
             info,
             options,
@@ -187,6 +193,22 @@ impl Runtime {
     /// Facts about the world.
     pub fn world(&self) -> &WorldInfo {
         &self.info
+    }
+
+    /// This rank's GPU plane: CUDA driver, device, stream and NCCL, opened
+    /// on first use (local, not collective). The error says what is missing
+    /// (driver, device, NCCL library and every path tried).
+    pub fn gpu(&self) -> Result<&Gpu> {
+        let me = self.info.me();
+        self.gpu
+            .get_or_init(|| {
+                Gpu::open(me.local_rank, me.local_size, self.options.timeout).map_err(|e| match e {
+                    Error::Gpu(m) => m,
+                    e => e.to_string(),
+                })
+            })
+            .as_ref()
+            .map_err(|m| Error::Gpu(m.clone()))
     }
 
     /// This process's world rank.

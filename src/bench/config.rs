@@ -70,7 +70,9 @@ pub struct BenchConfig {
     pub tp: usize,
     /// SP size for `--group`.
     pub sp: usize,
-    /// `--baseline mpi`.
+    /// `--backend nccl`: device tensors through NCCL instead of host memory through MPI.
+    pub device: bool,
+    /// `--baseline`: raw MPI on the host plane, raw NCCL on the device plane.
     pub baseline: bool,
     /// `--stats`.
     pub stats: bool,

@@ -126,6 +126,8 @@ pub struct Extras {
     pub baseline: bool,
     /// `--stats`: per-iteration min/max/avg/p50/p99 across ranks.
     pub stats: bool,
+    /// Device plane: the baseline is raw NCCL, not raw MPI.
+    pub device: bool,
 }
 
 /// The two header lines (plus the leading `#`), with extension columns.
@@ -140,7 +142,11 @@ pub fn header(extras: Extras) -> String {
         "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
     );
     if extras.baseline {
-        top += "   raw MPI (out-of-place)         ";
+        top += if extras.device {
+            "   raw NCCL (out-of-place)        "
+        } else {
+            "   raw MPI (out-of-place)         "
+        };
         names += &format!(
             " {:>7}  {:>6}  {:>6}  {:>7}",
             "time", "busbw", "ratio", "+time"

@@ -138,6 +138,9 @@ pub struct Result {
     pub group: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub mpi_baseline: Option<Baseline>,
+    /// The device plane's baseline (raw NCCL on the same communicator).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub nccl_baseline: Option<Baseline>,
 }
 
 /// Validation summary.
@@ -196,6 +199,16 @@ fn per_iter(r: &RankStats) -> PerIter {
 }
 
 fn result_row(r: &Row, cfg: &BenchConfig) -> Result {
+    let baseline = r.baseline.as_ref().map(|b| Baseline {
+        time: b.time_us,
+        bus_bw: b.busbw,
+        bw_ratio: if b.busbw > 0.0 {
+            r.out_of_place.busbw / b.busbw
+        } else {
+            b.time_us / r.out_of_place.time_us
+        },
+        added_us: r.out_of_place.time_us - b.time_us,
+    });
     Result {
         size: r.size,
         count: r.count,
@@ -208,16 +221,8 @@ fn result_row(r: &Row, cfg: &BenchConfig) -> Result {
         actual_iterations: cfg.iters * cfg.agg,
         experiment_name: cfg.op.program(),
         group: r.group.clone(),
-        mpi_baseline: r.baseline.as_ref().map(|b| Baseline {
-            time: b.time_us,
-            bus_bw: b.busbw,
-            bw_ratio: if b.busbw > 0.0 {
-                r.out_of_place.busbw / b.busbw
-            } else {
-                b.time_us / r.out_of_place.time_us
-            },
-            added_us: r.out_of_place.time_us - b.time_us,
-        }),
+        mpi_baseline: baseline.clone().filter(|_| !cfg.device),
+        nccl_baseline: baseline.filter(|_| cfg.device),
     }
 }
 

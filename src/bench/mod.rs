@@ -8,6 +8,7 @@
 //! (`format.rs`); JSON follows nccl-tests' version-3 keys (`json.rs`).
 
 pub mod config;
+mod device;
 pub mod format;
 pub mod json;
 pub mod ops;
@@ -101,6 +102,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
     let extras = Extras {
         baseline: cfg.baseline,
         stats: cfg.stats,
+        device: cfg.device,
     };
     let is_main = world.is_first_rank();
     let groups: Vec<(String, Vec<usize>)> = world
@@ -117,14 +119,28 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
         .position(|(n, _)| n == group.name())
         .unwrap_or(0);
     let me = rt.world().me();
+    let dg = if cfg.device {
+        let dg = group.device()?;
+        dg.connect()?;
+        Some(dg)
+    } else {
+        None
+    };
+    let (device, device_hex, device_info) = match &dg {
+        Some(dg) => {
+            let i = dg.gpu().info();
+            (i.ordinal as i32, i.bus_id.clone(), i.name.clone())
+        }
+        None => (-1, "0000:00:00".into(), "host memory (MPI)".into()),
+    };
     let device = json::Device {
         rank: rt.rank(),
         group: group_index,
         pid: std::process::id(),
         hostname: me.host.clone(),
-        device: -1,
-        device_hex: "0000:00:00".into(),
-        device_info: "host memory (MPI)".into(),
+        device,
+        device_hex,
+        device_info,
     };
     let devices = world.gather_object(&device, 0)?.unwrap_or_default();
     if is_main {
@@ -143,7 +159,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             agg: cfg.agg,
             check: cfg.check,
             blocking: cfg.blocking,
-            nccl_version: 0,
+            nccl_version: dg.map_or(0, |d| d.gpu().nccl().version_code()),
         };
         write_out(out, &format::preamble(&pre))?;
         let lines: String = devices
@@ -169,7 +185,10 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
     let mut cycle = 0;
     while cfg.cycles == 0 || cycle < cfg.cycles {
         cycle += 1;
-        warm_up(&group, cfg, &sweep)?;
+        match &dg {
+            Some(dg) => device::warm_up_device(&group, dg, cfg, &sweep)?,
+            None => warm_up(&group, cfg, &sweep)?,
+        }
         let mut rows = Vec::new();
         for (k, &size) in sweep.iter().enumerate() {
             if cfg.progress && is_main && std::io::stderr().is_terminal() {
@@ -180,7 +199,11 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
                     sweep.len()
                 );
             }
-            rows.push(measure_size(&group, cfg, size, cycle == 1 && k == 0)?);
+            let first = cycle == 1 && k == 0;
+            rows.push(match &dg {
+                Some(dg) => device::measure_size_device(&group, dg, cfg, size, first)?,
+                None => measure_size(&group, cfg, size, first)?,
+            });
         }
         if cfg.progress && is_main && std::io::stderr().is_terminal() {
             eprint!("\r{:60}\r", "");

@@ -1,5 +1,5 @@
-//! Data planes: where tensor bytes move. Today the host plane (MPI on host
-//! memory); the GPU plane (NCCL) plugs in beside it.
+//! Data planes: where tensor bytes move. The host plane is MPI on host
+//! memory; the GPU plane is NCCL (loaded here) driven by [`crate::device`].
 
 pub mod host;
 pub mod nccl;

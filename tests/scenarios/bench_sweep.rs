@@ -25,6 +25,7 @@ fn config(op: BenchOp, dtype: DType, redop: ReduceOp, root: usize) -> BenchConfi
         group: GroupChoice::World,
         tp: 1,
         sp: 1,
+        device: false,
         baseline: true,
         stats: true,
         corrupt: false,

@@ -1,14 +1,19 @@
 //! Finding and opening `libnccl`.
 
+use super::sys::Api;
 use crate::error::{Error, Result};
 use std::os::raw::c_int;
 use std::path::{Path, PathBuf};
+
+/// Oldest NCCL the device plane drives: bf16 and `ncclAvg` arrived in 2.10.
+pub const MIN_VERSION: i32 = 21000;
 
 /// A loaded NCCL library.
 pub struct Nccl {
     path: String,
     version: i32,
-    // Kept open for the symbols the data plane will resolve.
+    api: std::result::Result<Api, String>,
+    // Declared last: the function pointers in `api` point into it.
     _lib: libloading::Library,
 }
 
@@ -34,12 +39,23 @@ impl Nccl {
 
     /// `major.minor.patch`, decoded as NCCL's `NCCL_VERSION` macro encodes it.
     pub fn version(&self) -> String {
-        let v = self.version;
-        if v >= 10000 {
-            format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
-        } else {
-            format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
-        }
+        decode_version(self.version)
+    }
+
+    /// The entry points, or why this library cannot drive the device plane
+    /// (too old, or a symbol missing).
+    pub fn api(&self) -> Result<&Api> {
+        self.api
+            .as_ref()
+            .map_err(|m| Error::Gpu(format!("NCCL {} at {}: {m}", self.version(), self.path)))
+    }
+}
+
+fn decode_version(v: i32) -> String {
+    if v >= 10000 {
+        format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
+    } else {
+        format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
     }
 }
 
@@ -123,9 +139,20 @@ pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
                             tried.push(format!("{cand}: ncclGetVersion returned error {rc}"));
                             continue;
                         }
+                        let api = if v < MIN_VERSION {
+                            Err(format!(
+                                "rankmesh needs NCCL {} or newer (bf16, avg)",
+                                decode_version(MIN_VERSION)
+                            ))
+                        } else {
+                            // SAFETY: `lib` is NCCL (it answered ncclGetVersion) and
+                            // outlives `api` (field order in `Nccl`).
+                            unsafe { Api::load(&lib) }
+                        };
                         return Ok(Nccl {
                             path: cand,
                             version: v,
+                            api,
                             _lib: lib,
                         });
                     }
@@ -190,12 +217,7 @@ mod tests {
 
     #[test]
     fn version_codes_decode() {
-        let n = |v| Nccl {
-            path: String::new(),
-            version: v,
-            _lib: unsafe { libloading::Library::new("libc.so.6").unwrap() },
-        };
-        assert_eq!(n(22005).version(), "2.20.5");
-        assert_eq!(n(2708).version(), "2.7.8");
+        assert_eq!(decode_version(22005), "2.20.5");
+        assert_eq!(decode_version(2708), "2.7.8");
     }
 }

@@ -1,0 +1,166 @@
+//! Creating a group's NCCL communicator over its MPI communicator.
+//!
+//! Every step that can fail on one rank is followed by an MPI exchange of
+//! the outcome, so all members return the same error instead of some of them
+//! blocking in NCCL: (1) all-gather of (node, PCI bus id) and the duplicate
+//! check, (2) the unique id from the first rank, with its status, (3)
+//! `ncclCommInitRank`, whose outcome is all-gathered, (4) a one-element
+//! warm-up all-reduce waited on with the polling loop.
+
+use super::select::duplicate_devices;
+use super::Gpu;
+use crate::dispatch::Op;
+use crate::error::{Error, Result};
+use crate::group::GroupCoordinator;
+use crate::plane::nccl::comm::Communicator as NcclComm;
+use crate::plane::nccl::sys::{dtype, redop, UniqueId, SUCCESS, UNIQUE_ID_BYTES};
+use mpi::traits::*;
+
+/// Bytes of one rank's status record (flag + text).
+const STATUS_BYTES: usize = 256;
+/// Bytes of one rank's device record (node + bus id).
+const DEVICE_BYTES: usize = 64;
+
+fn status_record(outcome: &std::result::Result<(), String>) -> [u8; STATUS_BYTES] {
+    let mut rec = [0u8; STATUS_BYTES];
+    if let Err(m) = outcome {
+        rec[0] = 1;
+        let n = m.len().min(STATUS_BYTES - 1);
+        rec[1..1 + n].copy_from_slice(&m.as_bytes()[..n]);
+    }
+    rec
+}
+
+/// The first failing rank's message from all-gathered status records.
+fn first_failure(records: &[u8]) -> Option<(usize, String)> {
+    records
+        .chunks(STATUS_BYTES)
+        .enumerate()
+        .find(|(_, r)| r[0] != 0)
+        .map(|(rank, r)| {
+            let text = &r[1..];
+            let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+            (rank, String::from_utf8_lossy(&text[..end]).into_owned())
+        })
+}
+
+fn device_record(node: usize, bus_id: &str) -> [u8; DEVICE_BYTES] {
+    let mut rec = [0u8; DEVICE_BYTES];
+    rec[..8].copy_from_slice(&(node as u64).to_le_bytes());
+    let n = bus_id.len().min(DEVICE_BYTES - 8);
+    rec[8..8 + n].copy_from_slice(&bus_id.as_bytes()[..n]);
+    rec
+}
+
+fn parse_device_record(rec: &[u8]) -> (usize, String) {
+    let node = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes")) as usize;
+    let text = &rec[8..];
+    let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+    (node, String::from_utf8_lossy(&text[..end]).into_owned())
+}
+
+/// Creates `group`'s communicator (collective over the group).
+pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Result<NcclComm<'rt>> {
+    let fail = |msg: String| Error::collective(Op::Connect.name(), group.name(), msg);
+    let comm = group.raw_comm();
+    let size = group.size();
+    let me = group.rank_in_group();
+    let _watch = group.watched(Op::Connect);
+
+    // (1) No two members on one GPU.
+    let node = group.runtime().world().me().node;
+    let mine = device_record(node, &gpu.info().bus_id);
+    let mut all = vec![0u8; DEVICE_BYTES * size];
+    comm.all_gather_into(&mine[..], &mut all[..]);
+    let devices: Vec<(usize, String)> = all.chunks(DEVICE_BYTES).map(parse_device_record).collect();
+    duplicate_devices(&devices).map_err(fail)?;
+
+    // (2) The unique id, made by the first member.
+    let api = gpu.api();
+    let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
+    if me == 0 {
+        let mut id = UniqueId::from_bytes(&[0; UNIQUE_ID_BYTES]);
+        // SAFETY: `id` is a valid out-pointer.
+        let rc = unsafe { (api.get_unique_id)(&mut id) };
+        if rc == SUCCESS {
+            packet[1..].copy_from_slice(&id.to_bytes());
+        } else {
+            packet[0] = 1;
+            let msg = api.error_string(rc);
+            let n = msg.len().min(UNIQUE_ID_BYTES);
+            packet[1..1 + n].copy_from_slice(&msg.as_bytes()[..n]);
+        }
+    }
+    comm.process_at_rank(0).broadcast_into(&mut packet[..]);
+    if packet[0] != 0 {
+        let text = String::from_utf8_lossy(&packet[1..]);
+        return Err(fail(format!(
+            "ncclGetUniqueId failed on group rank 0: {}",
+            text.trim_end_matches('\0')
+        )));
+    }
+    let id = UniqueId::from_bytes(packet[1..].try_into().expect("128 bytes"));
+
+    // (3) Every member initialises; all learn every outcome.
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
+    let created = NcclComm::init(api, id, size, me, group.name());
+    let outcome = created.as_ref().map(|_| ()).map_err(Clone::clone);
+    let mut statuses = vec![0u8; STATUS_BYTES * size];
+    comm.all_gather_into(&status_record(&outcome)[..], &mut statuses[..]);
+    if let Some((rank, msg)) = first_failure(&statuses) {
+        // Abort, not destroy: destroying can wait for the members that failed.
+        if let Ok(c) = created {
+            c.state().abort(api, "a peer failed to initialise");
+        }
+        return Err(fail(format!("group rank {rank}: {msg}")));
+    }
+    let nccl = created.map_err(fail)?;
+    gpu.register(nccl.state());
+
+    // (4) Warm-up: NCCL connects lazily; pay that cost here, not in the first op.
+    let mut one = gpu.zeros([1], crate::DType::F32)?;
+    let stream = gpu.stream();
+    let p = one.write_ptr(stream);
+    // SAFETY: one f32 on this device, alive until the synchronize below.
+    unsafe { nccl.all_reduce(p, p, 1, dtype::FLOAT32, redop::SUM, stream.cu_stream() as _) }
+        .map_err(fail)?;
+    gpu.synchronize()?;
+    tracing::debug!(
+        rank = group.global_rank(),
+        group = group.name(),
+        device = %gpu.info().bus_id,
+        "NCCL communicator ready"
+    );
+    Ok(nccl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_records_carry_the_first_failure() {
+        let mut all = Vec::new();
+        all.extend(status_record(&Ok(())));
+        all.extend(status_record(
+            &Err("NCCL ncclCommInitRank failed: x".into()),
+        ));
+        all.extend(status_record(&Err("other".into())));
+        assert_eq!(
+            first_failure(&all),
+            Some((1, "NCCL ncclCommInitRank failed: x".to_string()))
+        );
+        let long = "e".repeat(1000);
+        let rec = status_record(&Err(long));
+        assert_eq!(first_failure(&rec).unwrap().1.len(), STATUS_BYTES - 1);
+        assert_eq!(first_failure(&status_record(&Ok(()))), None);
+    }
+
+    #[test]
+    fn device_records_round_trip() {
+        let r = device_record(7, "0000:1B:00.0");
+        assert_eq!(parse_device_record(&r), (7, "0000:1B:00.0".to_string()));
+    }
+}

@@ -1,0 +1,293 @@
+//! The GPU side of a rank: its CUDA device, the one stream rankmesh enqueues
+//! on, the NCCL library, and the waiting loop that turns a failed peer into an
+//! error instead of a hang.
+//!
+//! Found at run time: a build without CUDA, driver or NCCL works, and
+//! [`Runtime::gpu`](crate::Runtime::gpu) says what is missing.
+//!
+//! **One stream per rank.** Every group's NCCL calls go to the same stream,
+//! so they run in the order the program issued them. NCCL kernels of
+//! different communicators on concurrent streams can deadlock when ranks
+//! issue them in different orders (a documented NCCL hazard); one stream
+//! rules that out and makes results of one group's op safe inputs for the
+//! next group's without events. cudarc's per-buffer event tracking is off for
+//! the same reason (it costs two driver calls per buffer per op).
+
+pub mod collectives;
+mod connect;
+mod copy;
+pub mod driver;
+pub mod select;
+mod tensor;
+
+pub use collectives::DeviceGroup;
+pub use tensor::DeviceTensor;
+
+use crate::error::{Error, Result};
+use crate::plane::nccl::comm::CommState;
+use crate::plane::nccl::loader::{self, Nccl};
+use crate::plane::nccl::sys::Api;
+use crate::tensor::{DType, Tensor};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which GPU a rank drives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// CUDA ordinal as this process sees it (after `CUDA_VISIBLE_DEVICES`).
+    pub ordinal: usize,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// PCI bus id, e.g. `0000:1B:00.0`.
+    pub bus_id: String,
+    /// CUDA version the driver supports, e.g. `12.4`.
+    pub driver: String,
+}
+
+/// This rank's GPU, stream and NCCL library (see the module docs).
+pub struct Gpu {
+    info: DeviceInfo,
+    // Drop order: stream, then context, then the library.
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    comms: RefCell<Vec<Weak<CommState>>>,
+    timeout: Option<Duration>,
+    nccl: Nccl,
+}
+
+fn cuda(what: &str, e: cu::DriverError) -> Error {
+    Error::Gpu(format!("{what}: {e}"))
+}
+
+impl Gpu {
+    /// Opens the device for local rank `local_rank` of `local_size`: driver,
+    /// NCCL, device choice (`RANKMESH_DEVICE`, `CUDA_VISIBLE_DEVICES`), context
+    /// and stream. Local: no other rank takes part.
+    pub(crate) fn open(
+        local_rank: usize,
+        local_size: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Gpu> {
+        let env = |k: &str| std::env::var(k).ok();
+        // Both checks run, so one message lists everything missing.
+        let version = driver::driver_version();
+        let nccl = loader::load(&env).and_then(|n| n.api().map(|_| ()).map(|_| n));
+        let (version, nccl) = match (version, nccl) {
+            (Ok(v), Ok(n)) => (v, n),
+            (v, n) => {
+                let mut problems = Vec::new();
+                if let Err(m) = v {
+                    problems.push(m);
+                }
+                if let Err(e) = n {
+                    problems.push(match e {
+                        Error::Launch(m) | Error::Gpu(m) => m,
+                        e => e.to_string(),
+                    });
+                }
+                return Err(Error::Gpu(problems.join("\n")));
+            }
+        };
+        let count = CudaContext::device_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
+        let ordinal = select::choose_device(
+            local_rank,
+            local_size,
+            count.max(0) as usize,
+            env("RANKMESH_DEVICE").as_deref(),
+            env("CUDA_VISIBLE_DEVICES").as_deref(),
+        )
+        .map_err(Error::Gpu)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda("creating the CUDA context", e))?;
+        // SAFETY: rankmesh orders all of its work on one stream (module docs),
+        // so cudarc's cross-stream events are not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| cuda("creating the CUDA stream", e))?;
+        let name = ctx.name().map_err(|e| cuda("cuDeviceGetName", e))?;
+        let bus_id = pci_bus_id(&ctx)?;
+        Ok(Gpu {
+            info: DeviceInfo {
+                ordinal,
+                name,
+                bus_id,
+                driver: driver::cuda_version(version),
+            },
+            stream,
+            ctx,
+            comms: RefCell::new(Vec::new()),
+            timeout,
+            nccl,
+        })
+    }
+
+    /// Which device this rank drives.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The NCCL library in use.
+    pub fn nccl(&self) -> &Nccl {
+        &self.nccl
+    }
+
+    pub(crate) fn api(&self) -> &Api {
+        self.nccl.api().expect("checked when the Gpu was opened")
+    }
+
+    /// The stream every rankmesh device operation is enqueued on. Order your
+    /// own kernels on it (or wait for it) when they touch rankmesh tensors.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The CUDA context (the device's primary context).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub(crate) fn register(&self, state: &Rc<CommState>) {
+        let mut comms = self.comms.borrow_mut();
+        comms.retain(|w| w.strong_count() > 0);
+        comms.push(Rc::downgrade(state));
+    }
+
+    /// A zero-filled device tensor.
+    pub fn zeros(&self, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<DeviceTensor> {
+        let shape = shape.into();
+        let n = crate::tensor::numel(&shape) * dtype.size();
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(n.max(1))
+            .map_err(|e| cuda(&format!("allocating {n} bytes"), e))?;
+        Ok(DeviceTensor::new(dtype, shape, buf))
+    }
+
+    /// Copies a host tensor to the device (enqueued on [`stream`](Self::stream);
+    /// `t` may be reused as soon as this returns).
+    pub fn upload(&self, t: &Tensor) -> Result<DeviceTensor> {
+        let mut d = self.zeros(t.shape().to_vec(), t.dtype())?;
+        self.upload_into(t, &mut d)?;
+        Ok(d)
+    }
+
+    /// Copies a host tensor into an existing device tensor of the same shape and dtype.
+    pub fn upload_into(&self, t: &Tensor, d: &mut DeviceTensor) -> Result<()> {
+        if t.dtype() != d.dtype() || t.shape() != d.shape() {
+            return Err(Error::Tensor(format!(
+                "upload of a {:?} {} tensor into a {:?} {} device tensor",
+                t.shape(),
+                t.dtype(),
+                d.shape(),
+                d.dtype()
+            )));
+        }
+        if t.nbytes() == 0 {
+            return Ok(());
+        }
+        let dst = d.write_ptr(&self.stream) as u64;
+        // SAFETY: `dst` holds `t.nbytes()` bytes (same shape and dtype); the
+        // driver stages pageable memory before returning.
+        unsafe { cu::memcpy_htod_async(dst, t.bytes(), self.stream.cu_stream()) }
+            .map_err(|e| cuda("host-to-device copy", e))
+    }
+
+    /// Copies a device tensor to the host, after all work enqueued before it
+    /// (waits like [`synchronize`](Self::synchronize)).
+    pub fn download(&self, d: &DeviceTensor) -> Result<Tensor> {
+        let mut t = Tensor::zeros(d.shape().to_vec(), d.dtype());
+        if t.nbytes() > 0 {
+            let src = d.read_ptr(&self.stream) as u64;
+            // SAFETY: `t` holds exactly `d.nbytes()` bytes and outlives the
+            // copy: `synchronize` below returns only once the stream is done.
+            unsafe { cu::memcpy_dtoh_async(t.bytes_mut(), src, self.stream.cu_stream()) }
+                .map_err(|e| cuda("device-to-host copy", e))?;
+        }
+        self.synchronize()?;
+        Ok(t)
+    }
+
+    /// Waits until every operation enqueued so far has finished: the point at
+    /// which device results are ready. While waiting it polls every live NCCL
+    /// communicator for asynchronous errors (a failed peer becomes an error,
+    /// the communicator is aborted) and gives up after `RANKMESH_TIMEOUT`.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda("binding the CUDA context", e))?;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            // SAFETY: our own live stream, context bound above.
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                rc => return Err(cuda("waiting for the stream", cu::DriverError(rc))),
+            }
+            self.poll_comms()?;
+            if let Some(limit) = self.timeout {
+                if start.elapsed() > limit {
+                    let why = format!(
+                        "device work did not finish within {} s (RANKMESH_TIMEOUT)",
+                        limit.as_secs_f64()
+                    );
+                    self.abort_all(&why);
+                    return Err(Error::Gpu(why + "; NCCL communicators aborted"));
+                }
+            }
+            // Spin briefly (small collectives finish in microseconds), then back off.
+            spins += 1;
+            if spins < 2000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn poll_comms(&self) -> Result<()> {
+        let comms: Vec<Rc<CommState>> = self
+            .comms
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for c in comms {
+            c.poll(self.api()).map_err(|m| Error::Collective {
+                op: "synchronize",
+                group: c.group().to_string(),
+                msg: m,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn abort_all(&self, why: &str) {
+        for c in self.comms.borrow().iter().filter_map(Weak::upgrade) {
+            c.abort(self.api(), why);
+        }
+    }
+}
+
+fn pci_bus_id(ctx: &CudaContext) -> Result<String> {
+    let mut buf = [0 as std::os::raw::c_char; 32];
+    // SAFETY: `buf` is writable for its length; the device handle is live.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ctx.cu_device()) }
+        .result()
+        .map_err(|e| cuda("cuDeviceGetPCIBusId", e))?;
+    // SAFETY: the driver wrote a NUL-terminated string into `buf`.
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(s.to_string_lossy().into_owned())
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("info", &self.info)
+            .field("nccl", &self.nccl)
+            .finish()
+    }
+}

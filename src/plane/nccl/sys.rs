@@ -1,0 +1,212 @@
+//! The NCCL C API as loaded function pointers (the "nccl-sys" layer): types,
+//! enum values and signatures from `nccl.h`, resolved once from the library
+//! the [loader](super::loader) opened. No safety beyond the C contract here;
+//! [`comm`](super::comm) wraps it.
+
+use std::os::raw::{c_char, c_int, c_void};
+
+/// `ncclComm_t`.
+pub type RawComm = *mut c_void;
+/// `cudaStream_t` (the same handle as the driver's `CUstream`).
+pub type RawStream = *mut c_void;
+/// `ncclResult_t`.
+pub type NcclResult = c_int;
+
+/// `ncclSuccess`.
+pub const SUCCESS: NcclResult = 0;
+/// `ncclInProgress` (NCCL ≥ 2.14: a non-blocking call still running).
+pub const IN_PROGRESS: NcclResult = 7;
+
+/// `NCCL_UNIQUE_ID_BYTES`.
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// `ncclUniqueId`. `c_char` is `i8` on x86-64 and `u8` on aarch64, so bytes
+/// cross MPI through [`UniqueId::to_bytes`] / [`UniqueId::from_bytes`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    /// Opaque id bytes.
+    pub internal: [c_char; UNIQUE_ID_BYTES],
+}
+
+impl UniqueId {
+    /// The id as portable bytes.
+    pub fn to_bytes(&self) -> [u8; UNIQUE_ID_BYTES] {
+        self.internal.map(|c| c as u8)
+    }
+
+    /// An id from portable bytes.
+    pub fn from_bytes(bytes: &[u8; UNIQUE_ID_BYTES]) -> UniqueId {
+        UniqueId {
+            internal: bytes.map(|b| b as c_char),
+        }
+    }
+}
+
+/// `ncclDataType_t` values.
+#[allow(missing_docs)]
+pub mod dtype {
+    use std::os::raw::c_int;
+    pub const INT8: c_int = 0;
+    pub const UINT8: c_int = 1;
+    pub const INT32: c_int = 2;
+    pub const UINT32: c_int = 3;
+    pub const INT64: c_int = 4;
+    pub const UINT64: c_int = 5;
+    pub const FLOAT16: c_int = 6;
+    pub const FLOAT32: c_int = 7;
+    pub const FLOAT64: c_int = 8;
+    /// NCCL ≥ 2.10.
+    pub const BFLOAT16: c_int = 9;
+}
+
+/// `ncclRedOp_t` values.
+#[allow(missing_docs)]
+pub mod redop {
+    use std::os::raw::c_int;
+    pub const SUM: c_int = 0;
+    pub const PROD: c_int = 1;
+    pub const MAX: c_int = 2;
+    pub const MIN: c_int = 3;
+    /// NCCL ≥ 2.10.
+    pub const AVG: c_int = 4;
+}
+
+type ReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    RawStream,
+) -> NcclResult;
+
+/// The NCCL entry points rankmesh uses.
+#[allow(missing_docs)]
+pub struct Api {
+    pub get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
+    pub comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult,
+    pub comm_destroy: unsafe extern "C" fn(RawComm) -> NcclResult,
+    pub comm_abort: unsafe extern "C" fn(RawComm) -> NcclResult,
+    pub comm_get_async_error: unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult,
+    pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
+    /// NCCL ≥ 2.13; `None` before.
+    pub get_last_error: Option<unsafe extern "C" fn(RawComm) -> *const c_char>,
+    pub all_reduce: ReduceFn,
+    pub reduce_scatter: ReduceFn,
+    pub reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        c_int,
+        RawComm,
+        RawStream,
+    ) -> NcclResult,
+    pub broadcast: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        RawStream,
+    ) -> NcclResult,
+    pub all_gather: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        RawComm,
+        RawStream,
+    ) -> NcclResult,
+    pub send:
+        unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult,
+    pub recv:
+        unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult,
+    pub group_start: unsafe extern "C" fn() -> NcclResult,
+    pub group_end: unsafe extern "C" fn() -> NcclResult,
+}
+
+/// Resolves one symbol as a plain function pointer.
+///
+/// # Safety
+/// `T` must be the symbol's true C signature.
+unsafe fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, String> {
+    let cname = format!("{name}\0");
+    lib.get::<T>(cname.as_bytes())
+        .map(|s| *s)
+        .map_err(|_| format!("does not export {name}"))
+}
+
+impl Api {
+    /// Resolves every entry point; the error names the first one missing.
+    ///
+    /// # Safety
+    /// `lib` must be an NCCL 2.x library; it must stay loaded while the `Api` is used.
+    pub unsafe fn load(lib: &libloading::Library) -> Result<Api, String> {
+        Ok(Api {
+            get_unique_id: sym(lib, "ncclGetUniqueId")?,
+            comm_init_rank: sym(lib, "ncclCommInitRank")?,
+            comm_destroy: sym(lib, "ncclCommDestroy")?,
+            comm_abort: sym(lib, "ncclCommAbort")?,
+            comm_get_async_error: sym(lib, "ncclCommGetAsyncError")?,
+            get_error_string: sym(lib, "ncclGetErrorString")?,
+            get_last_error: sym(lib, "ncclGetLastError").ok(),
+            all_reduce: sym(lib, "ncclAllReduce")?,
+            reduce_scatter: sym(lib, "ncclReduceScatter")?,
+            reduce: sym(lib, "ncclReduce")?,
+            broadcast: sym(lib, "ncclBroadcast")?,
+            all_gather: sym(lib, "ncclAllGather")?,
+            send: sym(lib, "ncclSend")?,
+            recv: sym(lib, "ncclRecv")?,
+            group_start: sym(lib, "ncclGroupStart")?,
+            group_end: sym(lib, "ncclGroupEnd")?,
+        })
+    }
+
+    /// `ncclGetErrorString(rc)` as text.
+    pub fn error_string(&self, rc: NcclResult) -> String {
+        // SAFETY: NCCL returns a static NUL-terminated string for any code.
+        unsafe {
+            let p = (self.get_error_string)(rc);
+            if p.is_null() {
+                return format!("NCCL error {rc}");
+            }
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
+
+    /// `ncclGetLastError(comm)`, when the library has it and it says something.
+    pub(crate) fn last_error(&self, comm: RawComm) -> Option<String> {
+        let f = self.get_last_error?;
+        // SAFETY: NCCL returns a thread-local NUL-terminated string (or null).
+        let text = unsafe {
+            let p = f(comm);
+            if p.is_null() {
+                return None;
+            }
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        };
+        (!text.is_empty()).then_some(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_id_round_trips_through_portable_bytes() {
+        let bytes: [u8; UNIQUE_ID_BYTES] = std::array::from_fn(|i| (i * 37 % 256) as u8);
+        let id = UniqueId::from_bytes(&bytes);
+        assert_eq!(id.to_bytes(), bytes);
+        // High-bit bytes survive whatever sign c_char has on this target.
+        assert_eq!(
+            UniqueId::from_bytes(&[0xff; UNIQUE_ID_BYTES]).to_bytes()[0],
+            0xff
+        );
+    }
+}

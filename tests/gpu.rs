@@ -1,0 +1,319 @@
+//! Device-plane checks: every device op against the host plane's result for
+//! the same inputs, on the same group, for f32/f16/bf16 (and integer types
+//! where the op allows), plus errors that must reach every rank.
+//!
+//! An MPI program of its own (no test harness threads): `cargo test` runs it
+//! as a world of one, `scripts/gpu-check.sh` also under `mpirun -np N` with
+//! one rank per GPU. Without a usable GPU stack it prints why and passes, so
+//! CI without GPUs skips it cleanly.
+
+use rankmesh::{DType, DeviceGroup, Error, GroupCoordinator, ReduceOp, Runtime, Tensor};
+
+type Check = Result<(), String>;
+type CheckFn = fn(&GroupCoordinator<'_>, &DeviceGroup<'_, '_>) -> Check;
+
+/// Input of group rank `r`: small integers, exact in every dtype, distinct per rank.
+fn input(shape: &[usize], dtype: DType, r: usize) -> Tensor {
+    Tensor::from_fn(shape.to_vec(), dtype, move |i| {
+        ((i * 7 + r * 3) % 13) as f64
+    })
+}
+
+/// Compares a device result with the host reference (exact except `avg`,
+/// where NCCL scales before summing and the host after).
+fn same(what: &str, got: &Tensor, want: &Tensor, op: Option<ReduceOp>) -> Check {
+    if got.shape() != want.shape() || got.dtype() != want.dtype() {
+        return Err(format!(
+            "{what}: got {:?} {}, want {:?} {}",
+            got.shape(),
+            got.dtype(),
+            want.shape(),
+            want.dtype()
+        ));
+    }
+    let tol = match (op, got.dtype()) {
+        (Some(ReduceOp::Avg), DType::BF16) => 1e-2,
+        (Some(ReduceOp::Avg), DType::F16) => 2e-3,
+        (Some(ReduceOp::Avg), DType::F32 | DType::F64) => 1e-6,
+        _ => 0.0,
+    };
+    for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        if (g - w).abs() > tol * w.abs().max(1.0) {
+            return Err(format!("{what}: element {i} is {g}, host plane says {w}"));
+        }
+    }
+    Ok(())
+}
+
+fn e(x: Error) -> String {
+    x.to_string()
+}
+
+const SHAPES: [&[usize]; 3] = [&[12], &[2, 6, 4], &[1, 3, 2]];
+
+fn check_reductions(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = dg.gpu();
+    let me = g.rank_in_group();
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U8] {
+        for shape in SHAPES {
+            let x = input(shape, dtype, me);
+            let dx = gpu.upload(&x).map_err(e)?;
+            for op in ReduceOp::ALL {
+                let want = g.all_reduce(&x, op).map_err(e)?;
+                let got = gpu
+                    .download(&dg.all_reduce(&dx, op).map_err(e)?)
+                    .map_err(e)?;
+                same(
+                    &format!("all_reduce {op:?} {dtype} {shape:?}"),
+                    &got,
+                    &want,
+                    Some(op),
+                )?;
+                let mut inplace = gpu.upload(&x).map_err(e)?;
+                dg.all_reduce_in_place(&mut inplace, op).map_err(e)?;
+                let got = gpu.download(&inplace).map_err(e)?;
+                same(
+                    &format!("in-place all_reduce {op:?} {dtype}"),
+                    &got,
+                    &want,
+                    Some(op),
+                )?;
+                for dst in 0..g.size() {
+                    let want = g.reduce(&x, dst, op).map_err(e)?;
+                    let got = dg.reduce(&dx, dst, op).map_err(e)?;
+                    if let (Some(w), Some(d)) = (want, got) {
+                        let got = gpu.download(&d).map_err(e)?;
+                        same(
+                            &format!("reduce {op:?} to {dst} {dtype}"),
+                            &got,
+                            &w,
+                            Some(op),
+                        )?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_layout_ops(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = dg.gpu();
+    let (n, me) = (g.size(), g.rank_in_group());
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::I64] {
+        for shape in SHAPES {
+            let x = input(shape, dtype, me);
+            let dx = gpu.upload(&x).map_err(e)?;
+            for dim in 0..shape.len() as isize {
+                for d in [dim, dim - shape.len() as isize] {
+                    let want = g.all_gather(&x, d).map_err(e)?;
+                    let got = gpu
+                        .download(&dg.all_gather(&dx, d).map_err(e)?)
+                        .map_err(e)?;
+                    same(
+                        &format!("all_gather dim {d} {dtype} {shape:?}"),
+                        &got,
+                        &want,
+                        None,
+                    )?;
+                    for dst in 0..n {
+                        if let (Some(w), Some(dd)) = (
+                            g.gather(&x, dst, d).map_err(e)?,
+                            dg.gather(&dx, dst, d).map_err(e)?,
+                        ) {
+                            let got = gpu.download(&dd).map_err(e)?;
+                            same(&format!("gather dim {d} to {dst} {dtype}"), &got, &w, None)?;
+                        }
+                    }
+                }
+                // reduce_scatter needs the dim divisible by the group size.
+                let mut big = shape.to_vec();
+                big[dim as usize] *= n;
+                let xb = input(&big, dtype, me);
+                let dxb = gpu.upload(&xb).map_err(e)?;
+                for op in [ReduceOp::Sum, ReduceOp::Max] {
+                    let want = g.reduce_scatter(&xb, dim, op).map_err(e)?;
+                    let got = gpu
+                        .download(&dg.reduce_scatter(&dxb, dim, op).map_err(e)?)
+                        .map_err(e)?;
+                    same(
+                        &format!("reduce_scatter dim {dim} {op:?} {dtype}"),
+                        &got,
+                        &want,
+                        None,
+                    )?;
+                }
+            }
+            for src in 0..n {
+                let mut want = x.clone();
+                g.broadcast(&mut want, src).map_err(e)?;
+                let mut dd = gpu.upload(&x).map_err(e)?;
+                dg.broadcast(&mut dd, src).map_err(e)?;
+                same(
+                    &format!("broadcast from {src} {dtype}"),
+                    &gpu.download(&dd).map_err(e)?,
+                    &want,
+                    None,
+                )?;
+            }
+        }
+        // all_to_all on [n·2, 3] and all_to_all_4d in both of FastVideo's modes.
+        let x = input(&[n * 2, 3], dtype, me);
+        let want = g.all_to_all(&x).map_err(e)?;
+        let got = gpu
+            .download(&dg.all_to_all(&gpu.upload(&x).map_err(e)?).map_err(e)?)
+            .map_err(e)?;
+        same(&format!("all_to_all {dtype}"), &got, &want, None)?;
+        for (shape, mode) in [([2, 3, n * 2, 4], (2, 1)), ([2, n * 3, 2, 4], (1, 2))] {
+            let x = input(&shape, dtype, me);
+            let want = g.all_to_all_4d(&x, mode.0, mode.1).map_err(e)?;
+            let got = gpu
+                .download(
+                    &dg.all_to_all_4d(&gpu.upload(&x).map_err(e)?, mode.0, mode.1)
+                        .map_err(e)?,
+                )
+                .map_err(e)?;
+            same(
+                &format!("all_to_all_4d {mode:?} {dtype}"),
+                &got,
+                &want,
+                None,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn check_point_to_point(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = dg.gpu();
+    let (n, me) = (g.size(), g.rank_in_group());
+    dg.connect().map_err(e)?;
+    let x = input(&[5, 3], DType::BF16, me);
+    let mut out = gpu.zeros([5, 3], DType::BF16).map_err(e)?;
+    dg.send_recv_into(&gpu.upload(&x).map_err(e)?, &mut out, None, None)
+        .map_err(e)?;
+    let want = input(&[5, 3], DType::BF16, (me + n - 1) % n);
+    same(
+        "send_recv ring",
+        &gpu.download(&out).map_err(e)?,
+        &want,
+        None,
+    )?;
+    if n > 1 {
+        if me == 0 {
+            dg.send(&gpu.upload(&x).map_err(e)?, Some(1)).map_err(e)?;
+        } else if me == 1 {
+            let got = dg.recv(&[5, 3], DType::BF16, Some(0)).map_err(e)?;
+            same(
+                "send/recv",
+                &gpu.download(&got).map_err(e)?,
+                &input(&[5, 3], DType::BF16, 0),
+                None,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Bad calls fail on every rank with a message, and the group stays usable.
+fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = dg.gpu();
+    let me = g.rank_in_group();
+    let x = gpu.upload(&input(&[4, 3], DType::F32, me)).map_err(e)?;
+    let expect = |r: rankmesh::Result<rankmesh::DeviceTensor>, what: &str| -> Check {
+        match r {
+            Ok(_) => Err(format!("{what}: expected an error")),
+            Err(err) if err.to_string().contains(what) => Ok(()),
+            Err(err) => Err(format!("{what}: wrong error: {err}")),
+        }
+    };
+    expect(dg.all_gather(&x, 2), "dim 2 out of range for a 2-d tensor")?;
+    expect(dg.all_to_all_4d(&x, 2, 1), "expects a 4-d tensor")?;
+    if g.size() > 1 {
+        // One rank passes another shape: every rank learns who passed what.
+        let shape: &[usize] = if me == 1 { &[4, 4] } else { &[4, 3] };
+        let y = gpu.upload(&input(shape, DType::F32, me)).map_err(e)?;
+        expect(dg.all_reduce(&y, ReduceOp::Sum), "ranks disagree")?;
+        // A host call meeting a device call.
+        let err = if me == 0 {
+            g.all_reduce(&input(&[4, 3], DType::F32, me), ReduceOp::Sum)
+                .err()
+        } else {
+            dg.all_reduce(&x, ReduceOp::Sum).err()
+        };
+        match err {
+            Some(err) if err.to_string().contains("device shape [4, 3]") => {}
+            other => return Err(format!("host/device mix: {other:?}")),
+        }
+    }
+    // Still usable afterwards.
+    let ok = gpu
+        .download(&dg.all_reduce(&x, ReduceOp::Max).map_err(e)?)
+        .map_err(e)?;
+    same(
+        "after errors",
+        &ok,
+        &g.all_reduce(&input(&[4, 3], DType::F32, me), ReduceOp::Max)
+            .map_err(e)?,
+        None,
+    )
+}
+
+fn main() {
+    let rt = Runtime::init().expect("MPI init");
+    if let Err(why) = rt.gpu() {
+        if rt.rank() == 0 {
+            println!(
+                "gpu tests skipped: {}",
+                why.to_string().lines().next().unwrap_or("")
+            );
+        }
+        return;
+    }
+    let world = rt.world_group().expect("world group");
+    let mut groups = vec![world.clone()];
+    // A subgroup too, when there are ranks to split: communicators per group.
+    if rt.size() >= 2 {
+        let firsts: Vec<usize> = (0..rt.size()).step_by(2).collect();
+        let lists: Vec<Vec<usize>> = firsts
+            .iter()
+            .map(|f| (*f..(*f + 2).min(rt.size())).collect())
+            .collect();
+        if let Some(g) = rt.split_groups("pair", &lists).expect("pairs") {
+            groups.push(g);
+        }
+    }
+    let checks: [(&str, CheckFn); 4] = [
+        ("reductions", check_reductions),
+        ("layout ops", check_layout_ops),
+        ("point to point", check_point_to_point),
+        ("errors", check_errors),
+    ];
+    let mut failed = 0;
+    for g in &groups {
+        let dg = g.device().expect("device plane");
+        for (name, check) in checks {
+            match check(g, &dg) {
+                Ok(()) => println!("rank {}: ok {name} on {}", rt.rank(), g.name()),
+                Err(m) => {
+                    failed += 1;
+                    println!("rank {}: FAILED {name} on {}: {m}", rt.rank(), g.name());
+                }
+            }
+        }
+    }
+    let info = rt.gpu().expect("checked").info().clone();
+    println!(
+        "rank {}: {} ({}), {} checks failed",
+        rt.rank(),
+        info.name,
+        info.bus_id,
+        failed
+    );
+    drop(groups);
+    drop(world);
+    drop(rt);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
