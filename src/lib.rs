@@ -69,3 +69,8 @@ pub use world::{Options, RankInfo, Runtime, WorldInfo};
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// docs/GPU.md's example is compiled as a doc test too.
+#[doc = include_str!("../docs/GPU.md")]
+#[cfg(doctest)]
+pub struct GpuDocDoctests;

@@ -22,9 +22,17 @@ pub type TensorDict = BTreeMap<String, DictValue>;
 /// What the object plane carries for each entry. JSON values travel as text
 /// because the binary object format does not describe itself.
 #[derive(Serialize, Deserialize)]
-enum EntryMeta {
-    Tensor { dtype: DType, shape: Vec<usize> },
+pub(crate) enum EntryMeta {
+    Tensor {
+        dtype: DType,
+        shape: Vec<usize>,
+    },
     Value(String),
+    /// A device tensor (device dictionaries only; moved through NCCL).
+    DeviceTensor {
+        dtype: DType,
+        shape: Vec<usize>,
+    },
 }
 
 fn metadata(dict: &TensorDict) -> Vec<(String, EntryMeta)> {
@@ -42,7 +50,11 @@ fn metadata(dict: &TensorDict) -> Vec<(String, EntryMeta)> {
         .collect()
 }
 
-fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_json::Value> {
+pub(crate) fn parse_value(
+    g: &GroupCoordinator<'_>,
+    key: &str,
+    text: &str,
+) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| {
         Error::collective(
             "tensor_dict",
@@ -50,6 +62,16 @@ fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_
             format!("entry {key:?} is not valid JSON: {e}"),
         )
     })
+}
+
+fn device_entry(g: &GroupCoordinator<'_>, key: &str) -> Error {
+    Error::collective(
+        "tensor_dict",
+        g.name(),
+        format!(
+            "entry {key:?} is a device tensor: receive with the device plane (group.device()?)"
+        ),
+    )
 }
 
 /// The piece of a flattened tensor this rank of an all-gather group moves,
@@ -74,6 +96,7 @@ impl GroupCoordinator<'_> {
         for (key, m) in meta {
             let value = match m {
                 EntryMeta::Value(text) => DictValue::Value(parse_value(self, &key, &text)?),
+                EntryMeta::DeviceTensor { .. } => return Err(device_entry(self, &key)),
                 EntryMeta::Tensor { dtype, shape } => {
                     let mut t = match dict.and_then(|d| d.get(&key)) {
                         Some(DictValue::Tensor(t)) if self.rank_in_group() == src => t.clone(),
@@ -137,6 +160,7 @@ impl GroupCoordinator<'_> {
         for (key, m) in meta {
             let value = match m {
                 EntryMeta::Value(text) => DictValue::Value(parse_value(self, &key, &text)?),
+                EntryMeta::DeviceTensor { .. } => return Err(device_entry(self, &key)),
                 EntryMeta::Tensor { dtype, shape } if numel(&shape) == 0 => {
                     DictValue::Tensor(Tensor::zeros(shape, dtype))
                 }

@@ -215,6 +215,56 @@ fn check_point_to_point(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> C
     Ok(())
 }
 
+fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    use rankmesh::device::{DeviceDictValue as V, DeviceTensorDict};
+    let gpu = dg.gpu();
+    let (n, me) = (g.size(), g.rank_in_group());
+    let host = input(&[3, 2], DType::I32, 0);
+    let dev = input(&[4, 5], DType::BF16, 0);
+    let mut d = DeviceTensorDict::new();
+    d.insert("h".into(), V::Host(host.clone()));
+    d.insert("d".into(), V::Device(gpu.upload(&dev).map_err(e)?));
+    d.insert(
+        "empty".into(),
+        V::Device(gpu.zeros([0, 3], DType::F16).map_err(e)?),
+    );
+    d.insert("v".into(), V::Value(serde_json::json!({"step": 7})));
+    let got = dg
+        .broadcast_tensor_dict((me == 0).then_some(&d), 0)
+        .map_err(e)?;
+    let verify = |got: &DeviceTensorDict, what: &str| -> Check {
+        match (&got["h"], &got["d"], &got["empty"], &got["v"]) {
+            (V::Host(h), V::Device(dd), V::Device(empty), V::Value(v)) => {
+                same(&format!("{what} host entry"), h, &host, None)?;
+                same(
+                    &format!("{what} device entry"),
+                    &gpu.download(dd).map_err(e)?,
+                    &dev,
+                    None,
+                )?;
+                if empty.shape() != [0, 3] || v["step"] != 7 {
+                    return Err(format!("{what}: empty tensor or value wrong"));
+                }
+                Ok(())
+            }
+            _ => Err(format!("{what}: entries changed kind")),
+        }
+    };
+    verify(&got, "broadcast_tensor_dict")?;
+    if n > 1 {
+        dg.connect().map_err(e)?;
+        if me == 0 {
+            dg.send_tensor_dict(&d, Some(1)).map_err(e)?;
+        } else if me == 1 {
+            verify(
+                &dg.recv_tensor_dict(Some(0)).map_err(e)?,
+                "send/recv_tensor_dict",
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Bad calls fail on every rank with a message, and the group stays usable.
 fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     let gpu = dg.gpu();
@@ -283,7 +333,8 @@ fn main() {
             groups.push(g);
         }
     }
-    let checks: [(&str, CheckFn); 4] = [
+    let checks: [(&str, CheckFn); 5] = [
+        ("tensor dicts", check_dicts),
         ("reductions", check_reductions),
         ("layout ops", check_layout_ops),
         ("point to point", check_point_to_point),

@@ -127,6 +127,21 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
             .collective(desc, |_| Ok(()), |_| self.comm().map(|_| ()))
     }
 
+    /// Enqueues a device-to-device copy of `src` into `dst` (same byte size).
+    pub(crate) fn copy(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
+        let s = self.gpu.stream();
+        let n = src.nbytes().min(dst.nbytes());
+        let one = crate::layout_ops::Copy2d {
+            src_offset: 0,
+            dst_offset: 0,
+            width: n,
+            height: 1,
+            src_pitch: n,
+            dst_pitch: n,
+        };
+        run_copies(&[one], src.read_ptr(s), dst.write_ptr(s), s.cu_stream())
+    }
+
     /// Waits for every device operation enqueued so far (see [`Gpu::synchronize`]).
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.synchronize()

@@ -19,9 +19,11 @@ mod copy;
 pub mod driver;
 pub mod select;
 mod tensor;
+mod tensor_dict;
 
 pub use collectives::DeviceGroup;
 pub use tensor::DeviceTensor;
+pub use tensor_dict::{DeviceDictValue, DeviceTensorDict};
 
 use crate::error::{Error, Result};
 use crate::plane::nccl::comm::CommState;
