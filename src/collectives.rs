@@ -83,21 +83,30 @@ pub(crate) fn check_all_to_all_4d(d: &Descriptor, size: usize) -> std::result::R
     divisible(d, d.params[0] as usize, size, "scatter dim")
 }
 
+/// Adds this rank's output and the expected one to an output error (both
+/// planes), when this rank's output is the one that does not fit.
+pub(crate) fn explain_output(
+    e: Error,
+    out: (&[usize], DType),
+    dtype: DType,
+    shape: &[usize],
+) -> Error {
+    match e {
+        Error::Collective { op, group, msg } if out != (shape, dtype) => Error::Collective {
+            op,
+            group,
+            msg: format!(
+                "{msg} (this rank: output is {:?} {}, expected {shape:?} {dtype})",
+                out.0, out.1
+            ),
+        },
+        e => e,
+    }
+}
+
 impl GroupCoordinator<'_> {
-    /// Adds this rank's expected output shape to an output error.
     fn explain_output(&self, e: Error, out: &Tensor, dtype: DType, shape: &[usize]) -> Error {
-        match e {
-            Error::Collective { op, group, msg } if !fits(out, dtype, shape) => Error::Collective {
-                op,
-                group,
-                msg: format!(
-                    "{msg} (this rank: output is {:?} {}, expected {shape:?} {dtype})",
-                    out.shape(),
-                    out.dtype()
-                ),
-            },
-            e => e,
-        }
+        explain_output(e, (out.shape(), out.dtype()), dtype, shape)
     }
 
     /// Element-wise reduction of every member's tensor (same shape and dtype

@@ -10,7 +10,7 @@
 use super::connect::connect;
 use super::copy::run_copies;
 use super::{DeviceTensor, Gpu};
-use crate::collectives::{check_all_to_all_4d, divisible, scaled};
+use crate::collectives::{check_all_to_all_4d, divisible, explain_output, scaled};
 use crate::dispatch::{dim_in_range, rank_in_range, Descriptor, Op};
 use crate::error::{Error, Result};
 use crate::group::{GroupCoordinator, Peer};
@@ -102,20 +102,8 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         self.group.nccl_comm(|| connect(self.group, self.gpu))
     }
 
-    /// Adds this rank's expected output to an output error, as the host plane does.
     fn explain(&self, e: Error, out: &DeviceTensor, dtype: DType, shape: &[usize]) -> Error {
-        match e {
-            Error::Collective { op, group, msg } if !fits(out, dtype, shape) => Error::Collective {
-                op,
-                group,
-                msg: format!(
-                    "{msg} (this rank: output is {:?} {}, expected {shape:?} {dtype})",
-                    out.shape(),
-                    out.dtype()
-                ),
-            },
-            e => e,
-        }
+        explain_output(e, (out.shape(), out.dtype()), dtype, shape)
     }
 
     /// Creates the group's NCCL communicator now (collective) instead of at
