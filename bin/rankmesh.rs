@@ -422,26 +422,50 @@ fn plot(files: &[PathBuf], output: &PathBuf) -> rankmesh::Result<()> {
 }
 
 /// Runs the command; MPI is finalised (the runtime dropped) before returning.
-fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
+/// Prints the error line in one write, so lines of several ranks sharing a
+/// terminal do not interleave.
+fn report(e: &Error, rank: Option<usize>) {
+    let who = rank.map_or(String::new(), |r| format!(" (rank {r})"));
+    let line = format!("rankmesh: error{who}: {e}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+/// Runs the command; an error is reported here, while MPI is still up:
+/// finalisation then waits for every rank, so no rank's message is lost to
+/// mpirun killing the job at the first non-zero exit.
+fn run(cli: Cli) -> std::result::Result<(), ()> {
     if let Command::Plot { files, output } = &cli.command {
-        return plot(files, output);
+        return plot(files, output).map_err(|e| report(&e, None));
     }
-    let mut options = rankmesh::Options::from_env()?;
-    if let Some(b) = &cli.bind {
-        options.bind = Some(b.parse()?);
+    let rt = rankmesh::Options::from_env()
+        .and_then(|mut options| {
+            if let Some(b) = &cli.bind {
+                options.bind = Some(b.parse()?);
+            }
+            Ok(options)
+        })
+        .and_then(Runtime::init_with)
+        .map_err(|e| report(&e, None))?;
+    let result = command(&rt, &cli);
+    if let Err(e) = &result {
+        report(e, Some(rt.rank()));
     }
-    let rt = Runtime::init_with(options)?;
-    *rank = Some(rt.rank());
+    let _ = std::io::stderr().flush();
+    drop(rt);
+    result.map_err(|_| ())
+}
+
+fn command(rt: &Runtime, cli: &Cli) -> rankmesh::Result<()> {
     match &cli.command {
-        Command::Topo { tp, sp, dp, json } => topo(&rt, *tp, *sp, *dp, *json),
-        Command::Bench(args) => run_bench(&rt, args),
+        Command::Topo { tp, sp, dp, json } => topo(rt, *tp, *sp, *dp, *json),
+        Command::Bench(args) => run_bench(rt, args),
         Command::Workload {
             tp,
             sp,
             steps,
             tokens,
         } => {
-            let r = rankmesh::workload::run(&rt, *tp, *sp, *steps, *tokens)?;
+            let r = rankmesh::workload::run(rt, *tp, *sp, *steps, *tokens)?;
             if rt.rank() == 0 {
                 println!(
                     "workload OK: {} ranks on {} node(s), tp={tp} sp={sp}, {} steps of {} elements, {:.1} us per step (slowest rank)",
@@ -461,15 +485,8 @@ fn run(cli: Cli, rank: &mut Option<usize>) -> rankmesh::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let mut rank = None;
-    match run(cli, &mut rank) {
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let who = rank.map_or(String::new(), |r| format!(" (rank {r})"));
-            // One write, so lines of several ranks sharing a terminal do not interleave.
-            let line = format!("rankmesh: error{who}: {e}\n");
-            let _ = std::io::stderr().write_all(line.as_bytes());
-            ExitCode::FAILURE
-        }
+        Err(()) => ExitCode::FAILURE,
     }
 }

@@ -42,12 +42,16 @@ ngpu=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
 echo "== topo"
 "$bin" topo
 
+# RANKMESH_GPU_WORKER=1: the test binary runs the checks as a rank (without
+# it, it is cargo's driver that also runs the CI emulator trials).
+export RANKMESH_GPU_WORKER=1
 echo "== device tests, 1 rank"
 "$gpu_test"
 if (( ngpu >= 2 )); then
     echo "== device tests, $ngpu ranks (one per GPU)"
-    run_np "$ngpu" "$gpu_test"
+    run_np "$ngpu" -x RANKMESH_GPU_WORKER "$gpu_test"
 fi
+unset RANKMESH_GPU_WORKER
 
 np=$(( ngpu >= 2 ? ngpu : 1 ))
 echo "== bench: all_reduce latency, $np rank(s), vs raw NCCL"

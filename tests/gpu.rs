@@ -2,10 +2,19 @@
 //! the same inputs, on the same group, for f32/f16/bf16 (and integer types
 //! where the op allows), plus errors that must reach every rank.
 //!
-//! An MPI program of its own (no test harness threads): `cargo test` runs it
-//! as a world of one, `scripts/gpu-check.sh` also under `mpirun -np N` with
-//! one rank per GPU. Without a usable GPU stack it prints why and passes, so
-//! CI without GPUs skips it cleanly.
+//! One binary, two roles. With `RANKMESH_GPU_WORKER=1` it is an MPI rank that
+//! runs the checks (`scripts/gpu-check.sh` starts it that way on a CUDA
+//! machine, one rank per GPU). Started by `cargo test` it is the driver:
+//! 1. on a host with a usable GPU stack, the checks on the real GPU
+//!    (otherwise it says why they are skipped);
+//! 2. always, the same checks under `mpirun -np 1..4` against the CUDA and
+//!    NCCL *emulators* in `tests/emulator/` (host memory, NCCL calls carried
+//!    by MPI), plus the error paths only they can provoke on one machine
+//!    (shared GPU, too few GPUs, failed init, an asynchronous peer error).
+//!    The emulators exercise rankmesh's device-plane logic, not a GPU.
+
+mod emulator;
+mod support;
 
 use rankmesh::{DType, DeviceGroup, Error, GroupCoordinator, ReduceOp, Runtime, Tensor};
 
@@ -310,6 +319,14 @@ fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
 }
 
 fn main() {
+    if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
+        worker();
+    } else {
+        emulator::drive();
+    }
+}
+
+fn worker() {
     let rt = Runtime::init().expect("MPI init");
     if let Err(why) = rt.gpu() {
         if rt.rank() == 0 {

@@ -13,7 +13,6 @@ use crate::group::GroupCoordinator;
 use crate::reduce::ReduceOp;
 use crate::tensor::Tensor;
 use std::os::raw::{c_int, c_void};
-use std::time::Instant;
 
 impl BenchOp {
     /// One rankmesh device call from `input` into `output`.
@@ -132,40 +131,6 @@ impl DeviceBuffers {
     }
 }
 
-/// nccl-tests' timing loop on the device: one call, a barrier, then
-/// `iters × agg` enqueued calls and one wait. Returns seconds per call
-/// (combined across ranks by the caller) and per-iteration samples (µs).
-pub(super) fn time_device(
-    g: &GroupCoordinator<'_>,
-    dg: &DeviceGroup<'_, '_>,
-    cfg: &BenchConfig,
-    mut call: impl FnMut() -> Result<()>,
-) -> Result<(f64, Vec<f64>)> {
-    call()?;
-    dg.synchronize()?;
-    g.barrier()?;
-    let mut samples = Vec::with_capacity(if cfg.stats { cfg.iters } else { 0 });
-    let start = Instant::now();
-    for _ in 0..cfg.iters {
-        let it = Instant::now();
-        for _ in 0..cfg.agg {
-            call()?;
-            if cfg.blocking == 1 {
-                dg.synchronize()?;
-                g.barrier()?;
-            }
-        }
-        if cfg.stats {
-            // Per-iteration samples need the device to have finished the iteration.
-            dg.synchronize()?;
-            samples.push(it.elapsed().as_secs_f64() * 1e6 / cfg.agg as f64);
-        }
-    }
-    dg.synchronize()?;
-    let per_call = start.elapsed().as_secs_f64() / (cfg.iters * cfg.agg) as f64;
-    Ok((per_call, samples))
-}
-
 /// Validates one device call: fresh data, one call, copy back, count wrong
 /// elements on this rank.
 #[allow(clippy::too_many_arguments)]
@@ -270,13 +235,18 @@ pub(super) fn measure_size_device(
         let in_place = pass == 1;
         let (secs, samples) = {
             let b = &mut bufs;
-            time_device(g, dg, cfg, || {
-                if in_place && op == BenchOp::AllReduce {
-                    dg.all_reduce_in_place(&mut b.input, cfg.redop)
-                } else {
-                    op.run_device(dg, &b.input, &mut b.output, cfg.redop, cfg.root)
-                }
-            })?
+            super::time_calls(
+                g,
+                cfg,
+                || {
+                    if in_place && op == BenchOp::AllReduce {
+                        dg.all_reduce_in_place(&mut b.input, cfg.redop)
+                    } else {
+                        op.run_device(dg, &b.input, &mut b.output, cfg.redop, cfg.root)
+                    }
+                },
+                || dg.synchronize(),
+            )?
         };
         let secs = super::combine(g, secs, cfg.average)?;
         if cfg.stats && pass == 0 {
@@ -299,9 +269,12 @@ pub(super) fn measure_size_device(
     let baseline = if cfg.baseline {
         bufs.reset(dg, host)?;
         let b = &mut bufs;
-        let (secs, _) = time_device(g, dg, cfg, || {
-            op.run_nccl(dg, &b.input, &mut b.output, cfg.redop, cfg.root)
-        })?;
+        let (secs, _) = super::time_calls(
+            g,
+            cfg,
+            || op.run_nccl(dg, &b.input, &mut b.output, cfg.redop, cfg.root),
+            || dg.synchronize(),
+        )?;
         let secs = super::combine(g, secs, cfg.average)?;
         Some(cell(secs, bw, None))
     } else {

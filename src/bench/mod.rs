@@ -303,14 +303,19 @@ fn warm_up(g: &GroupCoordinator<'_>, cfg: &BenchConfig, sweep: &[usize]) -> Resu
     Ok(())
 }
 
-/// Times `iters × agg` calls of `call` after one synchronising call; returns
-/// the combined per-call time in seconds and this rank's per-iteration samples (µs).
+/// Times `iters × agg` calls of `call` after one synchronising call, as
+/// nccl-tests does; returns this rank's seconds per call (not yet combined
+/// across ranks) and its per-iteration samples (µs). `settle` waits for
+/// enqueued work (the device stream; nothing on the host plane): after the
+/// first call, per call with `-z 1`, per sampled iteration, and at the end.
 fn time_calls(
     g: &GroupCoordinator<'_>,
     cfg: &BenchConfig,
     mut call: impl FnMut() -> Result<()>,
+    mut settle: impl FnMut() -> Result<()>,
 ) -> Result<(f64, Vec<f64>)> {
     call()?;
+    settle()?;
     g.barrier()?;
     let mut samples = Vec::with_capacity(if cfg.stats { cfg.iters } else { 0 });
     let start = Instant::now();
@@ -319,15 +324,18 @@ fn time_calls(
         for _ in 0..cfg.agg {
             call()?;
             if cfg.blocking == 1 {
+                settle()?;
                 g.barrier()?;
             }
         }
         if cfg.stats {
+            settle()?;
             samples.push(it.elapsed().as_secs_f64() * 1e6 / cfg.agg as f64);
         }
     }
+    settle()?;
     let per_call = start.elapsed().as_secs_f64() / (cfg.iters * cfg.agg) as f64;
-    Ok((combine(g, per_call, cfg.average)?, samples))
+    Ok((per_call, samples))
 }
 
 /// Measures one size: out-of-place, in-place, baseline and statistics.
@@ -359,9 +367,13 @@ fn measure_size(
     // rankmesh's host API is out-of-place; the in-place columns are a second,
     // independently timed and validated run of the same call.
     for pass in 0..2 {
-        let (secs, samples) = time_calls(g, cfg, || {
-            op.run(g, &input, &mut output, cfg.redop, cfg.root)
-        })?;
+        let (secs, samples) = time_calls(
+            g,
+            cfg,
+            || op.run(g, &input, &mut output, cfg.redop, cfg.root),
+            || Ok(()),
+        )?;
+        let secs = combine(g, secs, cfg.average)?;
         if cfg.stats && pass == 0 {
             let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
             stats = Some(RankStats::of(&all));
@@ -395,10 +407,16 @@ fn measure_size(
     let baseline = if cfg.baseline {
         let comm = g.raw_comm();
         let mut supported = true;
-        let (secs, _) = time_calls(g, cfg, || {
-            supported = op.run_mpi(comm, &input, &mut output, cfg.redop, cfg.root);
-            Ok(())
-        })?;
+        let (secs, _) = time_calls(
+            g,
+            cfg,
+            || {
+                supported = op.run_mpi(comm, &input, &mut output, cfg.redop, cfg.root);
+                Ok(())
+            },
+            || Ok(()),
+        )?;
+        let secs = combine(g, secs, cfg.average)?;
         supported.then(|| {
             let (algbw, busbw) = bw(secs);
             Cell {

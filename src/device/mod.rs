@@ -225,7 +225,9 @@ impl Gpu {
         loop {
             // SAFETY: our own live stream, context bound above.
             match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                // A communicator can hold an error even when its kernels
+                // finished (a proxy or peer failure): check before reporting success.
+                sys::CUresult::CUDA_SUCCESS => return self.poll_comms(),
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
                 rc => return Err(cuda("waiting for the stream", cu::DriverError(rc))),
             }

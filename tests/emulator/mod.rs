@@ -1,0 +1,319 @@
+//! The driver side of tests/gpu.rs: builds the CUDA and NCCL emulators,
+//! runs the device checks on them under mpirun, and provokes the error paths.
+
+use super::support;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn me() -> PathBuf {
+    std::env::current_exe().expect("own path")
+}
+
+fn rankmesh_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_rankmesh"))
+}
+
+/// Builds libcuda.so(.1) and libnccl.so.2 from tests/emulator into `dir`.
+fn build(dir: &Path) -> Result<(), String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator");
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    // Every driver symbol cudarc resolves must exist; the ones the device
+    // plane does not call are stubs answering CUDA_ERROR_NOT_SUPPORTED (801).
+    let implemented = std::fs::read_to_string(src.join("cuda.c")).map_err(|e| e.to_string())?;
+    let stubs: String = std::fs::read_to_string(src.join("cuda_symbols.txt"))
+        .map_err(|e| e.to_string())?
+        .lines()
+        .filter(|s| !s.is_empty() && !implemented.contains(&format!("CUresult {s}(")))
+        .map(|s| format!("int {s}(void) {{ return 801; }}\n"))
+        .collect();
+    let stub_file = dir.join("cuda_stubs.c");
+    std::fs::write(&stub_file, stubs).map_err(|e| e.to_string())?;
+    let run = |cmd: &mut Command| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        }
+    };
+    run(Command::new("cc")
+        .args(["-O1", "-shared", "-fPIC", "-o"])
+        .arg(dir.join("libcuda.so"))
+        .arg(src.join("cuda.c"))
+        .arg(&stub_file))?;
+    let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
+    std::os::unix::fs::symlink("libcuda.so", dir.join("libcuda.so.1"))
+        .map_err(|e| e.to_string())?;
+    run(Command::new("mpicc")
+        .args(["-O1", "-shared", "-fPIC", "-o"])
+        .arg(dir.join("libnccl.so.2"))
+        .arg(src.join("nccl.c")))
+}
+
+struct Emulator {
+    dir: PathBuf,
+    ld_path: String,
+    nccl: String,
+}
+
+impl Emulator {
+    fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut env = vec![
+            ("LD_LIBRARY_PATH", self.ld_path.as_str()),
+            ("RANKMESH_NCCL_LIB", self.nccl.as_str()),
+            ("RANKMESH_TIMEOUT", "60"),
+        ];
+        env.extend_from_slice(extra);
+        env
+    }
+}
+
+/// Every rank printed its summary with zero failed checks.
+fn checks_passed(job: &support::Job, np: usize) -> Result<(), String> {
+    let passed = job
+        .stdout
+        .lines()
+        .filter(|l| l.contains("rankmesh CUDA emulator") && l.ends_with(", 0 checks failed"))
+        .count();
+    if job.ok() && passed == np && !job.stdout.contains("FAILED") {
+        Ok(())
+    } else {
+        Err(job.describe())
+    }
+}
+
+/// Every rank failed, and every rank's error line says `what`.
+fn fails_everywhere(job: &support::Job, np: usize, what: &str) -> Result<(), String> {
+    let lines = job
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("rankmesh: error (rank") && l.contains(what))
+        .count();
+    if !job.ok() && lines == np {
+        Ok(())
+    } else {
+        Err(format!(
+            "want {np} error lines with {what:?}\n{}",
+            job.describe()
+        ))
+    }
+}
+
+fn trial(name: &str, failures: &mut usize, f: impl FnOnce() -> Result<(), String>) {
+    match f() {
+        Ok(()) => println!("test {name} ... ok"),
+        Err(m) => {
+            *failures += 1;
+            println!("test {name} ... FAILED\n{m}");
+        }
+    }
+}
+
+/// The test runner's entry point (see the module docs of tests/gpu.rs).
+pub fn drive() {
+    let mut failures = 0;
+    match rankmesh::device::driver::driver_version() {
+        Ok(_) => trial("real GPU, 1 rank", &mut failures, || {
+            let job = support::singleton(&me(), &[], &[("RANKMESH_GPU_WORKER", "1")]);
+            if job.ok() && job.stdout.contains(", 0 checks failed") {
+                print!("{}", job.stdout);
+                Ok(())
+            } else {
+                Err(job.describe())
+            }
+        }),
+        Err(why) => println!("real GPU checks skipped: {why}"),
+    }
+
+    let dir = std::env::temp_dir().join(format!("rankmesh-emulator-{}", std::process::id()));
+    if let Err(m) = build(&dir) {
+        println!("building the emulators failed: {m}");
+        std::process::exit(1);
+    }
+    let emu = Emulator {
+        ld_path: dir.display().to_string(),
+        nccl: dir.join("libnccl.so.2").display().to_string(),
+        dir,
+    };
+    let worker = [("RANKMESH_GPU_WORKER", "1")];
+    for np in 1..=4 {
+        let gpus = np.to_string();
+        trial(
+            &format!("emulated device checks, np {np}"),
+            &mut failures,
+            || {
+                let mut env = emu.env(&worker);
+                env.push(("RANKMESH_EMU_GPUS", &gpus));
+                checks_passed(&support::mpirun(np, &me(), &[], &env), np)
+            },
+        );
+    }
+    trial(
+        "one GPU shown per rank (--gpus-per-task)",
+        &mut failures,
+        || {
+            let mut env = emu.env(&worker);
+            env.push(("RANKMESH_EMU_GPUS", "1"));
+            checks_passed(&support::mpirun(2, &me(), &[], &env), 2)
+        },
+    );
+
+    let bench = |np: usize, args: &[&str], extra: &[(&str, &str)]| {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        support::mpirun(np, rankmesh_bin(), &all, &emu.env(extra))
+    };
+    for op in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+        "sendrecv",
+        "all_to_all_4d",
+    ] {
+        trial(
+            &format!("bench {op} --backend nccl, np 3, validated"),
+            &mut failures,
+            || {
+                let job = bench(
+                    3,
+                    &[
+                        op,
+                        "-b",
+                        "8",
+                        "-e",
+                        "96K",
+                        "-f",
+                        "8",
+                        "-n",
+                        "3",
+                        "-w",
+                        "1",
+                        "-c",
+                        "1",
+                        "-d",
+                        "bfloat16",
+                        "--backend",
+                        "nccl",
+                        "--baseline",
+                        "nccl",
+                    ],
+                    &[("RANKMESH_EMU_GPUS", "3")],
+                );
+                let ok = job.ok()
+                    && job.stdout.contains("# Out of bounds values : 0 OK")
+                    && job.stdout.contains("raw NCCL")
+                    && job.stdout.contains("rankmesh CUDA emulator")
+                    && job.stdout.contains("nccl-library=21903");
+                ok.then_some(()).ok_or_else(|| job.describe())
+            },
+        );
+    }
+    trial(
+        "bench --corrupt on the device plane fails validation",
+        &mut failures,
+        || {
+            let job = bench(
+                2,
+                &[
+                    "all_reduce",
+                    "-b",
+                    "64",
+                    "-e",
+                    "64",
+                    "-n",
+                    "1",
+                    "-w",
+                    "0",
+                    "-c",
+                    "1",
+                    "--backend",
+                    "nccl",
+                    "--corrupt",
+                ],
+                &[("RANKMESH_EMU_GPUS", "2")],
+            );
+            (!job.ok() && job.stdout.contains("# Out of bounds values : 1 FAILED"))
+                .then_some(())
+                .ok_or_else(|| job.describe())
+        },
+    );
+    trial(
+        "two ranks on one GPU: error on every rank before NCCL",
+        &mut failures,
+        || {
+            let job = bench(
+                2,
+                &["all_reduce", "-b", "8", "-e", "8", "--backend", "nccl"],
+                &[
+                    ("RANKMESH_EMU_GPUS", "1"),
+                    ("RANKMESH_EMU_BUS", "0000:3B:00.0"),
+                ],
+            );
+            fails_everywhere(
+                &job,
+                2,
+                "group ranks 0 and 1 would share GPU 0000:3B:00.0 on node 0",
+            )
+        },
+    );
+    trial(
+        "more ranks than GPUs: error naming both counts",
+        &mut failures,
+        || {
+            let job = bench(
+                3,
+                &["all_reduce", "--backend", "nccl"],
+                &[("RANKMESH_EMU_GPUS", "2")],
+            );
+            fails_everywhere(
+                &job,
+                3,
+                "3 ranks on this node but 2 CUDA devices are visible",
+            )
+        },
+    );
+    trial(
+        "ncclCommInitRank failing: error on every rank",
+        &mut failures,
+        || {
+            let job = bench(
+                2,
+                &["all_reduce", "-b", "8", "-e", "8", "--backend", "nccl"],
+                &[("RANKMESH_EMU_GPUS", "2"), ("RANKMESH_EMU_INIT_FAIL", "1")],
+            );
+            fails_everywhere(&job, 2, "connect on world: group rank 0: NCCL ncclCommInitRank failed: unhandled system error")
+        },
+    );
+    trial(
+        "asynchronous NCCL error: abort and an error, not a hang",
+        &mut failures,
+        || {
+            let job = bench(
+                2,
+                &[
+                    "all_reduce",
+                    "-b",
+                    "8",
+                    "-e",
+                    "8",
+                    "-n",
+                    "50",
+                    "-w",
+                    "1",
+                    "--backend",
+                    "nccl",
+                ],
+                &[("RANKMESH_EMU_GPUS", "2"), ("RANKMESH_EMU_FAIL_AFTER", "5")],
+            );
+            fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
+        },
+    );
+    let _ = std::fs::remove_dir_all(&emu.dir);
+    if failures > 0 {
+        println!("{failures} emulated trial(s) failed");
+        std::process::exit(1);
+    }
+}
