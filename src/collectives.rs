@@ -377,7 +377,7 @@ impl GroupCoordinator<'_> {
     /// Synchronous: returns once the receiver has matched the call and taken
     /// the data, so a program never depends on MPI's eager buffering. Shape or
     /// dtype disagreement with the receiver is an error on both sides. For a
-    /// ring, use [`send_recv`](Self::send_recv).
+    /// ring, use [`send_recv_into`](Self::send_recv_into).
     pub fn send(&self, t: &Tensor, dst: Option<usize>) -> Result<()> {
         let dst = dst.unwrap_or((self.rank_in_group() + 1) % self.size());
         self.point_to_point(Descriptor::of(Op::Send, t, &[]), Peer::To(dst), |_| {
