@@ -137,7 +137,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
 
     /// Element-wise reduction of every member's tensor; the result on every member.
     pub fn all_reduce(&self, t: &DeviceTensor, op: ReduceOp) -> Result<DeviceTensor> {
-        let mut out = self.gpu.zeros(t.shape().to_vec(), t.dtype())?;
+        let mut out = self.gpu.empty(t.shape().to_vec(), t.dtype())?;
         self.all_reduce_into(t, &mut out, op)?;
         Ok(out)
     }
@@ -211,7 +211,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         dst: usize,
         op: ReduceOp,
     ) -> Result<Option<DeviceTensor>> {
-        let mut out = self.gpu.zeros(t.shape().to_vec(), t.dtype())?;
+        let mut out = self.gpu.empty(t.shape().to_vec(), t.dtype())?;
         self.reduce_into(t, &mut out, dst, op)?;
         Ok((self.group.rank_in_group() == dst).then_some(out))
     }
@@ -261,7 +261,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         let shape = normalize_dim(dim, t.ndim())
             .map(|d| scaled(t.shape(), d, self.group.size(), true))
             .unwrap_or_default();
-        let mut out = self.gpu.zeros(shape, t.dtype())?;
+        let mut out = self.gpu.empty(shape, t.dtype())?;
         self.all_gather_into(t, &mut out, dim)?;
         Ok(out)
     }
@@ -298,7 +298,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
                     if is_contiguous_split(t.shape(), d) {
                         return gather(out.write_ptr(s));
                     }
-                    let mut blocks = self.gpu.zeros([out.nbytes()], DType::U8)?;
+                    let mut blocks = self.gpu.empty([out.nbytes()], DType::U8)?;
                     let bp = blocks.write_ptr(s);
                     gather(bp)?;
                     let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
@@ -337,7 +337,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
                 return Ok(None);
             }
             let bytes = t.nbytes();
-            let mut blocks = self.gpu.zeros([bytes * size], DType::U8)?;
+            let mut blocks = self.gpu.empty([bytes * size], DType::U8)?;
             let bp = blocks.write_ptr(s);
             comm.grouped("ncclRecv", |api, raw| {
                 for r in (0..size).filter(|r| *r != me) {
@@ -370,7 +370,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
             run_copies(&[own], src, bp, s.cu_stream())?;
             let mut out = self
                 .gpu
-                .zeros(scaled(t.shape(), d, size, true), t.dtype())?;
+                .empty(scaled(t.shape(), d, size, true), t.dtype())?;
             let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
             run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?;
             Ok(Some(out))
@@ -387,7 +387,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         let shape = normalize_dim(dim, t.ndim())
             .map(|d| scaled(t.shape(), d, self.group.size(), false))
             .unwrap_or_default();
-        let mut out = self.gpu.zeros(shape, t.dtype())?;
+        let mut out = self.gpu.empty(shape, t.dtype())?;
         self.reduce_scatter_into(t, &mut out, dim, op)?;
         Ok(out)
     }
@@ -440,7 +440,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
                 if is_contiguous_split(t.shape(), d) {
                     return scatter(t.read_ptr(s), out_p);
                 }
-                let mut packed = self.gpu.zeros([t.nbytes()], DType::U8)?;
+                let mut packed = self.gpu.empty([t.nbytes()], DType::U8)?;
                 let pp = packed.write_ptr(s);
                 let plan = split_dim_copies(t.shape(), d, size, t.dtype().size());
                 run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
@@ -534,7 +534,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
 
     /// Equal blocks of dim 0 exchanged between all members (nccl-tests' `alltoall`).
     pub fn all_to_all(&self, t: &DeviceTensor) -> Result<DeviceTensor> {
-        let mut out = self.gpu.zeros(t.shape().to_vec(), t.dtype())?;
+        let mut out = self.gpu.empty(t.shape().to_vec(), t.dtype())?;
         self.all_to_all_into(t, &mut out)?;
         Ok(out)
     }
@@ -593,17 +593,17 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let elem = t.dtype().size();
-                let mut packed = self.gpu.zeros([t.nbytes()], DType::U8)?;
+                let mut packed = self.gpu.empty([t.nbytes()], DType::U8)?;
                 let pp = packed.write_ptr(s);
                 let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
                 run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
-                let mut received = self.gpu.zeros([t.nbytes()], DType::U8)?;
+                let mut received = self.gpu.empty([t.nbytes()], DType::U8)?;
                 let rp = received.write_ptr(s);
                 self.exchange_blocks(&comm, Op::AllToAll4d, pp, rp, t.nbytes() / size, t.dtype())?;
                 let block_shape = scaled(t.shape(), scatter_dim, size, false);
                 let mut out = self
                     .gpu
-                    .zeros(scaled(&block_shape, gather_dim, size, true), t.dtype())?;
+                    .empty(scaled(&block_shape, gather_dim, size, true), t.dtype())?;
                 let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
                 run_copies(&plan, rp, out.write_ptr(s), s.cu_stream())?;
                 Ok(out)
@@ -654,7 +654,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         let desc = Descriptor::for_tensor(Op::Send, dtype, shape, &[]).on_device();
         self.group.point_to_point(desc, Peer::From(src), |_| {
             let comm = self.p2p_comm(Op::Send)?;
-            let mut t = self.gpu.zeros(shape.to_vec(), dtype)?;
+            let mut t = self.gpu.empty(shape.to_vec(), dtype)?;
             let dst = t.write_ptr(self.gpu.stream());
             comm.grouped("ncclRecv", |api, raw| unsafe {
                 // SAFETY: `t` holds `numel` elements of `dtype`.

@@ -159,11 +159,22 @@ impl Gpu {
 
     /// A zero-filled device tensor.
     pub fn zeros(&self, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<DeviceTensor> {
+        let mut t = self.empty(shape.into(), dtype)?;
+        let s = &self.stream;
+        let p = t.write_ptr(s) as u64;
+        // SAFETY: `p` addresses at least `t.nbytes()` bytes of this device.
+        unsafe { cu::memset_d8_async(p, 0, t.nbytes(), s.cu_stream()) }
+            .map_err(|e| cuda("zeroing device memory", e))?;
+        Ok(t)
+    }
+
+    /// A device tensor with unspecified contents, for outputs that an
+    /// operation overwrites entirely (saves the memset kernel of `zeros`).
+    pub(crate) fn empty(&self, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<DeviceTensor> {
         let shape = shape.into();
         let n = crate::tensor::numel(&shape) * dtype.size();
-        let buf = self
-            .stream
-            .alloc_zeros::<u8>(n.max(1))
+        // SAFETY: u8 has no invalid bit patterns; callers write before reading.
+        let buf = unsafe { self.stream.alloc::<u8>(n.max(1)) }
             .map_err(|e| cuda(&format!("allocating {n} bytes"), e))?;
         Ok(DeviceTensor::new(dtype, shape, buf))
     }
@@ -171,7 +182,7 @@ impl Gpu {
     /// Copies a host tensor to the device (enqueued on [`stream`](Self::stream);
     /// `t` may be reused as soon as this returns).
     pub fn upload(&self, t: &Tensor) -> Result<DeviceTensor> {
-        let mut d = self.zeros(t.shape().to_vec(), t.dtype())?;
+        let mut d = self.empty(t.shape().to_vec(), t.dtype())?;
         self.upload_into(t, &mut d)?;
         Ok(d)
     }

@@ -69,7 +69,7 @@ impl DeviceGroup<'_, '_> {
                     DeviceDictValue::Host(t)
                 }
                 EntryMeta::DeviceTensor { dtype, shape } => {
-                    let mut t = self.gpu().zeros(shape.clone(), dtype)?;
+                    let mut t = self.gpu().empty(shape.clone(), dtype)?;
                     if let Some(DeviceDictValue::Device(s)) = own {
                         self.copy(s, &mut t)?;
                     }
@@ -117,7 +117,7 @@ impl DeviceGroup<'_, '_> {
                     DeviceDictValue::Host(g.recv(&shape, dtype, Some(src))?)
                 }
                 EntryMeta::DeviceTensor { dtype, shape } if numel(&shape) == 0 => {
-                    DeviceDictValue::Device(self.gpu().zeros(shape, dtype)?)
+                    DeviceDictValue::Device(self.gpu().empty(shape, dtype)?)
                 }
                 EntryMeta::DeviceTensor { dtype, shape } => {
                     DeviceDictValue::Device(self.recv(&shape, dtype, Some(src))?)
