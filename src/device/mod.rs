@@ -212,14 +212,18 @@ impl Gpu {
     /// (waits like [`synchronize`](Self::synchronize)).
     pub fn download(&self, d: &DeviceTensor) -> Result<Tensor> {
         let mut t = Tensor::zeros(d.shape().to_vec(), d.dtype());
+        // A copy into pageable memory blocks until the stream reaches it, so
+        // wait first with the polling loop: a stuck NCCL call becomes an
+        // error here, not a hang inside the copy.
+        self.synchronize()?;
         if t.nbytes() > 0 {
             let src = d.read_ptr(&self.stream) as u64;
             // SAFETY: `t` holds exactly `d.nbytes()` bytes and outlives the
             // copy: `synchronize` below returns only once the stream is done.
             unsafe { cu::memcpy_dtoh_async(t.bytes_mut(), src, self.stream.cu_stream()) }
                 .map_err(|e| cuda("device-to-host copy", e))?;
+            self.synchronize()?;
         }
-        self.synchronize()?;
         Ok(t)
     }
 
