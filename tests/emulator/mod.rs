@@ -212,6 +212,49 @@ pub fn drive() {
         );
     }
     trial(
+        "bench -J on the device plane: GPU devices and the NCCL baseline",
+        &mut failures,
+        || {
+            let json = emu.dir.join("bench.json");
+            let json_s = json.display().to_string();
+            let job = bench(
+                2,
+                &[
+                    "all_reduce",
+                    "-b",
+                    "1K",
+                    "-e",
+                    "1K",
+                    "-n",
+                    "2",
+                    "-w",
+                    "1",
+                    "--backend",
+                    "nccl",
+                    "--baseline",
+                    "nccl",
+                    "-J",
+                    &json_s,
+                ],
+                &[("RANKMESH_EMU_GPUS", "2")],
+            );
+            let doc: serde_json::Value = std::fs::read_to_string(&json)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .ok_or_else(|| job.describe())?;
+            let row = &doc["results"][0];
+            let ok = job.ok()
+                && row["nccl_baseline"]["bw_ratio"].as_f64().is_some()
+                && row.get("mpi_baseline").is_none()
+                && doc["devices"][1]["device"] == 1
+                && doc["devices"][0]["device_info"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("emulator"));
+            ok.then_some(())
+                .ok_or_else(|| format!("{doc:#}\n{}", job.describe()))
+        },
+    );
+    trial(
         "bench --corrupt on the device plane fails validation",
         &mut failures,
         || {
