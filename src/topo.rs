@@ -24,8 +24,11 @@ pub struct RankEntry {
     pub cpus: String,
     /// NUMA nodes of those CPUs.
     pub numa: Vec<usize>,
-    /// Its GPU, when the node has GPUs.
+    /// Its GPU, when the node has GPUs (hwloc's view of the PCI device).
     pub gpu: Option<crate::placement::GpuInfo>,
+    /// The CUDA device the GPU plane would drive (`None`: no usable driver
+    /// or device on this rank).
+    pub device: Option<crate::device::DeviceInfo>,
     /// Who set the binding: `launcher`, `rankmesh:<policy>` or `none`.
     pub bound_by: String,
 }
@@ -82,12 +85,16 @@ impl TopoReport {
             Some(p) => p.clone(),
             None => crate::placement::describe(world.me().local_rank)?,
         };
-        let placements = ps.world().all_gather_object(&mine)?;
+        let me = world.me();
+        let device = crate::device::probe(me.local_rank, me.local_size)
+            .map_err(|e| tracing::debug!("{e}"))
+            .ok();
+        let placements = ps.world().all_gather_object(&(mine, device))?;
         let ranks = world
             .ranks
             .iter()
             .zip(placements)
-            .map(|(r, p)| RankEntry {
+            .map(|(r, (p, device))| RankEntry {
                 rank: r.rank,
                 host: r.host.clone(),
                 node: r.node,
@@ -101,6 +108,7 @@ impl TopoReport {
                 cpus: p.cpus,
                 numa: p.numa,
                 gpu: p.gpu,
+                device,
                 bound_by: p.bound_by,
             })
             .collect();
@@ -147,7 +155,12 @@ impl TopoReport {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let gpu = |r: &RankEntry| r.gpu.as_ref().map_or("-".to_string(), |g| g.bus_id.clone());
+        // CUDA's choice when a driver answers (`ordinal@bus id`), else hwloc's PCI view.
+        let gpu = |r: &RankEntry| match (&r.device, &r.gpu) {
+            (Some(d), _) => format!("{}@{}", d.ordinal, d.bus_id),
+            (None, Some(g)) => g.bus_id.clone(),
+            (None, None) => "-".to_string(),
+        };
         let cw = self
             .ranks
             .iter()

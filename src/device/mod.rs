@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Which GPU a rank drives.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceInfo {
     /// CUDA ordinal as this process sees it (after `CUDA_VISIBLE_DEVICES`).
     pub ordinal: usize,
@@ -75,13 +75,13 @@ impl Gpu {
     ) -> Result<Gpu> {
         let env = |k: &str| std::env::var(k).ok();
         // Both checks run, so one message lists everything missing.
-        let version = driver::driver_version();
+        let device = probe(local_rank, local_size);
         let nccl = loader::load(&env).and_then(|n| n.api().map(|_| ()).map(|_| n));
-        let (version, nccl) = match (version, nccl) {
-            (Ok(v), Ok(n)) => (v, n),
-            (v, n) => {
+        let (info, nccl) = match (device, nccl) {
+            (Ok(d), Ok(n)) => (d, n),
+            (d, n) => {
                 let mut problems = Vec::new();
-                if let Err(m) = v {
+                if let Err(Error::Gpu(m)) = d {
                     problems.push(m);
                 }
                 if let Err(e) = n {
@@ -93,31 +93,16 @@ impl Gpu {
                 return Err(Error::Gpu(problems.join("\n")));
             }
         };
-        let count = CudaContext::device_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
-        let ordinal = select::choose_device(
-            local_rank,
-            local_size,
-            count.max(0) as usize,
-            env("RANKMESH_DEVICE").as_deref(),
-            env("CUDA_VISIBLE_DEVICES").as_deref(),
-        )
-        .map_err(Error::Gpu)?;
-        let ctx = CudaContext::new(ordinal).map_err(|e| cuda("creating the CUDA context", e))?;
+        let ctx =
+            CudaContext::new(info.ordinal).map_err(|e| cuda("creating the CUDA context", e))?;
         // SAFETY: rankmesh orders all of its work on one stream (module docs),
         // so cudarc's cross-stream events are not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
             .map_err(|e| cuda("creating the CUDA stream", e))?;
-        let name = ctx.name().map_err(|e| cuda("cuDeviceGetName", e))?;
-        let bus_id = pci_bus_id(&ctx)?;
         Ok(Gpu {
-            info: DeviceInfo {
-                ordinal,
-                name,
-                bus_id,
-                driver: driver::cuda_version(version),
-            },
+            info,
             stream,
             ctx,
             comms: RefCell::new(Vec::new()),
@@ -291,15 +276,38 @@ impl Gpu {
     }
 }
 
-fn pci_bus_id(ctx: &CudaContext) -> Result<String> {
+/// Which device local rank `local_rank` of `local_size` would drive, found
+/// without creating a context (no GPU memory is used): `rankmesh topo` shows it.
+/// Errors are [`Error::Gpu`] saying what is missing.
+pub fn probe(local_rank: usize, local_size: usize) -> Result<DeviceInfo> {
+    let env = |k: &str| std::env::var(k).ok();
+    let version = driver::driver_version().map_err(Error::Gpu)?;
+    let count = CudaContext::device_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
+    let ordinal = select::choose_device(
+        local_rank,
+        local_size,
+        count.max(0) as usize,
+        env("RANKMESH_DEVICE").as_deref(),
+        env("CUDA_VISIBLE_DEVICES").as_deref(),
+    )
+    .map_err(Error::Gpu)?;
+    let dev = cu::device::get(ordinal as i32).map_err(|e| cuda("cuDeviceGet", e))?;
+    let name = cu::device::get_name(dev).map_err(|e| cuda("cuDeviceGetName", e))?;
     let mut buf = [0 as std::os::raw::c_char; 32];
-    // SAFETY: `buf` is writable for its length; the device handle is live.
-    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ctx.cu_device()) }
+    // SAFETY: `buf` is writable for its length; `dev` is a valid device.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) }
         .result()
         .map_err(|e| cuda("cuDeviceGetPCIBusId", e))?;
     // SAFETY: the driver wrote a NUL-terminated string into `buf`.
-    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Ok(s.to_string_lossy().into_owned())
+    let bus_id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        bus_id,
+        driver: driver::cuda_version(version),
+    })
 }
 
 impl std::fmt::Debug for Gpu {

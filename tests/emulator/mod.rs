@@ -158,6 +158,27 @@ pub fn drive() {
         },
     );
 
+    trial(
+        "topo shows the CUDA device each rank would drive",
+        &mut failures,
+        || {
+            let job = support::mpirun(
+                3,
+                rankmesh_bin(),
+                &["topo", "--json"],
+                &emu.env(&[("RANKMESH_EMU_GPUS", "3")]),
+            );
+            let doc: serde_json::Value = serde_json::from_str(job.stdout.trim())
+                .map_err(|e| format!("{e}\n{}", job.describe()))?;
+            let ok = job.ok()
+                && doc["nccl"]["version"] == "2.19.3"
+                && (0..3).all(|r| {
+                    let d = &doc["ranks"][r]["device"];
+                    d["ordinal"] == r && d["driver"] == "12.4" && d["bus_id"].as_str().is_some()
+                });
+            ok.then_some(()).ok_or_else(|| format!("{doc:#}"))
+        },
+    );
     let bench = |np: usize, args: &[&str], extra: &[(&str, &str)]| {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
