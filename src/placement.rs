@@ -127,6 +127,36 @@ fn bus_id(o: &TopologyObject) -> String {
     }
 }
 
+/// (domain, bus, device, function) of a PCI bus id in any of the spellings
+/// in use (`0000:1b:00.0` from hwloc, `0000:1B:00.0` from CUDA,
+/// `00000000:1B:00.0` from NVML).
+fn parse_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
+    let (rest, function) = s.trim().rsplit_once('.')?;
+    let mut parts = rest.split(':');
+    let (domain, bus, device) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex = |x: &str| u32::from_str_radix(x, 16).ok();
+    Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+}
+
+/// This rank's GPU among `g`: the device CUDA would give it (matched by PCI
+/// bus id, so `CUDA_VISIBLE_DEVICES` and `RANKMESH_DEVICE` count) when a
+/// driver answers, else the `local_rank`-th GPU of the node.
+fn my_gpu<'t>(
+    g: &[&'t TopologyObject],
+    local_rank: usize,
+    local_size: usize,
+) -> Option<&'t TopologyObject> {
+    if g.is_empty() {
+        return None;
+    }
+    let cuda = crate::device::probe(local_rank, local_size)
+        .ok()
+        .and_then(|d| parse_bus_id(&d.bus_id));
+    cuda.and_then(|want| g.iter().find(|o| parse_bus_id(&bus_id(o)) == Some(want)))
+        .or_else(|| g.get(local_rank % g.len()))
+        .copied()
+}
+
 fn gpu_cpus(o: &TopologyObject) -> Option<CpuSet> {
     o.first_non_io_ancestor()
         .and_then(|a| a.cpuset())
@@ -182,7 +212,7 @@ pub fn apply(
                     g.len()
                 )));
             }
-            gpu_cpus(g[local_rank])
+            my_gpu(&g, local_rank, local_size).and_then(gpu_cpus)
         }
     };
     let bound_by = match (&target, policy) {
@@ -200,12 +230,12 @@ pub fn apply(
         _ if launcher_bound => "launcher".to_string(),
         _ => "none".to_string(),
     };
-    describe_with(&t, local_rank, bound_by)
+    describe_with(&t, local_rank, local_size, bound_by)
 }
 
 /// Where this process runs now (no change), for local rank `local_rank`;
 /// a binding narrower than the machine is reported as the launcher's.
-pub fn describe(local_rank: usize) -> Result<Placement> {
+pub fn describe(local_rank: usize, local_size: usize) -> Result<Placement> {
     let t = topology()?;
     let current = t.cpu_binding(CpuBindingFlags::PROCESS).map_err(hw)?;
     let bound_by = if current == *t.allowed_cpuset() {
@@ -213,10 +243,15 @@ pub fn describe(local_rank: usize) -> Result<Placement> {
     } else {
         "launcher"
     };
-    describe_with(&t, local_rank, bound_by.to_string())
+    describe_with(&t, local_rank, local_size, bound_by.to_string())
 }
 
-fn describe_with(t: &Topology, local_rank: usize, bound_by: String) -> Result<Placement> {
+fn describe_with(
+    t: &Topology,
+    local_rank: usize,
+    local_size: usize,
+    bound_by: String,
+) -> Result<Placement> {
     let cpus = t.cpu_binding(CpuBindingFlags::PROCESS).map_err(hw)?;
     let numa = t
         .objects_with_type(ObjectType::NUMANode)
@@ -225,12 +260,9 @@ fn describe_with(t: &Topology, local_rank: usize, bound_by: String) -> Result<Pl
         .map(|(i, _)| i)
         .collect();
     let g = gpus(t);
-    let gpu = (!g.is_empty()).then(|| {
-        let o = g[local_rank % g.len()];
-        GpuInfo {
-            bus_id: bus_id(o),
-            local_cpus: gpu_cpus(o).map_or_else(String::new, |s| list(&s)),
-        }
+    let gpu = my_gpu(&g, local_rank, local_size).map(|o| GpuInfo {
+        bus_id: bus_id(o),
+        local_cpus: gpu_cpus(o).map_or_else(String::new, |s| list(&s)),
     });
     Ok(Placement {
         cpus: list(&cpus),
@@ -243,6 +275,16 @@ fn describe_with(t: &Topology, local_rank: usize, bound_by: String) -> Result<Pl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bus_ids_match_across_spellings() {
+        let hwloc = parse_bus_id("0000:1b:00.0");
+        assert!(hwloc.is_some());
+        assert_eq!(parse_bus_id("0000:1B:00.0"), hwloc);
+        assert_eq!(parse_bus_id("00000000:1B:00.0"), hwloc);
+        assert_ne!(parse_bus_id("0000:1C:00.0"), hwloc);
+        assert_eq!(parse_bus_id("not a bus id"), None);
+    }
 
     #[test]
     fn policies_parse() {
@@ -263,7 +305,7 @@ mod tests {
 
     #[test]
     fn describe_matches_proc_status() {
-        let p = describe(0).unwrap();
+        let p = describe(0, 1).unwrap();
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status
             .lines()

@@ -83,7 +83,7 @@ impl TopoReport {
         // Placement is per process: every rank describes itself, all gather.
         let mine = match rt.applied_placement() {
             Some(p) => p.clone(),
-            None => crate::placement::describe(world.me().local_rank)?,
+            None => crate::placement::describe(world.me().local_rank, world.me().local_size)?,
         };
         let me = world.me();
         let device = crate::device::probe(me.local_rank, me.local_size)
