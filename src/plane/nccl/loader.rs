@@ -91,7 +91,20 @@ pub fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     if let Some(home) = env("HOME") {
         roots.push(Path::new(&home).join(".local/lib"));
     }
+    // The Python on PATH (often a virtual environment holding PyTorch and
+    // its NCCL wheel, e.g. /opt/torch/.venv/bin/python3).
+    if let Some(path) = env("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("python3").exists() {
+                if let Some(prefix) = dir.parent() {
+                    roots.push(prefix.join("lib"));
+                }
+            }
+        }
+    }
     roots.extend(["/usr/local/lib", "/usr/lib", "/opt/conda/lib"].map(PathBuf::from));
+    let mut seen = std::collections::HashSet::new();
+    roots.retain(|r| seen.insert(r.clone()));
     for root in roots {
         let Ok(entries) = std::fs::read_dir(&root) else {
             continue;
@@ -200,6 +213,22 @@ mod tests {
                 "/cuda/lib64/libnccl.so",
             ]
         );
+    }
+
+    #[test]
+    fn the_nccl_wheel_of_the_python_on_path_is_a_candidate() {
+        let root = std::env::temp_dir().join(format!("rankmesh-venv-{}", std::process::id()));
+        let lib = root.join("lib/python3.12/site-packages/nvidia/nccl/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::write(root.join("bin/python3"), "").unwrap();
+        std::fs::write(lib.join("libnccl.so.2"), "").unwrap();
+        let path = format!("/nonexistent:{}", root.join("bin").display());
+        let env = move |k: &str| (k == "PATH").then(|| path.clone());
+        let c = candidates(&env);
+        let want = lib.join("libnccl.so.2").display().to_string();
+        assert_eq!(c.iter().filter(|p| **p == want).count(), 1, "{c:?}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
