@@ -61,8 +61,9 @@ fn decode_version(v: i32) -> String {
 
 /// The candidates, in search order: `RANKMESH_NCCL_LIB` (a file), the loader
 /// path (`libnccl.so.2`, `libnccl.so`), `$NCCL_HOME/lib`, `$CUDA_HOME/lib64`,
-/// and the `nvidia/nccl/lib` directory of Python wheels in the usual
-/// site-packages locations.
+/// and the `nvidia/nccl/lib` directory of Python wheels in the site-packages
+/// of virtual environments (`$VIRTUAL_ENV`, the `python3` on `PATH`), conda,
+/// `~/.local` and the system prefixes.
 pub fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(p) = env("RANKMESH_NCCL_LIB") {
