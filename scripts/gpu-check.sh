@@ -29,16 +29,20 @@ else
     bin=target/release/rankmesh
     gpu_test=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -n1)
 fi
-mpirun_bin=$(command -v mpirun || command -v mpirun.openmpi)
+mpirun_bin=$(command -v mpirun.openmpi || command -v mpirun)
+# Forward the variables the ranks need, those that are set.
+forward=()
+for v in LD_LIBRARY_PATH OPAL_PREFIX PMIX_INSTALL_PREFIX RANKMESH_NCCL_LIB RANKMESH_DEVICE CUDA_VISIBLE_DEVICES; do
+    [[ -n "${!v:-}" ]] && forward+=(-x "$v")
+done
 run_np() {
     local np=$1; shift
-    "$mpirun_bin" -np "$np" --oversubscribe --bind-to none \
-        -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_INSTALL_PREFIX -x RANKMESH_NCCL_LIB "$@"
+    "$mpirun_bin" -np "$np" --oversubscribe --bind-to none "${forward[@]}" "$@"
 }
 
 echo "== devices"
 nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader || true
-ngpu=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 echo "== topo"
 "$bin" topo
 
