@@ -323,6 +323,22 @@ pub fn drive() {
             )
         },
     );
+    if support::fake_nodes_available() {
+        trial(
+            "one bus id on two fake nodes is two GPUs (the check is per node)",
+            &mut failures,
+            || {
+                let mut env = emu.env(&worker);
+                env.extend([
+                    ("RANKMESH_EMU_GPUS", "1"),
+                    ("RANKMESH_EMU_BUS", "0000:3B:00.0"),
+                ]);
+                checks_passed(&support::fake_nodes("1,1", &me(), &[], &env), 2)
+            },
+        );
+    } else {
+        println!("fake-node trial skipped: no UTS namespaces here");
+    }
     trial(
         "more ranks than GPUs: error naming both counts",
         &mut failures,
