@@ -64,16 +64,6 @@ pub(crate) fn parse_value(
     })
 }
 
-fn device_entry(g: &GroupCoordinator<'_>, key: &str) -> Error {
-    Error::collective(
-        "tensor_dict",
-        g.name(),
-        format!(
-            "entry {key:?} is a device tensor: receive with the device plane (group.device()?)"
-        ),
-    )
-}
-
 /// The piece of a flattened tensor this rank of an all-gather group moves,
 /// when the send-then-all-gather split applies to it.
 fn ag_slice(t_numel: usize, ag: Option<&GroupCoordinator<'_>>) -> Option<(usize, usize)> {
@@ -96,8 +86,10 @@ impl GroupCoordinator<'_> {
         for (key, m) in meta {
             let value = match m {
                 EntryMeta::Value(text) => DictValue::Value(parse_value(self, &key, &text)?),
-                EntryMeta::DeviceTensor { .. } => return Err(device_entry(self, &key)),
-                EntryMeta::Tensor { dtype, shape } => {
+                // A device entry from a device-plane sender: the host broadcast
+                // below meets its device broadcast, and every rank gets the
+                // agreement error naming both.
+                EntryMeta::Tensor { dtype, shape } | EntryMeta::DeviceTensor { dtype, shape } => {
                     let mut t = match dict.and_then(|d| d.get(&key)) {
                         Some(DictValue::Tensor(t)) if self.rank_in_group() == src => t.clone(),
                         _ => Tensor::zeros(shape, dtype),
@@ -160,11 +152,14 @@ impl GroupCoordinator<'_> {
         for (key, m) in meta {
             let value = match m {
                 EntryMeta::Value(text) => DictValue::Value(parse_value(self, &key, &text)?),
-                EntryMeta::DeviceTensor { .. } => return Err(device_entry(self, &key)),
-                EntryMeta::Tensor { dtype, shape } if numel(&shape) == 0 => {
+                EntryMeta::Tensor { dtype, shape } | EntryMeta::DeviceTensor { dtype, shape }
+                    if numel(&shape) == 0 =>
+                {
                     DictValue::Tensor(Tensor::zeros(shape, dtype))
                 }
-                EntryMeta::Tensor { dtype, shape } => {
+                // As in broadcast: a device entry's host receive fails its
+                // handshake with the device send, on both ends.
+                EntryMeta::Tensor { dtype, shape } | EntryMeta::DeviceTensor { dtype, shape } => {
                     let t = match (ag_slice(numel(&shape), all_gather_group), all_gather_group) {
                         (Some((_, len)), Some(ag)) => {
                             let piece = self.recv(&[len], dtype, Some(src))?;
