@@ -5,6 +5,7 @@
 //! rank's tensor, the gradient is `Aᵀ`: all_gather ↔ reduce_scatter(sum),
 //! all_reduce(sum) ↔ all_reduce(sum), all_to_all_4d(a, b) ↔ all_to_all_4d(b, a).
 
+use crate::device::{DeviceGroup, DeviceTensor};
 use crate::error::Result;
 use crate::group::GroupCoordinator;
 use crate::reduce::ReduceOp;
@@ -67,5 +68,31 @@ impl Differentiable {
     /// Gradient with respect to the input, given the gradient of the output.
     pub fn backward(self, group: &GroupCoordinator<'_>, grad_output: &Tensor) -> Result<Tensor> {
         self.adjoint().forward(group, grad_output)
+    }
+
+    /// [`forward`](Self::forward) on device tensors (NCCL plane; enqueued).
+    pub fn forward_device(
+        self,
+        dg: &DeviceGroup<'_, '_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor> {
+        match self {
+            Differentiable::AllReduceSum => dg.all_reduce(x, ReduceOp::Sum),
+            Differentiable::AllGather { dim } => dg.all_gather(x, dim),
+            Differentiable::ReduceScatterSum { dim } => dg.reduce_scatter(x, dim, ReduceOp::Sum),
+            Differentiable::AllToAll4d {
+                scatter_dim,
+                gather_dim,
+            } => dg.all_to_all_4d(x, scatter_dim, gather_dim),
+        }
+    }
+
+    /// [`backward`](Self::backward) on device tensors.
+    pub fn backward_device(
+        self,
+        dg: &DeviceGroup<'_, '_>,
+        grad_output: &DeviceTensor,
+    ) -> Result<DeviceTensor> {
+        self.adjoint().forward_device(dg, grad_output)
     }
 }

@@ -286,6 +286,42 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     Ok(())
 }
 
+/// Device forward/backward of every differentiable collective equal the host plane's.
+fn check_autograd(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    use rankmesh::Differentiable as D;
+    let gpu = dg.gpu();
+    let n = g.size();
+    let x = input(&[2, n * 2, n * 3, 4], DType::F32, g.rank_in_group());
+    let dx = gpu.upload(&x).map_err(e)?;
+    for op in [
+        D::AllReduceSum,
+        D::AllGather { dim: 1 },
+        D::ReduceScatterSum { dim: -2 },
+        D::AllToAll4d {
+            scatter_dim: 2,
+            gather_dim: 1,
+        },
+    ] {
+        let y = op.forward(g, &x).map_err(e)?;
+        let dy = op.forward_device(dg, &dx).map_err(e)?;
+        same(
+            &format!("{op:?} forward"),
+            &gpu.download(&dy).map_err(e)?,
+            &y,
+            None,
+        )?;
+        let gx = op.backward(g, &y).map_err(e)?;
+        let dgx = op.backward_device(dg, &dy).map_err(e)?;
+        same(
+            &format!("{op:?} backward"),
+            &gpu.download(&dgx).map_err(e)?,
+            &gx,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
 /// Bad calls fail on every rank with a message, and the group stays usable.
 fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     let gpu = dg.gpu();
@@ -362,7 +398,8 @@ fn worker() {
             groups.push(g);
         }
     }
-    let checks: [(&str, CheckFn); 5] = [
+    let checks: [(&str, CheckFn); 6] = [
+        ("autograd", check_autograd),
         ("tensor dicts", check_dicts),
         ("reductions", check_reductions),
         ("layout ops", check_layout_ops),
