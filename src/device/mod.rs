@@ -17,6 +17,8 @@ pub mod collectives;
 mod connect;
 mod copy;
 pub mod driver;
+mod p2p;
+mod redistribute;
 pub mod select;
 mod tensor;
 mod tensor_dict;
