@@ -336,6 +336,22 @@ fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     };
     expect(dg.all_gather(&x, 2), "dim 2 out of range for a 2-d tensor")?;
     expect(dg.all_to_all_4d(&x, 2, 1), "expects a 4-d tensor")?;
+    let mut small = gpu.zeros([2, 3], DType::F32).map_err(e)?;
+    match gpu.upload_into(&input(&[4, 3], DType::F32, me), &mut small) {
+        Err(err)
+            if err
+                .to_string()
+                .contains("upload of a [4, 3] f32 tensor into a [2, 3] f32 device tensor") => {}
+        other => return Err(format!("upload_into a smaller tensor: {other:?}")),
+    }
+    let mut out = gpu.zeros([4, 4], DType::F32).map_err(e)?;
+    match dg.all_reduce_into(&x, &mut out, ReduceOp::Sum) {
+        Err(err)
+            if err
+                .to_string()
+                .contains("this rank: output is [4, 4] f32, expected [4, 3] f32") => {}
+        other => return Err(format!("all_reduce_into a wrong output: {other:?}")),
+    }
     if g.size() > 1 {
         // One rank passes another shape: every rank learns who passed what.
         let shape: &[usize] = if me == 1 { &[4, 4] } else { &[4, 3] };
