@@ -43,6 +43,18 @@ pub struct Copy2d {
 }
 
 impl Copy2d {
+    /// A plain copy of `len` contiguous bytes (one row).
+    pub fn bytes(src_offset: usize, dst_offset: usize, len: usize) -> Copy2d {
+        Copy2d {
+            src_offset,
+            dst_offset,
+            width: len,
+            height: 1,
+            src_pitch: len,
+            dst_pitch: len,
+        }
+    }
+
     /// Runs the copy on host memory.
     pub fn apply(&self, src: &[u8], dst: &mut [u8]) {
         for row in 0..self.height {

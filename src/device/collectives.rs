@@ -124,14 +124,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     pub(crate) fn copy(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
         let s = self.gpu.stream();
         let n = src.nbytes().min(dst.nbytes());
-        let one = crate::layout_ops::Copy2d {
-            src_offset: 0,
-            dst_offset: 0,
-            width: n,
-            height: 1,
-            src_pitch: n,
-            dst_pitch: n,
-        };
+        let one = crate::layout_ops::Copy2d::bytes(0, 0, n);
         run_copies(&[one], src.read_ptr(s), dst.write_ptr(s), s.cu_stream())
     }
 

@@ -24,14 +24,11 @@ pub(crate) fn run_copies(
         } else {
             // Rows too far apart for one 2-D copy: one 1-D copy per row.
             for row in 0..c.height {
-                let one = Copy2d {
-                    src_offset: c.src_offset + row * c.src_pitch,
-                    dst_offset: c.dst_offset + row * c.dst_pitch,
-                    height: 1,
-                    src_pitch: c.width,
-                    dst_pitch: c.width,
-                    ..*c
-                };
+                let one = Copy2d::bytes(
+                    c.src_offset + row * c.src_pitch,
+                    c.dst_offset + row * c.dst_pitch,
+                    c.width,
+                );
                 enqueue_2d(&one, src, dst, stream)?;
             }
         }

@@ -2,7 +2,6 @@
 //! Shape and dtype are checked with the peer over MPI first, as on the host.
 
 use super::collectives::nccl_dtype;
-use super::copy::run_copies;
 use super::{DeviceGroup, DeviceTensor};
 use crate::dispatch::{Descriptor, Op};
 use crate::error::Result;
@@ -102,16 +101,7 @@ impl DeviceGroup<'_, '_> {
             }
             crate::dispatch::agree_peers(&sent, &expected, me, me)
                 .map_err(|m| self.err(Op::Send, m))?;
-            let s = self.gpu.stream();
-            let own = crate::layout_ops::Copy2d {
-                src_offset: 0,
-                dst_offset: 0,
-                width: t.nbytes(),
-                height: 1,
-                src_pitch: t.nbytes(),
-                dst_pitch: t.nbytes(),
-            };
-            return run_copies(&[own], t.read_ptr(s), out.write_ptr(s), s.cu_stream());
+            return self.copy(t, out);
         }
         let comm = self.p2p_comm(Op::Send)?;
         let s = self.gpu.stream();

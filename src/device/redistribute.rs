@@ -8,7 +8,9 @@ use super::{DeviceGroup, DeviceTensor};
 use crate::collectives::{check_all_to_all_4d, divisible, scaled};
 use crate::dispatch::{dim_in_range, rank_in_range, Descriptor, Op};
 use crate::error::Result;
-use crate::layout_ops::{concat_dim_copies, is_contiguous_split, normalize_dim, split_dim_copies};
+use crate::layout_ops::{
+    concat_dim_copies, is_contiguous_split, normalize_dim, split_dim_copies, Copy2d,
+};
 use crate::plane::nccl::comm::Communicator;
 use crate::reduce::ReduceOp;
 use crate::tensor::DType;
@@ -118,14 +120,7 @@ impl DeviceGroup<'_, '_> {
                 0
             })
             .map_err(|m| self.err(Op::Gather, m))?;
-            let own = crate::layout_ops::Copy2d {
-                src_offset: 0,
-                dst_offset: me * bytes,
-                width: bytes,
-                height: 1,
-                src_pitch: bytes,
-                dst_pitch: bytes,
-            };
+            let own = Copy2d::bytes(0, me * bytes, bytes);
             run_copies(&[own], src, bp, s.cu_stream())?;
             let mut out = self
                 .gpu
@@ -260,14 +255,7 @@ impl DeviceGroup<'_, '_> {
             })
             .map_err(|m| self.err(op, m))?;
         }
-        let own = crate::layout_ops::Copy2d {
-            src_offset: me * block,
-            dst_offset: me * block,
-            width: block,
-            height: 1,
-            src_pitch: block,
-            dst_pitch: block,
-        };
+        let own = Copy2d::bytes(me * block, me * block, block);
         run_copies(&[own], src, dst, self.gpu.stream().cu_stream())
     }
 
