@@ -4,7 +4,6 @@
 //! calls on the same communicator and buffers as the baseline.
 
 use super::config::BenchConfig;
-use super::format::Cell;
 use super::ops::BenchOp;
 use crate::device::collectives::{nccl_dtype, nccl_op};
 use crate::device::{DeviceGroup, DeviceTensor};
@@ -171,17 +170,6 @@ fn check_output(
     Ok(cfg.op.count_wrong(g, input_len, &got, cfg.redop, cfg.root))
 }
 
-/// A measured cell from seconds per call.
-pub(super) fn cell(secs: f64, bw: impl Fn(f64) -> (f64, f64), wrong: Option<u64>) -> Cell {
-    let (algbw, busbw) = bw(secs);
-    Cell {
-        time_us: secs * 1e6,
-        algbw,
-        busbw,
-        wrong,
-    }
-}
-
 /// Warm-up at the largest and smallest size, as the host harness does.
 pub(super) fn warm_up_device(
     g: &GroupCoordinator<'_>,
@@ -212,23 +200,11 @@ pub(super) fn measure_size_device(
     first: bool,
 ) -> Result<super::Row> {
     let op = cfg.op;
-    let n = g.size();
-    let elem = cfg.dtype.size();
-    let count = size / elem;
-    let (send, recv, param) = op.counts(count, n, elem);
-    let bytes = send.max(recv) * elem;
-    let (mut input, mut output) = op.buffers(g, count, cfg.dtype);
+    let sizing = super::Sizing::new(g, cfg, size);
+    let (mut input, mut output) = op.buffers(g, sizing.count, cfg.dtype);
     op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
     let host = (&input, &output);
     let mut bufs = DeviceBuffers::new(dg, host)?;
-    let bw = |secs: f64| {
-        let algbw = if secs > 0.0 {
-            bytes as f64 / 1e9 / secs
-        } else {
-            0.0
-        };
-        (algbw, algbw * op.bus_factor(n))
-    };
     let mut cells = Vec::new();
     let mut stats = None;
     for pass in 0..2 {
@@ -253,18 +229,11 @@ pub(super) fn measure_size_device(
             let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
             stats = Some(super::format::RankStats::of(&all));
         }
-        let mut wrong = None;
-        for _ in 0..cfg.check {
-            let corrupt = cfg.corrupt && first && pass == 0 && g.is_first_rank();
-            let local = check_device(g, dg, cfg, &mut bufs, host, in_place, corrupt)?;
-            let t = Tensor::from_vec([1], vec![local])?;
-            let total = g.all_reduce(&t, ReduceOp::Sum)?.as_slice::<u64>()?[0];
-            wrong = Some(total);
-            if total > 0 {
-                break;
-            }
-        }
-        cells.push(cell(secs, bw, wrong));
+        let corrupt = cfg.corrupt && first && pass == 0 && g.is_first_rank();
+        let wrong = super::validate(g, cfg, || {
+            check_device(g, dg, cfg, &mut bufs, host, in_place, corrupt)
+        })?;
+        cells.push(sizing.cell(secs, wrong));
     }
     let baseline = if cfg.baseline {
         bufs.reset(dg, host)?;
@@ -276,24 +245,9 @@ pub(super) fn measure_size_device(
             || dg.synchronize(),
         )?;
         let secs = super::combine(g, secs, cfg.average)?;
-        Some(cell(secs, bw, None))
+        Some(sizing.cell(secs, None))
     } else {
         None
     };
-    Ok(super::Row {
-        group: g.name().to_string(),
-        size: bytes,
-        count: param,
-        dtype: super::nccl_type_name(cfg.dtype).to_string(),
-        redop: if op.reduces() {
-            cfg.redop.name().to_string()
-        } else {
-            "none".to_string()
-        },
-        root: if op.rooted() { cfg.root as i64 } else { -1 },
-        out_of_place: cells[0],
-        in_place: cells[1],
-        baseline,
-        stats,
-    })
+    Ok(sizing.row(g, cfg, [cells[0], cells[1]], baseline, stats))
 }

@@ -338,6 +338,92 @@ fn time_calls(
     Ok((per_call, samples))
 }
 
+/// One size of the sweep, as nccl-tests reports it: bytes moved per rank,
+/// the printed element count, and the bus-bandwidth factor.
+struct Sizing {
+    bytes: usize,
+    count: usize,
+    param: usize,
+    bus_factor: f64,
+}
+
+impl Sizing {
+    fn new(g: &GroupCoordinator<'_>, cfg: &BenchConfig, size: usize) -> Sizing {
+        let elem = cfg.dtype.size();
+        let count = size / elem;
+        let (send, recv, param) = cfg.op.counts(count, g.size(), elem);
+        Sizing {
+            bytes: send.max(recv) * elem,
+            count,
+            param,
+            bus_factor: cfg.op.bus_factor(g.size()),
+        }
+    }
+
+    /// A measured cell from (combined) seconds per call.
+    fn cell(&self, secs: f64, wrong: Option<u64>) -> Cell {
+        let algbw = if secs > 0.0 {
+            self.bytes as f64 / 1e9 / secs
+        } else {
+            0.0
+        };
+        Cell {
+            time_us: secs * 1e6,
+            algbw,
+            busbw: algbw * self.bus_factor,
+            wrong,
+        }
+    }
+
+    /// The printed row.
+    fn row(
+        &self,
+        g: &GroupCoordinator<'_>,
+        cfg: &BenchConfig,
+        cells: [Cell; 2],
+        baseline: Option<Cell>,
+        stats: Option<RankStats>,
+    ) -> Row {
+        let op = cfg.op;
+        Row {
+            group: g.name().to_string(),
+            size: self.bytes,
+            count: self.param,
+            dtype: nccl_type_name(cfg.dtype).to_string(),
+            redop: if op.reduces() {
+                cfg.redop.name().to_string()
+            } else {
+                "none".to_string()
+            },
+            root: if op.rooted() { cfg.root as i64 } else { -1 },
+            out_of_place: cells[0],
+            in_place: cells[1],
+            baseline,
+            stats,
+        }
+    }
+}
+
+/// `-c`: up to `cfg.check` validation runs, each counting this rank's wrong
+/// elements with `run_and_count`; the group's total of the first failing
+/// run (or 0). `None` when validation is off.
+fn validate(
+    g: &GroupCoordinator<'_>,
+    cfg: &BenchConfig,
+    mut run_and_count: impl FnMut() -> Result<u64>,
+) -> Result<Option<u64>> {
+    let mut wrong = None;
+    for _ in 0..cfg.check {
+        let t = crate::Tensor::from_vec([1], vec![run_and_count()?])?;
+        let total = g.all_reduce(&t, ReduceOp::Sum)?.as_slice::<u64>()?[0];
+        wrong = Some(total);
+        if total > 0 {
+            break;
+        }
+    }
+    Ok(wrong)
+}
+
 /// Measures one size: out-of-place, in-place, baseline and statistics.
 fn measure_size(
     g: &GroupCoordinator<'_>,
@@ -346,21 +432,9 @@ fn measure_size(
     first: bool,
 ) -> Result<Row> {
     let op = cfg.op;
-    let n = g.size();
-    let elem = cfg.dtype.size();
-    let count = size / elem;
-    let (send, recv, param) = op.counts(count, n, elem);
-    let bytes = send.max(recv) * elem;
-    let (mut input, mut output) = op.buffers(g, count, cfg.dtype);
+    let sizing = Sizing::new(g, cfg, size);
+    let (mut input, mut output) = op.buffers(g, sizing.count, cfg.dtype);
     op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
-    let bw = |secs: f64| {
-        let algbw = if secs > 0.0 {
-            bytes as f64 / 1e9 / secs
-        } else {
-            0.0
-        };
-        (algbw, algbw * op.bus_factor(n))
-    };
 
     let mut cells = Vec::new();
     let mut stats = None;
@@ -378,30 +452,17 @@ fn measure_size(
             let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
             stats = Some(RankStats::of(&all));
         }
-        let (algbw, busbw) = bw(secs);
         g.barrier()?;
-        let mut wrong = None;
-        for _ in 0..cfg.check {
+        let wrong = validate(g, cfg, || {
             op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
             op.run(g, &input, &mut output, cfg.redop, cfg.root)?;
             if cfg.corrupt && first && pass == 0 && g.is_first_rank() && output.numel() > 0 {
                 let b = output.bytes_mut();
                 b[0] ^= 0x5a;
             }
-            let local = op.count_wrong(g, input.numel(), &output, cfg.redop, cfg.root);
-            let t = crate::Tensor::from_vec([1], vec![local])?;
-            let total = g.all_reduce(&t, ReduceOp::Sum)?.as_slice::<u64>()?[0];
-            wrong = Some(total);
-            if total > 0 {
-                break;
-            }
-        }
-        cells.push(Cell {
-            time_us: secs * 1e6,
-            algbw,
-            busbw,
-            wrong,
-        });
+            Ok(op.count_wrong(g, input.numel(), &output, cfg.redop, cfg.root))
+        })?;
+        cells.push(sizing.cell(secs, wrong));
     }
 
     let baseline = if cfg.baseline {
@@ -417,33 +478,9 @@ fn measure_size(
             || Ok(()),
         )?;
         let secs = combine(g, secs, cfg.average)?;
-        supported.then(|| {
-            let (algbw, busbw) = bw(secs);
-            Cell {
-                time_us: secs * 1e6,
-                algbw,
-                busbw,
-                wrong: None,
-            }
-        })
+        supported.then(|| sizing.cell(secs, None))
     } else {
         None
     };
-
-    Ok(Row {
-        group: g.name().to_string(),
-        size: bytes,
-        count: param,
-        dtype: nccl_type_name(cfg.dtype).to_string(),
-        redop: if op.reduces() {
-            cfg.redop.name().to_string()
-        } else {
-            "none".to_string()
-        },
-        root: if op.rooted() { cfg.root as i64 } else { -1 },
-        out_of_place: cells[0],
-        in_place: cells[1],
-        baseline,
-        stats,
-    })
+    Ok(sizing.row(g, cfg, [cells[0], cells[1]], baseline, stats))
 }
