@@ -6,6 +6,7 @@
 //! (NVIDIA vendor id, or a display/3D controller class) and their local CPUs
 //! are those of their first non-I/O ancestor.
 
+use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
 use hwlocality::cpu::binding::CpuBindingFlags;
 use hwlocality::cpu::cpuset::CpuSet;
@@ -138,20 +139,19 @@ fn parse_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
     Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
 }
 
-/// This rank's GPU among `g`: the device CUDA would give it (matched by PCI
-/// bus id, so `CUDA_VISIBLE_DEVICES` and `RANKMESH_DEVICE` count) when a
-/// driver answers, else the `local_rank`-th GPU of the node.
+/// This rank's GPU among `g`: the device CUDA gives it (`cuda`, from
+/// [`crate::device::probe`]; matched by PCI bus id, so `CUDA_VISIBLE_DEVICES`
+/// and `RANKMESH_DEVICE` count) when a driver answered, else the
+/// `local_rank`-th GPU of the node.
 fn my_gpu<'t>(
     g: &[&'t TopologyObject],
     local_rank: usize,
-    local_size: usize,
+    cuda: Option<&DeviceInfo>,
 ) -> Option<&'t TopologyObject> {
     if g.is_empty() {
         return None;
     }
-    let cuda = crate::device::probe(local_rank, local_size)
-        .ok()
-        .and_then(|d| parse_bus_id(&d.bus_id));
+    let cuda = cuda.and_then(|d| parse_bus_id(&d.bus_id));
     cuda.and_then(|want| g.iter().find(|o| parse_bus_id(&bus_id(o)) == Some(want)))
         .or_else(|| g.get(local_rank % g.len()))
         .copied()
@@ -173,6 +173,8 @@ pub fn apply(
     let t = topology()?;
     let current = t.cpu_binding(CpuBindingFlags::PROCESS).map_err(hw)?;
     let launcher_bound = current != *t.allowed_cpuset();
+    // Asked once: it picks the GPU for `--bind gpu` and for the report.
+    let cuda = crate::device::probe(local_rank, local_size).ok();
     let target: Option<CpuSet> = match policy {
         None | Some(BindPolicy::None) => None,
         Some(BindPolicy::Cores) => {
@@ -212,7 +214,7 @@ pub fn apply(
                     g.len()
                 )));
             }
-            my_gpu(&g, local_rank, local_size).and_then(gpu_cpus)
+            my_gpu(&g, local_rank, cuda.as_ref()).and_then(gpu_cpus)
         }
     };
     let bound_by = match (&target, policy) {
@@ -230,12 +232,13 @@ pub fn apply(
         _ if launcher_bound => "launcher".to_string(),
         _ => "none".to_string(),
     };
-    describe_with(&t, local_rank, local_size, bound_by)
+    describe_with(&t, local_rank, cuda.as_ref(), bound_by)
 }
 
-/// Where this process runs now (no change), for local rank `local_rank`;
-/// a binding narrower than the machine is reported as the launcher's.
-pub fn describe(local_rank: usize, local_size: usize) -> Result<Placement> {
+/// Where this process runs now (no change), for local rank `local_rank` whose
+/// CUDA device, if known, is `cuda`; a binding narrower than the machine is
+/// reported as the launcher's.
+pub fn describe(local_rank: usize, cuda: Option<&DeviceInfo>) -> Result<Placement> {
     let t = topology()?;
     let current = t.cpu_binding(CpuBindingFlags::PROCESS).map_err(hw)?;
     let bound_by = if current == *t.allowed_cpuset() {
@@ -243,13 +246,13 @@ pub fn describe(local_rank: usize, local_size: usize) -> Result<Placement> {
     } else {
         "launcher"
     };
-    describe_with(&t, local_rank, local_size, bound_by.to_string())
+    describe_with(&t, local_rank, cuda, bound_by.to_string())
 }
 
 fn describe_with(
     t: &Topology,
     local_rank: usize,
-    local_size: usize,
+    cuda: Option<&DeviceInfo>,
     bound_by: String,
 ) -> Result<Placement> {
     let cpus = t.cpu_binding(CpuBindingFlags::PROCESS).map_err(hw)?;
@@ -260,7 +263,7 @@ fn describe_with(
         .map(|(i, _)| i)
         .collect();
     let g = gpus(t);
-    let gpu = my_gpu(&g, local_rank, local_size).map(|o| GpuInfo {
+    let gpu = my_gpu(&g, local_rank, cuda).map(|o| GpuInfo {
         bus_id: bus_id(o),
         local_cpus: gpu_cpus(o).map_or_else(String::new, |s| list(&s)),
     });
@@ -305,7 +308,7 @@ mod tests {
 
     #[test]
     fn describe_matches_proc_status() {
-        let p = describe(0, 1).unwrap();
+        let p = describe(0, None).unwrap();
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status
             .lines()

@@ -81,14 +81,14 @@ impl TopoReport {
         let rt = ps.world().runtime();
         let world = rt.world();
         // Placement is per process: every rank describes itself, all gather.
-        let mine = match rt.applied_placement() {
-            Some(p) => p.clone(),
-            None => crate::placement::describe(world.me().local_rank, world.me().local_size)?,
-        };
         let me = world.me();
         let device = crate::device::probe(me.local_rank, me.local_size)
             .map_err(|e| tracing::debug!("{e}"))
             .ok();
+        let mine = match rt.applied_placement() {
+            Some(p) => p.clone(),
+            None => crate::placement::describe(me.local_rank, device.as_ref())?,
+        };
         let placements = ps.world().all_gather_object(&(mine, device))?;
         let ranks = world
             .ranks
