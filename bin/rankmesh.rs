@@ -1,7 +1,7 @@
 //! `rankmesh`: the command-line front end. Thin: parsing and printing only.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use rankmesh::bench::{self, ops::BenchOp, Average, BenchConfig, GroupChoice};
+use rankmesh::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
 use rankmesh::topo::TopoReport;
 use rankmesh::{Error, ParallelState, Runtime};
 use std::io::Write;
@@ -88,7 +88,8 @@ enum GroupArg {
 #[derive(Args)]
 struct BenchArgs {
     /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall,
-    /// sendrecv, all_to_all_4d, broadcast_object (or nccl-tests' *_perf names).
+    /// sendrecv, all_to_all_4d, broadcast_object, gather, scatter (or
+    /// nccl-tests' *_perf names).
     collective: String,
     /// Minimum size in bytes (K/M/G suffixes are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "32M")]
@@ -181,8 +182,8 @@ struct BenchArgs {
 }
 
 fn usage(msg: String) -> Error {
-    Error::Collective {
-        op: "bench",
+    Error::Usage {
+        what: "bench",
         group: "world".into(),
         msg,
     }
@@ -209,7 +210,7 @@ impl BenchArgs {
     }
 
     fn config(&self) -> rankmesh::Result<BenchConfig> {
-        let op = BenchOp::parse(&self.collective)
+        let op = Entry::parse(&self.collective)
             .ok_or_else(|| usage(format!("unknown collective {:?}", self.collective)))?;
         let size = |what: &str, s: &str| {
             bench::parse_size(s)

@@ -5,11 +5,9 @@
 //! rank's tensor, the gradient is `Aᵀ`: all_gather ↔ reduce_scatter(sum),
 //! all_reduce(sum) ↔ all_reduce(sum), all_to_all_4d(a, b) ↔ all_to_all_4d(b, a).
 
-use crate::device::{DeviceGroup, DeviceTensor};
+use crate::collectives::Collectives;
 use crate::error::Result;
-use crate::group::GroupCoordinator;
 use crate::reduce::ReduceOp;
-use crate::tensor::Tensor;
 
 /// A differentiable (linear) collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,47 +50,25 @@ impl Differentiable {
         }
     }
 
-    /// Applies the collective on `group`.
-    pub fn forward(self, group: &GroupCoordinator<'_>, x: &Tensor) -> Result<Tensor> {
+    /// Applies the collective on any data plane (host group or device group).
+    pub fn forward<'rt, C: Collectives<'rt>>(self, c: &C, x: &C::Tensor) -> Result<C::Tensor> {
         match self {
-            Differentiable::AllReduceSum => group.all_reduce(x, ReduceOp::Sum),
-            Differentiable::AllGather { dim } => group.all_gather(x, dim),
-            Differentiable::ReduceScatterSum { dim } => group.reduce_scatter(x, dim, ReduceOp::Sum),
+            Differentiable::AllReduceSum => c.all_reduce(x, ReduceOp::Sum),
+            Differentiable::AllGather { dim } => c.all_gather(x, dim),
+            Differentiable::ReduceScatterSum { dim } => c.reduce_scatter(x, dim, ReduceOp::Sum),
             Differentiable::AllToAll4d {
                 scatter_dim,
                 gather_dim,
-            } => group.all_to_all_4d(x, scatter_dim, gather_dim),
+            } => c.all_to_all_4d(x, scatter_dim, gather_dim),
         }
     }
 
     /// Gradient with respect to the input, given the gradient of the output.
-    pub fn backward(self, group: &GroupCoordinator<'_>, grad_output: &Tensor) -> Result<Tensor> {
-        self.adjoint().forward(group, grad_output)
-    }
-
-    /// [`forward`](Self::forward) on device tensors (NCCL plane; enqueued).
-    pub fn forward_device(
+    pub fn backward<'rt, C: Collectives<'rt>>(
         self,
-        dg: &DeviceGroup<'_, '_>,
-        x: &DeviceTensor,
-    ) -> Result<DeviceTensor> {
-        match self {
-            Differentiable::AllReduceSum => dg.all_reduce(x, ReduceOp::Sum),
-            Differentiable::AllGather { dim } => dg.all_gather(x, dim),
-            Differentiable::ReduceScatterSum { dim } => dg.reduce_scatter(x, dim, ReduceOp::Sum),
-            Differentiable::AllToAll4d {
-                scatter_dim,
-                gather_dim,
-            } => dg.all_to_all_4d(x, scatter_dim, gather_dim),
-        }
-    }
-
-    /// [`backward`](Self::backward) on device tensors.
-    pub fn backward_device(
-        self,
-        dg: &DeviceGroup<'_, '_>,
-        grad_output: &DeviceTensor,
-    ) -> Result<DeviceTensor> {
-        self.adjoint().forward_device(dg, grad_output)
+        c: &C,
+        grad_output: &C::Tensor,
+    ) -> Result<C::Tensor> {
+        self.adjoint().forward(c, grad_output)
     }
 }

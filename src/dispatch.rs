@@ -8,7 +8,7 @@
 //! a truncated message, an MPI abort or a hang. Point-to-point calls exchange
 //! the descriptor with their peer instead.
 
-use crate::layout_ops::normalize_dim;
+pub use crate::op::Op;
 use crate::reduce::ReduceOp;
 use crate::tensor::{DType, Tensor};
 use bytemuck::{Pod, Zeroable};
@@ -22,119 +22,6 @@ const BAD_OUTPUT: u32 = 1;
 /// Flag: the tensor lives in GPU memory (NCCL plane); part of the agreement,
 /// so a host call meeting a device call is an error, not a hang.
 const DEVICE: u32 = 2;
-
-/// Operations that go through the dispatch path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Op {
-    /// Group barrier.
-    Barrier = 1,
-    /// Element-wise reduction, result everywhere.
-    AllReduce,
-    /// Concatenation along a dim, result everywhere.
-    AllGather,
-    /// Concatenation along a dim, result on one rank.
-    Gather,
-    /// Reduction then scatter along a dim.
-    ReduceScatter,
-    /// Copy from one rank to all.
-    Broadcast,
-    /// FastVideo's 4-d all-to-all.
-    AllToAll4d,
-    /// Tensor to one peer.
-    Send,
-    /// Serialised object from one rank to all.
-    BroadcastObject,
-    /// Serialised objects from all ranks to all.
-    AllGatherObject,
-    /// Serialised objects from all ranks to one.
-    GatherObject,
-    /// Serialised object to one peer.
-    SendObject,
-    /// Reduction, result on one rank.
-    Reduce,
-    /// Equal blocks of dim 0 exchanged between all ranks.
-    AllToAll,
-    /// Creation of the group's NCCL communicator.
-    Connect,
-}
-
-impl Op {
-    const ALL: [Op; 15] = [
-        Op::Barrier,
-        Op::AllReduce,
-        Op::AllGather,
-        Op::Gather,
-        Op::ReduceScatter,
-        Op::Broadcast,
-        Op::AllToAll4d,
-        Op::Send,
-        Op::BroadcastObject,
-        Op::AllGatherObject,
-        Op::GatherObject,
-        Op::SendObject,
-        Op::Reduce,
-        Op::AllToAll,
-        Op::Connect,
-    ];
-
-    /// Public name of the operation.
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Barrier => "barrier",
-            Op::AllReduce => "all_reduce",
-            Op::AllGather => "all_gather",
-            Op::Gather => "gather",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::Broadcast => "broadcast",
-            Op::AllToAll4d => "all_to_all_4d",
-            Op::Send => "send/recv",
-            Op::BroadcastObject => "broadcast_object",
-            Op::AllGatherObject => "all_gather_object",
-            Op::GatherObject => "gather_object",
-            Op::SendObject => "send_object/recv_object",
-            Op::Reduce => "reduce",
-            Op::AllToAll => "all_to_all",
-            Op::Connect => "connect",
-        }
-    }
-
-    pub(crate) fn from_code(code: u32) -> Option<Op> {
-        Op::ALL.into_iter().find(|o| *o as u32 == code)
-    }
-
-    /// Names of the parameters in `Descriptor::params`, in order.
-    fn param_names(self) -> &'static [&'static str] {
-        match self {
-            Op::Barrier | Op::Send | Op::AllToAll | Op::Connect => &[],
-            Op::Reduce => &["dst", "op"],
-            Op::AllReduce => &["op"],
-            Op::AllGather => &["dim"],
-            Op::Gather => &["dst", "dim"],
-            Op::ReduceScatter => &["dim", "op"],
-            Op::Broadcast => &["src"],
-            Op::AllToAll4d => &["scatter_dim", "gather_dim"],
-            Op::BroadcastObject => &["src", "type"],
-            Op::AllGatherObject | Op::SendObject => &["type"],
-            Op::GatherObject => &["dst", "type"],
-        }
-    }
-
-    fn carries_tensor(self) -> bool {
-        matches!(
-            self,
-            Op::AllReduce
-                | Op::AllGather
-                | Op::Gather
-                | Op::ReduceScatter
-                | Op::Broadcast
-                | Op::AllToAll4d
-                | Op::Send
-                | Op::Reduce
-                | Op::AllToAll
-        )
-    }
-}
 
 /// One rank's view of a call, exchanged before any data moves.
 #[repr(C)]
@@ -319,12 +206,55 @@ pub fn agree(
     descs: &[Descriptor],
     me: usize,
     check: &dyn Fn(&Descriptor) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<(), Rejection> {
+    agree_on_call(descs)?;
+    if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
+        return Err(Rejection::Invalid(format!(
+            "tensors have at most {MAX_DIMS} dimensions, got {}",
+            descs[me].ndim()
+        )));
+    }
+    check(&descs[me]).map_err(Rejection::Invalid)?;
+    for (r, d) in descs.iter().enumerate() {
+        if r != me {
+            check(d).map_err(|m| Rejection::Invalid(format!("group rank {r}: {m}")))?;
+        }
+    }
+    if let Some(r) = descs.iter().position(Descriptor::bad_output) {
+        return Err(Rejection::Invalid(format!(
+            "group rank {r} passed an output tensor of the wrong shape or dtype"
+        )));
+    }
+    Ok(())
+}
+
+/// Why the ranks' descriptors do not allow a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The ranks are in different calls or passed different arguments, or a
+    /// descriptor is corrupt.
+    Mismatch(String),
+    /// Every rank passed the same call, but its arguments cannot work.
+    Invalid(String),
+}
+
+impl Rejection {
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            Rejection::Mismatch(m) | Rejection::Invalid(m) => m,
+        }
+    }
+}
+
+/// The part of [`agree`] that compares the ranks with each other.
+fn agree_on_call(descs: &[Descriptor]) -> Result<(), Rejection> {
+    let mismatch = |m: String| Err(Rejection::Mismatch(m));
     if let Some(r) = descs
         .iter()
         .position(|d| d.magic != MAGIC || d.op().is_none())
     {
-        return Err(format!(
+        return mismatch(format!(
             "group rank {r} sent a corrupt call descriptor (magic {:#x}, op code {}): is it running the same rankmesh version?",
             descs[r].magic, descs[r].op
         ));
@@ -332,7 +262,7 @@ pub fn agree(
     let first = &descs[0];
     for (r, d) in descs.iter().enumerate().skip(1) {
         if d.op != first.op || d.seq != first.seq {
-            return Err(format!(
+            return mismatch(format!(
                 "ranks are in different calls: group rank 0 is in call #{} {} but group rank {r} is in call #{} {}",
                 first.seq,
                 first.describe(),
@@ -341,29 +271,12 @@ pub fn agree(
             ));
         }
         if d.agreement_key() != first.agreement_key() {
-            return Err(format!(
+            return mismatch(format!(
                 "ranks disagree: group rank 0 passed {} but group rank {r} passed {}",
                 first.describe(),
                 d.describe()
             ));
         }
-    }
-    if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
-        return Err(format!(
-            "tensors have at most {MAX_DIMS} dimensions, got {}",
-            descs[me].ndim()
-        ));
-    }
-    check(&descs[me])?;
-    for (r, d) in descs.iter().enumerate() {
-        if r != me {
-            check(d).map_err(|m| format!("group rank {r}: {m}"))?;
-        }
-    }
-    if let Some(r) = descs.iter().position(Descriptor::bad_output) {
-        return Err(format!(
-            "group rank {r} passed an output tensor of the wrong shape or dtype"
-        ));
     }
     Ok(())
 }
@@ -394,20 +307,6 @@ pub fn agree_peers(
     Ok(())
 }
 
-/// Checks that `dim` indexes a `d`'s tensor and returns it normalised.
-pub fn dim_in_range(d: &Descriptor, dim: i64) -> Result<usize, String> {
-    normalize_dim(dim as isize, d.ndim())
-        .ok_or_else(|| format!("dim {dim} out of range for a {}-d tensor", d.ndim()))
-}
-
-/// Checks that a group position is inside a group of `size`.
-pub fn rank_in_range(what: &str, rank: i64, size: usize) -> Result<usize, String> {
-    usize::try_from(rank)
-        .ok()
-        .filter(|r| *r < size)
-        .ok_or_else(|| format!("{what} {rank} is not a rank of this group of size {size}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,7 +327,7 @@ mod tests {
         let b = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 4], &[-1]);
         let e = agree(&[a, a, b], 0, &ok).unwrap_err();
         assert_eq!(
-            e,
+            e.message(),
             "ranks disagree: group rank 0 passed all_gather(shape [2, 3] f32, dim -1) but group rank 2 passed all_gather(shape [2, 4] f32, dim -1)"
         );
         assert_eq!(agree(&[a, a, b], 2, &ok).unwrap_err(), e);
@@ -441,6 +340,8 @@ mod tests {
         a.seq = 3;
         b.seq = 3;
         let e = agree(&[a, b], 0, &ok).unwrap_err();
+        assert!(matches!(e, Rejection::Mismatch(_)));
+        let e = e.message();
         assert!(e.contains("group rank 0 is in call #3 barrier()"), "{e}");
         assert!(
             e.contains("group rank 1 is in call #3 all_reduce(shape [4] i32, op sum)"),
@@ -448,7 +349,10 @@ mod tests {
         );
         b = a;
         b.seq = 4;
-        assert!(agree(&[a, b], 1, &ok).unwrap_err().contains("call #4"));
+        assert!(agree(&[a, b], 1, &ok)
+            .unwrap_err()
+            .message()
+            .contains("call #4"));
     }
 
     #[test]
@@ -459,16 +363,17 @@ mod tests {
         let bad: Descriptor = bytemuck::pod_read_unaligned(&bytes);
         assert!(agree(&[a, bad], 0, &ok)
             .unwrap_err()
+            .message()
             .contains("group rank 1 sent a corrupt call descriptor"));
     }
 
     #[test]
     fn check_failures_name_the_failing_rank_for_others() {
         let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3, 4], &[3]);
-        let check = |d: &Descriptor| dim_in_range(d, d.params[0]).map(|_| ());
+        let check = |d: &Descriptor| Op::AllGather.check(d, 2);
         assert_eq!(
             agree(&[d, d], 0, &check).unwrap_err(),
-            "dim 3 out of range for a 3-d tensor"
+            Rejection::Invalid("dim 3 out of range for a 3-d tensor".into())
         );
     }
 
@@ -480,7 +385,10 @@ mod tests {
         b.len = 20;
         assert!(agree(&[a, b], 0, &ok).is_ok());
         b.params[0] = 8;
-        assert!(agree(&[a, b], 0, &ok).unwrap_err().contains("type #"));
+        assert!(agree(&[a, b], 0, &ok)
+            .unwrap_err()
+            .message()
+            .contains("type #"));
     }
 
     #[test]
@@ -500,20 +408,9 @@ mod tests {
         let d = h.on_device();
         assert_ne!(h.digest(), d.digest());
         assert_eq!(
-            agree(&[h, d], 0, &ok).unwrap_err(),
+            agree(&[h, d], 0, &ok).unwrap_err().message(),
             "ranks disagree: group rank 0 passed all_reduce(shape [8] bf16, op sum) but group rank 1 passed all_reduce(device shape [8] bf16, op sum)"
         );
         assert!(agree(&[d, d], 1, &ok).is_ok());
-    }
-
-    #[test]
-    fn rank_and_dim_checks() {
-        assert_eq!(rank_in_range("src", 2, 4), Ok(2));
-        assert!(rank_in_range("src", 4, 4)
-            .unwrap_err()
-            .contains("src 4 is not a rank of this group of size 4"));
-        assert!(rank_in_range("dst", -1, 4).is_err());
-        let d = Descriptor::for_tensor(Op::AllGather, DType::F32, &[2, 3], &[0]);
-        assert_eq!(dim_in_range(&d, -2), Ok(0));
     }
 }

@@ -3,6 +3,10 @@
 //! Every message names the operation, the group and the values involved, so a
 //! line in a 512-rank log is enough to find the culprit.
 
+use crate::dispatch::Rejection;
+use crate::op::Op;
+pub use crate::plane::nccl::result::NcclError;
+
 /// Result alias used by every fallible rankmesh function.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -15,22 +19,55 @@ pub enum Error {
     /// Invalid parallel sizes or rank lists (checked before any communicator exists).
     #[error("invalid parallel layout: {0}")]
     Layout(String),
-    /// A collective or point-to-point call with arguments that cannot work.
-    /// Raised identically on every rank of the group.
-    #[error("{op} on {group}: {msg}")]
-    Collective {
-        /// Operation name, e.g. `all_gather`.
-        op: &'static str,
+    /// A call whose arguments cannot work (a dim out of range, a rank
+    /// outside the group, an output of the wrong shape). Raised identically
+    /// on every rank of the group.
+    #[error("{} on {group}: {msg}", op.name())]
+    InvalidArgument {
+        /// The operation.
+        op: Op,
         /// Unique group name, e.g. `tp:1`.
         group: String,
         /// What is wrong, with the values involved.
         msg: String,
     },
+    /// The ranks are in different calls or passed different arguments, or a
+    /// peer sent a corrupt header. Raised on every rank involved.
+    #[error("{} on {group}: {msg}", op.name())]
+    Mismatch {
+        /// The operation.
+        op: Op,
+        /// Unique group name.
+        group: String,
+        /// Who passed what.
+        msg: String,
+    },
+    /// NCCL refused a call, failed asynchronously or was aborted.
+    #[error("{} on {group}: {source}", op.name())]
+    Nccl {
+        /// The operation.
+        op: Op,
+        /// Unique group name.
+        group: String,
+        /// NCCL's code and text.
+        source: NcclError,
+    },
+    /// Device work did not finish within `RANKMESH_TIMEOUT` (a lost or stuck
+    /// peer); the group's NCCL communicators were aborted.
+    #[error("{} on {group}: {msg}", op.name())]
+    Timeout {
+        /// The operation that was waiting.
+        op: Op,
+        /// Unique group name.
+        group: String,
+        /// What did not finish.
+        msg: String,
+    },
     /// Bytes received from a peer that do not decode as the expected type.
-    #[error("{op} on {group}: cannot decode `{type_name}` sent by group rank {peer}: {msg}")]
+    #[error("{} on {group}: cannot decode `{type_name}` sent by group rank {peer}: {msg}", op.name())]
     Decode {
-        /// Operation name.
-        op: &'static str,
+        /// The operation.
+        op: Op,
         /// Unique group name.
         group: String,
         /// Position of the sender in the group.
@@ -41,10 +78,10 @@ pub enum Error {
         msg: String,
     },
     /// A value could not be serialised for the object plane.
-    #[error("{op} on {group}: cannot encode `{type_name}`: {msg}")]
+    #[error("{} on {group}: cannot encode `{type_name}`: {msg}", op.name())]
     Encode {
-        /// Operation name.
-        op: &'static str,
+        /// The operation.
+        op: Op,
         /// Unique group name.
         group: String,
         /// Rust type being sent.
@@ -83,14 +120,86 @@ pub enum Error {
     /// on this rank; the message says what was looked for and found.
     #[error("gpu: {0}")]
     Gpu(String),
+    /// Something outside the op list (a CLI tool such as `bench` or `plot`,
+    /// a local query such as `is_the_same_node_as`) cannot run as asked.
+    #[error("{what} on {group}: {msg}")]
+    Usage {
+        /// The tool or function.
+        what: &'static str,
+        /// The group it ran on.
+        group: String,
+        /// What is wrong.
+        msg: String,
+    },
 }
 
 impl Error {
-    pub(crate) fn collective(op: &'static str, group: &str, msg: impl Into<String>) -> Self {
-        Error::Collective {
+    /// A bad argument of `op` on `group`.
+    pub(crate) fn invalid(op: Op, group: &str, msg: impl Into<String>) -> Self {
+        Error::InvalidArgument {
             op,
             group: group.to_string(),
             msg: msg.into(),
+        }
+    }
+
+    /// The agreement's verdict as an error of `op` on `group`.
+    pub(crate) fn rejected(op: Op, group: &str, r: Rejection) -> Self {
+        match r {
+            Rejection::Mismatch(msg) => Error::Mismatch {
+                op,
+                group: group.to_string(),
+                msg,
+            },
+            Rejection::Invalid(msg) => Error::invalid(op, group, msg),
+        }
+    }
+
+    /// The operation a collective-plane error names, if any.
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            Error::InvalidArgument { op, .. }
+            | Error::Mismatch { op, .. }
+            | Error::Nccl { op, .. }
+            | Error::Timeout { op, .. }
+            | Error::Decode { op, .. }
+            | Error::Encode { op, .. } => Some(*op),
+            _ => None,
+        }
+    }
+}
+
+/// What an executor's body can fail with; the dispatch path adds the op and
+/// the group.
+pub(crate) enum Fault {
+    /// An NCCL call failed.
+    Nccl(NcclError),
+    /// Anything else, already a complete error.
+    Error(Error),
+}
+
+impl From<Error> for Fault {
+    fn from(e: Error) -> Self {
+        Fault::Error(e)
+    }
+}
+
+impl From<NcclError> for Fault {
+    fn from(e: NcclError) -> Self {
+        Fault::Nccl(e)
+    }
+}
+
+impl Fault {
+    /// The complete error of `op` on `group`.
+    pub(crate) fn into_error(self, op: Op, group: &str) -> Error {
+        match self {
+            Fault::Nccl(source) => Error::Nccl {
+                op,
+                group: group.to_string(),
+                source,
+            },
+            Fault::Error(e) => e,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! window between ranks on the first rank's node and through MPI messages from
 //! other nodes.
 
+use crate::collectives::Collectives;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::plane::shm_window::SharedWindow;
@@ -56,12 +57,10 @@ impl<'rt> GroupCoordinator<'rt> {
         for (rank, text) in ranks.iter().zip(all) {
             let value = text
                 .map(|t| {
-                    serde_json::from_str(&t).map_err(|e| {
-                        Error::collective(
-                            "gather_configs",
-                            self.name(),
-                            format!("config of group rank {rank} is not JSON: {e}"),
-                        )
+                    serde_json::from_str(&t).map_err(|e| Error::Usage {
+                        what: "gather_configs",
+                        group: self.name().to_string(),
+                        msg: format!("config of group rank {rank} is not JSON: {e}"),
                     })
                 })
                 .transpose()?;
@@ -90,14 +89,14 @@ impl<'rt> GroupCoordinator<'rt> {
         let meta: Vec<(DType, Vec<usize>)> =
             sub.all_gather_object(&(tensor.dtype(), tensor.shape().to_vec()))?;
         if let Some(r) = meta.iter().position(|m| *m != meta[0]) {
-            return Err(Error::collective(
-                "gather_tensors",
-                self.name(),
-                format!(
+            return Err(Error::Usage {
+                what: "gather_tensors",
+                group: self.name().to_string(),
+                msg: format!(
                     "tensors differ: group rank {} has {:?} {} but group rank {} has {:?} {}",
                     ranks[0], meta[0].1, meta[0].0, ranks[r], meta[r].1, meta[r].0
                 ),
-            ));
+            });
         }
         let world = self.runtime().world();
         let node_of = |sub_rank: usize| world.ranks[sub.ranks()[sub_rank]].node;

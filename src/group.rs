@@ -1,10 +1,12 @@
 //! `GroupCoordinator`: one MPI communicator, its members, and the one dispatch
 //! path every operation on it goes through.
 
-use crate::dispatch::{agree, agree_peers, rank_in_range, Descriptor, Op};
-use crate::error::{Error, Result};
+use crate::dispatch::{agree, agree_peers, Descriptor, Rejection};
+use crate::error::{Error, Fault, Result};
+use crate::op::{rank_in_range, Op};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
 use crate::plane::nccl::comm::Communicator as NcclComm;
+use crate::tensor::{DType, Tensor};
 use crate::watchdog::Waiting;
 use crate::world::Runtime;
 use mpi::collective::SystemOperation;
@@ -36,6 +38,10 @@ struct Inner<'rt> {
     /// Declared after `comm`, but dropped with the group, always before the
     /// `Runtime` (the borrow guarantees it), so before MPI finalisation.
     nccl: RefCell<Option<NcclComm<'rt>>>,
+    /// Host scratch buffers for packing (kept, so a hot loop allocates nothing).
+    scratch: RefCell<[Vec<u8>; 2]>,
+    /// Host scratch tensor for in-place reductions.
+    scratch_tensor: RefCell<Option<Tensor>>,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -63,6 +69,8 @@ impl<'rt> GroupCoordinator<'rt> {
                 seq: Cell::new(0),
                 watch_id,
                 nccl: RefCell::new(None),
+                scratch: RefCell::new([Vec::new(), Vec::new()]),
+                scratch_tensor: RefCell::new(None),
             }),
         })
     }
@@ -127,20 +135,6 @@ impl<'rt> GroupCoordinator<'rt> {
         self.inner.rt
     }
 
-    /// Blocks until every member has called it (also checks all are in the same call).
-    pub fn barrier(&self) -> Result<()> {
-        self.collective(
-            Descriptor::new(Op::Barrier, &[]),
-            |_| Ok(()),
-            |_| {
-                if self.size() > 1 {
-                    self.inner.comm.barrier();
-                }
-                Ok(())
-            },
-        )
-    }
-
     /// Positions (group ranks) of the members on the same node as group rank `src`.
     pub fn same_node_ranks(&self, src: usize) -> Result<Vec<usize>> {
         Ok(self
@@ -154,8 +148,11 @@ impl<'rt> GroupCoordinator<'rt> {
     /// For each member, whether it shares a node (an MPI shared-memory domain)
     /// with group rank `src`. Local: node identity was gathered at start-up.
     pub fn is_the_same_node_as(&self, src: usize) -> Result<Vec<bool>> {
-        let src = rank_in_range("src", src as i64, self.size())
-            .map_err(|m| Error::collective("is_the_same_node_as", self.name(), m))?;
+        let src = rank_in_range("src", src as i64, self.size()).map_err(|msg| Error::Usage {
+            what: "is_the_same_node_as",
+            group: self.name().to_string(),
+            msg,
+        })?;
         let nodes: Vec<usize> = self
             .ranks()
             .iter()
@@ -166,6 +163,36 @@ impl<'rt> GroupCoordinator<'rt> {
 
     pub(crate) fn raw_comm(&self) -> &SimpleCommunicator {
         &self.inner.comm
+    }
+
+    /// Runs `f` on two scratch buffers of `a` and `b` bytes (contents unspecified).
+    pub(crate) fn with_scratch<R>(
+        &self,
+        a: usize,
+        b: usize,
+        f: impl FnOnce(&mut [u8], &mut [u8]) -> R,
+    ) -> R {
+        let mut bufs = self.inner.scratch.borrow_mut();
+        let [x, y] = &mut *bufs;
+        x.resize(a, 0);
+        y.resize(b, 0);
+        f(x, y)
+    }
+
+    /// Runs `f` with a scratch copy of `t` and `t` itself.
+    pub(crate) fn with_scratch_tensor<R>(
+        &self,
+        t: &mut Tensor,
+        f: impl FnOnce(&Tensor, &mut Tensor) -> R,
+    ) -> R {
+        let mut slot = self.inner.scratch_tensor.borrow_mut();
+        match slot.as_mut() {
+            Some(s) if s.dtype() == t.dtype() && s.shape() == t.shape() => {
+                s.bytes_mut().copy_from_slice(t.bytes())
+            }
+            _ => *slot = Some(t.clone()),
+        }
+        f(slot.as_ref().expect("set above"), t)
     }
 
     pub(crate) fn plane(&self) -> HostPlane<'_> {
@@ -204,7 +231,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Validates a position argument (`src`, `dst`) for `op`.
     pub(crate) fn check_rank(&self, op: Op, what: &str, rank: usize) -> Result<usize> {
         rank_in_range(what, rank as i64, self.size())
-            .map_err(|m| Error::collective(op.name(), self.name(), m))
+            .map_err(|m| Error::invalid(op, self.name(), m))
     }
 
     /// The dispatch path of every collective: numbers the call, opens its
@@ -236,7 +263,7 @@ impl<'rt> GroupCoordinator<'rt> {
         // descriptors gathered, to name who passed what.
         if self.size() == 1 {
             agree(std::slice::from_ref(&desc), 0, &check)
-                .map_err(|m| Error::collective(op.name(), self.name(), m))?;
+                .map_err(|r| Error::rejected(op, self.name(), r))?;
             return body(std::slice::from_ref(&desc));
         }
         // Until every rank has entered a call, a rank that waits too long is
@@ -262,7 +289,7 @@ impl<'rt> GroupCoordinator<'rt> {
         if agreed {
             drop(waiting);
             // Identical everywhere: the op's own check gives every rank the same verdict.
-            check(&desc).map_err(|m| Error::collective(op.name(), self.name(), m))?;
+            check(&desc).map_err(|m| Error::invalid(op, self.name(), m))?;
             tracing::trace!("agreed");
             return body(std::slice::from_ref(&desc));
         }
@@ -273,9 +300,44 @@ impl<'rt> GroupCoordinator<'rt> {
         );
         drop(waiting);
         agree(&descs, self.rank_in_group(), &check)
-            .map_err(|m| Error::collective(op.name(), self.name(), m))?;
+            .map_err(|r| Error::rejected(op, self.name(), r))?;
         tracing::trace!("agreed");
         body(&descs)
+    }
+
+    /// The dispatch path with the op's rules applied: `desc` names the op,
+    /// the input and the parameters; `output` is the caller's output (dtype
+    /// and shape), checked against the op's
+    /// [output shape](Op::output_shape) where the op uses it and flagged in
+    /// the agreement so every rank fails together; the op's own parameter
+    /// checks run on every rank's descriptor; `body` moves the bytes, and
+    /// its faults come back naming the op and the group.
+    pub(crate) fn run_op<R>(
+        &self,
+        desc: Descriptor,
+        output: Option<(DType, &[usize])>,
+        body: impl FnOnce() -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        let op = desc.op().expect("descriptors are built from an Op");
+        let size = self.size();
+        let dtype = desc.dtype();
+        let input = desc.shape();
+        let want = output
+            .filter(|_| op.output_used_on(self.rank_in_group(), &desc.params))
+            .and_then(|_| op.output_shape(&input, &desc.params, size));
+        let bad = match (output, &want) {
+            (Some((dt, shape)), Some(w)) => Some(dt) != dtype || shape != w.as_slice(),
+            _ => false,
+        };
+        self.collective(
+            desc.with_bad_output(bad),
+            |d| op.check(d, size),
+            |_| body().map_err(|f| f.into_error(op, self.name())),
+        )
+        .map_err(|e| match (output, &want, dtype) {
+            (Some(out), Some(w), Some(dt)) => explain_output(e, out, dt, w),
+            _ => e,
+        })
     }
 
     /// The dispatch path of a point-to-point call: the sender's header meets the
@@ -285,7 +347,7 @@ impl<'rt> GroupCoordinator<'rt> {
         &self,
         desc: Descriptor,
         peer: Peer,
-        body: impl FnOnce(&Descriptor) -> Result<R>,
+        body: impl FnOnce(&Descriptor) -> std::result::Result<R, Fault>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let (peer_rank, sending) = match peer {
@@ -295,8 +357,8 @@ impl<'rt> GroupCoordinator<'rt> {
         let what = if sending { "dst" } else { "src" };
         let peer_rank = self.check_rank(op, what, peer_rank)?;
         if peer_rank == self.rank_in_group() {
-            return Err(Error::collective(
-                op.name(),
+            return Err(Error::invalid(
+                op,
                 self.name(),
                 format!(
                     "{what} {peer_rank} is this rank itself (group of size {})",
@@ -330,8 +392,8 @@ impl<'rt> GroupCoordinator<'rt> {
         };
         drop(waiting);
         agree_peers(&sent, &expected, sender, receiver)
-            .map_err(|m| Error::collective(op.name(), self.name(), m))?;
-        body(&sent)
+            .map_err(|m| Error::rejected(op, self.name(), Rejection::Mismatch(m)))?;
+        body(&sent).map_err(|f| f.into_error(op, self.name()))
     }
 }
 
@@ -349,7 +411,7 @@ impl GroupCoordinator<'_> {
         src: usize,
         body: impl FnOnce(bool, bool),
     ) -> Result<()> {
-        let op = Op::Send;
+        let op = Op::SendRecv;
         let me = self.rank_in_group();
         let dst = self.check_rank(op, "dst", dst)?;
         let src = self.check_rank(op, "src", src)?;
@@ -385,7 +447,7 @@ impl GroupCoordinator<'_> {
         body(out_link.is_ok(), in_link.is_ok());
         out_link
             .and(in_link)
-            .map_err(|m| Error::collective("send_recv", self.name(), m))
+            .map_err(|m| Error::rejected(Op::SendRecv, self.name(), Rejection::Mismatch(m)))
     }
 }
 
@@ -396,5 +458,23 @@ impl std::fmt::Debug for GroupCoordinator<'_> {
             .field("ranks", &self.ranks())
             .field("rank_in_group", &self.rank_in_group())
             .finish()
+    }
+}
+
+/// Adds this rank's output and the expected one to an output error, when
+/// this rank's output is the one that does not fit.
+fn explain_output(e: Error, out: (DType, &[usize]), dtype: DType, shape: &[usize]) -> Error {
+    match e {
+        Error::InvalidArgument { op, group, msg } if out != (dtype, shape) => {
+            Error::InvalidArgument {
+                op,
+                group,
+                msg: format!(
+                    "{msg} (this rank: output is {:?} {}, expected {shape:?} {dtype})",
+                    out.1, out.0
+                ),
+            }
+        }
+        e => e,
     }
 }

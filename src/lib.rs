@@ -9,7 +9,7 @@
 //! every rank instead of a hang or an abort.
 //!
 //! ```
-//! use rankmesh::{ParallelState, ReduceOp, Runtime, Tensor};
+//! use rankmesh::{Collectives, ParallelState, ReduceOp, Runtime, Tensor};
 //!
 //! fn main() -> rankmesh::Result<()> {
 //!     let rt = Runtime::init()?; // a world of 1 without a launcher
@@ -26,17 +26,19 @@
 
 pub mod autograd;
 pub mod bench;
-mod collectives;
+pub mod collectives;
 pub mod device;
 pub mod dispatch;
 pub mod error;
 pub mod gather;
 pub mod group;
 pub mod helpers;
+mod host_ops;
 pub mod launcher;
 pub mod layout;
 pub mod layout_ops;
 mod object;
+pub mod op;
 pub mod parallel;
 pub mod placement;
 pub mod plane;
@@ -51,17 +53,19 @@ pub mod workspace;
 pub mod world;
 
 pub use autograd::Differentiable;
+pub use collectives::{Collectives, PlaneTensor};
 pub use device::{DeviceGroup, DeviceTensor, Gpu};
-pub use error::{Error, Result};
+pub use error::{Error, NcclError, Result};
 pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};
+pub use op::Op;
 pub use parallel::ParallelState;
 pub use reduce::ReduceOp;
 pub use stateless::StatelessGroup;
 pub use tensor::{
     divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor,
 };
-pub use tensor_dict::{DictValue, TensorDict};
+pub use tensor_dict::{DictValue, TensorDict, TensorDicts};
 pub use workspace::Workspace;
 pub use world::{Options, RankInfo, Runtime, WorldInfo};
 

@@ -6,9 +6,10 @@
 //! move; bytes that still fail to decode (or leave trailing data) are an
 //! `Error::Decode` naming the group, the sender and the type.
 
-use crate::dispatch::{rank_in_range, Descriptor, Op};
+use crate::dispatch::Descriptor;
 use crate::error::{Error, Result};
 use crate::group::{GroupCoordinator, Peer};
+use crate::op::{rank_in_range, Op};
 use crate::world::fnv1a;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -20,7 +21,7 @@ fn type_digest<T>() -> i64 {
 
 fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u8>> {
     postcard::to_stdvec(v).map_err(|e| Error::Encode {
-        op: op.name(),
+        op,
         group: g.name().to_string(),
         type_name: std::any::type_name::<T>(),
         msg: e.to_string(),
@@ -35,7 +36,7 @@ fn decode<T: DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<T> {
     let err = |msg: String| Error::Decode {
-        op: op.name(),
+        op,
         group: g.name().to_string(),
         peer,
         type_name: std::any::type_name::<T>(),
@@ -54,7 +55,7 @@ fn decode<T: DeserializeOwned>(
 /// Adds this rank's type name to a type-digest disagreement.
 fn name_type<T>(e: Error) -> Error {
     match e {
-        Error::Collective { op, group, msg } if msg.contains("type #") => Error::Collective {
+        Error::Mismatch { op, group, msg } if msg.contains("type #") => Error::Mismatch {
             op,
             group,
             msg: format!(
@@ -182,7 +183,7 @@ impl GroupCoordinator<'_> {
         self.point_to_point(desc, Peer::From(src), |sent| {
             let mut bytes = vec![0u8; sent.len as usize];
             self.plane().recv(&mut bytes, src);
-            decode(self, op, src, &bytes)
+            Ok(decode(self, op, src, &bytes)?)
         })
         .map_err(name_type::<T>)
     }

@@ -5,6 +5,7 @@
 //! keys; here MPI matches messages by communicator, source and order, so a
 //! message from one sender can never be taken for another's, and nothing expires.
 
+use crate::collectives::Collectives;
 use crate::error::Result;
 use crate::group::GroupCoordinator;
 use crate::world::Runtime;

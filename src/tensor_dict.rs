@@ -1,45 +1,54 @@
 //! Tensor dictionaries (FastVideo's `broadcast_tensor_dict`, `send_tensor_dict`,
-//! `recv_tensor_dict`): metadata on the object plane, tensors on the data plane.
+//! `recv_tensor_dict`), one protocol for every data plane: metadata on the
+//! object plane, the plane's tensors through the plane's collectives, host
+//! tensors of a device dictionary through MPI (as FastVideo sends CPU
+//! tensors on its CPU group and GPU tensors on its device group).
 
+use crate::collectives::{Collectives, PlaneTensor};
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::op::Op;
 use crate::tensor::{numel, DType, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// A value in a tensor dictionary: a tensor or any JSON value.
+/// A value in a tensor dictionary of plane tensors `T`.
 #[derive(Clone, Debug, PartialEq)]
-pub enum DictValue {
-    /// Moved on the data plane.
-    Tensor(Tensor),
+pub enum DictValue<T = Tensor> {
+    /// A tensor of the dictionary's plane (host: MPI; device: NCCL).
+    Tensor(T),
+    /// A host tensor in a device dictionary, moved through MPI (on the host
+    /// plane the same as `Tensor`).
+    Host(Tensor),
     /// Moved with the metadata on the object plane.
     Value(serde_json::Value),
 }
 
 /// A dictionary of named tensors and values, ordered by key.
-pub type TensorDict = BTreeMap<String, DictValue>;
+pub type TensorDict<T = Tensor> = BTreeMap<String, DictValue<T>>;
 
 /// What the object plane carries for each entry. JSON values travel as text
 /// because the binary object format does not describe itself.
 #[derive(Serialize, Deserialize)]
-pub(crate) enum EntryMeta {
-    Tensor {
-        dtype: DType,
-        shape: Vec<usize>,
-    },
+enum EntryMeta {
+    Tensor { dtype: DType, shape: Vec<usize> },
     Value(String),
-    /// A device tensor (device dictionaries only; moved through NCCL).
-    DeviceTensor {
-        dtype: DType,
-        shape: Vec<usize>,
-    },
+    DeviceTensor { dtype: DType, shape: Vec<usize> },
 }
 
-fn metadata(dict: &TensorDict) -> Vec<(String, EntryMeta)> {
+fn metadata<T: PlaneTensor>(dict: &TensorDict<T>) -> Vec<(String, EntryMeta)> {
     dict.iter()
         .map(|(k, v)| {
             let meta = match v {
+                DictValue::Tensor(t) if T::ON_DEVICE => EntryMeta::DeviceTensor {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                },
                 DictValue::Tensor(t) => EntryMeta::Tensor {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                },
+                DictValue::Host(t) => EntryMeta::Tensor {
                     dtype: t.dtype(),
                     shape: t.shape().to_vec(),
                 },
@@ -50,18 +59,33 @@ fn metadata(dict: &TensorDict) -> Vec<(String, EntryMeta)> {
         .collect()
 }
 
-pub(crate) fn parse_value(
-    g: &GroupCoordinator<'_>,
-    key: &str,
-    text: &str,
-) -> Result<serde_json::Value> {
+fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| {
-        Error::collective(
-            "tensor_dict",
+        Error::invalid(
+            Op::BroadcastObject,
             g.name(),
-            format!("entry {key:?} is not valid JSON: {e}"),
+            format!("tensor_dict entry {key:?} is not valid JSON: {e}"),
         )
     })
+}
+
+/// Where an entry's tensor moves, as the receiving plane sees it. An entry
+/// of the other plane (a device entry reaching a host dictionary) is moved
+/// as this plane's: its call then meets the sender's call of the other
+/// plane, and both ends get the agreement error naming the two.
+enum Entry {
+    Value(String),
+    Plane(DType, Vec<usize>),
+    Host(DType, Vec<usize>),
+}
+
+fn entry<T: PlaneTensor>(m: EntryMeta) -> Entry {
+    match m {
+        EntryMeta::Value(text) => Entry::Value(text),
+        EntryMeta::DeviceTensor { dtype, shape } => Entry::Plane(dtype, shape),
+        EntryMeta::Tensor { dtype, shape } if T::ON_DEVICE => Entry::Host(dtype, shape),
+        EntryMeta::Tensor { dtype, shape } => Entry::Plane(dtype, shape),
+    }
 }
 
 /// The piece of a flattened tensor this rank of an all-gather group moves,
@@ -72,29 +96,42 @@ fn ag_slice(t_numel: usize, ag: Option<&GroupCoordinator<'_>>) -> Option<(usize,
     (t_numel % n == 0).then(|| (ag.rank_in_group() * t_numel / n, t_numel / n))
 }
 
-impl GroupCoordinator<'_> {
-    /// Sends group rank `src`'s dictionary to every member. Empty tensors are
-    /// not sent (they are recreated from metadata). `dict` is ignored elsewhere.
-    pub fn broadcast_tensor_dict(
+/// Tensor dictionaries on any data plane (every [`Collectives`] has them).
+pub trait TensorDicts<'rt>: Collectives<'rt> {
+    /// Sends group rank `src`'s dictionary to every member (`dict` is
+    /// ignored elsewhere). Empty tensors are not sent (they are recreated
+    /// from metadata).
+    fn broadcast_tensor_dict(
         &self,
-        dict: Option<&TensorDict>,
+        dict: Option<&TensorDict<Self::Tensor>>,
         src: usize,
-    ) -> Result<TensorDict> {
-        let meta = dict.map(metadata);
-        let meta: Vec<(String, EntryMeta)> = self.broadcast_object(meta.as_ref(), src)?;
+    ) -> Result<TensorDict<Self::Tensor>> {
+        let g = self.group();
+        let meta: Vec<(String, EntryMeta)> =
+            g.broadcast_object(dict.map(metadata).as_ref(), src)?;
+        let mine = g.rank_in_group() == src;
         let mut out = TensorDict::new();
         for (key, m) in meta {
-            let value = match m {
-                EntryMeta::Value(text) => DictValue::Value(parse_value(self, &key, &text)?),
-                // A device entry from a device-plane sender: the host broadcast
-                // below meets its device broadcast, and every rank gets the
-                // agreement error naming both.
-                EntryMeta::Tensor { dtype, shape } | EntryMeta::DeviceTensor { dtype, shape } => {
-                    let mut t = match dict.and_then(|d| d.get(&key)) {
-                        Some(DictValue::Tensor(t)) if self.rank_in_group() == src => t.clone(),
+            let own = dict.and_then(|d| d.get(&key)).filter(|_| mine);
+            let value = match entry::<Self::Tensor>(m) {
+                Entry::Value(text) => DictValue::Value(parse_value(g, &key, &text)?),
+                Entry::Host(dtype, shape) => {
+                    let mut t = match own {
+                        Some(DictValue::Host(t)) => t.clone(),
                         _ => Tensor::zeros(shape, dtype),
                     };
                     if t.numel() > 0 {
+                        g.broadcast(&mut t, src)?;
+                    }
+                    DictValue::Host(t)
+                }
+                Entry::Plane(dtype, shape) => {
+                    let mut t = match own {
+                        Some(DictValue::Tensor(t)) => self.copy_flat(t, 0, numel(&shape))?,
+                        _ => self.empty(vec![numel(&shape)], dtype)?,
+                    }
+                    .reshape(shape)?;
+                    if numel(t.shape()) > 0 {
                         self.broadcast(&mut t, src)?;
                     }
                     DictValue::Tensor(t)
@@ -107,32 +144,32 @@ impl GroupCoordinator<'_> {
 
     /// Sends a dictionary to group rank `dst` (next member when `None`).
     ///
-    /// With `all_gather_group`, each tensor whose element count divides by that
-    /// group's size is sent as this rank's 1/n slice; the receiver's all-gather
-    /// group reassembles it (FastVideo's send-then-all-gather).
-    pub fn send_tensor_dict(
+    /// With `all_gather_group`, each plane tensor whose element count divides
+    /// by that group's size is sent as this rank's 1/n slice; the receiver's
+    /// all-gather group reassembles it (FastVideo's send-then-all-gather).
+    /// Device tensors need the group's communicator
+    /// ([`DeviceGroup::connect`](crate::DeviceGroup::connect)).
+    fn send_tensor_dict(
         &self,
-        dict: &TensorDict,
+        dict: &TensorDict<Self::Tensor>,
         dst: Option<usize>,
-        all_gather_group: Option<&GroupCoordinator<'_>>,
+        all_gather_group: Option<&Self>,
     ) -> Result<()> {
-        let dst = dst.unwrap_or((self.rank_in_group() + 1) % self.size());
-        self.send_object(&metadata(dict), dst)?;
-        for t in dict.values().filter_map(|v| match v {
-            DictValue::Tensor(t) if t.numel() > 0 => Some(t),
-            _ => None,
-        }) {
-            match ag_slice(t.numel(), all_gather_group) {
-                Some((start, len)) => {
-                    let e = t.dtype().size();
-                    let piece = Tensor::from_bytes(
-                        [len],
-                        t.dtype(),
-                        &t.bytes()[start * e..(start + len) * e],
-                    )?;
-                    self.send(&piece, Some(dst))?;
+        let g = self.group();
+        let (dst, _) = g.ring_peers(dst, None);
+        g.send_object(&metadata(dict), dst)?;
+        for v in dict.values() {
+            match v {
+                DictValue::Host(t) if t.numel() > 0 => g.send(t, Some(dst))?,
+                DictValue::Tensor(t) if numel(t.shape()) > 0 => {
+                    match ag_slice(numel(t.shape()), all_gather_group.map(|a| a.group())) {
+                        Some((start, len)) => {
+                            self.send(&self.copy_flat(t, start, len)?, Some(dst))?
+                        }
+                        None => self.send(t, Some(dst))?,
+                    }
                 }
-                None => self.send(t, Some(dst))?,
+                _ => {}
             }
         }
         Ok(())
@@ -141,31 +178,34 @@ impl GroupCoordinator<'_> {
     /// Receives a dictionary sent with [`send_tensor_dict`](Self::send_tensor_dict)
     /// from group rank `src` (previous member when `None`); pass the same kind
     /// of `all_gather_group` as the sender.
-    pub fn recv_tensor_dict(
+    fn recv_tensor_dict(
         &self,
         src: Option<usize>,
-        all_gather_group: Option<&GroupCoordinator<'_>>,
-    ) -> Result<TensorDict> {
-        let src = src.unwrap_or((self.rank_in_group() + self.size() - 1) % self.size());
-        let meta: Vec<(String, EntryMeta)> = self.recv_object(src)?;
+        all_gather_group: Option<&Self>,
+    ) -> Result<TensorDict<Self::Tensor>> {
+        let g = self.group();
+        let (_, src) = g.ring_peers(None, src);
+        let meta: Vec<(String, EntryMeta)> = g.recv_object(src)?;
         let mut out = TensorDict::new();
         for (key, m) in meta {
-            let value = match m {
-                EntryMeta::Value(text) => DictValue::Value(parse_value(self, &key, &text)?),
-                EntryMeta::Tensor { dtype, shape } | EntryMeta::DeviceTensor { dtype, shape }
-                    if numel(&shape) == 0 =>
-                {
-                    DictValue::Tensor(Tensor::zeros(shape, dtype))
+            let value = match entry::<Self::Tensor>(m) {
+                Entry::Value(text) => DictValue::Value(parse_value(g, &key, &text)?),
+                Entry::Host(dtype, shape) if numel(&shape) == 0 => {
+                    DictValue::Host(Tensor::zeros(shape, dtype))
                 }
-                // As in broadcast: a device entry's host receive fails its
-                // handshake with the device send, on both ends.
-                EntryMeta::Tensor { dtype, shape } | EntryMeta::DeviceTensor { dtype, shape } => {
-                    let t = match (ag_slice(numel(&shape), all_gather_group), all_gather_group) {
-                        (Some((_, len)), Some(ag)) => {
-                            let piece = self.recv(&[len], dtype, Some(src))?;
+                Entry::Host(dtype, shape) => DictValue::Host(g.recv(&shape, dtype, Some(src))?),
+                Entry::Plane(dtype, shape) if numel(&shape) == 0 => {
+                    DictValue::Tensor(self.empty(shape, dtype)?)
+                }
+                Entry::Plane(dtype, shape) => {
+                    let n = numel(&shape);
+                    let ag = all_gather_group.filter(|a| ag_slice(n, Some(a.group())).is_some());
+                    let t = match ag {
+                        Some(ag) => {
+                            let piece = self.recv(&[n / ag.group().size()], dtype, Some(src))?;
                             ag.all_gather(&piece, 0)?.reshape(shape)?
                         }
-                        _ => self.recv(&shape, dtype, Some(src))?,
+                        None => self.recv(&shape, dtype, Some(src))?,
                     };
                     DictValue::Tensor(t)
                 }
@@ -175,3 +215,5 @@ impl GroupCoordinator<'_> {
         Ok(out)
     }
 }
+
+impl<'rt, C: Collectives<'rt>> TensorDicts<'rt> for C {}

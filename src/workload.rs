@@ -2,6 +2,7 @@
 //! training step does to a cluster's network, with every result verified.
 //! `rankmesh workload` runs it; the Slurm example job submits it.
 
+use crate::collectives::Collectives;
 use crate::error::{Error, Result};
 use crate::parallel::ParallelState;
 use crate::reduce::ReduceOp;
@@ -21,8 +22,8 @@ pub struct WorkloadReport {
 }
 
 fn mismatch(what: &str, got: f64, want: f64) -> Error {
-    Error::Collective {
-        op: "workload",
+    Error::Usage {
+        what: "workload",
         group: "world".into(),
         msg: format!("{what}: got {got}, expected {want}"),
     }

@@ -11,6 +11,7 @@
 //! Reads and writes are not collective (as in ModelOpt): synchronise with
 //! `barrier` between writing and reading.
 
+use crate::collectives::Collectives;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::tensor::{DType, Tensor};
@@ -47,7 +48,7 @@ struct Meta {
 ///
 /// ```
 /// # let rt = rankmesh::Runtime::init()?;
-/// use rankmesh::{Tensor, Workspace};
+/// use rankmesh::{Collectives, Tensor, Workspace};
 /// use std::collections::BTreeMap;
 /// let world = rt.world_group()?;
 /// let root = std::env::temp_dir().join(format!("rankmesh-doc-{}", std::process::id()));

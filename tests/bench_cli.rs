@@ -356,7 +356,10 @@ fn ignored_and_bad_options() {
         .contains("Option -G 2 is not supported by rankmesh. Ignoring\n"));
 
     for (args, msg) in [
-        (vec!["gather_perf"], "unknown collective \"gather_perf\""),
+        (
+            vec!["hypercube_perf"],
+            "unknown collective \"hypercube_perf\"",
+        ),
         (
             vec!["all_reduce", "-d", "float8"],
             "invalid type \"float8\"",

@@ -16,6 +16,8 @@
 mod emulator;
 mod support;
 
+use rankmesh::Collectives as _;
+use rankmesh::TensorDicts as _;
 use rankmesh::{DType, DeviceGroup, Error, GroupCoordinator, ReduceOp, Runtime, Tensor};
 
 type Check = Result<(), String>;
@@ -225,17 +227,18 @@ fn check_point_to_point(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> C
 }
 
 fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
-    use rankmesh::device::{DeviceDictValue as V, DeviceTensorDict};
+    use rankmesh::{DictValue as V, TensorDict};
+    type DeviceTensorDict = TensorDict<rankmesh::DeviceTensor>;
     let gpu = dg.gpu();
     let (n, me) = (g.size(), g.rank_in_group());
     let host = input(&[3, 2], DType::I32, 0);
     let dev = input(&[4, 5], DType::BF16, 0);
     let mut d = DeviceTensorDict::new();
     d.insert("h".into(), V::Host(host.clone()));
-    d.insert("d".into(), V::Device(gpu.upload(&dev).map_err(e)?));
+    d.insert("d".into(), V::Tensor(gpu.upload(&dev).map_err(e)?));
     d.insert(
         "empty".into(),
-        V::Device(gpu.zeros([0, 3], DType::F16).map_err(e)?),
+        V::Tensor(gpu.zeros([0, 3], DType::F16).map_err(e)?),
     );
     d.insert("v".into(), V::Value(serde_json::json!({"step": 7})));
     let got = dg
@@ -243,7 +246,7 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
         .map_err(e)?;
     let verify = |got: &DeviceTensorDict, what: &str| -> Check {
         match (&got["h"], &got["d"], &got["empty"], &got["v"]) {
-            (V::Host(h), V::Device(dd), V::Device(empty), V::Value(v)) => {
+            (V::Host(h), V::Tensor(dd), V::Tensor(empty), V::Value(v)) => {
                 same(&format!("{what} host entry"), h, &host, None)?;
                 same(
                     &format!("{what} device entry"),
@@ -263,17 +266,17 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     if n > 1 {
         dg.connect().map_err(e)?;
         if me == 0 {
-            dg.send_tensor_dict(&d, Some(1)).map_err(e)?;
+            dg.send_tensor_dict(&d, Some(1), None).map_err(e)?;
         } else if me == 1 {
             verify(
-                &dg.recv_tensor_dict(Some(0)).map_err(e)?,
+                &dg.recv_tensor_dict(Some(0), None).map_err(e)?,
                 "send/recv_tensor_dict",
             )?;
         }
         // A host receiver of a device dict: both ends get the handshake
         // error at the device entry, neither waits.
         let err = match me {
-            0 => dg.send_tensor_dict(&d, Some(1)).err(),
+            0 => dg.send_tensor_dict(&d, Some(1), None).err(),
             1 => g.recv_tensor_dict(Some(0), None).err(),
             _ => return Ok(()),
         };
@@ -303,7 +306,7 @@ fn check_autograd(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
         },
     ] {
         let y = op.forward(g, &x).map_err(e)?;
-        let dy = op.forward_device(dg, &dx).map_err(e)?;
+        let dy = op.forward(dg, &dx).map_err(e)?;
         same(
             &format!("{op:?} forward"),
             &gpu.download(&dy).map_err(e)?,
@@ -311,7 +314,7 @@ fn check_autograd(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
             None,
         )?;
         let gx = op.backward(g, &y).map_err(e)?;
-        let dgx = op.backward_device(dg, &dy).map_err(e)?;
+        let dgx = op.backward(dg, &dy).map_err(e)?;
         same(
             &format!("{op:?} backward"),
             &gpu.download(&dgx).map_err(e)?,

@@ -3,6 +3,7 @@
 
 mod support;
 
+use rankmesh::Collectives as _;
 use std::time::Instant;
 
 const WORKER: &str = "RANKMESH_TIMEOUT_WORKER";

@@ -1,7 +1,8 @@
 //! Benchmark configuration: nccl-tests' flags and their parsing rules.
 
-use super::ops::BenchOp;
+use super::entries::Entry;
 use crate::error::{Error, Result};
+use crate::op::Op;
 use crate::reduce::ReduceOp;
 use crate::tensor::DType;
 
@@ -35,7 +36,7 @@ pub enum GroupChoice {
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
     /// Collective.
-    pub op: BenchOp,
+    pub op: &'static Entry,
     /// `-b`.
     pub min_bytes: usize,
     /// `-e`.
@@ -143,8 +144,8 @@ impl BenchConfig {
     /// Rejects sizes and flags that cannot run, on every rank alike.
     pub fn validate(&self, group_size: usize) -> Result<()> {
         let bad = |m: String| {
-            Err(Error::Collective {
-                op: "bench",
+            Err(Error::Usage {
+                what: "bench",
                 group: "world".into(),
                 msg: m,
             })
@@ -167,7 +168,7 @@ impl BenchConfig {
                 self.root
             ));
         }
-        if self.op == BenchOp::BroadcastObject && self.dtype != DType::U8 {
+        if self.op.op == Op::BroadcastObject && self.dtype != DType::U8 {
             return bad("broadcast_object moves bytes: use -d uint8".into());
         }
         Ok(())

@@ -4,20 +4,24 @@
 //! then per size a synchronising call, `iters × agg` back-to-back calls timed
 //! with the host clock, the per-iteration time combined across ranks (`-a`),
 //! and a separate validation call (`-c`) against exact expected data. Each
-//! collective only describes itself (`ops.rs`); output is byte-compatible
+//! collective only describes itself (`entries.rs`); output is byte-compatible
 //! (`format.rs`); JSON follows nccl-tests' version-3 keys (`json.rs`).
 
 pub mod config;
 mod device;
+pub mod entries;
 pub mod format;
+mod host;
 pub mod json;
-pub mod ops;
 pub mod plot;
 
+use crate::collectives::Collectives;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::op::Op;
 use crate::parallel::ParallelState;
 use crate::reduce::ReduceOp;
+use crate::tensor::Tensor;
 use crate::world::Runtime;
 pub use config::{
     nccl_type_name, parse_dtype, parse_size, sizes, Average, BenchConfig, GroupChoice,
@@ -185,29 +189,10 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
     let mut cycle = 0;
     while cfg.cycles == 0 || cycle < cfg.cycles {
         cycle += 1;
-        match &dg {
-            Some(dg) => device::warm_up_device(&group, dg, cfg, &sweep)?,
-            None => warm_up(&group, cfg, &sweep)?,
-        }
-        let mut rows = Vec::new();
-        for (k, &size) in sweep.iter().enumerate() {
-            if cfg.progress && is_main && std::io::stderr().is_terminal() {
-                eprint!(
-                    "\r[rankmesh bench] {} B ({}/{})   ",
-                    size,
-                    k + 1,
-                    sweep.len()
-                );
-            }
-            let first = cycle == 1 && k == 0;
-            rows.push(match &dg {
-                Some(dg) => device::measure_size_device(&group, dg, cfg, size, first)?,
-                None => measure_size(&group, cfg, size, first)?,
-            });
-        }
-        if cfg.progress && is_main && std::io::stderr().is_terminal() {
-            eprint!("\r{:60}\r", "");
-        }
+        let rows = match &dg {
+            Some(dg) => one_sweep(&device::DeviceBench(*dg), cfg, &sweep, cycle == 1)?,
+            None => one_sweep(&host::HostBench(&group), cfg, &sweep, cycle == 1)?,
+        };
         // Each group's first rank holds its rows; world rank 0 prints them all.
         let mine = group.is_first_rank().then_some(rows);
         let gathered: Option<Vec<Option<Vec<Row>>>> = world.gather_object(&mine, 0)?;
@@ -270,8 +255,8 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
 fn write_out(out: &mut dyn Write, s: &str) -> Result<()> {
     out.write_all(s.as_bytes())
         .and_then(|_| out.flush())
-        .map_err(|e| Error::Collective {
-            op: "bench",
+        .map_err(|e| Error::Usage {
+            what: "bench",
             group: "world".into(),
             msg: format!("cannot write the report: {e}"),
         })
@@ -291,16 +276,157 @@ pub fn render_row(r: &Row, extras: Extras) -> String {
     line + "\n"
 }
 
+/// What the harness needs from a data plane; everything else (sweep,
+/// warm-up, timing, validation, rows) is one harness for every plane.
+pub(crate) trait BenchPlane<'rt> {
+    /// The plane's collectives.
+    type C: Collectives<'rt>;
+
+    /// The plane's group.
+    fn coll(&self) -> &Self::C;
+
+    /// A plane tensor holding `t`.
+    fn upload(&self, t: &Tensor) -> Result<PlaneT<'rt, Self>>;
+
+    /// Overwrites `d` with `t` (same shape and dtype).
+    fn upload_into(&self, t: &Tensor, d: &mut PlaneT<'rt, Self>) -> Result<()>;
+
+    /// `d` on the host, after the work enqueued before.
+    fn download(&self, d: &PlaneT<'rt, Self>) -> Result<Tensor>;
+
+    /// Waits for enqueued work (the device stream; nothing on the host).
+    fn settle(&self) -> Result<()>;
+
+    /// The same data movement with the plane's raw library (no rankmesh
+    /// layer); `Ok(false)` when it has no equivalent.
+    fn baseline(
+        &self,
+        cfg: &BenchConfig,
+        input: &PlaneT<'rt, Self>,
+        output: &mut PlaneT<'rt, Self>,
+    ) -> Result<bool>;
+
+    /// Ops outside the tensor op list (the object plane).
+    fn run_other(
+        &self,
+        cfg: &BenchConfig,
+        input: &PlaneT<'rt, Self>,
+        output: &mut PlaneT<'rt, Self>,
+    ) -> Result<()>;
+}
+
+/// The tensor type of a bench plane.
+pub(crate) type PlaneT<'rt, P> = <<P as BenchPlane<'rt>>::C as Collectives<'rt>>::Tensor;
+
+/// One call of the benchmarked collective through the plane's [`Collectives`].
+fn run_op<'rt, P: BenchPlane<'rt>>(
+    p: &P,
+    cfg: &BenchConfig,
+    input: &PlaneT<'rt, P>,
+    output: &mut PlaneT<'rt, P>,
+) -> Result<()> {
+    let c = p.coll();
+    let (red, root) = (cfg.redop, cfg.root);
+    match cfg.op.op {
+        Op::AllReduce => c.all_reduce_into(input, output, red),
+        Op::AllGather => c.all_gather_into(input, output, 0),
+        Op::ReduceScatter => c.reduce_scatter_into(input, output, 0, red),
+        // Broadcast works in place on the output (the root's holds the data).
+        Op::Broadcast => c.broadcast(output, root),
+        Op::Reduce => c.reduce_into(input, output, root, red),
+        Op::Gather => c.gather_into(input, output, root, 0),
+        Op::Scatter => c.scatter_into(input, output, root, 0),
+        Op::AllToAll => c.all_to_all_into(input, output),
+        Op::SendRecv => c.send_recv_into(input, output, None, None),
+        Op::AllToAll4d => c.all_to_all_4d_into(input, output, 2, 1),
+        _ => p.run_other(cfg, input, output),
+    }
+}
+
+/// The in-place form: a real in-place call where the op has one
+/// (all_reduce on the output buffer; broadcast is always in place), else a
+/// second, independently timed run of the out-of-place call.
+fn run_in_place<'rt, P: BenchPlane<'rt>>(
+    p: &P,
+    cfg: &BenchConfig,
+    input: &PlaneT<'rt, P>,
+    output: &mut PlaneT<'rt, P>,
+) -> Result<()> {
+    match cfg.op.op {
+        Op::AllReduce => p.coll().all_reduce_in_place(output, cfg.redop),
+        _ => run_op(p, cfg, input, output),
+    }
+}
+
+/// Plane buffers for one size, with the host data they are reset from.
+struct Buffers<'rt, P: BenchPlane<'rt>> {
+    host: (Tensor, Tensor),
+    input: PlaneT<'rt, P>,
+    output: PlaneT<'rt, P>,
+}
+
+impl<'rt, P: BenchPlane<'rt>> Buffers<'rt, P> {
+    fn new(p: &P, cfg: &BenchConfig, count: usize) -> Result<Self> {
+        let g = p.coll().group();
+        let who = (g.rank_in_group(), g.size());
+        let host = cfg.op.buffers(count, cfg.dtype, who, cfg.redop, cfg.root);
+        Ok(Buffers {
+            input: p.upload(&host.0)?,
+            output: p.upload(&host.1)?,
+            host,
+        })
+    }
+
+    /// Restores the initial data. In place, the output starts as the input,
+    /// as nccl-tests' in-place runs do.
+    fn reset(&mut self, p: &P, in_place: bool) -> Result<()> {
+        p.upload_into(&self.host.0, &mut self.input)?;
+        let out = if in_place && self.host.0.shape() == self.host.1.shape() {
+            &self.host.0
+        } else {
+            &self.host.1
+        };
+        p.upload_into(out, &mut self.output)
+    }
+}
+
+/// One cycle of the sweep on one plane: warm-up, then every size.
+fn one_sweep<'rt, P: BenchPlane<'rt>>(
+    p: &P,
+    cfg: &BenchConfig,
+    sweep: &[usize],
+    first_cycle: bool,
+) -> Result<Vec<Row>> {
+    let is_main = p.coll().group().runtime().rank() == 0;
+    let progress = cfg.progress && is_main && std::io::stderr().is_terminal();
+    warm_up(p, cfg, sweep)?;
+    let mut rows = Vec::new();
+    for (k, &size) in sweep.iter().enumerate() {
+        if progress {
+            eprint!(
+                "\r[rankmesh bench] {} B ({}/{})   ",
+                size,
+                k + 1,
+                sweep.len()
+            );
+        }
+        rows.push(measure_size(p, cfg, size, first_cycle && k == 0)?);
+    }
+    if progress {
+        eprint!("\r{:60}\r", "");
+    }
+    Ok(rows)
+}
+
 /// Warm-up calls at the largest and smallest size, as nccl-tests does.
-fn warm_up(g: &GroupCoordinator<'_>, cfg: &BenchConfig, sweep: &[usize]) -> Result<()> {
+fn warm_up<'rt, P: BenchPlane<'rt>>(p: &P, cfg: &BenchConfig, sweep: &[usize]) -> Result<()> {
     for &size in [sweep.last(), sweep.first()].into_iter().flatten() {
-        let (mut input, mut output) = cfg.op.buffers(g, size / cfg.dtype.size(), cfg.dtype);
-        cfg.op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
+        let mut b = Buffers::new(p, cfg, size / cfg.dtype.size())?;
         for _ in 0..cfg.warmup {
-            cfg.op.run(g, &input, &mut output, cfg.redop, cfg.root)?;
+            run_op(p, cfg, &b.input, &mut b.output)?;
         }
     }
-    Ok(())
+    p.settle()
 }
 
 /// Times `iters × agg` calls of `call` after one synchronising call, as
@@ -425,57 +551,63 @@ fn validate(
 }
 
 /// Measures one size: out-of-place, in-place, baseline and statistics.
-fn measure_size(
-    g: &GroupCoordinator<'_>,
+fn measure_size<'rt, P: BenchPlane<'rt>>(
+    p: &P,
     cfg: &BenchConfig,
     size: usize,
     first: bool,
 ) -> Result<Row> {
-    let op = cfg.op;
+    let g = p.coll().group();
     let sizing = Sizing::new(g, cfg, size);
-    let (mut input, mut output) = op.buffers(g, sizing.count, cfg.dtype);
-    op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
-
+    let mut b = Buffers::new(p, cfg, sizing.count)?;
+    let who = (g.rank_in_group(), g.size());
     let mut cells = Vec::new();
     let mut stats = None;
-    // rankmesh's host API is out-of-place; the in-place columns are a second,
-    // independently timed and validated run of the same call.
-    for pass in 0..2 {
+    for in_place in [false, true] {
+        b.reset(p, in_place)?;
         let (secs, samples) = time_calls(
             g,
             cfg,
-            || op.run(g, &input, &mut output, cfg.redop, cfg.root),
-            || Ok(()),
+            || match in_place {
+                false => run_op(p, cfg, &b.input, &mut b.output),
+                true => run_in_place(p, cfg, &b.input, &mut b.output),
+            },
+            || p.settle(),
         )?;
         let secs = combine(g, secs, cfg.average)?;
-        if cfg.stats && pass == 0 {
+        if cfg.stats && !in_place {
             let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
             stats = Some(RankStats::of(&all));
         }
         g.barrier()?;
+        let corrupt = cfg.corrupt && first && !in_place && g.is_first_rank();
         let wrong = validate(g, cfg, || {
-            op.init(g, &mut input, &mut output, cfg.redop, cfg.root);
-            op.run(g, &input, &mut output, cfg.redop, cfg.root)?;
-            if cfg.corrupt && first && pass == 0 && g.is_first_rank() && output.numel() > 0 {
-                let b = output.bytes_mut();
-                b[0] ^= 0x5a;
+            b.reset(p, in_place)?;
+            match in_place {
+                false => run_op(p, cfg, &b.input, &mut b.output)?,
+                true => run_in_place(p, cfg, &b.input, &mut b.output)?,
             }
-            Ok(op.count_wrong(g, input.numel(), &output, cfg.redop, cfg.root))
+            let mut got = p.download(&b.output)?;
+            if corrupt && got.numel() > 0 {
+                got.bytes_mut()[0] ^= 0x5a;
+            }
+            Ok(cfg
+                .op
+                .count_wrong(who, b.host.0.numel(), &got, cfg.redop, cfg.root))
         })?;
         cells.push(sizing.cell(secs, wrong));
     }
-
     let baseline = if cfg.baseline {
-        let comm = g.raw_comm();
+        b.reset(p, false)?;
         let mut supported = true;
         let (secs, _) = time_calls(
             g,
             cfg,
             || {
-                supported = op.run_mpi(comm, &input, &mut output, cfg.redop, cfg.root);
+                supported = p.baseline(cfg, &b.input, &mut b.output)?;
                 Ok(())
             },
-            || Ok(()),
+            || p.settle(),
         )?;
         let secs = combine(g, secs, cfg.average)?;
         supported.then(|| sizing.cell(secs, None))

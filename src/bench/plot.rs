@@ -15,8 +15,8 @@ pub struct Series {
 
 /// Reads the out-of-place results of a `-J` document (rankmesh or nccl-tests).
 pub fn series_from_json(label: &str, text: &str) -> Result<Series> {
-    let bad = |m: String| Error::Collective {
-        op: "plot",
+    let bad = |m: String| Error::Usage {
+        what: "plot",
         group: label.to_string(),
         msg: m,
     };

@@ -9,11 +9,13 @@
 
 use super::select::duplicate_devices;
 use super::Gpu;
-use crate::dispatch::Op;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::op::Op;
 use crate::plane::nccl::comm::Communicator as NcclComm;
-use crate::plane::nccl::sys::{dtype, redop, UniqueId, SUCCESS, UNIQUE_ID_BYTES};
+use crate::plane::nccl::result::{unique_id, NcclError};
+use crate::plane::nccl::sys::{UniqueId, UNIQUE_ID_BYTES};
+use crate::reduce::ReduceOp;
 use mpi::traits::*;
 
 /// Bytes of one rank's status record (flag + text).
@@ -61,7 +63,12 @@ fn parse_device_record(rec: &[u8]) -> (usize, String) {
 
 /// Creates `group`'s communicator (collective over the group).
 pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Result<NcclComm<'rt>> {
-    let fail = |msg: String| Error::collective(Op::Connect.name(), group.name(), msg);
+    let fail = |msg: String| Error::invalid(Op::Connect, group.name(), msg);
+    let nccl_fail = |source: NcclError| Error::Nccl {
+        op: Op::Connect,
+        group: group.name().to_string(),
+        source,
+    };
     let comm = group.raw_comm();
     let size = group.size();
     let me = group.rank_in_group();
@@ -79,25 +86,22 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     let api = gpu.api();
     let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
     if me == 0 {
-        let mut id = UniqueId::from_bytes(&[0; UNIQUE_ID_BYTES]);
-        // SAFETY: `id` is a valid out-pointer.
-        let rc = unsafe { (api.get_unique_id)(&mut id) };
-        if rc == SUCCESS {
-            packet[1..].copy_from_slice(&id.to_bytes());
-        } else {
-            packet[0] = 1;
-            let msg = api.error_string(rc);
-            let n = msg.len().min(UNIQUE_ID_BYTES);
-            packet[1..1 + n].copy_from_slice(&msg.as_bytes()[..n]);
+        match unique_id(api) {
+            Ok(id) => packet[1..].copy_from_slice(&id.to_bytes()),
+            Err(e) => {
+                packet[0] = 1;
+                let n = e.msg.len().min(UNIQUE_ID_BYTES);
+                packet[1..1 + n].copy_from_slice(&e.msg.as_bytes()[..n]);
+            }
         }
     }
     comm.process_at_rank(0).broadcast_into(&mut packet[..]);
     if packet[0] != 0 {
         let text = String::from_utf8_lossy(&packet[1..]);
-        return Err(fail(format!(
+        return Err(nccl_fail(NcclError::other(format!(
             "ncclGetUniqueId failed on group rank 0: {}",
             text.trim_end_matches('\0')
-        )));
+        ))));
     }
     let id = UniqueId::from_bytes(packet[1..].try_into().expect("128 bytes"));
 
@@ -106,7 +110,7 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
         .bind_to_thread()
         .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
     let created = NcclComm::init(api, id, size, me, group.name());
-    let outcome = created.as_ref().map(|_| ()).map_err(Clone::clone);
+    let outcome = created.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
     let mut statuses = vec![0u8; STATUS_BYTES * size];
     comm.all_gather_into(&status_record(&outcome)[..], &mut statuses[..]);
     if let Some((rank, msg)) = first_failure(&statuses) {
@@ -114,9 +118,11 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
         if let Ok(c) = created {
             c.state().abort(api, "a peer failed to initialise");
         }
-        return Err(fail(format!("group rank {rank}: {msg}")));
+        return Err(nccl_fail(NcclError::other(format!(
+            "group rank {rank}: {msg}"
+        ))));
     }
-    let nccl = created.map_err(fail)?;
+    let nccl = created.map_err(nccl_fail)?;
     gpu.register(nccl.state());
 
     // (4) Warm-up: NCCL connects lazily; pay that cost here, not in the first op.
@@ -124,8 +130,17 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     let stream = gpu.stream();
     let p = one.write_ptr(stream);
     // SAFETY: one f32 on this device, alive until the synchronize below.
-    unsafe { nccl.all_reduce(p, p, 1, dtype::FLOAT32, redop::SUM, stream.cu_stream() as _) }
-        .map_err(fail)?;
+    unsafe {
+        nccl.all_reduce(
+            p,
+            p,
+            1,
+            crate::DType::F32,
+            ReduceOp::Sum,
+            stream.cu_stream() as _,
+        )
+    }
+    .map_err(nccl_fail)?;
     gpu.synchronize()?;
     tracing::debug!(
         rank = group.global_rank(),

@@ -13,21 +13,18 @@
 //! next group's without events. cudarc's per-buffer event tracking is off for
 //! the same reason (it costs two driver calls per buffer per op).
 
-pub mod collectives;
 mod connect;
 mod copy;
 pub mod driver;
-mod p2p;
-mod redistribute;
+mod group;
 pub mod select;
 mod tensor;
-mod tensor_dict;
 
-pub use collectives::DeviceGroup;
+pub use group::DeviceGroup;
 pub use tensor::DeviceTensor;
-pub use tensor_dict::{DeviceDictValue, DeviceTensorDict};
 
 use crate::error::{Error, Result};
+use crate::op::Op;
 use crate::plane::nccl::comm::CommState;
 use crate::plane::nccl::loader::{self, Nccl};
 use crate::plane::nccl::sys::Api;
@@ -240,8 +237,12 @@ impl Gpu {
                         "device work did not finish within {} s (RANKMESH_TIMEOUT)",
                         limit.as_secs_f64()
                     );
-                    self.abort_all(&why);
-                    return Err(Error::Gpu(why + "; NCCL communicators aborted"));
+                    let groups = self.abort_all(&why);
+                    return Err(Error::Timeout {
+                        op: Op::Synchronize,
+                        group: groups,
+                        msg: why + "; NCCL communicators aborted",
+                    });
                 }
             }
             // Spin briefly (small collectives finish in microseconds), then back off.
@@ -262,18 +263,26 @@ impl Gpu {
             .filter_map(Weak::upgrade)
             .collect();
         for c in comms {
-            c.poll(self.api()).map_err(|m| Error::Collective {
-                op: "synchronize",
+            c.poll(self.api()).map_err(|source| Error::Nccl {
+                op: Op::Synchronize,
                 group: c.group().to_string(),
-                msg: m,
+                source,
             })?;
         }
         Ok(())
     }
 
-    fn abort_all(&self, why: &str) {
+    /// Aborts every live communicator; returns their groups' names.
+    fn abort_all(&self, why: &str) -> String {
+        let mut groups = Vec::new();
         for c in self.comms.borrow().iter().filter_map(Weak::upgrade) {
             c.abort(self.api(), why);
+            groups.push(c.group().to_string());
+        }
+        if groups.is_empty() {
+            "the device stream".into()
+        } else {
+            groups.join(", ")
         }
     }
 }

@@ -52,6 +52,20 @@ impl DeviceTensor {
         self.nbytes
     }
 
+    /// The same device memory viewed with another shape of equal element count.
+    pub fn reshape(mut self, shape: impl Into<Vec<usize>>) -> crate::Result<DeviceTensor> {
+        let shape = shape.into();
+        if numel(&shape) != self.numel() {
+            return Err(crate::Error::Tensor(format!(
+                "cannot reshape device tensor {:?} ({} elements) to {shape:?}",
+                self.shape,
+                self.numel()
+            )));
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+
     /// The device address, for handing the tensor to kernels of your own.
     /// Work on it must be ordered with rankmesh's stream ([`Gpu::stream`](super::Gpu::stream)).
     pub fn device_ptr(&self, stream: &CudaStream) -> u64 {

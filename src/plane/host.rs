@@ -95,6 +95,39 @@ impl<'c> HostPlane<'c> {
         out
     }
 
+    /// Block `r` of `root`'s `send` (`P` blocks of `recv.len()` bytes) into
+    /// `recv` on rank `r`; `send` is read on `root` only.
+    pub fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) {
+        let (n, p) = (recv.len(), self.size());
+        if n == 0 {
+            return;
+        }
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let piece = self.per_rank_piece();
+        if n <= piece {
+            match send {
+                Some(send) => root_proc.scatter_into_root(send, recv),
+                None => root_proc.scatter_into(recv),
+            }
+            return;
+        }
+        let mut tmp = vec![0u8; if send.is_some() { piece * p } else { 0 }];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            let mine = &mut recv[start..start + len];
+            match send {
+                Some(send) => {
+                    for r in 0..p {
+                        tmp[r * len..(r + 1) * len]
+                            .copy_from_slice(&send[r * n + start..r * n + start + len]);
+                    }
+                    root_proc.scatter_into_root(&tmp[..len * p], mine);
+                }
+                None => root_proc.scatter_into(mine),
+            }
+        }
+    }
+
     /// `buf` from `root` copied into `buf` everywhere.
     pub fn broadcast(&self, buf: &mut [u8], root: usize) {
         let root_proc = self.comm.process_at_rank(root as i32);

@@ -1,6 +1,7 @@
 //! The adjoint identity <A x, y> = <x, Aᵀ y>, with inner products summed over
 //! all ranks, for every differentiable collective.
 
+use rankmesh::Collectives as _;
 use rankmesh::{DType, Differentiable, GroupCoordinator, ReduceOp, Runtime, Tensor};
 
 fn dot(g: &GroupCoordinator<'_>, a: &Tensor, b: &Tensor) -> f64 {

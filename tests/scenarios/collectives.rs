@@ -1,6 +1,7 @@
 //! Every tensor collective, dtype and mode against the serial reference.
 
 use super::reference::{assert_tensor, concat, input, reduced, slice, values};
+use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor};
 
 pub fn run(rt: &Runtime) {

@@ -1,6 +1,8 @@
 //! Tensor dictionaries: broadcast, send/recv, and send-then-all-gather.
 
 use super::reference::{input, values};
+use rankmesh::Collectives as _;
+use rankmesh::TensorDicts as _;
 use rankmesh::{DType, DictValue, ParallelState, ReduceOp, Runtime, Tensor, TensorDict};
 use serde_json::json;
 

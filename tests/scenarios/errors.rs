@@ -1,6 +1,7 @@
 //! Bad input: every rank of the group gets an `Err` naming what is wrong, and
 //! the group stays usable afterwards (checked by a final correct collective).
 
+use rankmesh::Collectives as _;
 use rankmesh::{DType, ParallelState, ReduceOp, Runtime, Tensor};
 use serde::{Deserialize, Serialize};
 

@@ -2,6 +2,7 @@
 //! sub-groups, per-model groups, overrides, node helpers and teardown.
 
 use super::reference::{assert_tensor, input, reduced};
+use rankmesh::Collectives as _;
 use rankmesh::{DType, GroupKind, Layout, ParallelState, ReduceOp, Runtime};
 
 pub fn run(rt: &Runtime) {

@@ -1,6 +1,7 @@
 //! Buffers past `i32::MAX` elements and objects past 2 GiB, with the default
 //! 1 GiB message limit: MPI's `int` counts would overflow without chunking.
 
+use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor};
 
 const N: usize = i32::MAX as usize + 3;

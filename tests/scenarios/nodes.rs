@@ -4,6 +4,7 @@
 //! ranks on the first node, three on the second; Open MPI fills by slot).
 
 use super::reference::{assert_tensor, concat, input, reduced, values};
+use rankmesh::Collectives as _;
 use rankmesh::{DType, ParallelState, ReduceOp, Runtime};
 
 pub fn run(rt: &Runtime) {

@@ -1,6 +1,7 @@
 //! Tensor send/recv: explicit peers, default next/prev, every dtype.
 
 use super::reference::{assert_tensor, input, values};
+use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime};
 
 pub fn run(rt: &Runtime) {

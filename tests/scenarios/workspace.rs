@@ -2,6 +2,7 @@
 //! truncated, corrupt and stale files.
 
 use super::reference::input;
+use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor, Workspace};
 use serde_json::json;
 use std::collections::BTreeMap;

@@ -2,7 +2,10 @@
 //! (or aborted after an error) when dropped, and asked for asynchronous
 //! errors while the host waits on device work.
 
+use super::result::{check, nccl_dtype, nccl_op, NcclError};
 use super::sys::{Api, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SUCCESS};
+use crate::reduce::ReduceOp;
+use crate::tensor::DType;
 use std::cell::{Cell, RefCell};
 use std::os::raw::{c_int, c_void};
 use std::rc::Rc;
@@ -13,7 +16,7 @@ use std::rc::Rc;
 pub(crate) struct CommState {
     raw: Cell<RawComm>,
     group: String,
-    failure: RefCell<Option<String>>,
+    failure: RefCell<Option<NcclError>>,
 }
 
 impl CommState {
@@ -24,8 +27,8 @@ impl CommState {
 
     /// Polls `ncclCommGetAsyncError`; on an error the communicator is
     /// aborted (so device work waiting on a dead peer is released) and the
-    /// error returned, naming the group.
-    pub(crate) fn poll(&self, api: &Api) -> Result<(), String> {
+    /// error returned.
+    pub(crate) fn poll(&self, api: &Api) -> Result<(), NcclError> {
         if let Some(f) = self.failure.borrow().as_ref() {
             return Err(f.clone());
         }
@@ -40,9 +43,9 @@ impl CommState {
         if bad == SUCCESS || bad == IN_PROGRESS {
             return Ok(());
         }
-        let msg = describe(api, raw, bad, "asynchronous error");
-        self.abort(api, &msg);
-        Err(msg)
+        let e = NcclError::from_code(api, raw, bad, "asynchronous error");
+        self.abort(api, &e.msg);
+        Err(e)
     }
 
     /// Aborts the communicator (idempotent) and remembers why.
@@ -54,26 +57,50 @@ impl CommState {
         }
         let mut f = self.failure.borrow_mut();
         if f.is_none() {
-            *f = Some(format!("NCCL communicator aborted after: {why}"));
+            *f = Some(NcclError::other(format!(
+                "NCCL communicator aborted after: {why}"
+            )));
         }
     }
 }
 
-/// `"NCCL <what>: <ncclGetErrorString> (code N): <ncclGetLastError>"`.
-fn describe(api: &Api, raw: RawComm, rc: NcclResult, what: &str) -> String {
-    let mut msg = format!("NCCL {what}: {} (code {rc})", api.error_string(rc));
-    if let Some(last) = api.last_error(raw) {
-        msg += &format!(": {last}");
-    }
-    msg
-}
-
-/// An NCCL communicator for one group.
+/// An NCCL communicator for one group. Every method enqueues on the stream
+/// it is given and returns once NCCL accepted the call; a refused call
+/// aborts the communicator (the other ranks' next wait then fails instead
+/// of hanging).
 pub struct Communicator<'a> {
     api: &'a Api,
     state: Rc<CommState>,
     rank: usize,
     size: usize,
+}
+
+/// An open `ncclGroupStart` bracket; [`end`](GroupGuard::end) closes it and
+/// reports the fused calls' outcome. Dropped without `end` (an early
+/// return), it still closes the bracket so NCCL's group depth stays balanced.
+pub struct GroupGuard<'c, 'a> {
+    comm: &'c Communicator<'a>,
+    open: bool,
+}
+
+impl GroupGuard<'_, '_> {
+    /// `ncclGroupEnd`, checked.
+    pub fn end(mut self) -> Result<(), NcclError> {
+        self.open = false;
+        // SAFETY: closes the bracket this guard opened.
+        let rc = unsafe { (self.comm.api.group_end)() };
+        self.comm.check(rc, "ncclGroupEnd")
+    }
+}
+
+impl Drop for GroupGuard<'_, '_> {
+    fn drop(&mut self) {
+        if self.open {
+            // SAFETY: closes the bracket this guard opened; the error (if
+            // any) was already reported by the call that failed inside it.
+            unsafe { (self.comm.api.group_end)() };
+        }
+    }
 }
 
 impl<'a> Communicator<'a> {
@@ -84,12 +111,17 @@ impl<'a> Communicator<'a> {
         size: usize,
         rank: usize,
         group: &str,
-    ) -> Result<Communicator<'a>, String> {
+    ) -> Result<Communicator<'a>, NcclError> {
         let mut raw: RawComm = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `id` came from ncclGetUniqueId on the first rank.
         let rc = unsafe { (api.comm_init_rank)(&mut raw, size as c_int, id, rank as c_int) };
         if rc != SUCCESS {
-            return Err(describe(api, raw, rc, "ncclCommInitRank failed"));
+            return Err(NcclError::from_code(
+                api,
+                raw,
+                rc,
+                "ncclCommInitRank failed",
+            ));
         }
         Ok(Communicator {
             api,
@@ -118,50 +150,33 @@ impl<'a> Communicator<'a> {
         self.size
     }
 
-    /// The raw handle, or the reason the communicator is no longer usable.
-    pub fn raw(&self) -> Result<RawComm, String> {
+    fn raw(&self) -> Result<RawComm, NcclError> {
         if let Some(f) = self.state.failure.borrow().as_ref() {
             return Err(f.clone());
         }
         Ok(self.state.raw.get())
     }
 
-    /// Turns an enqueue's return code into a result; an error aborts the
-    /// communicator (the other ranks' next wait then fails instead of hanging).
-    pub fn check(&self, rc: NcclResult, what: &str) -> Result<(), String> {
-        if rc == SUCCESS {
-            return Ok(());
+    /// A return code as a result; an error aborts the communicator.
+    fn check(&self, rc: NcclResult, what: &str) -> Result<(), NcclError> {
+        let r = check(self.api, self.state.raw.get(), rc, what);
+        if let Err(e) = &r {
+            self.state.abort(self.api, &e.msg);
         }
-        let msg = describe(
-            self.api,
-            self.state.raw.get(),
-            rc,
-            &format!("{what} failed"),
-        );
-        self.state.abort(self.api, &msg);
-        Err(msg)
+        r
     }
 
-    /// The loaded entry points, for calls the wrappers below do not cover.
-    pub fn api(&self) -> &'a Api {
-        self.api
-    }
-
-    /// Runs `enqueue` between `ncclGroupStart` and `ncclGroupEnd` (fused
-    /// point-to-point calls); the first failing code is reported.
-    pub fn grouped(
-        &self,
-        what: &str,
-        enqueue: impl FnOnce(&Api, RawComm) -> NcclResult,
-    ) -> Result<(), String> {
-        let raw = self.raw()?;
-        // SAFETY: plain NCCL group brackets around calls on a live communicator.
-        let start = unsafe { (self.api.group_start)() };
-        self.check(start, "ncclGroupStart")?;
-        let rc = enqueue(self.api, raw);
-        let end = unsafe { (self.api.group_end)() };
-        self.check(rc, what)?;
-        self.check(end, "ncclGroupEnd")
+    /// `ncclGroupStart`: the calls until the guard's `end` are fused (NCCL
+    /// runs grouped sends and receives together, so none waits for another).
+    pub fn group(&self) -> Result<GroupGuard<'_, 'a>, NcclError> {
+        self.raw()?;
+        // SAFETY: opens a group bracket; the guard closes it.
+        let rc = unsafe { (self.api.group_start)() };
+        self.check(rc, "ncclGroupStart")?;
+        Ok(GroupGuard {
+            comm: self,
+            open: true,
+        })
     }
 
     /// `ncclAllReduce` of `count` elements (`send == recv` for in place).
@@ -174,13 +189,14 @@ impl<'a> Communicator<'a> {
         send: *const c_void,
         recv: *mut c_void,
         count: usize,
-        dtype: c_int,
-        op: c_int,
+        dtype: DType,
+        op: ReduceOp,
         stream: RawStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), NcclError> {
         let raw = self.raw()?;
+        let (dt, op) = (nccl_dtype(dtype), nccl_op(op));
         self.check(
-            (self.api.all_reduce)(send, recv, count, dtype, op, raw, stream),
+            (self.api.all_reduce)(send, recv, count, dt, op, raw, stream),
             "ncclAllReduce",
         )
     }
@@ -195,14 +211,15 @@ impl<'a> Communicator<'a> {
         send: *const c_void,
         recv: *mut c_void,
         count: usize,
-        dtype: c_int,
-        op: c_int,
+        dtype: DType,
+        op: ReduceOp,
         root: usize,
         stream: RawStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), NcclError> {
         let raw = self.raw()?;
+        let (dt, op) = (nccl_dtype(dtype), nccl_op(op));
         self.check(
-            (self.api.reduce)(send, recv, count, dtype, op, root as c_int, raw, stream),
+            (self.api.reduce)(send, recv, count, dt, op, root as c_int, raw, stream),
             "ncclReduce",
         )
     }
@@ -216,13 +233,14 @@ impl<'a> Communicator<'a> {
         send: *const c_void,
         recv: *mut c_void,
         recv_count: usize,
-        dtype: c_int,
-        op: c_int,
+        dtype: DType,
+        op: ReduceOp,
         stream: RawStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), NcclError> {
         let raw = self.raw()?;
+        let (dt, op) = (nccl_dtype(dtype), nccl_op(op));
         self.check(
-            (self.api.reduce_scatter)(send, recv, recv_count, dtype, op, raw, stream),
+            (self.api.reduce_scatter)(send, recv, recv_count, dt, op, raw, stream),
             "ncclReduceScatter",
         )
     }
@@ -236,12 +254,12 @@ impl<'a> Communicator<'a> {
         send: *const c_void,
         recv: *mut c_void,
         send_count: usize,
-        dtype: c_int,
+        dtype: DType,
         stream: RawStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), NcclError> {
         let raw = self.raw()?;
         self.check(
-            (self.api.all_gather)(send, recv, send_count, dtype, raw, stream),
+            (self.api.all_gather)(send, recv, send_count, nccl_dtype(dtype), raw, stream),
             "ncclAllGather",
         )
     }
@@ -255,14 +273,57 @@ impl<'a> Communicator<'a> {
         send: *const c_void,
         recv: *mut c_void,
         count: usize,
-        dtype: c_int,
+        dtype: DType,
         root: usize,
         stream: RawStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), NcclError> {
         let raw = self.raw()?;
+        let dt = nccl_dtype(dtype);
         self.check(
-            (self.api.broadcast)(send, recv, count, dtype, root as c_int, raw, stream),
+            (self.api.broadcast)(send, recv, count, dt, root as c_int, raw, stream),
             "ncclBroadcast",
+        )
+    }
+
+    /// `ncclSend` of `count` elements to `peer` (inside a [`group`](Self::group)
+    /// when the peer sends back, so neither side waits for the other).
+    ///
+    /// # Safety
+    /// `buf` addresses `count` elements of `dtype` on this device, alive
+    /// until `stream` has run the call.
+    pub unsafe fn send(
+        &self,
+        buf: *const c_void,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+        stream: RawStream,
+    ) -> Result<(), NcclError> {
+        let raw = self.raw()?;
+        let dt = nccl_dtype(dtype);
+        self.check(
+            (self.api.send)(buf, count, dt, peer as c_int, raw, stream),
+            "ncclSend",
+        )
+    }
+
+    /// `ncclRecv` of `count` elements from `peer`.
+    ///
+    /// # Safety
+    /// As [`send`](Self::send), with `buf` written.
+    pub unsafe fn recv(
+        &self,
+        buf: *mut c_void,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+        stream: RawStream,
+    ) -> Result<(), NcclError> {
+        let raw = self.raw()?;
+        let dt = nccl_dtype(dtype);
+        self.check(
+            (self.api.recv)(buf, count, dt, peer as c_int, raw, stream),
+            "ncclRecv",
         )
     }
 }

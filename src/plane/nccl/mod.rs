@@ -1,6 +1,8 @@
 //! The NCCL library, found and loaded at run time (no build-time CUDA or
-//! NCCL), in three layers as cudarc does for the driver: `loader` finds the
-//! file, `sys` resolves the C entry points, `comm` owns a communicator.
+//! NCCL), in layers as cudarc does for the driver: `loader` finds the file,
+//! `sys` resolves the C entry points, `result` turns codes into typed errors
+//! and maps dtypes and operators, `comm` owns a communicator. No raw entry
+//! point is called outside this module.
 //!
 //! cudarc's NCCL loader never looks for `libnccl.so.2` (the name runtime
 //! packages and Python wheels ship) and panics when the library is absent;
@@ -9,4 +11,5 @@
 
 pub mod comm;
 pub mod loader;
+pub mod result;
 pub mod sys;

@@ -1,0 +1,126 @@
+//! The host plane of `rankmesh bench`: tensors stay in host memory, and the
+//! baseline is the same data movement as direct MPI calls.
+
+use super::{BenchConfig, BenchPlane};
+use crate::error::Result;
+use crate::group::GroupCoordinator;
+use crate::op::Op;
+use crate::reduce::ReduceOp;
+use crate::tensor::{HostData, Tensor};
+use mpi::collective::SystemOperation;
+use mpi::traits::*;
+
+/// The host plane of a group.
+pub(super) struct HostBench<'g, 'rt>(pub &'g GroupCoordinator<'rt>);
+
+impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
+    type C = GroupCoordinator<'rt>;
+
+    fn coll(&self) -> &GroupCoordinator<'rt> {
+        self.0
+    }
+
+    fn upload(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
+    }
+
+    fn upload_into(&self, t: &Tensor, d: &mut Tensor) -> Result<()> {
+        d.bytes_mut().copy_from_slice(t.bytes());
+        Ok(())
+    }
+
+    fn download(&self, d: &Tensor) -> Result<Tensor> {
+        Ok(d.clone())
+    }
+
+    fn settle(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// `Ok(false)` where MPI has no equivalent (16-bit float reductions, `avg`).
+    fn baseline(&self, cfg: &BenchConfig, input: &Tensor, output: &mut Tensor) -> Result<bool> {
+        let comm = self.0.raw_comm();
+        let (n, me) = (comm.size(), comm.rank());
+        let root = cfg.root;
+        let root_proc = comm.process_at_rank(root as i32);
+        // Zero elements: nothing moves (and MPI reads two empty Rust buffers as aliased).
+        if input.numel() == 0 && output.numel() == 0 {
+            return Ok(true);
+        }
+        let is_root = me as usize == root;
+        match cfg.op.op {
+            Op::AllGather => comm.all_gather_into(input.bytes(), output.bytes_mut()),
+            Op::Broadcast | Op::BroadcastObject => root_proc.broadcast_into(output.bytes_mut()),
+            Op::Gather if is_root => root_proc.gather_into_root(input.bytes(), output.bytes_mut()),
+            Op::Gather => root_proc.gather_into(input.bytes()),
+            Op::Scatter if is_root => {
+                root_proc.scatter_into_root(input.bytes(), output.bytes_mut())
+            }
+            Op::Scatter => root_proc.scatter_into(output.bytes_mut()),
+            Op::AllToAll | Op::AllToAll4d => {
+                comm.all_to_all_into(input.bytes(), output.bytes_mut())
+            }
+            Op::SendRecv => {
+                let next = comm.process_at_rank((me + 1) % n);
+                let prev = comm.process_at_rank((me + n - 1) % n);
+                mpi::point_to_point::send_receive_into(
+                    input.bytes(),
+                    &next,
+                    output.bytes_mut(),
+                    &prev,
+                );
+            }
+            Op::AllReduce | Op::ReduceScatter | Op::Reduce => {
+                let sys = match cfg.redop {
+                    ReduceOp::Sum => SystemOperation::sum(),
+                    ReduceOp::Prod => SystemOperation::product(),
+                    ReduceOp::Min => SystemOperation::min(),
+                    ReduceOp::Max => SystemOperation::max(),
+                    ReduceOp::Avg => return Ok(false),
+                };
+                let op = cfg.op.op;
+                macro_rules! typed {
+                    ($i:expr, $o:expr) => {
+                        match op {
+                            Op::AllReduce => {
+                                comm.all_reduce_into($i.as_slice(), $o.as_mut_slice(), &sys)
+                            }
+                            Op::ReduceScatter => comm.reduce_scatter_block_into(
+                                $i.as_slice(),
+                                $o.as_mut_slice(),
+                                &sys,
+                            ),
+                            _ if is_root => {
+                                root_proc.reduce_into_root($i.as_slice(), $o.as_mut_slice(), &sys)
+                            }
+                            _ => root_proc.reduce_into($i.as_slice(), &sys),
+                        }
+                    };
+                }
+                match (input.data(), output.data_mut()) {
+                    (HostData::F32(i), HostData::F32(o)) => typed!(i, o),
+                    (HostData::F64(i), HostData::F64(o)) => typed!(i, o),
+                    (HostData::I8(i), HostData::I8(o)) => typed!(i, o),
+                    (HostData::U8(i), HostData::U8(o)) => typed!(i, o),
+                    (HostData::I32(i), HostData::I32(o)) => typed!(i, o),
+                    (HostData::U32(i), HostData::U32(o)) => typed!(i, o),
+                    (HostData::I64(i), HostData::I64(o)) => typed!(i, o),
+                    (HostData::U64(i), HostData::U64(o)) => typed!(i, o),
+                    _ => return Ok(false),
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// `broadcast_object`: the typed object broadcast of the output's bytes.
+    fn run_other(&self, cfg: &BenchConfig, _input: &Tensor, output: &mut Tensor) -> Result<()> {
+        let g = self.0;
+        let root = cfg.root;
+        let mine = (g.rank_in_group() == root).then(|| output.bytes().to_vec());
+        let got: Vec<u8> = g.broadcast_object(mine.as_ref(), root)?;
+        output.bytes_mut().copy_from_slice(&got);
+        Ok(())
+    }
+}

@@ -1,0 +1,491 @@
+//! The device executor: [`Collectives`] for [`DeviceGroup`] on
+//! [`DeviceTensor`]s, with NCCL moving the bytes.
+//!
+//! Each call agrees on its descriptor over MPI (flagged as a device call, so
+//! a host call meeting a device call is an error), creates the group's NCCL
+//! communicator on first use, and *enqueues* the work on the rank's stream:
+//! results are ready after [`DeviceGroup::synchronize`] (or a
+//! [`Gpu::download`]). No call waits for the device in between. Checks,
+//! output shapes and errors come from the op's rules through the dispatch
+//! path; non-leading dims are packed and unpacked with the `Copy2d` plans the
+//! host plane uses too.
+
+use super::connect::connect;
+use super::copy::run_copies;
+use super::{DeviceTensor, Gpu};
+use crate::collectives::{Collectives, PlaneTensor};
+use crate::dispatch::Descriptor;
+use crate::error::{Error, Fault, Result};
+use crate::group::{GroupCoordinator, Peer};
+use crate::layout_ops::{
+    concat_dim_copies, is_contiguous_split, normalize_dim, split_dim_copies, Copy2d,
+};
+use crate::op::Op;
+use crate::plane::nccl::comm::Communicator;
+use crate::plane::nccl::sys::RawStream;
+use crate::reduce::ReduceOp;
+use crate::tensor::DType;
+use std::cell::Ref;
+use std::os::raw::c_void;
+
+/// A group's device-plane view: `tp.device()?.all_reduce(&x, ReduceOp::Sum)`.
+#[derive(Clone, Copy)]
+pub struct DeviceGroup<'g, 'rt> {
+    group: &'g GroupCoordinator<'rt>,
+    gpu: &'rt Gpu,
+}
+
+impl<'rt> GroupCoordinator<'rt> {
+    /// The device plane of this group. Fails on this rank alone when it has
+    /// no usable GPU stack (see [`Runtime::gpu`](crate::Runtime::gpu)).
+    pub fn device(&self) -> Result<DeviceGroup<'_, 'rt>> {
+        Ok(DeviceGroup {
+            group: self,
+            gpu: self.runtime().gpu()?,
+        })
+    }
+}
+
+impl PlaneTensor for DeviceTensor {
+    const ON_DEVICE: bool = true;
+
+    fn dtype(&self) -> DType {
+        DeviceTensor::dtype(self)
+    }
+
+    fn shape(&self) -> &[usize] {
+        DeviceTensor::shape(self)
+    }
+
+    fn reshape(self, shape: Vec<usize>) -> Result<Self> {
+        DeviceTensor::reshape(self, shape)
+    }
+}
+
+fn at(p: *const c_void, bytes: usize) -> *const c_void {
+    (p as usize + bytes) as *const c_void
+}
+
+fn at_mut(p: *mut c_void, bytes: usize) -> *mut c_void {
+    (p as usize + bytes) as *mut c_void
+}
+
+/// `(dtype, shape)` of a caller's output, as the dispatch path checks it.
+fn meta(t: &DeviceTensor) -> (DType, Vec<usize>) {
+    (t.dtype(), t.shape().to_vec())
+}
+
+impl<'g, 'rt> DeviceGroup<'g, 'rt> {
+    /// The rank's GPU.
+    pub fn gpu(&self) -> &'rt Gpu {
+        self.gpu
+    }
+
+    fn stream(&self) -> RawStream {
+        self.gpu.stream().cu_stream() as RawStream
+    }
+
+    /// The group's communicator, created on first use (collective).
+    pub(crate) fn comm(&self) -> Result<Ref<'g, Communicator<'rt>>> {
+        self.group.nccl_comm(|| connect(self.group, self.gpu))
+    }
+
+    /// The communicator for a point-to-point call, which cannot create one
+    /// (only two members take part).
+    fn p2p_comm(&self, op: Op) -> Result<Ref<'g, Communicator<'rt>>> {
+        self.group.existing_nccl_comm().ok_or_else(|| {
+            Error::invalid(
+                op,
+                self.group.name(),
+                "the group has no NCCL communicator yet: call device().connect() on every \
+                 member (or run a device collective) before device send/recv",
+            )
+        })
+    }
+
+    /// Runs `op` on device input `t` through the dispatch path.
+    fn device_op<R>(
+        &self,
+        op: Op,
+        t: &DeviceTensor,
+        params: &[i64],
+        out: Option<(DType, Vec<usize>)>,
+        body: impl FnOnce() -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        let desc = Descriptor::for_tensor(op, t.dtype(), t.shape(), params).on_device();
+        let out = out.as_ref().map(|(d, s)| (*d, s.as_slice()));
+        self.group.run_op(desc, out, body)
+    }
+
+    /// Creates the group's NCCL communicator now (collective) instead of at
+    /// the first device operation. Needed before the first `send`/`recv`,
+    /// which involve only two members.
+    pub fn connect(&self) -> Result<()> {
+        let desc = Descriptor::new(Op::Connect, &[]).on_device();
+        self.group
+            .collective(desc, |_| Ok(()), |_| self.comm().map(|_| ()))
+    }
+
+    /// Enqueues a device-to-device copy of `src` into `dst` (same byte size).
+    pub(crate) fn copy(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
+        let s = self.gpu.stream();
+        let n = src.nbytes().min(dst.nbytes());
+        let one = Copy2d::bytes(0, 0, n);
+        run_copies(&[one], src.read_ptr(s), dst.write_ptr(s), s.cu_stream())
+    }
+
+    /// A device scratch buffer of `bytes` bytes.
+    fn scratch(&self, bytes: usize) -> Result<DeviceTensor> {
+        self.gpu.empty([bytes], DType::U8)
+    }
+
+    /// Waits for every device operation enqueued so far (see [`Gpu::synchronize`]).
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.synchronize()
+    }
+
+    /// Block `r` of `src` to group rank `r`, block `r` of `dst` from rank `r`
+    /// (`size` blocks of `block` bytes each; own block copied locally).
+    fn exchange_blocks(
+        &self,
+        comm: &Communicator<'_>,
+        src: *const c_void,
+        dst: *mut c_void,
+        block: usize,
+        dtype: DType,
+    ) -> std::result::Result<(), Fault> {
+        let (size, me) = (self.group.size(), self.group.rank_in_group());
+        let count = block / dtype.size();
+        let fused = comm.group()?;
+        for r in (0..size).filter(|r| *r != me) {
+            // SAFETY: blocks `r` of both buffers hold `count` elements.
+            unsafe {
+                comm.send(at(src, r * block), count, dtype, r, self.stream())?;
+                comm.recv(at_mut(dst, r * block), count, dtype, r, self.stream())?;
+            }
+        }
+        fused.end()?;
+        let own = Copy2d::bytes(me * block, me * block, block);
+        Ok(run_copies(&[own], src, dst, self.gpu.stream().cu_stream())?)
+    }
+}
+
+impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
+    type Tensor = DeviceTensor;
+
+    fn group(&self) -> &GroupCoordinator<'rt> {
+        self.group
+    }
+
+    fn empty(&self, shape: Vec<usize>, dtype: DType) -> Result<DeviceTensor> {
+        self.gpu.empty(shape, dtype)
+    }
+
+    fn copy_flat(&self, t: &DeviceTensor, start: usize, len: usize) -> Result<DeviceTensor> {
+        let mut out = self.gpu.empty([len], t.dtype())?;
+        let e = t.dtype().size();
+        let s = self.gpu.stream();
+        let one = Copy2d::bytes(start * e, 0, len * e);
+        run_copies(&[one], t.read_ptr(s), out.write_ptr(s), s.cu_stream())?;
+        Ok(out)
+    }
+
+    /// The group's host barrier: it does not wait for device work (use
+    /// [`synchronize`](DeviceGroup::synchronize) for that).
+    fn barrier(&self) -> Result<()> {
+        self.group.barrier()
+    }
+
+    fn all_reduce_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.device_op(Op::AllReduce, t, &[op.code()], Some(meta(out)), || {
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
+            // SAFETY: same shape and dtype (checked), both on this device.
+            Ok(unsafe { comm.all_reduce(src, dst, t.numel(), t.dtype(), op, self.stream()) }?)
+        })
+    }
+
+    fn all_reduce_in_place(&self, t: &mut DeviceTensor, op: ReduceOp) -> Result<()> {
+        let desc =
+            Descriptor::for_tensor(Op::AllReduce, t.dtype(), t.shape(), &[op.code()]).on_device();
+        self.group.run_op(desc, None, || {
+            let comm = self.comm()?;
+            let p = t.write_ptr(self.gpu.stream());
+            // SAFETY: one buffer used as both sides, as NCCL allows.
+            Ok(unsafe { comm.all_reduce(p, p, t.numel(), t.dtype(), op, self.stream()) }?)
+        })
+    }
+
+    fn reduce_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        dst: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let params = [dst as i64, op.code()];
+        self.device_op(Op::Reduce, t, &params, Some(meta(out)), || {
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let (src, out_p) = (t.read_ptr(s), out.write_ptr(s));
+            let (n, dt) = (t.numel(), t.dtype());
+            // SAFETY: same shape and dtype (checked), both on this device.
+            Ok(unsafe { comm.reduce(src, out_p, n, dt, op, dst, self.stream()) }?)
+        })
+    }
+
+    fn all_gather_into(&self, t: &DeviceTensor, out: &mut DeviceTensor, dim: isize) -> Result<()> {
+        let size = self.group.size();
+        self.device_op(Op::AllGather, t, &[dim as i64], Some(meta(out)), || {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let src = t.read_ptr(s);
+            let gather = |dst: *mut c_void| {
+                // SAFETY: `dst` holds `size` blocks of `t`'s size.
+                unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.stream()) }
+            };
+            if is_contiguous_split(t.shape(), d) {
+                return Ok(gather(out.write_ptr(s))?);
+            }
+            let mut blocks = self.scratch(out.nbytes())?;
+            let bp = blocks.write_ptr(s);
+            gather(bp)?;
+            let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
+            Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
+        })
+    }
+
+    fn gather_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        dst: usize,
+        dim: isize,
+    ) -> Result<()> {
+        let (size, me) = (self.group.size(), self.group.rank_in_group());
+        let params = [dst as i64, dim as i64];
+        self.device_op(Op::Gather, t, &params, Some(meta(out)), || {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let src = t.read_ptr(s);
+            let (n, dt) = (t.numel(), t.dtype());
+            if me != dst {
+                // SAFETY: `t` is alive until the stream runs the send.
+                return Ok(unsafe { comm.send(src, n, dt, dst, self.stream()) }?);
+            }
+            let bytes = t.nbytes();
+            let mut blocks = self.scratch(bytes * size)?;
+            let bp = blocks.write_ptr(s);
+            let fused = comm.group()?;
+            for r in (0..size).filter(|r| *r != me) {
+                // SAFETY: block `r` of `blocks` holds `n` elements.
+                unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.stream()) }?;
+            }
+            fused.end()?;
+            run_copies(
+                &[Copy2d::bytes(0, me * bytes, bytes)],
+                src,
+                bp,
+                s.cu_stream(),
+            )?;
+            let plan = concat_dim_copies(t.shape(), d, size, dt.size());
+            Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
+        })
+    }
+
+    fn scatter_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        src: usize,
+        dim: isize,
+    ) -> Result<()> {
+        let (size, me) = (self.group.size(), self.group.rank_in_group());
+        let params = [src as i64, dim as i64];
+        self.device_op(Op::Scatter, t, &params, Some(meta(out)), || {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let (n, dt) = (out.numel(), out.dtype());
+            let out_p = out.write_ptr(s);
+            if me != src {
+                // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
+                return Ok(unsafe { comm.recv(out_p, n, dt, src, self.stream()) }?);
+            }
+            let mut packed = None;
+            let mut blocks = t.read_ptr(s);
+            if !is_contiguous_split(t.shape(), d) {
+                let p = packed.insert(self.scratch(t.nbytes())?).write_ptr(s);
+                let plan = split_dim_copies(t.shape(), d, size, dt.size());
+                run_copies(&plan, blocks, p, s.cu_stream())?;
+                blocks = p;
+            }
+            let bytes = out.nbytes();
+            let fused = comm.group()?;
+            for r in (0..size).filter(|r| *r != me) {
+                // SAFETY: block `r` of `blocks` holds `n` elements.
+                unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.stream()) }?;
+            }
+            fused.end()?;
+            Ok(run_copies(
+                &[Copy2d::bytes(me * bytes, 0, bytes)],
+                blocks,
+                out_p,
+                s.cu_stream(),
+            )?)
+        })
+    }
+
+    fn reduce_scatter_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        dim: isize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let size = self.group.size();
+        let params = [dim as i64, op.code()];
+        self.device_op(Op::ReduceScatter, t, &params, Some(meta(out)), || {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let (n, dt) = (out.numel(), t.dtype());
+            let scatter = |src: *const c_void, dst: *mut c_void| {
+                // SAFETY: `src` holds `size` slices of `out`'s size.
+                unsafe { comm.reduce_scatter(src, dst, n, dt, op, self.stream()) }
+            };
+            let out_p = out.write_ptr(s);
+            if is_contiguous_split(t.shape(), d) {
+                return Ok(scatter(t.read_ptr(s), out_p)?);
+            }
+            let mut packed = self.scratch(t.nbytes())?;
+            let pp = packed.write_ptr(s);
+            let plan = split_dim_copies(t.shape(), d, size, dt.size());
+            run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
+            Ok(scatter(pp, out_p)?)
+        })
+    }
+
+    fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
+        let desc =
+            Descriptor::for_tensor(Op::Broadcast, t.dtype(), t.shape(), &[src as i64]).on_device();
+        self.group.run_op(desc, None, || {
+            let comm = self.comm()?;
+            let p = t.write_ptr(self.gpu.stream());
+            // SAFETY: in place, as NCCL allows.
+            Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.stream()) }?)
+        })
+    }
+
+    fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
+        let size = self.group.size();
+        self.device_op(Op::AllToAll, t, &[], Some(meta(out)), || {
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
+            self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
+        })
+    }
+
+    /// Packs with strided 2-D copies, exchanges with grouped send/recv,
+    /// unpacks with 2-D copies.
+    fn all_to_all_4d_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<()> {
+        let size = self.group.size();
+        let params = [scatter_dim as i64, gather_dim as i64];
+        self.device_op(Op::AllToAll4d, t, &params, Some(meta(out)), || {
+            let comm = self.comm()?;
+            let s = self.gpu.stream();
+            let elem = t.dtype().size();
+            let mut packed = self.scratch(t.nbytes())?;
+            let pp = packed.write_ptr(s);
+            let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
+            run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
+            let mut received = self.scratch(t.nbytes())?;
+            let rp = received.write_ptr(s);
+            self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
+            let mut block_shape = t.shape().to_vec();
+            block_shape[scatter_dim] /= size;
+            let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
+            Ok(run_copies(&plan, rp, out.write_ptr(s), s.cu_stream())?)
+        })
+    }
+
+    /// Shape and dtype are checked with the receiver over MPI first; then enqueued.
+    fn send(&self, t: &DeviceTensor, dst: Option<usize>) -> Result<()> {
+        let (dst, _) = self.group.ring_peers(dst, None);
+        let desc = Descriptor::for_tensor(Op::Send, t.dtype(), t.shape(), &[]).on_device();
+        self.group.point_to_point(desc, Peer::To(dst), |_| {
+            let comm = self.p2p_comm(Op::Send)?;
+            let src = t.read_ptr(self.gpu.stream());
+            // SAFETY: `t` holds `numel` elements of its dtype.
+            Ok(unsafe { comm.send(src, t.numel(), t.dtype(), dst, self.stream()) }?)
+        })
+    }
+
+    fn recv_into(&self, out: &mut DeviceTensor, src: Option<usize>) -> Result<()> {
+        let (_, src) = self.group.ring_peers(None, src);
+        let desc = Descriptor::for_tensor(Op::Send, out.dtype(), out.shape(), &[]).on_device();
+        self.group.point_to_point(desc, Peer::From(src), |_| {
+            let comm = self.p2p_comm(Op::Send)?;
+            let dst = out.write_ptr(self.gpu.stream());
+            // SAFETY: `out` holds `numel` elements of its dtype.
+            Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), src, self.stream()) }?)
+        })
+    }
+
+    /// Each link is checked by its two ends over MPI; only links that agree
+    /// are enqueued, so both ends of a link do the same thing.
+    fn send_recv_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        dst: Option<usize>,
+        src: Option<usize>,
+    ) -> Result<()> {
+        let (dst, src) = self.group.ring_peers(dst, src);
+        let sent = Descriptor::for_tensor(Op::Send, t.dtype(), t.shape(), &[]).on_device();
+        let expected = Descriptor::for_tensor(Op::Send, out.dtype(), out.shape(), &[]).on_device();
+        if self.group.send_recv_to_self(&sent, &expected, dst, src)? {
+            return self.copy(t, out);
+        }
+        let comm = self.p2p_comm(Op::SendRecv)?;
+        let s = self.gpu.stream();
+        let (sp, rp) = (t.read_ptr(s), out.write_ptr(s));
+        let mut enqueued = Ok(());
+        self.group
+            .exchange(sent, dst, expected, src, |send_ok, recv_ok| {
+                enqueued = (|| {
+                    let fused = comm.group()?;
+                    // SAFETY: both tensors hold the counts passed, on this device.
+                    unsafe {
+                        if send_ok {
+                            comm.send(sp, t.numel(), t.dtype(), dst, self.stream())?;
+                        }
+                        if recv_ok {
+                            comm.recv(rp, out.numel(), out.dtype(), src, self.stream())?;
+                        }
+                    }
+                    fused.end()
+                })();
+            })?;
+        enqueued.map_err(|source| Error::Nccl {
+            op: Op::SendRecv,
+            group: self.group.name().to_string(),
+            source,
+        })
+    }
+}

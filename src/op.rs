@@ -1,0 +1,326 @@
+//! The op list's identities and each op's rules, written once for every data
+//! plane: parameter names, parameter checks, the output shape a call produces,
+//! and where a caller's output is checked. The dispatch path applies these
+//! rules itself ([`GroupCoordinator::run_op`](crate::GroupCoordinator)), so an
+//! executor only says which op, which tensors, and how to move the bytes.
+
+use crate::dispatch::Descriptor;
+use crate::layout_ops::normalize_dim;
+
+/// The two FastVideo all-to-all modes `(scatter_dim, gather_dim)`.
+pub(crate) const ALL_TO_ALL_MODES: [(i64, i64); 2] = [(2, 1), (1, 2)];
+
+/// Every operation rankmesh names: the collectives of
+/// [`Collectives`](crate::Collectives), the object plane, and the steps
+/// around them. The discriminant is the wire code in call descriptors
+/// (append only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Op {
+    /// Group barrier.
+    Barrier = 1,
+    /// Element-wise reduction, result everywhere.
+    AllReduce,
+    /// Concatenation along a dim, result everywhere.
+    AllGather,
+    /// Concatenation along a dim, result on one rank.
+    Gather,
+    /// Reduction then scatter along a dim.
+    ReduceScatter,
+    /// Copy from one rank to all.
+    Broadcast,
+    /// FastVideo's 4-d all-to-all.
+    AllToAll4d,
+    /// Tensor to one peer.
+    Send,
+    /// Serialised object from one rank to all.
+    BroadcastObject,
+    /// Serialised objects from all ranks to all.
+    AllGatherObject,
+    /// Serialised objects from all ranks to one.
+    GatherObject,
+    /// Serialised object to one peer.
+    SendObject,
+    /// Reduction, result on one rank.
+    Reduce,
+    /// Equal blocks of dim 0 exchanged between all ranks.
+    AllToAll,
+    /// Creation of the group's NCCL communicator.
+    Connect,
+    /// Equal slices along a dim from one rank to all (the inverse of gather).
+    Scatter,
+    /// Combined send to one peer and receive from another (ring shift).
+    SendRecv,
+    /// Waiting for enqueued device work.
+    Synchronize,
+}
+
+impl Op {
+    const ALL: [Op; 18] = [
+        Op::Barrier,
+        Op::AllReduce,
+        Op::AllGather,
+        Op::Gather,
+        Op::ReduceScatter,
+        Op::Broadcast,
+        Op::AllToAll4d,
+        Op::Send,
+        Op::BroadcastObject,
+        Op::AllGatherObject,
+        Op::GatherObject,
+        Op::SendObject,
+        Op::Reduce,
+        Op::AllToAll,
+        Op::Connect,
+        Op::Scatter,
+        Op::SendRecv,
+        Op::Synchronize,
+    ];
+
+    /// Public name of the operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Barrier => "barrier",
+            Op::AllReduce => "all_reduce",
+            Op::AllGather => "all_gather",
+            Op::Gather => "gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll4d => "all_to_all_4d",
+            Op::Send => "send/recv",
+            Op::BroadcastObject => "broadcast_object",
+            Op::AllGatherObject => "all_gather_object",
+            Op::GatherObject => "gather_object",
+            Op::SendObject => "send_object/recv_object",
+            Op::Reduce => "reduce",
+            Op::AllToAll => "all_to_all",
+            Op::Connect => "connect",
+            Op::Scatter => "scatter",
+            Op::SendRecv => "send_recv",
+            Op::Synchronize => "synchronize",
+        }
+    }
+
+    pub(crate) fn from_code(code: u32) -> Option<Op> {
+        Op::ALL.into_iter().find(|o| *o as u32 == code)
+    }
+
+    /// Names of the parameters in a descriptor's `params`, in order.
+    pub(crate) fn param_names(self) -> &'static [&'static str] {
+        match self {
+            Op::Barrier
+            | Op::Send
+            | Op::AllToAll
+            | Op::Connect
+            | Op::SendRecv
+            | Op::Synchronize => &[],
+            Op::Reduce => &["dst", "op"],
+            Op::AllReduce => &["op"],
+            Op::AllGather => &["dim"],
+            Op::Gather => &["dst", "dim"],
+            Op::Scatter => &["src", "dim"],
+            Op::ReduceScatter => &["dim", "op"],
+            Op::Broadcast => &["src"],
+            Op::AllToAll4d => &["scatter_dim", "gather_dim"],
+            Op::BroadcastObject => &["src", "type"],
+            Op::AllGatherObject | Op::SendObject => &["type"],
+            Op::GatherObject => &["dst", "type"],
+        }
+    }
+
+    /// Whether the op moves a tensor (its dtype and shape are agreed on).
+    pub(crate) fn carries_tensor(self) -> bool {
+        matches!(
+            self,
+            Op::AllReduce
+                | Op::AllGather
+                | Op::Gather
+                | Op::Scatter
+                | Op::ReduceScatter
+                | Op::Broadcast
+                | Op::AllToAll4d
+                | Op::Send
+                | Op::Reduce
+                | Op::AllToAll
+        )
+    }
+
+    /// The op's own parameter checks, run by every rank on every rank's
+    /// descriptor (`size`: the group size). The message names the value.
+    pub(crate) fn check(self, d: &Descriptor, size: usize) -> Result<(), String> {
+        let p = d.params;
+        match self {
+            Op::Reduce | Op::Gather => rank_in_range("dst", p[0], size).map(|_| ()),
+            Op::Broadcast => rank_in_range("src", p[0], size).map(|_| ()),
+            Op::Scatter => {
+                rank_in_range("src", p[0], size)?;
+                let k = dim_in_range(d, p[1])?;
+                divisible(d, k, size, "dim")
+            }
+            Op::AllGather => dim_in_range(d, p[0]).map(|_| ()),
+            Op::ReduceScatter => {
+                let k = dim_in_range(d, p[0])?;
+                divisible(d, k, size, "dim")
+            }
+            Op::AllToAll => {
+                if d.ndim() == 0 {
+                    return Err("expects a tensor with at least one dimension".into());
+                }
+                divisible(d, 0, size, "dim")
+            }
+            Op::AllToAll4d => {
+                if d.ndim() != 4 {
+                    return Err(format!("expects a 4-d tensor, got shape {:?}", d.shape()));
+                }
+                let mode = (p[0], p[1]);
+                if !ALL_TO_ALL_MODES.contains(&mode) {
+                    return Err(format!(
+                        "(scatter_dim, gather_dim) = {mode:?} is not supported; use (2, 1) or (1, 2)"
+                    ));
+                }
+                divisible(d, p[0] as usize, size, "scatter dim")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The shape of the op's output for an input of `shape` with `params` on
+    /// a group of `size`; `None` when the parameters do not name one (the
+    /// check then says why).
+    pub fn output_shape(self, shape: &[usize], params: &[i64], size: usize) -> Option<Vec<usize>> {
+        let param = |i: usize| params.get(i).copied().unwrap_or(0);
+        let at = |dim: i64| normalize_dim(dim as isize, shape.len());
+        let mut out = shape.to_vec();
+        match self {
+            Op::AllGather => out[at(param(0))?] *= size,
+            Op::Gather => out[at(param(1))?] *= size,
+            Op::ReduceScatter => out[at(param(0))?] /= size.max(1),
+            Op::Scatter => out[at(param(1))?] /= size.max(1),
+            Op::AllToAll4d => {
+                let mode = (param(0), param(1));
+                if shape.len() != 4 || !ALL_TO_ALL_MODES.contains(&mode) {
+                    return None;
+                }
+                out[mode.0 as usize] /= size.max(1);
+                out[mode.1 as usize] *= size;
+            }
+            _ => {}
+        }
+        Some(out)
+    }
+
+    /// Whether the caller's output is used (and checked) on group rank `me`:
+    /// a gather's output exists only on its destination.
+    pub(crate) fn output_used_on(self, me: usize, params: &[i64]) -> bool {
+        match self {
+            Op::Gather => params.first() == Some(&(me as i64)),
+            _ => true,
+        }
+    }
+}
+
+/// Checks that `dim` indexes `d`'s tensor and returns it normalised.
+pub(crate) fn dim_in_range(d: &Descriptor, dim: i64) -> Result<usize, String> {
+    normalize_dim(dim as isize, d.ndim())
+        .ok_or_else(|| format!("dim {dim} out of range for a {}-d tensor", d.ndim()))
+}
+
+/// Checks that a group position is inside a group of `size`.
+pub(crate) fn rank_in_range(what: &str, rank: i64, size: usize) -> Result<usize, String> {
+    usize::try_from(rank)
+        .ok()
+        .filter(|r| *r < size)
+        .ok_or_else(|| format!("{what} {rank} is not a rank of this group of size {size}"))
+}
+
+fn divisible(d: &Descriptor, dim: usize, size: usize, what: &str) -> Result<(), String> {
+    let n = d.shape()[dim];
+    if n % size != 0 {
+        return Err(format!(
+            "{what} {dim} of size {n} is not divisible by the group size {size}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DType;
+
+    fn desc(op: Op, shape: &[usize], params: &[i64]) -> Descriptor {
+        Descriptor::for_tensor(op, DType::F32, shape, params)
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for op in Op::ALL {
+            assert_eq!(Op::from_code(op as u32), Some(op));
+        }
+        assert_eq!(Op::from_code(0), None);
+    }
+
+    #[test]
+    fn output_shapes() {
+        assert_eq!(
+            Op::AllGather.output_shape(&[2, 3], &[-1], 4),
+            Some(vec![2, 12])
+        );
+        assert_eq!(
+            Op::Gather.output_shape(&[2, 3], &[1, 0], 2),
+            Some(vec![4, 3])
+        );
+        assert_eq!(
+            Op::ReduceScatter.output_shape(&[8, 3], &[0, 0], 4),
+            Some(vec![2, 3])
+        );
+        assert_eq!(
+            Op::Scatter.output_shape(&[2, 8], &[0, 1], 4),
+            Some(vec![2, 2])
+        );
+        assert_eq!(
+            Op::AllToAll4d.output_shape(&[1, 2, 8, 4], &[2, 1], 4),
+            Some(vec![1, 8, 2, 4])
+        );
+        assert_eq!(Op::AllToAll4d.output_shape(&[1, 2, 8, 4], &[3, 1], 4), None);
+        assert_eq!(Op::AllGather.output_shape(&[2, 3], &[2], 4), None);
+        assert_eq!(Op::AllReduce.output_shape(&[5], &[0], 3), Some(vec![5]));
+    }
+
+    #[test]
+    fn checks_name_the_value() {
+        let d = desc(Op::Scatter, &[2, 6], &[0, 1]);
+        assert_eq!(
+            Op::Scatter.check(&d, 4).unwrap_err(),
+            "dim 1 of size 6 is not divisible by the group size 4"
+        );
+        let d = desc(Op::Scatter, &[2, 8], &[4, 1]);
+        assert_eq!(
+            Op::Scatter.check(&d, 4).unwrap_err(),
+            "src 4 is not a rank of this group of size 4"
+        );
+        let d = desc(Op::AllToAll4d, &[1, 2, 3], &[2, 1]);
+        assert!(Op::AllToAll4d.check(&d, 2).unwrap_err().contains("4-d"));
+        assert!(Op::AllToAll
+            .check(&desc(Op::AllToAll, &[], &[]), 2)
+            .is_err());
+        assert!(Op::AllToAll
+            .check(&desc(Op::AllToAll, &[4], &[]), 2)
+            .is_ok());
+    }
+
+    #[test]
+    fn gather_output_only_on_its_destination() {
+        assert!(Op::Gather.output_used_on(1, &[1, 0]));
+        assert!(!Op::Gather.output_used_on(0, &[1, 0]));
+        assert!(Op::Reduce.output_used_on(0, &[1, 0]));
+    }
+
+    #[test]
+    fn rank_and_dim_checks() {
+        assert_eq!(rank_in_range("src", 2, 4), Ok(2));
+        assert!(rank_in_range("dst", -1, 4).is_err());
+        let d = desc(Op::AllGather, &[2, 3], &[0]);
+        assert_eq!(dim_in_range(&d, -2), Ok(0));
+    }
+}
