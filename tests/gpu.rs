@@ -142,6 +142,18 @@ fn check_layout_ops(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check
                 big[dim as usize] *= n;
                 let xb = input(&big, dtype, me);
                 let dxb = gpu.upload(&xb).map_err(e)?;
+                for src in 0..n {
+                    let want = g.scatter(&xb, src, dim).map_err(e)?;
+                    let got = gpu
+                        .download(&dg.scatter(&dxb, src, dim).map_err(e)?)
+                        .map_err(e)?;
+                    same(
+                        &format!("scatter from {src} dim {dim} {dtype} {shape:?}"),
+                        &got,
+                        &want,
+                        None,
+                    )?;
+                }
                 for op in [ReduceOp::Sum, ReduceOp::Max] {
                     let want = g.reduce_scatter(&xb, dim, op).map_err(e)?;
                     let got = gpu

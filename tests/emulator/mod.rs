@@ -193,6 +193,8 @@ pub fn drive() {
         "alltoall",
         "sendrecv",
         "all_to_all_4d",
+        "gather",
+        "scatter",
     ] {
         trial(
             &format!("bench {op} --backend nccl, np 3, validated"),

@@ -82,6 +82,7 @@ pub fn run(rt: &Runtime) {
             }
         }
 
+        scatter(&g, dtype);
         all_to_all_4d(&g, dtype);
         rooted_and_exchanges(&g, dtype);
     }
@@ -127,6 +128,50 @@ fn first_mismatch<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], ctx: &s
     assert_eq!(got.len(), want.len(), "{ctx}: length");
     if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
         panic!("{ctx}: element {i} is {:?}, expected {:?}", got[i], want[i]);
+    }
+}
+
+/// `scatter` from every source along every dim (negative too), and
+/// `scatter_into`; only the source's data is read (the others pass their
+/// own, different input).
+fn scatter(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
+    let (p, me) = (g.size(), g.rank_in_group());
+    for dim in 0..3usize {
+        let mut shape = vec![2, 3, 2];
+        shape[dim] *= p;
+        let x = input(me, &shape, dtype, ReduceOp::Sum);
+        for src in 0..p {
+            let full = values(src, x.numel(), dtype, ReduceOp::Sum);
+            let (want_shape, want) = slice(&full, &shape, dim, me, p);
+            let ctx = format!("scatter from {src} dim {dim} {dtype} np{p}");
+            let got = g.scatter(&x, src, dim as isize - 3).unwrap();
+            assert_tensor(&got, dtype, &want_shape, &want, &ctx);
+            let mut out = Tensor::zeros(want_shape.clone(), dtype);
+            g.scatter_into(&x, &mut out, src, dim as isize).unwrap();
+            assert_tensor(&out, dtype, &want_shape, &want, &format!("{ctx} (into)"));
+        }
+    }
+    if p > 1 {
+        // A dim that does not divide: the same error on every rank.
+        let odd = input(me, &[2, p + 1], dtype, ReduceOp::Sum);
+        let err = g.scatter(&odd, 0, 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                rankmesh::Error::InvalidArgument {
+                    op: rankmesh::Op::Scatter,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "scatter on world: dim 1 of size {} is not divisible by the group size {p}",
+                p + 1
+            )
+        );
     }
 }
 

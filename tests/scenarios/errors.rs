@@ -45,7 +45,13 @@ pub fn run(rt: &Runtime) {
     let (p, me) = (g.size(), g.rank_in_group());
     let x = Tensor::from_vec([2, 3, 4], vec![1f32; 24]).unwrap();
 
-    // Arguments wrong on every rank.
+    // Arguments wrong on every rank: InvalidArgument, naming the Op.
+    match g.all_gather(&x, 3) {
+        Err(rankmesh::Error::InvalidArgument { op, group, .. }) => {
+            assert_eq!((op, group.as_str()), (rankmesh::Op::AllGather, "world"))
+        }
+        other => panic!("a bad dim is an InvalidArgument: {other:?}"),
+    }
     expect_err(
         g.all_gather(&x, 3),
         &["all_gather on world: dim 3 out of range for a 3-d tensor"],
@@ -122,6 +128,10 @@ pub fn run(rt: &Runtime) {
         } else {
             g.all_reduce(&x, ReduceOp::Sum).map(|_| ())
         };
+        assert!(
+            matches!(&r, Err(rankmesh::Error::Mismatch { .. })),
+            "different calls are a Mismatch: {r:?}"
+        );
         expect_err(
             r,
             &["ranks are in different calls", "barrier()", "all_reduce("],
