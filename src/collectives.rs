@@ -32,6 +32,30 @@ pub trait PlaneTensor: Sized {
     fn reshape(self, shape: Vec<usize>) -> Result<Self>;
 }
 
+/// Both planes' tensors have inherent methods of the same names.
+macro_rules! plane_tensor {
+    ($t:ty, $on_device:expr) => {
+        impl PlaneTensor for $t {
+            const ON_DEVICE: bool = $on_device;
+
+            fn dtype(&self) -> DType {
+                <$t>::dtype(self)
+            }
+
+            fn shape(&self) -> &[usize] {
+                <$t>::shape(self)
+            }
+
+            fn reshape(self, shape: Vec<usize>) -> Result<Self> {
+                <$t>::reshape(self, shape)
+            }
+        }
+    };
+}
+
+plane_tensor!(crate::tensor::Tensor, false);
+plane_tensor!(crate::device::DeviceTensor, true);
+
 /// The collectives of one group on one data plane. `'rt` is the runtime's
 /// lifetime (every group borrows the [`Runtime`](crate::Runtime)).
 ///

@@ -1,6 +1,7 @@
 //! `GroupCoordinator`: one MPI communicator, its members, and the one dispatch
 //! path every operation on it goes through.
 
+use crate::collectives::PlaneTensor;
 use crate::dispatch::{agree, agree_peers, Descriptor, Rejection};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
@@ -315,9 +316,10 @@ impl<'rt> GroupCoordinator<'rt> {
     pub(crate) fn run_op<R>(
         &self,
         desc: Descriptor,
-        output: Option<(DType, &[usize])>,
+        output: Option<(DType, Vec<usize>)>,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
+        let output = output.as_ref().map(|(d, s)| (*d, s.as_slice()));
         let op = desc.op().expect("descriptors are built from an Op");
         let size = self.size();
         let dtype = desc.dtype();
@@ -477,4 +479,19 @@ fn explain_output(e: Error, out: (DType, &[usize]), dtype: DType, shape: &[usize
         }
         e => e,
     }
+}
+
+/// The descriptor of tensor op `op` on input `t` (host or device, by its type).
+pub(crate) fn tensor_desc<T: PlaneTensor>(op: Op, t: &T, params: &[i64]) -> Descriptor {
+    let desc = Descriptor::for_tensor(op, t.dtype(), t.shape(), params);
+    if T::ON_DEVICE {
+        desc.on_device()
+    } else {
+        desc
+    }
+}
+
+/// `(dtype, shape)` of a caller's output, as [`GroupCoordinator::run_op`] checks it.
+pub(crate) fn output_of<T: PlaneTensor>(t: &T) -> (DType, Vec<usize>) {
+    (t.dtype(), t.shape().to_vec())
 }

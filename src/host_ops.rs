@@ -5,51 +5,14 @@
 //! for non-leading dims uses the same `layout_ops` plans as the device plane,
 //! into scratch buffers the group keeps (no allocation per call once warm).
 
-use crate::collectives::{Collectives, PlaneTensor};
+use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
-use crate::error::{Error, Fault, Result};
-use crate::group::{GroupCoordinator, Peer};
+use crate::error::{Error, Result};
+use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
 use crate::layout_ops::{concat_dim_into, is_contiguous_split, normalize_dim, split_dim_into};
 use crate::op::Op;
 use crate::reduce::ReduceOp;
 use crate::tensor::{DType, Tensor};
-
-impl PlaneTensor for Tensor {
-    const ON_DEVICE: bool = false;
-
-    fn dtype(&self) -> DType {
-        Tensor::dtype(self)
-    }
-
-    fn shape(&self) -> &[usize] {
-        Tensor::shape(self)
-    }
-
-    fn reshape(self, shape: Vec<usize>) -> Result<Self> {
-        Tensor::reshape(self, shape)
-    }
-}
-
-/// `(dtype, shape)` of a caller's output, as the dispatch path checks it.
-fn meta(t: &Tensor) -> (DType, Vec<usize>) {
-    (t.dtype(), t.shape().to_vec())
-}
-
-impl GroupCoordinator<'_> {
-    /// Runs `op` on input `t` with `params`, checking `out` (if any) by the
-    /// op's rules; `body` moves the bytes.
-    fn host_op<R>(
-        &self,
-        op: Op,
-        t: &Tensor,
-        params: &[i64],
-        out: Option<(DType, Vec<usize>)>,
-        body: impl FnOnce() -> std::result::Result<R, Fault>,
-    ) -> Result<R> {
-        let out = out.as_ref().map(|(d, s)| (*d, s.as_slice()));
-        self.run_op(Descriptor::of(op, t, params), out, body)
-    }
-}
 
 impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     type Tensor = Tensor;
@@ -77,22 +40,25 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<()> {
-        self.host_op(Op::AllReduce, t, &[op.code()], Some(meta(out)), || {
-            if self.size() == 1 {
-                // Every operator maps one value to itself (avg of one is the value).
-                out.bytes_mut().copy_from_slice(t.bytes());
-            } else {
-                self.plane().all_reduce_into(t, out, op);
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::AllReduce, t, &[op.code()]),
+            Some(output_of(out)),
+            || {
+                if self.size() == 1 {
+                    // Every operator maps one value to itself (avg of one is the value).
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else {
+                    self.plane().all_reduce_into(t, out, op);
+                }
+                Ok(())
+            },
+        )
     }
 
     /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
     /// the group keeps (reused while shape and dtype stay the same).
     fn all_reduce_in_place(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
-        let desc = Descriptor::of(Op::AllReduce, t, &[op.code()]);
-        self.run_op(desc, None, || {
+        self.run_op(tensor_desc(Op::AllReduce, &*t, &[op.code()]), None, || {
             if self.size() > 1 {
                 self.with_scratch_tensor(t, |input, t| self.plane().all_reduce_into(input, t, op));
             }
@@ -102,71 +68,87 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn reduce_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, op: ReduceOp) -> Result<()> {
         let params = [dst as i64, op.code()];
-        self.host_op(Op::Reduce, t, &params, Some(meta(out)), || {
-            if self.size() == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-            } else {
-                self.plane().reduce_into_root(t, out, dst, op);
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::Reduce, t, &params),
+            Some(output_of(out)),
+            || {
+                if self.size() == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else {
+                    self.plane().reduce_into_root(t, out, dst, op);
+                }
+                Ok(())
+            },
+        )
     }
 
     fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
         let size = self.size();
-        self.host_op(Op::AllGather, t, &[dim as i64], Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-            } else if is_contiguous_split(t.shape(), d) {
-                self.plane().all_gather_into(t.bytes(), out.bytes_mut());
-            } else {
-                self.with_scratch(out.nbytes(), 0, |blocks, _| {
-                    self.plane().all_gather_into(t.bytes(), blocks);
-                    let elem = t.dtype().size();
-                    concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
-                });
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::AllGather, t, &[dim as i64]),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else if is_contiguous_split(t.shape(), d) {
+                    self.plane().all_gather_into(t.bytes(), out.bytes_mut());
+                } else {
+                    self.with_scratch(out.nbytes(), 0, |blocks, _| {
+                        self.plane().all_gather_into(t.bytes(), blocks);
+                        let elem = t.dtype().size();
+                        concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
+                    });
+                }
+                Ok(())
+            },
+        )
     }
 
     fn gather_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, dim: isize) -> Result<()> {
         let size = self.size();
         let params = [dst as i64, dim as i64];
-        self.host_op(Op::Gather, t, &params, Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-                return Ok(());
-            }
-            if let Some(blocks) = self.plane().gather(t.bytes(), dst) {
-                let elem = t.dtype().size();
-                concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::Gather, t, &params),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                    return Ok(());
+                }
+                if let Some(blocks) = self.plane().gather(t.bytes(), dst) {
+                    let elem = t.dtype().size();
+                    concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
+                }
+                Ok(())
+            },
+        )
     }
 
     fn scatter_into(&self, t: &Tensor, out: &mut Tensor, src: usize, dim: isize) -> Result<()> {
         let size = self.size();
         let params = [src as i64, dim as i64];
-        self.host_op(Op::Scatter, t, &params, Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-            } else if self.rank_in_group() != src {
-                self.plane().scatter(None, out.bytes_mut(), src);
-            } else if is_contiguous_split(t.shape(), d) {
-                self.plane().scatter(Some(t.bytes()), out.bytes_mut(), src);
-            } else {
-                self.with_scratch(t.nbytes(), 0, |packed, _| {
-                    split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
-                    self.plane().scatter(Some(packed), out.bytes_mut(), src);
-                });
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::Scatter, t, &params),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else if self.rank_in_group() != src {
+                    self.plane().scatter(None, out.bytes_mut(), src);
+                } else if is_contiguous_split(t.shape(), d) {
+                    self.plane().scatter(Some(t.bytes()), out.bytes_mut(), src);
+                } else {
+                    self.with_scratch(t.nbytes(), 0, |packed, _| {
+                        split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
+                        self.plane().scatter(Some(packed), out.bytes_mut(), src);
+                    });
+                }
+                Ok(())
+            },
+        )
     }
 
     fn reduce_scatter_into(
@@ -178,25 +160,33 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     ) -> Result<()> {
         let size = self.size();
         let params = [dim as i64, op.code()];
-        self.host_op(Op::ReduceScatter, t, &params, Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-            } else if is_contiguous_split(t.shape(), d) {
-                self.plane().reduce_scatter_block_into(t, out, op);
-            } else {
-                let packed =
-                    crate::layout_ops::split_dim(t.bytes(), t.shape(), d, size, t.dtype().size());
-                let packed = Tensor::from_bytes(t.shape().to_vec(), t.dtype(), &packed)?;
-                self.plane().reduce_scatter_block_into(&packed, out, op);
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::ReduceScatter, t, &params),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else if is_contiguous_split(t.shape(), d) {
+                    self.plane().reduce_scatter_block_into(t, out, op);
+                } else {
+                    let packed = crate::layout_ops::split_dim(
+                        t.bytes(),
+                        t.shape(),
+                        d,
+                        size,
+                        t.dtype().size(),
+                    );
+                    let packed = Tensor::from_bytes(t.shape().to_vec(), t.dtype(), &packed)?;
+                    self.plane().reduce_scatter_block_into(&packed, out, op);
+                }
+                Ok(())
+            },
+        )
     }
 
     fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
-        let desc = Descriptor::of(Op::Broadcast, t, &[src as i64]);
-        self.run_op(desc, None, || {
+        self.run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
             if self.size() > 1 {
                 self.plane().broadcast(t.bytes_mut(), src);
             }
@@ -205,14 +195,18 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn all_to_all_into(&self, t: &Tensor, out: &mut Tensor) -> Result<()> {
-        self.host_op(Op::AllToAll, t, &[], Some(meta(out)), || {
-            if self.size() == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-            } else {
-                self.plane().all_to_all_into(t.bytes(), out.bytes_mut());
-            }
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::AllToAll, t, &[]),
+            Some(output_of(out)),
+            || {
+                if self.size() == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else {
+                    self.plane().all_to_all_into(t.bytes(), out.bytes_mut());
+                }
+                Ok(())
+            },
+        )
     }
 
     fn all_to_all_4d_into(
@@ -224,36 +218,40 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     ) -> Result<()> {
         let size = self.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.host_op(Op::AllToAll4d, t, &params, Some(meta(out)), || {
-            if size == 1 {
-                out.bytes_mut().copy_from_slice(t.bytes());
-                return Ok(());
-            }
-            let elem = t.dtype().size();
-            let n = t.nbytes();
-            self.with_scratch(n, n, |packed, received| {
-                split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
-                self.plane().all_to_all_into(packed, received);
-                let mut block_shape = t.shape().to_vec();
-                block_shape[scatter_dim] /= size;
-                concat_dim_into(
-                    received,
-                    &block_shape,
-                    gather_dim,
-                    size,
-                    elem,
-                    out.bytes_mut(),
-                );
-            });
-            Ok(())
-        })
+        self.run_op(
+            tensor_desc(Op::AllToAll4d, t, &params),
+            Some(output_of(out)),
+            || {
+                if size == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                    return Ok(());
+                }
+                let elem = t.dtype().size();
+                let n = t.nbytes();
+                self.with_scratch(n, n, |packed, received| {
+                    split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
+                    self.plane().all_to_all_into(packed, received);
+                    let mut block_shape = t.shape().to_vec();
+                    block_shape[scatter_dim] /= size;
+                    concat_dim_into(
+                        received,
+                        &block_shape,
+                        gather_dim,
+                        size,
+                        elem,
+                        out.bytes_mut(),
+                    );
+                });
+                Ok(())
+            },
+        )
     }
 
     /// Synchronous: returns once the receiver has matched the call and taken
     /// the data, so a program never depends on MPI's eager buffering.
     fn send(&self, t: &Tensor, dst: Option<usize>) -> Result<()> {
         let dst = dst.unwrap_or((self.rank_in_group() + 1) % self.size());
-        self.point_to_point(Descriptor::of(Op::Send, t, &[]), Peer::To(dst), |_| {
+        self.point_to_point(tensor_desc(Op::Send, t, &[]), Peer::To(dst), |_| {
             self.plane().send(t.bytes(), dst);
             Ok(())
         })
@@ -261,7 +259,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn recv_into(&self, out: &mut Tensor, src: Option<usize>) -> Result<()> {
         let src = src.unwrap_or((self.rank_in_group() + self.size() - 1) % self.size());
-        self.point_to_point(Descriptor::of(Op::Send, out, &[]), Peer::From(src), |_| {
+        self.point_to_point(tensor_desc(Op::Send, &*out, &[]), Peer::From(src), |_| {
             self.plane().recv(out.bytes_mut(), src);
             Ok(())
         })
@@ -275,8 +273,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         src: Option<usize>,
     ) -> Result<()> {
         let (dst, src) = self.ring_peers(dst, src);
-        let sent = Descriptor::of(Op::Send, t, &[]);
-        let expected = Descriptor::of(Op::Send, out, &[]);
+        let sent = tensor_desc(Op::Send, t, &[]);
+        let expected = tensor_desc(Op::Send, &*out, &[]);
         if self.send_recv_to_self(&sent, &expected, dst, src)? {
             out.bytes_mut().copy_from_slice(t.bytes());
             return Ok(());

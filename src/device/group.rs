@@ -13,10 +13,10 @@
 use super::connect::connect;
 use super::copy::run_copies;
 use super::{DeviceTensor, Gpu};
-use crate::collectives::{Collectives, PlaneTensor};
+use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Fault, Result};
-use crate::group::{GroupCoordinator, Peer};
+use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
 use crate::layout_ops::{
     concat_dim_copies, is_contiguous_split, normalize_dim, split_dim_copies, Copy2d,
 };
@@ -46,33 +46,12 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 }
 
-impl PlaneTensor for DeviceTensor {
-    const ON_DEVICE: bool = true;
-
-    fn dtype(&self) -> DType {
-        DeviceTensor::dtype(self)
-    }
-
-    fn shape(&self) -> &[usize] {
-        DeviceTensor::shape(self)
-    }
-
-    fn reshape(self, shape: Vec<usize>) -> Result<Self> {
-        DeviceTensor::reshape(self, shape)
-    }
-}
-
 fn at(p: *const c_void, bytes: usize) -> *const c_void {
     (p as usize + bytes) as *const c_void
 }
 
 fn at_mut(p: *mut c_void, bytes: usize) -> *mut c_void {
     (p as usize + bytes) as *mut c_void
-}
-
-/// `(dtype, shape)` of a caller's output, as the dispatch path checks it.
-fn meta(t: &DeviceTensor) -> (DType, Vec<usize>) {
-    (t.dtype(), t.shape().to_vec())
 }
 
 impl<'g, 'rt> DeviceGroup<'g, 'rt> {
@@ -101,20 +80,6 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
                  member (or run a device collective) before device send/recv",
             )
         })
-    }
-
-    /// Runs `op` on device input `t` through the dispatch path.
-    fn device_op<R>(
-        &self,
-        op: Op,
-        t: &DeviceTensor,
-        params: &[i64],
-        out: Option<(DType, Vec<usize>)>,
-        body: impl FnOnce() -> std::result::Result<R, Fault>,
-    ) -> Result<R> {
-        let desc = Descriptor::for_tensor(op, t.dtype(), t.shape(), params).on_device();
-        let out = out.as_ref().map(|(d, s)| (*d, s.as_slice()));
-        self.group.run_op(desc, out, body)
     }
 
     /// Creates the group's NCCL communicator now (collective) instead of at
@@ -202,24 +167,27 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         out: &mut DeviceTensor,
         op: ReduceOp,
     ) -> Result<()> {
-        self.device_op(Op::AllReduce, t, &[op.code()], Some(meta(out)), || {
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
-            // SAFETY: same shape and dtype (checked), both on this device.
-            Ok(unsafe { comm.all_reduce(src, dst, t.numel(), t.dtype(), op, self.stream()) }?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::AllReduce, t, &[op.code()]),
+            Some(output_of(out)),
+            || {
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
+                // SAFETY: same shape and dtype (checked), both on this device.
+                Ok(unsafe { comm.all_reduce(src, dst, t.numel(), t.dtype(), op, self.stream()) }?)
+            },
+        )
     }
 
     fn all_reduce_in_place(&self, t: &mut DeviceTensor, op: ReduceOp) -> Result<()> {
-        let desc =
-            Descriptor::for_tensor(Op::AllReduce, t.dtype(), t.shape(), &[op.code()]).on_device();
-        self.group.run_op(desc, None, || {
-            let comm = self.comm()?;
-            let p = t.write_ptr(self.gpu.stream());
-            // SAFETY: one buffer used as both sides, as NCCL allows.
-            Ok(unsafe { comm.all_reduce(p, p, t.numel(), t.dtype(), op, self.stream()) }?)
-        })
+        self.group
+            .run_op(tensor_desc(Op::AllReduce, &*t, &[op.code()]), None, || {
+                let comm = self.comm()?;
+                let p = t.write_ptr(self.gpu.stream());
+                // SAFETY: one buffer used as both sides, as NCCL allows.
+                Ok(unsafe { comm.all_reduce(p, p, t.numel(), t.dtype(), op, self.stream()) }?)
+            })
     }
 
     fn reduce_into(
@@ -230,36 +198,44 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         op: ReduceOp,
     ) -> Result<()> {
         let params = [dst as i64, op.code()];
-        self.device_op(Op::Reduce, t, &params, Some(meta(out)), || {
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let (src, out_p) = (t.read_ptr(s), out.write_ptr(s));
-            let (n, dt) = (t.numel(), t.dtype());
-            // SAFETY: same shape and dtype (checked), both on this device.
-            Ok(unsafe { comm.reduce(src, out_p, n, dt, op, dst, self.stream()) }?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::Reduce, t, &params),
+            Some(output_of(out)),
+            || {
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let (src, out_p) = (t.read_ptr(s), out.write_ptr(s));
+                let (n, dt) = (t.numel(), t.dtype());
+                // SAFETY: same shape and dtype (checked), both on this device.
+                Ok(unsafe { comm.reduce(src, out_p, n, dt, op, dst, self.stream()) }?)
+            },
+        )
     }
 
     fn all_gather_into(&self, t: &DeviceTensor, out: &mut DeviceTensor, dim: isize) -> Result<()> {
         let size = self.group.size();
-        self.device_op(Op::AllGather, t, &[dim as i64], Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let src = t.read_ptr(s);
-            let gather = |dst: *mut c_void| {
-                // SAFETY: `dst` holds `size` blocks of `t`'s size.
-                unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.stream()) }
-            };
-            if is_contiguous_split(t.shape(), d) {
-                return Ok(gather(out.write_ptr(s))?);
-            }
-            let mut blocks = self.scratch(out.nbytes())?;
-            let bp = blocks.write_ptr(s);
-            gather(bp)?;
-            let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
-            Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::AllGather, t, &[dim as i64]),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let src = t.read_ptr(s);
+                let gather = |dst: *mut c_void| {
+                    // SAFETY: `dst` holds `size` blocks of `t`'s size.
+                    unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.stream()) }
+                };
+                if is_contiguous_split(t.shape(), d) {
+                    return Ok(gather(out.write_ptr(s))?);
+                }
+                let mut blocks = self.scratch(out.nbytes())?;
+                let bp = blocks.write_ptr(s);
+                gather(bp)?;
+                let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
+                Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
+            },
+        )
     }
 
     fn gather_into(
@@ -271,34 +247,38 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [dst as i64, dim as i64];
-        self.device_op(Op::Gather, t, &params, Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let src = t.read_ptr(s);
-            let (n, dt) = (t.numel(), t.dtype());
-            if me != dst {
-                // SAFETY: `t` is alive until the stream runs the send.
-                return Ok(unsafe { comm.send(src, n, dt, dst, self.stream()) }?);
-            }
-            let bytes = t.nbytes();
-            let mut blocks = self.scratch(bytes * size)?;
-            let bp = blocks.write_ptr(s);
-            let fused = comm.group()?;
-            for r in (0..size).filter(|r| *r != me) {
-                // SAFETY: block `r` of `blocks` holds `n` elements.
-                unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.stream()) }?;
-            }
-            fused.end()?;
-            run_copies(
-                &[Copy2d::bytes(0, me * bytes, bytes)],
-                src,
-                bp,
-                s.cu_stream(),
-            )?;
-            let plan = concat_dim_copies(t.shape(), d, size, dt.size());
-            Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::Gather, t, &params),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let src = t.read_ptr(s);
+                let (n, dt) = (t.numel(), t.dtype());
+                if me != dst {
+                    // SAFETY: `t` is alive until the stream runs the send.
+                    return Ok(unsafe { comm.send(src, n, dt, dst, self.stream()) }?);
+                }
+                let bytes = t.nbytes();
+                let mut blocks = self.scratch(bytes * size)?;
+                let bp = blocks.write_ptr(s);
+                let fused = comm.group()?;
+                for r in (0..size).filter(|r| *r != me) {
+                    // SAFETY: block `r` of `blocks` holds `n` elements.
+                    unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.stream()) }?;
+                }
+                fused.end()?;
+                run_copies(
+                    &[Copy2d::bytes(0, me * bytes, bytes)],
+                    src,
+                    bp,
+                    s.cu_stream(),
+                )?;
+                let plan = concat_dim_copies(t.shape(), d, size, dt.size());
+                Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
+            },
+        )
     }
 
     fn scatter_into(
@@ -310,38 +290,42 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [src as i64, dim as i64];
-        self.device_op(Op::Scatter, t, &params, Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let (n, dt) = (out.numel(), out.dtype());
-            let out_p = out.write_ptr(s);
-            if me != src {
-                // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
-                return Ok(unsafe { comm.recv(out_p, n, dt, src, self.stream()) }?);
-            }
-            let mut packed = None;
-            let mut blocks = t.read_ptr(s);
-            if !is_contiguous_split(t.shape(), d) {
-                let p = packed.insert(self.scratch(t.nbytes())?).write_ptr(s);
-                let plan = split_dim_copies(t.shape(), d, size, dt.size());
-                run_copies(&plan, blocks, p, s.cu_stream())?;
-                blocks = p;
-            }
-            let bytes = out.nbytes();
-            let fused = comm.group()?;
-            for r in (0..size).filter(|r| *r != me) {
-                // SAFETY: block `r` of `blocks` holds `n` elements.
-                unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.stream()) }?;
-            }
-            fused.end()?;
-            Ok(run_copies(
-                &[Copy2d::bytes(me * bytes, 0, bytes)],
-                blocks,
-                out_p,
-                s.cu_stream(),
-            )?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::Scatter, t, &params),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let (n, dt) = (out.numel(), out.dtype());
+                let out_p = out.write_ptr(s);
+                if me != src {
+                    // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
+                    return Ok(unsafe { comm.recv(out_p, n, dt, src, self.stream()) }?);
+                }
+                let mut packed = None;
+                let mut blocks = t.read_ptr(s);
+                if !is_contiguous_split(t.shape(), d) {
+                    let p = packed.insert(self.scratch(t.nbytes())?).write_ptr(s);
+                    let plan = split_dim_copies(t.shape(), d, size, dt.size());
+                    run_copies(&plan, blocks, p, s.cu_stream())?;
+                    blocks = p;
+                }
+                let bytes = out.nbytes();
+                let fused = comm.group()?;
+                for r in (0..size).filter(|r| *r != me) {
+                    // SAFETY: block `r` of `blocks` holds `n` elements.
+                    unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.stream()) }?;
+                }
+                fused.end()?;
+                Ok(run_copies(
+                    &[Copy2d::bytes(me * bytes, 0, bytes)],
+                    blocks,
+                    out_p,
+                    s.cu_stream(),
+                )?)
+            },
+        )
     }
 
     fn reduce_scatter_into(
@@ -353,46 +337,53 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [dim as i64, op.code()];
-        self.device_op(Op::ReduceScatter, t, &params, Some(meta(out)), || {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let (n, dt) = (out.numel(), t.dtype());
-            let scatter = |src: *const c_void, dst: *mut c_void| {
-                // SAFETY: `src` holds `size` slices of `out`'s size.
-                unsafe { comm.reduce_scatter(src, dst, n, dt, op, self.stream()) }
-            };
-            let out_p = out.write_ptr(s);
-            if is_contiguous_split(t.shape(), d) {
-                return Ok(scatter(t.read_ptr(s), out_p)?);
-            }
-            let mut packed = self.scratch(t.nbytes())?;
-            let pp = packed.write_ptr(s);
-            let plan = split_dim_copies(t.shape(), d, size, dt.size());
-            run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
-            Ok(scatter(pp, out_p)?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::ReduceScatter, t, &params),
+            Some(output_of(out)),
+            || {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let (n, dt) = (out.numel(), t.dtype());
+                let scatter = |src: *const c_void, dst: *mut c_void| {
+                    // SAFETY: `src` holds `size` slices of `out`'s size.
+                    unsafe { comm.reduce_scatter(src, dst, n, dt, op, self.stream()) }
+                };
+                let out_p = out.write_ptr(s);
+                if is_contiguous_split(t.shape(), d) {
+                    return Ok(scatter(t.read_ptr(s), out_p)?);
+                }
+                let mut packed = self.scratch(t.nbytes())?;
+                let pp = packed.write_ptr(s);
+                let plan = split_dim_copies(t.shape(), d, size, dt.size());
+                run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
+                Ok(scatter(pp, out_p)?)
+            },
+        )
     }
 
     fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
-        let desc =
-            Descriptor::for_tensor(Op::Broadcast, t.dtype(), t.shape(), &[src as i64]).on_device();
-        self.group.run_op(desc, None, || {
-            let comm = self.comm()?;
-            let p = t.write_ptr(self.gpu.stream());
-            // SAFETY: in place, as NCCL allows.
-            Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.stream()) }?)
-        })
+        self.group
+            .run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
+                let comm = self.comm()?;
+                let p = t.write_ptr(self.gpu.stream());
+                // SAFETY: in place, as NCCL allows.
+                Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.stream()) }?)
+            })
     }
 
     fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         let size = self.group.size();
-        self.device_op(Op::AllToAll, t, &[], Some(meta(out)), || {
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
-            self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
-        })
+        self.group.run_op(
+            tensor_desc(Op::AllToAll, t, &[]),
+            Some(output_of(out)),
+            || {
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
+                self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
+            },
+        )
     }
 
     /// Packs with strided 2-D copies, exchanges with grouped send/recv,
@@ -406,28 +397,32 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.device_op(Op::AllToAll4d, t, &params, Some(meta(out)), || {
-            let comm = self.comm()?;
-            let s = self.gpu.stream();
-            let elem = t.dtype().size();
-            let mut packed = self.scratch(t.nbytes())?;
-            let pp = packed.write_ptr(s);
-            let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
-            run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
-            let mut received = self.scratch(t.nbytes())?;
-            let rp = received.write_ptr(s);
-            self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
-            let mut block_shape = t.shape().to_vec();
-            block_shape[scatter_dim] /= size;
-            let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
-            Ok(run_copies(&plan, rp, out.write_ptr(s), s.cu_stream())?)
-        })
+        self.group.run_op(
+            tensor_desc(Op::AllToAll4d, t, &params),
+            Some(output_of(out)),
+            || {
+                let comm = self.comm()?;
+                let s = self.gpu.stream();
+                let elem = t.dtype().size();
+                let mut packed = self.scratch(t.nbytes())?;
+                let pp = packed.write_ptr(s);
+                let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
+                run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
+                let mut received = self.scratch(t.nbytes())?;
+                let rp = received.write_ptr(s);
+                self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
+                let mut block_shape = t.shape().to_vec();
+                block_shape[scatter_dim] /= size;
+                let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
+                Ok(run_copies(&plan, rp, out.write_ptr(s), s.cu_stream())?)
+            },
+        )
     }
 
     /// Shape and dtype are checked with the receiver over MPI first; then enqueued.
     fn send(&self, t: &DeviceTensor, dst: Option<usize>) -> Result<()> {
         let (dst, _) = self.group.ring_peers(dst, None);
-        let desc = Descriptor::for_tensor(Op::Send, t.dtype(), t.shape(), &[]).on_device();
+        let desc = tensor_desc(Op::Send, t, &[]);
         self.group.point_to_point(desc, Peer::To(dst), |_| {
             let comm = self.p2p_comm(Op::Send)?;
             let src = t.read_ptr(self.gpu.stream());
@@ -438,7 +433,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     fn recv_into(&self, out: &mut DeviceTensor, src: Option<usize>) -> Result<()> {
         let (_, src) = self.group.ring_peers(None, src);
-        let desc = Descriptor::for_tensor(Op::Send, out.dtype(), out.shape(), &[]).on_device();
+        let desc = tensor_desc(Op::Send, &*out, &[]);
         self.group.point_to_point(desc, Peer::From(src), |_| {
             let comm = self.p2p_comm(Op::Send)?;
             let dst = out.write_ptr(self.gpu.stream());
@@ -457,8 +452,8 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         src: Option<usize>,
     ) -> Result<()> {
         let (dst, src) = self.group.ring_peers(dst, src);
-        let sent = Descriptor::for_tensor(Op::Send, t.dtype(), t.shape(), &[]).on_device();
-        let expected = Descriptor::for_tensor(Op::Send, out.dtype(), out.shape(), &[]).on_device();
+        let sent = tensor_desc(Op::Send, t, &[]);
+        let expected = tensor_desc(Op::Send, &*out, &[]);
         if self.group.send_recv_to_self(&sent, &expected, dst, src)? {
             return self.copy(t, out);
         }
