@@ -111,6 +111,12 @@ impl Descriptor {
         self.dims[..n].iter().map(|d| *d as usize).collect()
     }
 
+    /// The dims, without allocating (the first `MAX_DIMS` when there are more).
+    pub fn dims(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        let n = (self.ndim as usize).min(MAX_DIMS);
+        self.dims[..n].iter().map(|d| *d as usize)
+    }
+
     /// Number of dimensions as sent.
     pub fn ndim(&self) -> usize {
         self.ndim as usize

@@ -2,7 +2,7 @@
 //! path every operation on it goes through.
 
 use crate::collectives::PlaneTensor;
-use crate::dispatch::{agree, agree_peers, Descriptor, Rejection};
+use crate::dispatch::{agree, agree_peers, Descriptor, Rejection, MAX_DIMS};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
@@ -316,28 +316,28 @@ impl<'rt> GroupCoordinator<'rt> {
     pub(crate) fn run_op<R>(
         &self,
         desc: Descriptor,
-        output: Option<(DType, Vec<usize>)>,
+        output: Option<Output>,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        let output = output.as_ref().map(|(d, s)| (*d, s.as_slice()));
         let op = desc.op().expect("descriptors are built from an Op");
         let size = self.size();
-        let dtype = desc.dtype();
-        let input = desc.shape();
-        let want = output
-            .filter(|_| op.output_used_on(self.rank_in_group(), &desc.params))
-            .and_then(|_| op.output_shape(&input, &desc.params, size));
-        let bad = match (output, &want) {
-            (Some((dt, shape)), Some(w)) => Some(dt) != dtype || shape != w.as_slice(),
-            _ => false,
-        };
+        let output = output.filter(|_| op.output_used_on(self.rank_in_group(), &desc.params));
+        let fits = output.as_ref().and_then(|o| {
+            let dims_fit = op.output_fits(desc.dims(), &desc.params, size, o.shape());
+            dims_fit.map(|f| f && Some(o.dtype) == desc.dtype() && !o.too_many_dims)
+        });
         self.collective(
-            desc.with_bad_output(bad),
+            desc.with_bad_output(fits == Some(false)),
             |d| op.check(d, size),
             |_| body().map_err(|f| f.into_error(op, self.name())),
         )
-        .map_err(|e| match (output, &want, dtype) {
-            (Some(out), Some(w), Some(dt)) => explain_output(e, out, dt, w),
+        .map_err(|e| match (output, desc.dtype()) {
+            (Some(out), Some(dt)) if fits == Some(false) => {
+                let want = op
+                    .output_shape(&desc.shape(), &desc.params, size)
+                    .unwrap_or_default();
+                explain_output(e, (out.dtype, out.shape()), dt, &want)
+            }
             _ => e,
         })
     }
@@ -491,7 +491,34 @@ pub(crate) fn tensor_desc<T: PlaneTensor>(op: Op, t: &T, params: &[i64]) -> Desc
     }
 }
 
-/// `(dtype, shape)` of a caller's output, as [`GroupCoordinator::run_op`] checks it.
-pub(crate) fn output_of<T: PlaneTensor>(t: &T) -> (DType, Vec<usize>) {
-    (t.dtype(), t.shape().to_vec())
+/// A caller's output as the dispatch path checks it: dtype and shape,
+/// copied without allocating (the body then borrows the tensor mutably).
+#[derive(Clone, Copy)]
+pub(crate) struct Output {
+    dtype: DType,
+    ndim: usize,
+    dims: [usize; MAX_DIMS],
+    /// More dims than a descriptor carries: never fits.
+    too_many_dims: bool,
+}
+
+impl Output {
+    /// The shape (the first `MAX_DIMS` dims).
+    fn shape(&self) -> &[usize] {
+        &self.dims[..self.ndim]
+    }
+}
+
+/// `t` as an [`Output`] for [`GroupCoordinator::run_op`].
+pub(crate) fn output_of<T: PlaneTensor>(t: &T) -> Output {
+    let shape = t.shape();
+    let mut dims = [0; MAX_DIMS];
+    let ndim = shape.len().min(MAX_DIMS);
+    dims[..ndim].copy_from_slice(&shape[..ndim]);
+    Output {
+        dtype: t.dtype(),
+        ndim,
+        dims,
+        too_many_dims: shape.len() > MAX_DIMS,
+    }
 }

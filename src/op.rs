@@ -184,29 +184,77 @@ impl Op {
         }
     }
 
+    /// Which dims of the input change in the output: (divided by the group
+    /// size, multiplied by it). `None` when the parameters name no valid dim.
+    fn resized_dims(self, ndim: usize, params: &[i64]) -> Option<(Option<usize>, Option<usize>)> {
+        let param = |i: usize| params.get(i).copied().unwrap_or(0);
+        let at = |dim: i64| normalize_dim(dim as isize, ndim);
+        Some(match self {
+            Op::AllGather => (None, Some(at(param(0))?)),
+            Op::Gather => (None, Some(at(param(1))?)),
+            Op::ReduceScatter => (Some(at(param(0))?), None),
+            Op::Scatter => (Some(at(param(1))?), None),
+            Op::AllToAll4d => {
+                let mode = (param(0), param(1));
+                if ndim != 4 || !ALL_TO_ALL_MODES.contains(&mode) {
+                    return None;
+                }
+                (Some(mode.0 as usize), Some(mode.1 as usize))
+            }
+            _ => (None, None),
+        })
+    }
+
+    /// Dim `i` of the output for input dim `n`.
+    fn output_dim(
+        n: usize,
+        i: usize,
+        resized: (Option<usize>, Option<usize>),
+        size: usize,
+    ) -> usize {
+        let n = if resized.0 == Some(i) {
+            n / size.max(1)
+        } else {
+            n
+        };
+        if resized.1 == Some(i) {
+            n * size
+        } else {
+            n
+        }
+    }
+
     /// The shape of the op's output for an input of `shape` with `params` on
     /// a group of `size`; `None` when the parameters do not name one (the
     /// check then says why).
     pub fn output_shape(self, shape: &[usize], params: &[i64], size: usize) -> Option<Vec<usize>> {
-        let param = |i: usize| params.get(i).copied().unwrap_or(0);
-        let at = |dim: i64| normalize_dim(dim as isize, shape.len());
-        let mut out = shape.to_vec();
-        match self {
-            Op::AllGather => out[at(param(0))?] *= size,
-            Op::Gather => out[at(param(1))?] *= size,
-            Op::ReduceScatter => out[at(param(0))?] /= size.max(1),
-            Op::Scatter => out[at(param(1))?] /= size.max(1),
-            Op::AllToAll4d => {
-                let mode = (param(0), param(1));
-                if shape.len() != 4 || !ALL_TO_ALL_MODES.contains(&mode) {
-                    return None;
-                }
-                out[mode.0 as usize] /= size.max(1);
-                out[mode.1 as usize] *= size;
-            }
-            _ => {}
-        }
-        Some(out)
+        let resized = self.resized_dims(shape.len(), params)?;
+        Some(
+            shape
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Op::output_dim(*n, i, resized, size))
+                .collect(),
+        )
+    }
+
+    /// Whether `out` is the output shape for an input of dims `input`
+    /// (without allocating: this runs on every call); `None` as for
+    /// [`output_shape`](Self::output_shape).
+    pub(crate) fn output_fits(
+        self,
+        input: impl ExactSizeIterator<Item = usize>,
+        params: &[i64],
+        size: usize,
+        out: &[usize],
+    ) -> Option<bool> {
+        let resized = self.resized_dims(input.len(), params)?;
+        Some(
+            input.len() == out.len()
+                && input
+                    .enumerate()
+                    .all(|(i, n)| Op::output_dim(n, i, resized, size) == out[i]),
+        )
     }
 
     /// Whether the caller's output is used (and checked) on group rank `me`:

@@ -48,7 +48,7 @@ pub struct Row {
     pub root: i64,
     /// Out-of-place measurement.
     pub out_of_place: Cell,
-    /// In-place measurement (see the module docs of the CLI: a second run).
+    /// In-place measurement (a real in-place call where the op has one).
     pub in_place: Cell,
     /// Raw MPI baseline, out-of-place.
     pub baseline: Option<Cell>,
