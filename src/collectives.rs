@@ -81,11 +81,15 @@ pub trait Collectives<'rt> {
     fn barrier(&self) -> Result<()>;
 
     /// [`all_reduce`](Self::all_reduce) into `out` (same shape and dtype as `t`).
-    fn all_reduce_into(&self, t: &Self::Tensor, out: &mut Self::Tensor, op: ReduceOp)
-        -> Result<()>;
+    fn all_reduce_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        reduce_op: ReduceOp,
+    ) -> Result<()>;
 
     /// [`all_reduce`](Self::all_reduce) in place: `t` becomes the result.
-    fn all_reduce_in_place(&self, t: &mut Self::Tensor, op: ReduceOp) -> Result<()>;
+    fn all_reduce_in_place(&self, t: &mut Self::Tensor, reduce_op: ReduceOp) -> Result<()>;
 
     /// [`reduce`](Self::reduce) into `out` (same shape and dtype as `t` on
     /// every rank; written on `dst` only).
@@ -94,7 +98,7 @@ pub trait Collectives<'rt> {
         t: &Self::Tensor,
         out: &mut Self::Tensor,
         dst: usize,
-        op: ReduceOp,
+        reduce_op: ReduceOp,
     ) -> Result<()>;
 
     /// [`all_gather`](Self::all_gather) into `out`.
@@ -125,7 +129,7 @@ pub trait Collectives<'rt> {
         t: &Self::Tensor,
         out: &mut Self::Tensor,
         dim: isize,
-        op: ReduceOp,
+        reduce_op: ReduceOp,
     ) -> Result<()>;
 
     /// Copies group rank `src`'s tensor into `t` on every member (in place;
@@ -165,16 +169,21 @@ pub trait Collectives<'rt> {
 
     /// Element-wise reduction of every member's tensor (same shape and dtype
     /// everywhere); the result on every member.
-    fn all_reduce(&self, t: &Self::Tensor, op: ReduceOp) -> Result<Self::Tensor> {
+    fn all_reduce(&self, t: &Self::Tensor, reduce_op: ReduceOp) -> Result<Self::Tensor> {
         let mut out = self.empty(t.shape().to_vec(), t.dtype())?;
-        self.all_reduce_into(t, &mut out, op)?;
+        self.all_reduce_into(t, &mut out, reduce_op)?;
         Ok(out)
     }
 
     /// Element-wise reduction onto group rank `dst` (`Some` there, `None` elsewhere).
-    fn reduce(&self, t: &Self::Tensor, dst: usize, op: ReduceOp) -> Result<Option<Self::Tensor>> {
+    fn reduce(
+        &self,
+        t: &Self::Tensor,
+        dst: usize,
+        reduce_op: ReduceOp,
+    ) -> Result<Option<Self::Tensor>> {
         let mut out = self.empty(t.shape().to_vec(), t.dtype())?;
-        self.reduce_into(t, &mut out, dst, op)?;
+        self.reduce_into(t, &mut out, dst, reduce_op)?;
         Ok((self.group().rank_in_group() == dst).then_some(out))
     }
 
@@ -216,13 +225,18 @@ pub trait Collectives<'rt> {
         Ok(out)
     }
 
-    /// Reduces every member's tensor with `op` and leaves slice `r` (of
+    /// Reduces every member's tensor with `reduce_op` and leaves slice `r` (of
     /// `size` equal slices along `dim`) on group rank `r`. The adjoint of
     /// [`all_gather`](Self::all_gather).
-    fn reduce_scatter(&self, t: &Self::Tensor, dim: isize, op: ReduceOp) -> Result<Self::Tensor> {
+    fn reduce_scatter(
+        &self,
+        t: &Self::Tensor,
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<Self::Tensor> {
         let params = [dim as i64, 0];
         let mut out = self.empty(output_shape(self, Op::ReduceScatter, t, &params), t.dtype())?;
-        self.reduce_scatter_into(t, &mut out, dim, op)?;
+        self.reduce_scatter_into(t, &mut out, dim, reduce_op)?;
         Ok(out)
     }
 

@@ -39,16 +39,16 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         })
     }
 
-    fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<()> {
+    fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
         self.run_op(
-            tensor_desc(Op::AllReduce, t, &[op.code()]),
+            tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
             Some(output_of(out)),
             || {
                 if self.size() == 1 {
                     // Every operator maps one value to itself (avg of one is the value).
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
-                    self.plane().all_reduce_into(t, out, op);
+                    self.plane().all_reduce_into(t, out, reduce_op);
                 }
                 Ok(())
             },
@@ -57,17 +57,29 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
     /// the group keeps (reused while shape and dtype stay the same).
-    fn all_reduce_in_place(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
-        self.run_op(tensor_desc(Op::AllReduce, &*t, &[op.code()]), None, || {
-            if self.size() > 1 {
-                self.with_scratch_tensor(t, |input, t| self.plane().all_reduce_into(input, t, op));
-            }
-            Ok(())
-        })
+    fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
+        self.run_op(
+            tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
+            None,
+            || {
+                if self.size() > 1 {
+                    self.with_scratch_tensor(t, |input, t| {
+                        self.plane().all_reduce_into(input, t, reduce_op)
+                    });
+                }
+                Ok(())
+            },
+        )
     }
 
-    fn reduce_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, op: ReduceOp) -> Result<()> {
-        let params = [dst as i64, op.code()];
+    fn reduce_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dst: usize,
+        reduce_op: ReduceOp,
+    ) -> Result<()> {
+        let params = [dst as i64, reduce_op.code()];
         self.run_op(
             tensor_desc(Op::Reduce, t, &params),
             Some(output_of(out)),
@@ -75,7 +87,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 if self.size() == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
-                    self.plane().reduce_into_root(t, out, dst, op);
+                    self.plane().reduce_into_root(t, out, dst, reduce_op);
                 }
                 Ok(())
             },
@@ -156,10 +168,10 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         t: &Tensor,
         out: &mut Tensor,
         dim: isize,
-        op: ReduceOp,
+        reduce_op: ReduceOp,
     ) -> Result<()> {
         let size = self.size();
-        let params = [dim as i64, op.code()];
+        let params = [dim as i64, reduce_op.code()];
         self.run_op(
             tensor_desc(Op::ReduceScatter, t, &params),
             Some(output_of(out)),
@@ -168,7 +180,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 if size == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else if is_contiguous_split(t.shape(), d) {
-                    self.plane().reduce_scatter_block_into(t, out, op);
+                    self.plane().reduce_scatter_block_into(t, out, reduce_op);
                 } else {
                     let packed = crate::layout_ops::split_dim(
                         t.bytes(),
@@ -178,7 +190,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                         t.dtype().size(),
                     );
                     let packed = Tensor::from_bytes(t.shape().to_vec(), t.dtype(), &packed)?;
-                    self.plane().reduce_scatter_block_into(&packed, out, op);
+                    self.plane()
+                        .reduce_scatter_block_into(&packed, out, reduce_op);
                 }
                 Ok(())
             },

@@ -165,29 +165,36 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         &self,
         t: &DeviceTensor,
         out: &mut DeviceTensor,
-        op: ReduceOp,
+        reduce_op: ReduceOp,
     ) -> Result<()> {
         self.group.run_op(
-            tensor_desc(Op::AllReduce, t, &[op.code()]),
+            tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
             Some(output_of(out)),
             || {
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
                 // SAFETY: same shape and dtype (checked), both on this device.
-                Ok(unsafe { comm.all_reduce(src, dst, t.numel(), t.dtype(), op, self.stream()) }?)
+                Ok(unsafe {
+                    comm.all_reduce(src, dst, t.numel(), t.dtype(), reduce_op, self.stream())
+                }?)
             },
         )
     }
 
-    fn all_reduce_in_place(&self, t: &mut DeviceTensor, op: ReduceOp) -> Result<()> {
-        self.group
-            .run_op(tensor_desc(Op::AllReduce, &*t, &[op.code()]), None, || {
+    fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
+        self.group.run_op(
+            tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
+            None,
+            || {
                 let comm = self.comm()?;
                 let p = t.write_ptr(self.gpu.stream());
                 // SAFETY: one buffer used as both sides, as NCCL allows.
-                Ok(unsafe { comm.all_reduce(p, p, t.numel(), t.dtype(), op, self.stream()) }?)
-            })
+                Ok(unsafe {
+                    comm.all_reduce(p, p, t.numel(), t.dtype(), reduce_op, self.stream())
+                }?)
+            },
+        )
     }
 
     fn reduce_into(
@@ -195,9 +202,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         t: &DeviceTensor,
         out: &mut DeviceTensor,
         dst: usize,
-        op: ReduceOp,
+        reduce_op: ReduceOp,
     ) -> Result<()> {
-        let params = [dst as i64, op.code()];
+        let params = [dst as i64, reduce_op.code()];
         self.group.run_op(
             tensor_desc(Op::Reduce, t, &params),
             Some(output_of(out)),
@@ -207,7 +214,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 let (src, out_p) = (t.read_ptr(s), out.write_ptr(s));
                 let (n, dt) = (t.numel(), t.dtype());
                 // SAFETY: same shape and dtype (checked), both on this device.
-                Ok(unsafe { comm.reduce(src, out_p, n, dt, op, dst, self.stream()) }?)
+                Ok(unsafe { comm.reduce(src, out_p, n, dt, reduce_op, dst, self.stream()) }?)
             },
         )
     }
@@ -333,10 +340,10 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         t: &DeviceTensor,
         out: &mut DeviceTensor,
         dim: isize,
-        op: ReduceOp,
+        reduce_op: ReduceOp,
     ) -> Result<()> {
         let size = self.group.size();
-        let params = [dim as i64, op.code()];
+        let params = [dim as i64, reduce_op.code()];
         self.group.run_op(
             tensor_desc(Op::ReduceScatter, t, &params),
             Some(output_of(out)),
@@ -347,7 +354,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 let (n, dt) = (out.numel(), t.dtype());
                 let scatter = |src: *const c_void, dst: *mut c_void| {
                     // SAFETY: `src` holds `size` slices of `out`'s size.
-                    unsafe { comm.reduce_scatter(src, dst, n, dt, op, self.stream()) }
+                    unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.stream()) }
                 };
                 let out_p = out.write_ptr(s);
                 if is_contiguous_split(t.shape(), d) {
