@@ -14,6 +14,11 @@
 //!    The emulators exercise rankmesh's device-plane logic, not a GPU.
 
 mod emulator;
+#[path = "scenarios/planes.rs"]
+mod planes;
+#[allow(dead_code)]
+#[path = "scenarios/reference.rs"]
+mod reference;
 mod support;
 
 use rankmesh::Collectives as _;
@@ -429,7 +434,10 @@ fn worker() {
             groups.push(g);
         }
     }
-    let checks: [(&str, CheckFn); 6] = [
+    let checks: [(&str, CheckFn); 7] = [
+        ("plane scenarios vs the serial reference", |_, dg| {
+            planes::check_all(dg)
+        }),
         ("autograd", check_autograd),
         ("tensor dicts", check_dicts),
         ("reductions", check_reductions),

@@ -12,7 +12,8 @@ mod large;
 mod nodes;
 mod objects;
 mod p2p;
-mod reference;
+pub mod planes;
+pub mod reference;
 mod workspace;
 
 use rankmesh::Runtime;
@@ -32,6 +33,11 @@ const ALL_SIZES: &[usize] = &[1, 2, 3, 4];
 /// Forces every transfer through the chunked paths (pieces of a few bytes).
 const TINY_CHUNKS: &[(&str, &str)] = &[("RANKMESH_MAX_MESSAGE_BYTES", "7")];
 
+/// The plane scenarios on the host plane (the world group).
+fn planes_host(rt: &Runtime) {
+    planes::check_all(&rt.world_group().unwrap()).unwrap();
+}
+
 pub const ALL: &[Scenario] = &[
     Scenario {
         name: "collectives",
@@ -46,6 +52,13 @@ pub const ALL: &[Scenario] = &[
         sizes: &[2, 3],
         env: TINY_CHUNKS,
         run: collectives::run,
+    },
+    Scenario {
+        name: "planes_host",
+        nodes: &[],
+        sizes: ALL_SIZES,
+        env: &[],
+        run: planes_host,
     },
     Scenario {
         name: "objects",
