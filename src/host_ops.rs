@@ -79,9 +79,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        let params = [dst as i64, reduce_op.code()];
         self.run_op(
-            tensor_desc(Op::Reduce, t, &params),
+            tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
             Some(output_of(out)),
             || {
                 if self.size() == 1 {

@@ -204,9 +204,8 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        let params = [dst as i64, reduce_op.code()];
         self.group.run_op(
-            tensor_desc(Op::Reduce, t, &params),
+            tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
             Some(output_of(out)),
             || {
                 let comm = self.comm()?;
