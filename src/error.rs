@@ -143,14 +143,28 @@ impl Error {
         }
     }
 
+    /// Ranks (or the two ends of a link) that passed different calls.
+    pub(crate) fn mismatch(op: Op, group: &str, msg: impl Into<String>) -> Self {
+        Error::Mismatch {
+            op,
+            group: group.to_string(),
+            msg: msg.into(),
+        }
+    }
+
+    /// An NCCL failure of `op` on `group`.
+    pub(crate) fn nccl(op: Op, group: &str, source: NcclError) -> Self {
+        Error::Nccl {
+            op,
+            group: group.to_string(),
+            source,
+        }
+    }
+
     /// The agreement's verdict as an error of `op` on `group`.
     pub(crate) fn rejected(op: Op, group: &str, r: Rejection) -> Self {
         match r {
-            Rejection::Mismatch(msg) => Error::Mismatch {
-                op,
-                group: group.to_string(),
-                msg,
-            },
+            Rejection::Mismatch(msg) => Error::mismatch(op, group, msg),
             Rejection::Invalid(msg) => Error::invalid(op, group, msg),
         }
     }
@@ -194,11 +208,7 @@ impl Fault {
     /// The complete error of `op` on `group`.
     pub(crate) fn into_error(self, op: Op, group: &str) -> Error {
         match self {
-            Fault::Nccl(source) => Error::Nccl {
-                op,
-                group: group.to_string(),
-                source,
-            },
+            Fault::Nccl(source) => Error::nccl(op, group, source),
             Fault::Error(e) => e,
         }
     }

@@ -2,7 +2,7 @@
 //! path every operation on it goes through.
 
 use crate::collectives::PlaneTensor;
-use crate::dispatch::{agree, agree_peers, Descriptor, Rejection, MAX_DIMS};
+use crate::dispatch::{agree, agree_peers, Descriptor, MAX_DIMS};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
@@ -394,7 +394,7 @@ impl<'rt> GroupCoordinator<'rt> {
         };
         drop(waiting);
         agree_peers(&sent, &expected, sender, receiver)
-            .map_err(|m| Error::rejected(op, self.name(), Rejection::Mismatch(m)))?;
+            .map_err(|m| Error::mismatch(op, self.name(), m))?;
         body(&sent).map_err(|f| f.into_error(op, self.name()))
     }
 }
@@ -449,7 +449,7 @@ impl GroupCoordinator<'_> {
         body(out_link.is_ok(), in_link.is_ok());
         out_link
             .and(in_link)
-            .map_err(|m| Error::rejected(Op::SendRecv, self.name(), Rejection::Mismatch(m)))
+            .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))
     }
 }
 

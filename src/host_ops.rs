@@ -181,14 +181,10 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 } else if is_contiguous_split(t.shape(), d) {
                     self.plane().reduce_scatter_block_into(t, out, reduce_op);
                 } else {
-                    let packed = crate::layout_ops::split_dim(
-                        t.bytes(),
-                        t.shape(),
-                        d,
-                        size,
-                        t.dtype().size(),
-                    );
-                    let packed = Tensor::from_bytes(t.shape().to_vec(), t.dtype(), &packed)?;
+                    // Packed straight into a typed tensor: the reduction needs one.
+                    let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype());
+                    let elem = t.dtype().size();
+                    split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
                     self.plane()
                         .reduce_scatter_block_into(&packed, out, reduce_op);
                 }
@@ -262,7 +258,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     /// Synchronous: returns once the receiver has matched the call and taken
     /// the data, so a program never depends on MPI's eager buffering.
     fn send(&self, t: &Tensor, dst: Option<usize>) -> Result<()> {
-        let dst = dst.unwrap_or((self.rank_in_group() + 1) % self.size());
+        let (dst, _) = self.ring_peers(dst, None);
         self.point_to_point(tensor_desc(Op::Send, t, &[]), Peer::To(dst), |_| {
             self.plane().send(t.bytes(), dst);
             Ok(())
@@ -270,7 +266,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn recv_into(&self, out: &mut Tensor, src: Option<usize>) -> Result<()> {
-        let src = src.unwrap_or((self.rank_in_group() + self.size() - 1) % self.size());
+        let (_, src) = self.ring_peers(None, src);
         self.point_to_point(tensor_desc(Op::Send, &*out, &[]), Peer::From(src), |_| {
             self.plane().recv(out.bytes_mut(), src);
             Ok(())
@@ -327,11 +323,8 @@ impl GroupCoordinator<'_> {
                 "dst and src must both be this rank or both another",
             ));
         }
-        crate::dispatch::agree_peers(sent, expected, me, me).map_err(|m| Error::Mismatch {
-            op: Op::SendRecv,
-            group: self.name().to_string(),
-            msg: m,
-        })?;
+        crate::dispatch::agree_peers(sent, expected, me, me)
+            .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))?;
         Ok(true)
     }
 }

@@ -127,10 +127,11 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
                 }
                 Entry::Plane(dtype, shape) => {
                     let mut t = match own {
-                        Some(DictValue::Tensor(t)) => self.copy_flat(t, 0, numel(&shape))?,
-                        _ => self.empty(vec![numel(&shape)], dtype)?,
-                    }
-                    .reshape(shape)?;
+                        Some(DictValue::Tensor(t)) => {
+                            self.copy_flat(t, 0, numel(&shape))?.reshape(shape)?
+                        }
+                        _ => self.empty(shape, dtype)?,
+                    };
                     if numel(t.shape()) > 0 {
                         self.broadcast(&mut t, src)?;
                     }

@@ -101,11 +101,7 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
                 _ => Ok(()),
             }
         })();
-        enqueued.map_err(|source| Error::Nccl {
-            op: cfg.op.op,
-            group: g.name().to_string(),
-            source,
-        })?;
+        enqueued.map_err(|source| Error::nccl(cfg.op.op, g.name(), source))?;
         Ok(cfg.op.op != Op::BroadcastObject)
     }
 

@@ -343,18 +343,26 @@ fn run_op<'rt, P: BenchPlane<'rt>>(
     }
 }
 
-/// The in-place form: a real in-place call where the op has one
-/// (all_reduce on the output buffer; broadcast is always in place), else a
-/// second, independently timed run of the out-of-place call.
-fn run_in_place<'rt, P: BenchPlane<'rt>>(
+/// Whether the in-place column makes a real in-place call: all_reduce on
+/// the output buffer (broadcast is in place in both columns). The other
+/// collectives have no in-place form; their column is a second,
+/// independently timed run of the out-of-place call.
+fn really_in_place(cfg: &BenchConfig, in_place: bool) -> bool {
+    in_place && cfg.op.op == Op::AllReduce
+}
+
+/// One call of the out-of-place (`in_place == false`) or in-place column.
+fn run_column<'rt, P: BenchPlane<'rt>>(
     p: &P,
     cfg: &BenchConfig,
+    in_place: bool,
     input: &PlaneT<'rt, P>,
     output: &mut PlaneT<'rt, P>,
 ) -> Result<()> {
-    match cfg.op.op {
-        Op::AllReduce => p.coll().all_reduce_in_place(output, cfg.redop),
-        _ => run_op(p, cfg, input, output),
+    if really_in_place(cfg, in_place) {
+        p.coll().all_reduce_in_place(output, cfg.redop)
+    } else {
+        run_op(p, cfg, input, output)
     }
 }
 
@@ -377,11 +385,11 @@ impl<'rt, P: BenchPlane<'rt>> Buffers<'rt, P> {
         })
     }
 
-    /// Restores the initial data. In place, the output starts as the input,
-    /// as nccl-tests' in-place runs do.
-    fn reset(&mut self, p: &P, in_place: bool) -> Result<()> {
+    /// Restores the initial data. A real in-place call starts from the
+    /// input in the output buffer, as nccl-tests' in-place runs do.
+    fn reset(&mut self, p: &P, cfg: &BenchConfig, in_place: bool) -> Result<()> {
         p.upload_into(&self.host.0, &mut self.input)?;
-        let out = if in_place && self.host.0.shape() == self.host.1.shape() {
+        let out = if really_in_place(cfg, in_place) {
             &self.host.0
         } else {
             &self.host.1
@@ -564,14 +572,11 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
     let mut cells = Vec::new();
     let mut stats = None;
     for in_place in [false, true] {
-        b.reset(p, in_place)?;
+        b.reset(p, cfg, in_place)?;
         let (secs, samples) = time_calls(
             g,
             cfg,
-            || match in_place {
-                false => run_op(p, cfg, &b.input, &mut b.output),
-                true => run_in_place(p, cfg, &b.input, &mut b.output),
-            },
+            || run_column(p, cfg, in_place, &b.input, &mut b.output),
             || p.settle(),
         )?;
         let secs = combine(g, secs, cfg.average)?;
@@ -582,11 +587,8 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
         g.barrier()?;
         let corrupt = cfg.corrupt && first && !in_place && g.is_first_rank();
         let wrong = validate(g, cfg, || {
-            b.reset(p, in_place)?;
-            match in_place {
-                false => run_op(p, cfg, &b.input, &mut b.output)?,
-                true => run_in_place(p, cfg, &b.input, &mut b.output)?,
-            }
+            b.reset(p, cfg, in_place)?;
+            run_column(p, cfg, in_place, &b.input, &mut b.output)?;
             let mut got = p.download(&b.output)?;
             if corrupt && got.numel() > 0 {
                 got.bytes_mut()[0] ^= 0x5a;
@@ -598,7 +600,7 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
         cells.push(sizing.cell(secs, wrong));
     }
     let baseline = if cfg.baseline {
-        b.reset(p, false)?;
+        b.reset(p, cfg, false)?;
         let mut supported = true;
         let (secs, _) = time_calls(
             g,

@@ -64,11 +64,7 @@ fn parse_device_record(rec: &[u8]) -> (usize, String) {
 /// Creates `group`'s communicator (collective over the group).
 pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Result<NcclComm<'rt>> {
     let fail = |msg: String| Error::invalid(Op::Connect, group.name(), msg);
-    let nccl_fail = |source: NcclError| Error::Nccl {
-        op: Op::Connect,
-        group: group.name().to_string(),
-        source,
-    };
+    let nccl_fail = |source: NcclError| Error::nccl(Op::Connect, group.name(), source);
     let comm = group.raw_comm();
     let size = group.size();
     let me = group.rank_in_group();

@@ -483,10 +483,6 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     fused.end()
                 })();
             })?;
-        enqueued.map_err(|source| Error::Nccl {
-            op: Op::SendRecv,
-            group: self.group.name().to_string(),
-            source,
-        })
+        enqueued.map_err(|source| Error::nccl(Op::SendRecv, self.group.name(), source))
     }
 }

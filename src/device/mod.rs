@@ -263,11 +263,8 @@ impl Gpu {
             .filter_map(Weak::upgrade)
             .collect();
         for c in comms {
-            c.poll(self.api()).map_err(|source| Error::Nccl {
-                op: Op::Synchronize,
-                group: c.group().to_string(),
-                source,
-            })?;
+            c.poll(self.api())
+                .map_err(|source| Error::nccl(Op::Synchronize, c.group(), source))?;
         }
         Ok(())
     }
