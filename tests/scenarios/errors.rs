@@ -190,6 +190,37 @@ pub fn run(rt: &Runtime) {
             &["group rank 0 passed an output tensor"],
         );
     }
+    // The new `_into` forms check their outputs by the same rules.
+    let big = Tensor::zeros([2 * p, 3], DType::F32);
+    expect_err(
+        g.scatter(&big, p, 0),
+        &[&format!(
+            "scatter on world: src {p} is not a rank of this group of size {p}"
+        )],
+    );
+    // (With one rank these outputs are the right shape.)
+    if p > 1 {
+        let mut bad = Tensor::zeros([2 * p, 3], DType::F32);
+        expect_err(
+            g.scatter_into(&big, &mut bad, 0, 0),
+            &[
+                "scatter on world: group rank 0 passed an output tensor of the wrong shape",
+                &format!(
+                    "this rank: output is [{}, 3] f32, expected [2, 3] f32",
+                    2 * p
+                ),
+            ],
+        );
+        let x4 = Tensor::zeros([1, 2, 2 * p, 2], DType::BF16);
+        let mut bad4 = Tensor::zeros([1, 2, 2 * p, 2], DType::BF16);
+        expect_err(
+            g.all_to_all_4d_into(&x4, &mut bad4, 2, 1),
+            &[
+                "all_to_all_4d on world: group rank 0 passed an output tensor",
+                &format!("expected [1, {}, 2, 2] bf16", 2 * p),
+            ],
+        );
+    }
     let mut wrong_dtype = Tensor::zeros([4 * p], DType::F64);
     expect_err(
         g.all_gather_into(&input, &mut wrong_dtype, 0),
