@@ -127,7 +127,8 @@ struct BenchArgs {
     /// Root rank (broadcast, reduce).
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
-    /// 1: barrier after each call.
+    /// Blocking: 1 wait and barrier after each call, 2 wait after each call
+    /// (no barrier), 3 wait and barrier after each iteration (barrier not timed).
     #[arg(short = 'z', long = "blocking", default_value_t = 0)]
     blocking: usize,
     /// Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.
@@ -365,28 +366,37 @@ fn run_bench(rt: &Runtime, args: &BenchArgs) -> rankmesh::Result<()> {
         _ => {}
     }
     let mut stdout = std::io::stdout().lock();
+    // The report file is claimed before the run, as nccl-tests does, so the
+    // name printed is the name written and an existing file is never replaced.
+    let mut json_file = None;
     if main {
         for note in args.ignored() {
             let _ = writeln!(stdout, "{note}");
         }
         if let Some(path) = &args.json {
-            let _ = writeln!(stdout, "# Writing JSON output to {}", path.display());
+            match bench::json::create_report_file(path) {
+                Ok((name, file)) => {
+                    let _ = writeln!(stdout, "# Writing JSON output to {}", name.display());
+                    json_file = Some((name, file));
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        stdout,
+                        "# skipping json output; {} not accessible ({e})",
+                        path.display()
+                    );
+                }
+            }
         }
     }
     let mut sink = std::io::sink();
     let out: &mut dyn Write = if main { &mut stdout } else { &mut sink };
     let report = bench::run(rt, &cfg, out)?;
-    if let (true, Some(path)) = (main, &args.json) {
-        let doc = bench::json::document(
-            &cfg,
-            &report,
-            report.devices.clone(),
-            start,
-            std::env::args().collect(),
-        );
+    if let Some((name, mut file)) = json_file {
+        let doc = bench::json::document(&cfg, &report, start, std::env::args().collect());
         let text = serde_json::to_string_pretty(&doc).expect("report is plain data");
-        std::fs::write(path, text)
-            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
+        file.write_all(text.as_bytes())
+            .map_err(|e| usage(format!("cannot write {}: {e}", name.display())))?;
     }
     if report.wrong_rows > 0 {
         return Err(usage(format!(

@@ -208,13 +208,14 @@ fn json_follows_nccl_tests_keys_and_plots() {
     assert!(job.ok(), "{}", job.describe());
     assert!(job
         .stdout
-        .contains(&format!("# Writing JSON output to {}", json.display())));
+        .contains(&format!("# Writing JSON output to {}\n", json.display())));
     let text = std::fs::read_to_string(&json).unwrap();
     let doc: Document = serde_json::from_str(&text).unwrap();
     assert_eq!(doc.version, 3);
     assert_eq!(doc.results.len(), 3);
-    assert_eq!(doc.devices.len(), 2);
+    assert_eq!(doc.config.devices.len(), 2, "devices sit inside config");
     assert_eq!(doc.config.step_factor, Some(4));
+    assert_eq!(doc.config.per_iter_timing, "true");
     assert_eq!(doc.out_of_bounds.okay, "true");
     assert_eq!(doc.average_bus_bandwidth.okay, "unchecked");
     let r = &doc.results[0];
@@ -222,8 +223,24 @@ fn json_follows_nccl_tests_keys_and_plots() {
         (r.size, r.dtype.as_str(), r.redop.as_str(), r.root.as_str()),
         (1024, "float", "none", "    -1")
     );
-    assert!(r.mpi_baseline.is_some() && r.out_of_place_per_iter.is_some());
+    assert_eq!((r.actual_iterations, r.experiment_name.as_str()), (2, ""));
+    assert!(r.mpi_baseline.is_some());
     assert_eq!(r.out_of_place.nwrong, Some(0.0));
+    // Per-iteration reports as nccl-tests writes them: each iteration is its
+    // slowest process, every process's own times beside them.
+    for p in [&r.out_of_place_per_iter, &r.in_place_per_iter] {
+        let p = p
+            .as_ref()
+            .expect("--stats writes both per-iteration reports");
+        assert_eq!(p.times_us.len(), 2);
+        let procs = p.per_process_max_times_us.as_ref().expect("2 processes");
+        assert_eq!(procs.len(), 2);
+        for (i, t) in p.times_us.iter().enumerate() {
+            assert_eq!(*t, procs[0][i].max(procs[1][i]));
+        }
+        let min = p.times_us.iter().copied().fold(f64::INFINITY, f64::min);
+        assert_eq!((p.min_us, p.skipped_iterations), (min, 0));
+    }
     // Round trip: the document re-serialises to the same value.
     let again: serde_json::Value = serde_json::to_value(&doc).unwrap();
     assert_eq!(
@@ -231,22 +248,56 @@ fn json_follows_nccl_tests_keys_and_plots() {
         serde_json::from_str::<serde_json::Value>(&text).unwrap()
     );
     let raw: serde_json::Value = serde_json::from_str(&text).unwrap();
-    for key in [
-        "version",
-        "start_time",
-        "args",
-        "env",
-        "nccl_version",
-        "config",
-        "devices",
-        "results",
-        "out_of_bounds",
-        "average_bus_bandwidth",
-        "end_time",
-        "errors",
-    ] {
-        assert!(raw.get(key).is_some(), "nccl-tests key {key} missing");
-    }
+    let keys: Vec<&str> = raw
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "version",
+            "start_time",
+            "args",
+            "env",
+            "nccl_version",
+            "config",
+            "results",
+            "out_of_bounds",
+            "average_bus_bandwidth",
+            "errors",
+            "end_time",
+            "rankmesh"
+        ],
+        "nccl-tests' keys in nccl-tests' order, then rankmesh's"
+    );
+    // A second run never overwrites the first report: it writes run.json.0.
+    let again = bench(
+        2,
+        &[
+            "all_gather",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-J",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(again.ok(), "{}", again.describe());
+    let second = dir.join("run.json.0");
+    assert!(again
+        .stdout
+        .contains(&format!("# Writing JSON output to {}\n", second.display())));
+    assert_eq!(std::fs::read_to_string(&json).unwrap(), text);
+    let second: Document =
+        serde_json::from_str(&std::fs::read_to_string(&second).unwrap()).unwrap();
+    assert_eq!(second.results.len(), 1);
 
     let svg = dir.join("plot.svg");
     let plot = support::singleton(
@@ -364,6 +415,7 @@ fn ignored_and_bad_options() {
             vec!["all_reduce", "-d", "float8"],
             "invalid type \"float8\"",
         ),
+        (vec!["all_reduce", "-z", "4"], "-z 4: use 0 (none)"),
         (
             vec!["all_reduce", "-b", "12X"],
             "invalid size specified for 'minbytes'",

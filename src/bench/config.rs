@@ -61,7 +61,8 @@ pub struct BenchConfig {
     pub dtype: DType,
     /// `-r`.
     pub root: usize,
-    /// `-z`: 1 = barrier after each call.
+    /// `-z`: 1 wait and barrier after each call, 2 wait after each call, 3
+    /// wait and barrier after each iteration (barrier not timed).
     pub blocking: usize,
     /// `-a`.
     pub average: Average,
@@ -158,6 +159,12 @@ impl BenchConfig {
         }
         if self.step_factor <= 1 && self.step_bytes == 0 && self.min_bytes != self.max_bytes {
             return bad("step bytes (-i) must be positive when -f is 1".into());
+        }
+        if self.blocking > 3 {
+            return bad(format!(
+                "-z {}: use 0 (none), 1 (wait and barrier per call), 2 (wait per call) or 3 (wait and barrier per iteration)",
+                self.blocking
+            ));
         }
         if self.iters == 0 || self.agg == 0 {
             return bad("-n and -m must be at least 1".into());

@@ -180,6 +180,12 @@ impl Entry {
         matches!(self.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce)
     }
 
+    /// Whether the `redop` column names the `-o` operator: the reductions,
+    /// and sendrecv, which nccl-tests has printed the operator for since 2021.
+    pub fn shows_redop(&self) -> bool {
+        self.reduces() || self.op == Op::SendRecv
+    }
+
     /// Whether a root applies.
     pub fn rooted(&self) -> bool {
         matches!(

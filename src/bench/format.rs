@@ -28,31 +28,43 @@ fn c_exp(value: f64, prec: usize) -> String {
     format!("{mant}e{sign}{:02}", exp.abs())
 }
 
-/// C's `%g` for the `#wrong` column (integers print as integers; large values
-/// switch to exponent form with 6 significant digits).
+/// C's `%g` (precision 6), as nccl-tests prints `#wrong` and the footer's
+/// average: the exponent is taken after rounding to six significant digits,
+/// so 999999.5 prints `1e+06` and 9.999996e-5 prints `0.0001`, as glibc does.
+/// Rust's exact formatting rounds like glibc (ties to even on the exact
+/// binary value).
 pub fn c_g(value: f64) -> String {
     if value == 0.0 {
         return "0".into();
     }
-    let exp = value.abs().log10().floor() as i32;
-    if (-4..6).contains(&exp) {
-        let prec = (5 - exp).max(0) as usize;
-        let s = format!("{value:.prec$}");
-        let s = if s.contains('.') {
+    if !value.is_finite() {
+        return if value.is_nan() {
+            "nan".into()
+        } else if value > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        };
+    }
+    let rounded = format!("{value:.5e}");
+    let exp: i32 = rounded
+        .split_once('e')
+        .and_then(|(_, e)| e.parse().ok())
+        .unwrap_or(0);
+    let strip = |s: &str| -> String {
+        if s.contains('.') {
             s.trim_end_matches('0').trim_end_matches('.').to_string()
         } else {
-            s
-        };
-        return s;
-    }
-    let s = c_exp(value, 5);
-    let (mant, e) = s.split_once('e').unwrap_or((&s, ""));
-    let mant = if mant.contains('.') {
-        mant.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        mant
+            s.to_string()
+        }
     };
-    format!("{mant}e{e}")
+    if (-4..6).contains(&exp) {
+        let prec = (5 - exp) as usize;
+        return strip(&format!("{value:.prec$}"));
+    }
+    let (mant, _) = rounded.split_once('e').unwrap_or((&rounded, ""));
+    let sign = if exp < 0 { '-' } else { '+' };
+    format!("{}e{sign}{:02}", strip(mant), exp.abs())
 }
 
 /// The preamble lines before the device list.
@@ -100,7 +112,8 @@ pub fn preamble(p: &Preamble<'_>) -> String {
     match p.blocking {
         0 => {}
         1 => out += "# Blocking Enabled: wait and barrier after each inner iteration (-m) \n",
-        _ => out += "# Blocking Enabled: wait after each inner iteration (-m), no barrier \n",
+        2 => out += "# Blocking Enabled: wait after each inner iteration (-m), no barrier \n",
+        _ => out += "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier \n",
     }
     out += "#\n# Using devices\n";
     out
@@ -119,51 +132,17 @@ pub fn device_line(
     format!("#  Rank {rank:2} Group {group:2} Pid {pid:6} on {host:>10} device {device:2} [{bus}] {name}\n")
 }
 
-/// Extra columns appended after nccl-tests' 13 (rankmesh extensions).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Extras {
-    /// `--baseline mpi`: MPI time, MPI busbw, busbw ratio, added latency.
-    pub baseline: bool,
-    /// `--stats`: per-iteration min/max/avg/p50/p99 across ranks.
-    pub stats: bool,
-    /// Device plane: the baseline is raw NCCL, not raw MPI.
-    pub device: bool,
-}
-
-/// The two header lines (plus the leading `#`), with extension columns.
-pub fn header(extras: Extras) -> String {
-    let mut top = format!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "");
-    let mut names = format!(
+/// The two header lines (plus the leading `#`), exactly nccl-tests'.
+pub fn header() -> String {
+    let top = format!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "");
+    let names = format!(
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6} ",
         "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
     );
-    let mut units = format!(
+    let units = format!(
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6} ",
         "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
     );
-    if extras.baseline {
-        top += if extras.device {
-            "   raw NCCL (out-of-place)        "
-        } else {
-            "   raw MPI (out-of-place)         "
-        };
-        names += &format!(
-            " {:>7}  {:>6}  {:>6}  {:>7}",
-            "time", "busbw", "ratio", "+time"
-        );
-        units += &format!(" {:>7}  {:>6}  {:>6}  {:>7}", "(us)", "(GB/s)", "", "(us)");
-    }
-    if extras.stats {
-        top += "   rank means, then all iterations (out-of-place)";
-        names += &format!(
-            " {:>7}  {:>7}  {:>7}  {:>7}  {:>7}",
-            "min", "max", "avg", "p50", "p99"
-        );
-        units += &format!(
-            " {:>7}  {:>7}  {:>7}  {:>7}  {:>7}",
-            "(us)", "(us)", "(us)", "(us)", "(us)"
-        );
-    }
     format!("#\n{top}\n{names}\n{units}\n")
 }
 
@@ -198,70 +177,6 @@ pub fn cell(c: &Cell) -> String {
         float_str(c.algbw, 6),
         float_str(c.busbw, 6)
     )
-}
-
-/// Baseline extension columns: MPI time, MPI busbw, rankmesh/MPI busbw, added µs.
-pub fn baseline_cells(mine: &Cell, mpi: Option<&Cell>) -> String {
-    match mpi {
-        Some(m) => {
-            let ratio = if m.busbw > 0.0 {
-                mine.busbw / m.busbw
-            } else {
-                mine.time_us.recip() * m.time_us
-            };
-            format!(
-                "  {}  {}  {}  {}",
-                float_str(m.time_us, 7),
-                float_str(m.busbw, 6),
-                float_str(ratio, 6),
-                float_str(mine.time_us - m.time_us, 7)
-            )
-        }
-        None => format!("  {:>7}  {:>6}  {:>6}  {:>7}", "N/A", "N/A", "N/A", "N/A"),
-    }
-}
-
-/// `--stats` extension columns, OSU/IMB style: the fastest, slowest and mean
-/// of the ranks' mean latencies, then p50 and p99 over every iteration of
-/// every rank.
-pub fn stats_cells(s: &RankStats) -> String {
-    [s.rank_min, s.rank_max, s.rank_avg, s.all.p50, s.all.p99]
-        .iter()
-        .map(|v| format!("  {}", float_str(*v, 7)))
-        .collect()
-}
-
-/// Latency statistics of one measurement across ranks (µs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct RankStats {
-    /// Smallest per-rank mean.
-    pub rank_min: f64,
-    /// Largest per-rank mean.
-    pub rank_max: f64,
-    /// Mean of the per-rank means.
-    pub rank_avg: f64,
-    /// Statistics over every iteration of every rank.
-    pub all: IterStats,
-}
-
-impl RankStats {
-    /// From each rank's per-iteration samples.
-    pub fn of(per_rank: &[Vec<f64>]) -> RankStats {
-        let means: Vec<f64> = per_rank
-            .iter()
-            .filter(|s| !s.is_empty())
-            .map(|s| s.iter().sum::<f64>() / s.len() as f64)
-            .collect();
-        if means.is_empty() {
-            return RankStats::default();
-        }
-        RankStats {
-            rank_min: means.iter().copied().fold(f64::INFINITY, f64::min),
-            rank_max: means.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            rank_avg: means.iter().sum::<f64>() / means.len() as f64,
-            all: IterStats::of(&per_rank.concat()),
-        }
-    }
 }
 
 /// Per-iteration statistics in microseconds.
@@ -303,6 +218,48 @@ impl IterStats {
             p95: pct(95),
             p99: pct(99),
             stdev,
+        }
+    }
+}
+
+/// nccl-tests' per-iteration report of one timing column: an iteration's
+/// time is its slowest process's time, and the statistics are over those
+/// (nccl-tests: "i_* uses max over process rows").
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PerIter {
+    /// Each iteration's slowest process (µs).
+    pub times_us: Vec<f64>,
+    /// Every process's own per-iteration times (µs), in rank order.
+    pub per_process_us: Vec<Vec<f64>>,
+    /// Statistics over `times_us`.
+    pub stats: IterStats,
+}
+
+impl PerIter {
+    /// From each rank's per-iteration samples (µs), in rank order.
+    pub fn of(per_rank: Vec<Vec<f64>>) -> PerIter {
+        let n = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+        let times_us: Vec<f64> = (0..n)
+            .map(|i| {
+                per_rank
+                    .iter()
+                    .map(|r| r[i])
+                    .fold(f64::NEG_INFINITY, f64::max)
+            })
+            .collect();
+        PerIter {
+            stats: IterStats::of(&times_us),
+            times_us,
+            per_process_us: per_rank,
+        }
+    }
+
+    /// Coefficient of variation, percent (0 when the mean is 0).
+    pub fn cv_pct(&self) -> f64 {
+        if self.stats.avg > 0.0 {
+            self.stats.stdev / self.stats.avg * 100.0
+        } else {
+            0.0
         }
     }
 }
@@ -356,7 +313,7 @@ mod tests {
 
     #[test]
     fn header_lines_are_nccl_tests_lines() {
-        let h = header(Extras::default());
+        let h = header();
         let lines: Vec<&str> = h.lines().collect();
         assert_eq!(lines[0], "#");
         assert_eq!(lines[1], "#                                                              out-of-place                       in-place          ");
@@ -428,8 +385,60 @@ mod tests {
             (1.0, 100.0, 51.0, 95.0, 99.0)
         );
         assert!((s.avg - 50.5).abs() < 1e-12);
-        let r = RankStats::of(&[vec![1.0, 3.0], vec![10.0, 10.0], vec![]]);
-        assert_eq!((r.rank_min, r.rank_max, r.rank_avg), (2.0, 10.0, 6.0));
-        assert_eq!((r.all.min, r.all.max), (1.0, 10.0));
+        // Each iteration counts its slowest process, not a pool of all.
+        let p = PerIter::of(vec![vec![1.0, 9.0, 2.0], vec![3.0, 1.0, 2.5]]);
+        assert_eq!(p.times_us, [3.0, 9.0, 2.5]);
+        assert_eq!((p.stats.min, p.stats.max, p.stats.p50), (2.5, 9.0, 3.0));
+        assert_eq!(p.per_process_us.len(), 2);
+    }
+
+    #[test]
+    fn c_g_rounds_before_choosing_the_form() {
+        // glibc: printf("%g") of these doubles.
+        for (v, want) in [
+            (9.999995e-5, "0.0001"),
+            (9.9999951e-5, "0.0001"),
+            (0.000099999, "9.9999e-05"),
+            (999999.5, "1e+06"),
+            (999999.4, "999999"),
+            (123456.5, "123456"),
+            (1e-5, "1e-05"),
+            (2.5e-5, "2.5e-05"),
+            (1e6, "1e+06"),
+            (1e-4, "0.0001"),
+            (-0.5, "-0.5"),
+            (1.5e300, "1.5e+300"),
+        ] {
+            assert_eq!(c_g(v), want, "{v:e}");
+        }
+    }
+
+    #[test]
+    fn blocking_lines_match_each_mode() {
+        let line = |z| {
+            preamble(&Preamble {
+                program: "p",
+                min_bytes: 8,
+                max_bytes: 8,
+                step: (2, true),
+                warmup: 1,
+                iters: 1,
+                agg: 1,
+                check: 1,
+                blocking: z,
+                nccl_version: 0,
+            })
+            .lines()
+            .find(|l| l.starts_with("# Blocking"))
+            .map(str::to_string)
+        };
+        assert_eq!(line(0), None);
+        assert!(line(1)
+            .unwrap()
+            .contains("wait and barrier after each inner iteration (-m)"));
+        assert!(line(2).unwrap().contains("no barrier"));
+        assert!(line(3)
+            .unwrap()
+            .contains("after each outer iteration (-n); time excludes barrier"));
     }
 }

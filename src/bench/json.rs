@@ -1,17 +1,24 @@
-//! The `-J` report: nccl-tests' JSON keys (file version 3), plus rankmesh's
-//! additions under keys nccl-tests does not use (`group`, `mpi_baseline`,
-//! `rankmesh`). Unlike nccl-tests, `env` lists only the variables that shape
-//! the run (NCCL_, RANKMESH_, OMPI_, SLURM_, PMIX_), never the whole
-//! environment, which may hold secrets.
+//! The `-J` report in nccl-tests' JSON (file version 3): the same keys, the
+//! same nesting (`devices` inside `config`), the same meanings (an
+//! iteration's per-iteration time is its slowest process's), and a file that
+//! is never overwritten ([`create_report_file`]). rankmesh's additions sit
+//! under keys nccl-tests does not use (`group`, `mpi_baseline`,
+//! `nccl_baseline` in a result; `rankmesh` at the top). Unlike nccl-tests,
+//! `env` lists only the variables that shape the run (NCCL_, RANKMESH_,
+//! OMPI_, SLURM_, PMIX_), never the whole environment, which may hold
+//! secrets.
 
-use super::format::{Cell, RankStats};
+use super::extras::ratio;
+use super::format::{Cell, PerIter as PerIterTimes};
 use super::{BenchConfig, BenchReport, Row};
 use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::path::{Path, PathBuf};
 
 /// JSON file version, as nccl-tests numbers it.
 pub const VERSION: u32 = 3;
 
-/// The whole document.
+/// The whole document, keys in nccl-tests' order.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Document {
     /// File version (3).
@@ -24,25 +31,24 @@ pub struct Document {
     pub env: Vec<String>,
     /// NCCL version (0: host plane).
     pub nccl_version: i32,
-    /// Run parameters.
+    /// Run parameters and devices.
     pub config: Config,
-    /// One entry per rank.
-    pub devices: Vec<Device>,
     /// One entry per row.
     pub results: Vec<Result>,
     /// Validation summary.
     pub out_of_bounds: OutOfBounds,
     /// Bandwidth summary.
     pub average_bus_bandwidth: AverageBusBandwidth,
-    /// End of the run.
-    pub end_time: String,
     /// Error messages.
     pub errors: Vec<String>,
+    /// End of the run.
+    pub end_time: String,
     /// rankmesh specifics.
     pub rankmesh: Extension,
 }
 
-/// nccl-tests' `config` object.
+/// nccl-tests' `config` object; booleans are the strings `"true"`/`"false"`
+/// as nccl-tests writes them.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[allow(missing_docs)]
 pub struct Config {
@@ -63,6 +69,8 @@ pub struct Config {
     pub per_iter_timing: String,
     pub per_iter_skip: u32,
     pub parallel_init: String,
+    /// One entry per rank (where `analyze_perf_json.py` counts nodes).
+    pub devices: Vec<Device>,
 }
 
 /// nccl-tests' device entry.
@@ -88,10 +96,13 @@ pub struct Measurement {
     pub nwrong: Option<f64>,
 }
 
-/// Per-iteration statistics, nccl-tests' `*_per_iter` keys.
+/// nccl-tests' `*_per_iter` object: statistics over each iteration's
+/// slowest process, the per-iteration times, and (several processes) every
+/// process's own times.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[allow(missing_docs)]
 pub struct PerIter {
+    pub skipped_iterations: u32,
     pub min_us: f64,
     pub max_us: f64,
     pub avg_us: f64,
@@ -100,25 +111,24 @@ pub struct PerIter {
     pub p99_us: f64,
     pub stdev_us: f64,
     pub cv_pct: f64,
-    /// rankmesh: smallest, largest and mean of the ranks' mean latencies.
-    pub rank_min_avg_us: f64,
-    pub rank_max_avg_us: f64,
-    pub rank_avg_us: f64,
+    pub times_us: Vec<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub per_process_max_times_us: Option<Vec<Vec<f64>>>,
 }
 
-/// The raw-MPI comparison of one row.
+/// The raw-library comparison of one row.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[allow(missing_docs)]
 pub struct Baseline {
     pub time: f64,
     pub bus_bw: f64,
-    /// rankmesh bus bandwidth / MPI bus bandwidth.
+    /// rankmesh bus bandwidth / raw bus bandwidth (time ratio without bus traffic).
     pub bw_ratio: f64,
-    /// rankmesh time − MPI time, µs.
+    /// rankmesh time − raw time, µs.
     pub added_us: f64,
 }
 
-/// One result row.
+/// One result row, keys in nccl-tests' order, then rankmesh's.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[allow(missing_docs)]
 pub struct Result {
@@ -130,15 +140,21 @@ pub struct Result {
     /// `%6i`-formatted, as nccl-tests stores it.
     pub root: String,
     pub out_of_place: Measurement,
-    pub in_place: Measurement,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub out_of_place_per_iter: Option<PerIter>,
+    pub in_place: Measurement,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub in_place_per_iter: Option<PerIter>,
+    /// Timed iterations (`-n`), as nccl-tests counts them.
     pub actual_iterations: usize,
+    /// Empty, as nccl-tests' sweeps write it.
     pub experiment_name: String,
+    /// rankmesh: the group that ran this row.
     pub group: String,
+    /// rankmesh: the host plane's raw-MPI comparison.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub mpi_baseline: Option<Baseline>,
-    /// The device plane's baseline (raw NCCL on the same communicator).
+    /// rankmesh: the device plane's raw-NCCL comparison.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub nccl_baseline: Option<Baseline>,
 }
@@ -177,12 +193,10 @@ fn measurement(c: &Cell) -> Measurement {
     }
 }
 
-fn per_iter(r: &RankStats) -> PerIter {
-    let s = &r.all;
+fn per_iter(p: &PerIterTimes) -> PerIter {
+    let s = &p.stats;
     PerIter {
-        rank_min_avg_us: r.rank_min,
-        rank_max_avg_us: r.rank_max,
-        rank_avg_us: r.rank_avg,
+        skipped_iterations: 0,
         min_us: s.min,
         max_us: s.max,
         avg_us: s.avg,
@@ -190,11 +204,9 @@ fn per_iter(r: &RankStats) -> PerIter {
         p95_us: s.p95,
         p99_us: s.p99,
         stdev_us: s.stdev,
-        cv_pct: if s.avg > 0.0 {
-            s.stdev / s.avg * 100.0
-        } else {
-            0.0
-        },
+        cv_pct: p.cv_pct(),
+        times_us: p.times_us.clone(),
+        per_process_max_times_us: (p.per_process_us.len() > 1).then(|| p.per_process_us.clone()),
     }
 }
 
@@ -202,11 +214,7 @@ fn result_row(r: &Row, cfg: &BenchConfig) -> Result {
     let baseline = r.baseline.as_ref().map(|b| Baseline {
         time: b.time_us,
         bus_bw: b.busbw,
-        bw_ratio: if b.busbw > 0.0 {
-            r.out_of_place.busbw / b.busbw
-        } else {
-            b.time_us / r.out_of_place.time_us
-        },
+        bw_ratio: ratio(&r.out_of_place, b),
         added_us: r.out_of_place.time_us - b.time_us,
     });
     Result {
@@ -216,14 +224,37 @@ fn result_row(r: &Row, cfg: &BenchConfig) -> Result {
         redop: r.redop.clone(),
         root: format!("{:6}", r.root),
         out_of_place: measurement(&r.out_of_place),
+        out_of_place_per_iter: r.per_iter.as_ref().map(|p| per_iter(&p[0])),
         in_place: measurement(&r.in_place),
-        out_of_place_per_iter: r.stats.as_ref().map(per_iter),
-        actual_iterations: cfg.iters * cfg.agg,
-        experiment_name: cfg.op.program(),
+        in_place_per_iter: r.per_iter.as_ref().map(|p| per_iter(&p[1])),
+        actual_iterations: cfg.iters,
+        experiment_name: String::new(),
         group: r.group.clone(),
         mpi_baseline: baseline.clone().filter(|_| !cfg.device),
         nccl_baseline: baseline.filter(|_| cfg.device),
     }
+}
+
+/// Creates the report file without ever replacing one, as nccl-tests does:
+/// `path` if it does not exist, else the first free `path.0`, `path.1`, ….
+pub fn create_report_file(path: &Path) -> std::io::Result<(PathBuf, File)> {
+    let mut candidate = path.to_path_buf();
+    for n in 0u64.. {
+        match File::options()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((candidate, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let mut name = path.as_os_str().to_owned();
+                name.push(format!(".{n}"));
+                candidate = PathBuf::from(name);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("u64 names run out")
 }
 
 /// UTC `YYYY-MM-DD HH:MM:SS` for a Unix time (civil-from-days).
@@ -258,7 +289,6 @@ pub fn now_secs() -> u64 {
 pub fn document(
     cfg: &BenchConfig,
     report: &BenchReport,
-    devices: Vec<Device>,
     start: u64,
     args: Vec<String>,
 ) -> Document {
@@ -274,7 +304,7 @@ pub fn document(
         start_time: utc_string(start),
         args,
         env,
-        nccl_version: 0,
+        nccl_version: report.nccl_version,
         config: Config {
             nthreads: 1,
             ngpus: 1,
@@ -291,8 +321,8 @@ pub fn document(
             per_iter_timing: yes_no(cfg.stats),
             per_iter_skip: 0,
             parallel_init: yes_no(false),
+            devices: report.devices.clone(),
         },
-        devices,
         results: report.rows.iter().map(|r| result_row(r, cfg)).collect(),
         out_of_bounds: OutOfBounds {
             count: report.wrong_rows,
@@ -304,11 +334,11 @@ pub fn document(
                 yes_no(report.avg_busbw >= 0.9 * m)
             }),
         },
-        end_time: utc_string(now_secs()),
         errors: Vec::new(),
+        end_time: utc_string(now_secs()),
         rankmesh: Extension {
             collective: cfg.op.name().to_string(),
-            backend: "host".to_string(),
+            backend: if cfg.device { "nccl" } else { "host" }.to_string(),
             groups: report.groups.clone(),
         },
     }
@@ -317,6 +347,22 @@ pub fn document(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn report_files_are_never_overwritten() {
+        let dir = std::env::temp_dir().join(format!("rankmesh-json-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.json");
+        let names: Vec<PathBuf> = (0..3)
+            .map(|_| create_report_file(&path).unwrap().0)
+            .collect();
+        assert_eq!(
+            names,
+            [path.clone(), dir.join("out.json.0"), dir.join("out.json.1")]
+        );
+        assert!(create_report_file(&dir.join("missing/x.json")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn utc_dates() {

@@ -10,6 +10,7 @@
 pub mod config;
 mod device;
 pub mod entries;
+pub mod extras;
 pub mod format;
 mod host;
 pub mod json;
@@ -26,7 +27,8 @@ use crate::world::Runtime;
 pub use config::{
     nccl_type_name, parse_dtype, parse_size, sizes, Average, BenchConfig, GroupChoice,
 };
-use format::{Cell, Extras, RankStats};
+use extras::Extras;
+use format::{Cell, PerIter};
 use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
@@ -50,10 +52,10 @@ pub struct Row {
     pub out_of_place: Cell,
     /// In-place measurement (a real in-place call where the op has one).
     pub in_place: Cell,
-    /// Raw MPI baseline, out-of-place.
+    /// The raw library's time (MPI or NCCL) for the out-of-place call.
     pub baseline: Option<Cell>,
-    /// Per-iteration statistics across ranks, out-of-place.
-    pub stats: Option<RankStats>,
+    /// `--stats`: per-iteration times of the two timing columns.
+    pub per_iter: Option<[PerIter; 2]>,
 }
 
 /// Everything a run produced, for printing, JSON and exit status.
@@ -69,6 +71,8 @@ pub struct BenchReport {
     pub avg_busbw: f64,
     /// Every rank's device entry (world rank 0 only).
     pub devices: Vec<json::Device>,
+    /// NCCL's version code (0: host plane).
+    pub nccl_version: i32,
 }
 
 /// Combines a per-rank value across the group as `-a` says.
@@ -147,6 +151,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
         device_info,
     };
     let devices = world.gather_object(&device, 0)?.unwrap_or_default();
+    let nccl_version = dg.map_or(0, |d| d.gpu().nccl().version_code());
     if is_main {
         let (step, factor) = if cfg.step_factor > 1 {
             (cfg.step_factor, true)
@@ -163,7 +168,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             agg: cfg.agg,
             check: cfg.check,
             blocking: cfg.blocking,
-            nccl_version: dg.map_or(0, |d| d.gpu().nccl().version_code()),
+            nccl_version,
         };
         write_out(out, &format::preamble(&pre))?;
         let lines: String = devices
@@ -181,7 +186,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             })
             .collect();
         write_out(out, &lines)?;
-        write_out(out, &format::header(extras))?;
+        write_out(out, &format::header())?;
     }
 
     let sweep = sizes(cfg);
@@ -213,9 +218,8 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
                         ),
                     )?;
                 }
-                for r in &rows {
-                    write_out(out, &render_row(r, extras))?;
-                }
+                let text: String = rows.iter().map(render_row).collect();
+                write_out(out, &(text + &extras::tables(&rows, extras)))?;
                 all_rows.extend(rows);
             }
         }
@@ -249,6 +253,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
         wrong_rows,
         avg_busbw,
         devices,
+        nccl_version,
     })
 }
 
@@ -262,17 +267,11 @@ fn write_out(out: &mut dyn Write, s: &str) -> Result<()> {
         })
 }
 
-/// One row as nccl-tests prints it, plus extension columns.
-pub fn render_row(r: &Row, extras: Extras) -> String {
+/// One row exactly as nccl-tests prints it.
+pub fn render_row(r: &Row) -> String {
     let mut line = format::row_start(r.size, r.count, &r.dtype, &r.redop, r.root);
     line += &format::cell(&r.out_of_place);
     line += &format::cell(&r.in_place);
-    if extras.baseline {
-        line += &format::baseline_cells(&r.out_of_place, r.baseline.as_ref());
-    }
-    if extras.stats {
-        line += &format::stats_cells(&r.stats.unwrap_or_default());
-    }
     line + "\n"
 }
 
@@ -439,9 +438,11 @@ fn warm_up<'rt, P: BenchPlane<'rt>>(p: &P, cfg: &BenchConfig, sweep: &[usize]) -
 
 /// Times `iters × agg` calls of `call` after one synchronising call, as
 /// nccl-tests does; returns this rank's seconds per call (not yet combined
-/// across ranks) and its per-iteration samples (µs). `settle` waits for
-/// enqueued work (the device stream; nothing on the host plane): after the
-/// first call, per call with `-z 1`, per sampled iteration, and at the end.
+/// across ranks) and, with `--stats`, its per-iteration samples (µs).
+/// `settle` waits for enqueued work (the device stream; nothing on the host
+/// plane). `-z` as nccl-tests: 1 waits and barriers after each call, 2 waits
+/// after each call, 3 waits and barriers after each outer iteration with the
+/// barrier left out of the time.
 fn time_calls(
     g: &GroupCoordinator<'_>,
     cfg: &BenchConfig,
@@ -452,24 +453,34 @@ fn time_calls(
     settle()?;
     g.barrier()?;
     let mut samples = Vec::with_capacity(if cfg.stats { cfg.iters } else { 0 });
+    let mut excluded = 0.0;
     let start = Instant::now();
     for _ in 0..cfg.iters {
         let it = Instant::now();
         for _ in 0..cfg.agg {
             call()?;
-            if cfg.blocking == 1 {
+            if cfg.blocking == 1 || cfg.blocking == 2 {
                 settle()?;
+            }
+            if cfg.blocking == 1 {
                 g.barrier()?;
             }
         }
-        if cfg.stats {
+        if cfg.stats || cfg.blocking == 3 {
             settle()?;
+        }
+        if cfg.stats {
             samples.push(it.elapsed().as_secs_f64() * 1e6 / cfg.agg as f64);
+        }
+        if cfg.blocking == 3 {
+            let b = Instant::now();
+            g.barrier()?;
+            excluded += b.elapsed().as_secs_f64();
         }
     }
     settle()?;
-    let per_call = start.elapsed().as_secs_f64() / (cfg.iters * cfg.agg) as f64;
-    Ok((per_call, samples))
+    let busy = start.elapsed().as_secs_f64() - excluded;
+    Ok((busy / (cfg.iters * cfg.agg) as f64, samples))
 }
 
 /// One size of the sweep, as nccl-tests reports it: bytes moved per rank,
@@ -516,7 +527,7 @@ impl Sizing {
         cfg: &BenchConfig,
         cells: [Cell; 2],
         baseline: Option<Cell>,
-        stats: Option<RankStats>,
+        per_iter: Option<[PerIter; 2]>,
     ) -> Row {
         let op = cfg.op;
         Row {
@@ -524,7 +535,7 @@ impl Sizing {
             size: self.bytes,
             count: self.param,
             dtype: nccl_type_name(cfg.dtype).to_string(),
-            redop: if op.reduces() {
+            redop: if op.shows_redop() {
                 cfg.redop.name().to_string()
             } else {
                 "none".to_string()
@@ -533,7 +544,7 @@ impl Sizing {
             out_of_place: cells[0],
             in_place: cells[1],
             baseline,
-            stats,
+            per_iter,
         }
     }
 }
@@ -570,7 +581,7 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
     let mut b = Buffers::new(p, cfg, sizing.count)?;
     let who = (g.rank_in_group(), g.size());
     let mut cells = Vec::new();
-    let mut stats = None;
+    let mut per_iter = Vec::new();
     for in_place in [false, true] {
         b.reset(p, cfg, in_place)?;
         let (secs, samples) = time_calls(
@@ -580,9 +591,8 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
             || p.settle(),
         )?;
         let secs = combine(g, secs, cfg.average)?;
-        if cfg.stats && !in_place {
-            let all: Vec<Vec<f64>> = g.all_gather_object(&samples)?;
-            stats = Some(RankStats::of(&all));
+        if cfg.stats {
+            per_iter.push(PerIter::of(g.all_gather_object(&samples)?));
         }
         g.barrier()?;
         let corrupt = cfg.corrupt && first && !in_place && g.is_first_rank();
@@ -616,5 +626,6 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
     } else {
         None
     };
-    Ok(sizing.row(g, cfg, [cells[0], cells[1]], baseline, stats))
+    let per_iter = <[PerIter; 2]>::try_from(per_iter).ok();
+    Ok(sizing.row(g, cfg, [cells[0], cells[1]], baseline, per_iter))
 }

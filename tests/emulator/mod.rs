@@ -269,8 +269,9 @@ pub fn drive() {
             let ok = job.ok()
                 && row["nccl_baseline"]["bw_ratio"].as_f64().is_some()
                 && row.get("mpi_baseline").is_none()
-                && doc["devices"][1]["device"] == 1
-                && doc["devices"][0]["device_info"]
+                && doc["nccl_version"] == 21903
+                && doc["config"]["devices"][1]["device"] == 1
+                && doc["config"]["devices"][0]["device_info"]
                     .as_str()
                     .is_some_and(|s| s.contains("emulator"));
             ok.then_some(())

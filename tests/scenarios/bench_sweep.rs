@@ -69,7 +69,11 @@ pub fn run(rt: &Runtime) {
                             (r.out_of_place.busbw - r.out_of_place.algbw * factor).abs()
                                 <= 1e-12 * r.out_of_place.algbw.max(1.0)
                         );
-                        assert!(r.stats.is_some());
+                        let per_iter = r.per_iter.as_ref().expect("--stats");
+                        for col in per_iter {
+                            assert_eq!(col.times_us.len(), 2, "-n 2");
+                            assert_eq!(col.per_process_us.len(), p);
+                        }
                     }
                 }
                 runs += 1;
