@@ -56,6 +56,9 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         tokens: usize,
     },
+    /// Find the broken or slow node, rank or link (run under mpirun/srun);
+    /// exits non-zero when anything is flagged.
+    Doctor(DoctorArgs),
     /// Plot bus bandwidth and time against size from `bench -J` files.
     Plot {
         /// JSON files written by `rankmesh bench -J` (or nccl-tests).
@@ -65,6 +68,114 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    /// Bytes per bandwidth message (K/M/G suffixes are powers of 1024).
+    #[arg(long, default_value = "1M")]
+    bytes: String,
+    /// Timed repetitions per measurement; the best counts.
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Longer, more precise run: 16 MiB messages, 20 repetitions.
+    #[arg(long)]
+    long: bool,
+    /// Flag what is below this fraction of the median of its kind.
+    #[arg(long, default_value_t = 0.8)]
+    threshold: f64,
+    /// Seconds any single wait may take before the silent peer is named.
+    #[arg(long, default_value_t = 30.0)]
+    deadline: f64,
+    /// Write the measurements and findings as JSON to this file.
+    #[arg(short = 'J', long = "output_json")]
+    json: Option<PathBuf>,
+    /// Write the node-to-node bandwidth heatmap (SVG) to this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+impl DoctorArgs {
+    fn config(&self) -> rankmesh::Result<rankmesh::doctor::DoctorConfig> {
+        let bad = |msg: String| Error::Usage {
+            what: "doctor",
+            group: "world".into(),
+            msg,
+        };
+        let (bytes, reps) = if self.long {
+            (16 << 20, 20)
+        } else {
+            let b = bench::parse_size(&self.bytes)
+                .filter(|b| *b > 0 && *b <= 1 << 30)
+                .ok_or_else(|| bad(format!("--bytes {:?}: a size from 1 to 1G", self.bytes)))?;
+            (b, self.reps)
+        };
+        if reps == 0 {
+            return Err(bad("--reps must be at least 1".into()));
+        }
+        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
+            return Err(bad(format!(
+                "--threshold {}: a fraction in (0, 1]",
+                self.threshold
+            )));
+        }
+        if !(self.deadline > 0.0 && self.deadline <= 86_400.0) {
+            return Err(bad(format!(
+                "--deadline {}: seconds in (0, 86400]",
+                self.deadline
+            )));
+        }
+        Ok(rankmesh::doctor::DoctorConfig {
+            bytes,
+            reps,
+            threshold: self.threshold,
+            deadline: std::time::Duration::from_secs_f64(self.deadline),
+        })
+    }
+}
+
+fn run_doctor(rt: &Runtime, args: &DoctorArgs) -> rankmesh::Result<()> {
+    use rankmesh::doctor::{self, report, verdict};
+    let cfg = args.config()?;
+    let Some(m) = doctor::run(rt, &cfg)? else {
+        return Ok(());
+    };
+    let bad = |msg: String| Error::Usage {
+        what: "doctor",
+        group: "world".into(),
+        msg,
+    };
+    let findings = verdict::judge(&m, cfg.threshold);
+    print!("{}", report::table(&m, &findings, cfg.threshold));
+    if let Some(path) = &args.json {
+        let doc = report::Document {
+            measurements: &m,
+            threshold: cfg.threshold,
+            findings: &findings,
+            verdict: report::verdict(&findings),
+        };
+        let text = serde_json::to_string_pretty(&doc).expect("report is plain data");
+        std::fs::write(path, text)
+            .map_err(|e| bad(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, report::heatmap(&m, cfg.threshold))
+            .map_err(|e| bad(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if findings.is_empty() {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "{} finding(s) below {:.2} of the median: {}",
+            findings.len(),
+            cfg.threshold,
+            findings
+                .iter()
+                .map(|f| format!("{} {}", f.kind, f.subject))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )))
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -470,6 +581,7 @@ fn command(rt: &Runtime, cli: &Cli) -> rankmesh::Result<()> {
     match &cli.command {
         Command::Topo { tp, sp, dp, json } => topo(rt, *tp, *sp, *dp, *json),
         Command::Bench(args) => run_bench(rt, args),
+        Command::Doctor(args) => run_doctor(rt, args),
         Command::Workload {
             tp,
             sp,

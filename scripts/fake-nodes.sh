@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Runs an Open MPI job over N fake hosts on this machine: every host's ranks
 # live in their own UTS namespace with their own host name, so Open MPI sees
-# N nodes (TCP on loopback between them, shared memory within one).
+# N nodes (TCP between them, shared memory within one).
 # Usage: scripts/fake-nodes.sh NODES RANKS_PER_NODE PROGRAM [ARGS...]
 #        (RANKS_PER_NODE may be a comma list, one entry per node: 2,3)
+#
+# RANKMESH_FAKE_NET=1 also gives every fake node its own network namespace
+# and address (10.77.N.1+i on a bridge, one veth pair per node), so Open MPI's
+# TCP really crosses a link per node. RANKMESH_FAKE_SLOW=I:RATE rate-limits
+# node I's link in both directions with a tbf qdisc (e.g. 1:20mbit; this
+# kernel has tbf and htb, not netem). Needs root; everything is removed on exit.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nodes="$1" per_node="$2"
 shift 2
 hostfile="$(mktemp "${TMPDIR:-/tmp}/rankmesh-hosts.XXXXXX")"
-trap 'rm -f "$hostfile"' EXIT
 IFS=, read -r -a counts <<< "$per_node"
 total=0
 for ((i = 0; i < nodes; i++)); do
@@ -19,8 +24,49 @@ for ((i = 0; i < nodes; i++)); do
 done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1
+iface=lo
+cleanup() { rm -f "$hostfile"; }
+if [[ "${RANKMESH_FAKE_NET:-0}" == 1 ]]; then
+  # A per-run tag keeps concurrent runs apart (interface names: 15 chars).
+  tag=$(( $$ % 250 + 1 ))
+  bridge="rmbr$tag"
+  subnet="10.77.$tag"
+  export RANKMESH_FAKE_NETNS_PREFIX="rm$tag-n"
+  cleanup() {
+    for ((i = 0; i < nodes; i++)); do
+      ip netns del "rm$tag-n$i" 2>/dev/null || true
+      ip link del "rm${tag}v$i" 2>/dev/null || true
+    done
+    ip link del "$bridge" 2>/dev/null || true
+    rm -f "$hostfile"
+  }
+  trap cleanup EXIT
+  ip link add "$bridge" type bridge
+  ip addr add "$subnet.254/24" dev "$bridge"
+  ip link set "$bridge" up
+  for ((i = 0; i < nodes; i++)); do
+    ns="rm$tag-n$i" outer="rm${tag}v$i" inner="rm${tag}p$i"
+    ip netns add "$ns"
+    ip link add "$outer" type veth peer name "$inner"
+    ip link set "$outer" master "$bridge" up
+    ip link set "$inner" netns "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "$inner" name eth0
+    ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+  if [[ -n "${RANKMESH_FAKE_SLOW:-}" ]]; then
+    slow="${RANKMESH_FAKE_SLOW%%:*}" rate="${RANKMESH_FAKE_SLOW#*:}"
+    tc qdisc add dev "rm${tag}v$slow" root tbf rate "$rate" burst 32kb latency 500ms
+    ip netns exec "rm$tag-n$slow" tc qdisc add dev eth0 root tbf rate "$rate" burst 32kb latency 500ms
+  fi
+  iface="$subnet.0/24"
+else
+  trap cleanup EXIT
+fi
+# Not exec: the trap must remove the namespaces after the job.
 mpirun -np "$total" --hostfile "$hostfile" --bind-to none --oversubscribe \
   --mca plm_rsh_agent "$here/fake-node-agent.sh" \
-  --mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+  --mca btl self,vader,tcp --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
   --mca btl_vader_single_copy_mechanism none \
   "$@"

@@ -29,6 +29,7 @@ pub mod bench;
 pub mod collectives;
 pub mod device;
 pub mod dispatch;
+pub mod doctor;
 pub mod error;
 pub mod gather;
 pub mod group;

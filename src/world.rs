@@ -190,6 +190,11 @@ impl Runtime {
         })
     }
 
+    /// The world communicator, for tools that measure MPI itself (doctor).
+    pub(crate) fn world_comm(&self) -> &SimpleCommunicator {
+        &self.world_comm
+    }
+
     /// Facts about the world.
     pub fn world(&self) -> &WorldInfo {
         &self.info

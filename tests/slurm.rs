@@ -190,9 +190,32 @@ fn main() {
             )?;
             let json = std::fs::read_dir(&c.work)?
                 .flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with("rankmesh-bench-") && n.ends_with(".json")
+                })
                 .count();
             check(json == 2, "one JSON file per collective", &text)
+        }),
+        trial("sbatch_doctor", |c| {
+            let text = c.sbatch("doctor.sbatch", "DOCTOR_FLAGS=--threshold 0.3 --reps 3")?;
+            check(
+                text.starts_with("rankmesh doctor: 2 ranks on 1 nodes")
+                    && text.contains("verdict: OK"),
+                "doctor report",
+                &text,
+            )?;
+            let files: Vec<String> = std::fs::read_dir(&c.work)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("rankmesh-doctor-"))
+                .collect();
+            check(
+                files.iter().any(|n| n.ends_with(".json"))
+                    && files.iter().any(|n| n.ends_with(".svg")),
+                "doctor JSON and heatmap",
+                &files.join(" "),
+            )
         }),
         trial("sbatch_tp_sp_workload", |c| {
             let text = c.sbatch("tp-sp-workload.sbatch", "TP=2,SP=2,STEPS=3,TOKENS=16")?;

@@ -117,3 +117,17 @@ fn finish(out: Output) -> Job {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Whether this machine lets us create network namespaces and veth pairs
+/// (root with CAP_NET_ADMIN), which `RANKMESH_FAKE_NET=1` fake nodes need.
+pub fn network_namespaces_available() -> bool {
+    let ns = format!("rmprobe{}", std::process::id());
+    let ok = Command::new("ip")
+        .args(["netns", "add", &ns])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+    }
+    ok && fake_nodes_available()
+}

@@ -1,0 +1,245 @@
+//! `rankmesh doctor`: which node, rank or link is broken or slow.
+//!
+//! Three steps, every rank in lock-step, every wait bounded by a deadline:
+//! 1. **reach**: every rank exchanges a small message with every other (a
+//!    round-robin schedule, so no rank serves two peers at once); a rank that
+//!    does not answer is named and the job aborted, never left hanging;
+//! 2. **within nodes**: each node's ranks run an all_reduce on a node
+//!    communicator, and every pair of ranks on a node measures its bandwidth;
+//! 3. **between nodes**: one leader rank per node measures bandwidth and
+//!    latency to every other node's leader, in rounds so pairs do not contend.
+//!
+//! The verdict ([`verdict`]) flags whatever is below a fraction of the
+//! median of its peers; [`report`] renders the table, the JSON and the
+//! heatmap.
+
+mod probe;
+pub mod report;
+pub mod verdict;
+
+use crate::error::Result;
+use crate::world::Runtime;
+use mpi::collective::SystemOperation;
+use mpi::topology::Color;
+use mpi::traits::*;
+use probe::{partner, rounds, Probe};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+pub use probe::UNREACHABLE_EXIT;
+
+/// What to measure and how strictly to judge it.
+#[derive(Clone, Debug)]
+pub struct DoctorConfig {
+    /// Bytes per bandwidth message.
+    pub bytes: usize,
+    /// Timed repetitions per measurement (the best one counts).
+    pub reps: usize,
+    /// A node, rank or link below this fraction of the median is flagged.
+    pub threshold: f64,
+    /// How long any single wait may take before the peer is named.
+    pub deadline: Duration,
+}
+
+impl Default for DoctorConfig {
+    fn default() -> Self {
+        DoctorConfig {
+            bytes: 1 << 20,
+            reps: 10,
+            threshold: 0.8,
+            deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One measured pair of world ranks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PairResult {
+    /// Lower world rank.
+    pub a: usize,
+    /// Higher world rank.
+    pub b: usize,
+    /// Small-message time per exchange, µs.
+    pub latency_us: f64,
+    /// Bandwidth per direction, GB/s (0 for reach-only pairs).
+    pub bandwidth_gbs: f64,
+}
+
+/// One node as the doctor saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeResult {
+    /// Node index.
+    pub node: usize,
+    /// Host name.
+    pub host: String,
+    /// World ranks on the node.
+    pub ranks: Vec<usize>,
+    /// Bus bandwidth of an all_reduce over the node's ranks, GB/s (`None`
+    /// on a node with one rank).
+    pub all_reduce_busbw: Option<f64>,
+}
+
+/// Everything a doctor run measured (complete on world rank 0).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measurements {
+    /// Bytes per bandwidth message.
+    pub bytes: usize,
+    /// Repetitions per measurement.
+    pub reps: usize,
+    /// Every pair of ranks: small-message exchange time.
+    pub reach: Vec<PairResult>,
+    /// The nodes.
+    pub nodes: Vec<NodeResult>,
+    /// Pairs of ranks on the same node.
+    pub intra_node: Vec<PairResult>,
+    /// Pairs of node leaders (`a`, `b` are node indices here).
+    pub inter_node: Vec<PairResult>,
+    /// Wall time of the run, seconds.
+    pub seconds: f64,
+}
+
+/// Small-message size and repetitions for latency.
+const PING_BYTES: usize = 8;
+const PING_REPS: usize = 20;
+
+/// Runs the three steps on every rank; world rank 0 gets every
+/// measurement, the other ranks `None`.
+pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Measurements>> {
+    let start = Instant::now();
+    let comm = rt.world_comm();
+    let probe = Probe::new(comm, cfg.deadline);
+    let info = rt.world();
+    let me = info.rank;
+    let mut mine = Vec::new();
+
+    // 1. Reach: every pair of ranks, round by round.
+    for (k, round) in rounds(info.size).iter().enumerate() {
+        if let Some(peer) = partner(round, me) {
+            let t = probe.best_exchange(peer, PING_BYTES, PING_REPS, "reach");
+            if me < peer {
+                mine.push(Step::Reach(pair(me, peer, t, 0.0, 0)));
+            }
+        }
+        probe.barrier(&format!("reach round {k}"));
+    }
+
+    // 2a. Each node's all_reduce on a node communicator.
+    let node = info.me().node;
+    let node_comm = comm
+        .split_by_color(Color::with_value(node as i32))
+        .expect("every rank passes a colour");
+    let mut node_busbw = None;
+    if node_comm.size() > 1 {
+        let n = cfg.bytes / 4;
+        let send = vec![1.0f32; n];
+        let mut recv = vec![0f32; n];
+        node_comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+        let mut best = f64::INFINITY;
+        for _ in 0..cfg.reps {
+            let t = Instant::now();
+            node_comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        // Every rank's view counts; the node's number is its slowest rank's.
+        let mut slowest = 0.0;
+        node_comm.all_reduce_into(&best, &mut slowest, SystemOperation::max());
+        let p = node_comm.size() as f64;
+        node_busbw = Some(cfg.bytes as f64 / slowest / 1e9 * 2.0 * (p - 1.0) / p);
+    }
+    probe.barrier("node all_reduce");
+
+    // 2b. Pairs within each node, by local rank, all nodes at once.
+    let node_ranks = |n: usize| -> Vec<usize> {
+        info.ranks
+            .iter()
+            .filter(|r| r.node == n)
+            .map(|r| r.rank)
+            .collect()
+    };
+    let local = node_ranks(node);
+    let widest = info.ranks.iter().map(|r| r.local_size).max().unwrap_or(1);
+    for (k, round) in rounds(widest).iter().enumerate() {
+        if let Some(j) = partner(round, info.me().local_rank).filter(|j| *j < local.len()) {
+            let peer = local[j];
+            let t = probe.best_exchange(peer, cfg.bytes, cfg.reps, "within a node");
+            if me < peer {
+                mine.push(Step::Intra(pair(me, peer, 0.0, t, cfg.bytes)));
+            }
+        }
+        probe.barrier(&format!("within-node round {k}"));
+    }
+
+    // 3. Node leaders, node pair by node pair.
+    let leader = |n: usize| node_ranks(n)[0];
+    for (k, round) in rounds(info.node_count).iter().enumerate() {
+        if info.me().local_rank == 0 {
+            if let Some(other) = partner(round, node) {
+                let peer = leader(other);
+                let lat = probe.best_exchange(peer, PING_BYTES, PING_REPS, "between nodes");
+                let bw = probe.best_exchange(peer, cfg.bytes, cfg.reps, "between nodes");
+                if node < other {
+                    mine.push(Step::Inter(pair(node, other, lat, bw, cfg.bytes)));
+                }
+            }
+        }
+        probe.barrier(&format!("between-node round {k}"));
+    }
+
+    let node_entry = (info.me().local_rank == 0).then(|| NodeResult {
+        node,
+        host: info.me().host.clone(),
+        ranks: local.clone(),
+        all_reduce_busbw: node_busbw,
+    });
+    let world = rt.world_group()?;
+    let gathered = world.gather_object(&(mine, node_entry), 0)?;
+    Ok(gathered.map(|all| {
+        let mut m = Measurements {
+            bytes: cfg.bytes,
+            reps: cfg.reps,
+            reach: Vec::new(),
+            nodes: Vec::new(),
+            intra_node: Vec::new(),
+            inter_node: Vec::new(),
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        for (steps, node) in all {
+            m.nodes.extend(node);
+            for s in steps {
+                match s {
+                    Step::Reach(p) => m.reach.push(p),
+                    Step::Intra(p) => m.intra_node.push(p),
+                    Step::Inter(p) => m.inter_node.push(p),
+                }
+            }
+        }
+        m.nodes.sort_by_key(|n| n.node);
+        for v in [&mut m.reach, &mut m.intra_node, &mut m.inter_node] {
+            v.sort_by_key(|p| (p.a, p.b));
+        }
+        m
+    }))
+}
+
+/// One rank's finding, sent to rank 0.
+#[derive(Serialize, Deserialize)]
+enum Step {
+    Reach(PairResult),
+    Intra(PairResult),
+    Inter(PairResult),
+}
+
+/// A pair from a latency and a bandwidth time (seconds per exchange of
+/// `bytes`; 0 for what was not measured).
+fn pair(a: usize, b: usize, latency_s: f64, bw_s: f64, bytes: usize) -> PairResult {
+    PairResult {
+        a,
+        b,
+        latency_us: latency_s * 1e6,
+        bandwidth_gbs: if bw_s > 0.0 {
+            bytes as f64 / bw_s / 1e9
+        } else {
+            0.0
+        },
+    }
+}

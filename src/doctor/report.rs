@@ -1,0 +1,244 @@
+//! A doctor run for people (table), for scripts (JSON) and at a glance (an
+//! SVG heatmap of the node-to-node bandwidth matrix).
+
+use super::verdict::{median, Finding};
+use super::Measurements;
+use serde::Serialize;
+
+/// The `-J` document.
+#[derive(Serialize)]
+pub struct Document<'a> {
+    /// Everything measured.
+    pub measurements: &'a Measurements,
+    /// Fraction of the median below which something is flagged.
+    pub threshold: f64,
+    /// What was flagged.
+    pub findings: &'a [Finding],
+    /// `OK` or `FAILED`.
+    pub verdict: &'static str,
+}
+
+/// `OK` when nothing was flagged.
+pub fn verdict(findings: &[Finding]) -> &'static str {
+    if findings.is_empty() {
+        "OK"
+    } else {
+        "FAILED"
+    }
+}
+
+/// The readable report.
+pub fn table(m: &Measurements, findings: &[Finding], threshold: f64) -> String {
+    let ranks: usize = m.nodes.iter().map(|n| n.ranks.len()).sum();
+    let mut out = format!(
+        "rankmesh doctor: {ranks} ranks on {} nodes; {} B messages, best of {}; flagged below {threshold:.2} of the median ({:.1} s)\n",
+        m.nodes.len(),
+        m.bytes,
+        m.reps,
+        m.seconds
+    );
+    match m
+        .reach
+        .iter()
+        .max_by(|a, b| a.latency_us.total_cmp(&b.latency_us))
+    {
+        Some(w) => {
+            out += &format!(
+                "reach: every rank answered every other; slowest small exchange {:.1} us (ranks {} and {})\n",
+                w.latency_us, w.a, w.b
+            )
+        }
+        None => out += "reach: one rank, nothing to reach\n",
+    }
+    out += "\nwithin nodes\n";
+    out += &format!(
+        "  {:>4}  {:<20}  {:>5}  {:>17}  {:>18}\n",
+        "node", "host", "ranks", "all_reduce (GB/s)", "slowest pair (GB/s)"
+    );
+    for n in &m.nodes {
+        let slowest = m
+            .intra_node
+            .iter()
+            .filter(|p| n.ranks.contains(&p.a))
+            .map(|p| p.bandwidth_gbs)
+            .fold(f64::INFINITY, f64::min);
+        let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        out += &format!(
+            "  {:>4}  {:<20}  {:>5}  {:>17}  {:>18}\n",
+            n.node,
+            n.host,
+            n.ranks.len(),
+            num(n.all_reduce_busbw),
+            num(slowest.is_finite().then_some(slowest))
+        );
+    }
+    if m.nodes.len() > 1 {
+        for (title, pick) in [
+            (
+                "between nodes: bandwidth per direction (GB/s), leader ranks",
+                (|p: &super::PairResult| format!("{:.3}", p.bandwidth_gbs))
+                    as fn(&super::PairResult) -> String,
+            ),
+            ("between nodes: small-message exchange (us)", |p| {
+                format!("{:.1}", p.latency_us)
+            }),
+        ] {
+            out += &format!("\n{title}\n  {:>6}", "");
+            for n in &m.nodes {
+                out += &format!("  {:>8}", format!("node{}", n.node));
+            }
+            out += "\n";
+            for a in &m.nodes {
+                out += &format!("  {:>6}", format!("node{}", a.node));
+                for b in &m.nodes {
+                    let cell = link(m, a.node, b.node).map_or("-".to_string(), pick);
+                    out += &format!("  {cell:>8}");
+                }
+                out += "\n";
+            }
+        }
+    }
+    out += &format!("\nverdict: {}\n", verdict(findings));
+    for f in findings {
+        out += &format!("  {}\n", f.line());
+    }
+    out
+}
+
+fn link(m: &Measurements, a: usize, b: usize) -> Option<&super::PairResult> {
+    let (a, b) = (a.min(b), a.max(b));
+    m.inter_node.iter().find(|p| p.a == a && p.b == b)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The node-to-node bandwidth matrix as an SVG heatmap: each cell's colour
+/// is its bandwidth as a fraction of the median link (red below the
+/// threshold, green at or above the median), its text the GB/s.
+pub fn heatmap(m: &Measurements, threshold: f64) -> String {
+    let n = m.nodes.len();
+    let cell = 64.0;
+    let (left, top) = (150.0, 70.0);
+    let width = (left + cell * n as f64 + 30.0).max(480.0);
+    let height = top + cell * n as f64 + 60.0;
+    let med = median(
+        &m.inter_node
+            .iter()
+            .map(|p| p.bandwidth_gbs)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0);
+    let mut out = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"28\" font-size=\"15\" text-anchor=\"middle\">Node-to-node bandwidth (GB/s per direction)</text>\n",
+        width / 2.0
+    );
+    for (i, node) in m.nodes.iter().enumerate() {
+        let label = escape(&format!("node{} {}", node.node, node.host));
+        let y = top + cell * i as f64 + cell / 2.0 + 4.0;
+        out += &format!(
+            "<text x=\"{}\" y=\"{y}\" font-size=\"11\" text-anchor=\"end\">{label}</text>\n",
+            left - 8.0
+        );
+        let x = left + cell * i as f64 + cell / 2.0;
+        out += &format!(
+            "<text x=\"{x}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">node{}</text>\n",
+            top - 8.0,
+            node.node
+        );
+    }
+    for (i, a) in m.nodes.iter().enumerate() {
+        for (j, b) in m.nodes.iter().enumerate() {
+            let (x, y) = (left + cell * j as f64, top + cell * i as f64);
+            let (fill, text) = match link(m, a.node, b.node) {
+                Some(p) if med > 0.0 => (
+                    colour(p.bandwidth_gbs / med, threshold),
+                    format!("{:.2}", p.bandwidth_gbs),
+                ),
+                _ => ("#eeeeee".to_string(), "-".to_string()),
+            };
+            out += &format!("<rect x=\"{x}\" y=\"{y}\" width=\"{cell}\" height=\"{cell}\" fill=\"{fill}\" stroke=\"white\"/>\n");
+            out += &format!(
+                "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">{text}</text>\n",
+                x + cell / 2.0,
+                y + cell / 2.0 + 4.0
+            );
+        }
+    }
+    out += &format!(
+        "<text x=\"20\" y=\"{}\" font-size=\"11\">red: below {threshold:.2} of the median link ({med:.3} GB/s)</text>\n\
+         <text x=\"20\" y=\"{}\" font-size=\"11\">green: at or above the median</text>\n</svg>\n",
+        top + cell * n as f64 + 24.0,
+        top + cell * n as f64 + 40.0
+    );
+    out
+}
+
+/// Red below the threshold, shading to green at the median and above.
+fn colour(fraction: f64, threshold: f64) -> String {
+    if fraction < threshold {
+        return "#e06666".into();
+    }
+    let t = ((fraction - threshold) / (1.0 - threshold).max(1e-9)).clamp(0.0, 1.0);
+    let mix = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
+    format!(
+        "#{:02x}{:02x}{:02x}",
+        mix(255.0, 147.0),
+        mix(229.0, 196.0),
+        mix(153.0, 125.0)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{NodeResult, PairResult};
+    use super::*;
+
+    #[test]
+    fn table_and_heatmap_show_every_link() {
+        let m = Measurements {
+            bytes: 1024,
+            reps: 3,
+            reach: vec![PairResult {
+                a: 0,
+                b: 1,
+                latency_us: 12.5,
+                bandwidth_gbs: 0.0,
+            }],
+            nodes: (0..2)
+                .map(|i| NodeResult {
+                    node: i,
+                    host: format!("h<{i}>"),
+                    ranks: vec![i],
+                    all_reduce_busbw: None,
+                })
+                .collect(),
+            intra_node: vec![],
+            inter_node: vec![PairResult {
+                a: 0,
+                b: 1,
+                latency_us: 20.0,
+                bandwidth_gbs: 1.5,
+            }],
+            seconds: 0.5,
+        };
+        let t = table(&m, &[], 0.8);
+        assert!(t.contains("2 ranks on 2 nodes"), "{t}");
+        assert!(t.contains("slowest small exchange 12.5 us (ranks 0 and 1)"));
+        assert_eq!(t.matches("1.500").count(), 2, "symmetric matrix: {t}");
+        assert!(t.contains("verdict: OK"));
+        let svg = heatmap(&m, 0.8);
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert_eq!(
+            doc.descendants().filter(|n| n.has_tag_name("rect")).count(),
+            5
+        );
+        assert!(svg.contains("h&lt;0&gt;"));
+        assert_eq!(colour(0.5, 0.8), "#e06666");
+        assert_eq!(colour(1.0, 0.8), "#93c47d");
+    }
+}
