@@ -315,14 +315,24 @@ fn json_follows_nccl_tests_keys_and_plots() {
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     let parsed = roxmltree::Document::parse(&svg_text).expect("well-formed SVG");
     assert_eq!(parsed.root_element().tag_name().name(), "svg");
+    let lines: Vec<_> = parsed
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .collect();
     assert_eq!(
-        parsed
-            .descendants()
-            .filter(|n| n.has_tag_name("polyline"))
+        lines.len(),
+        8,
+        "2 runs x 2 panels, each with its raw baseline"
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|n| n.attribute("stroke-dasharray").is_some())
             .count(),
         4,
-        "2 runs x 2 panels"
+        "the --baseline mpi lines are dashed"
     );
+    assert!(svg_text.contains(">run (raw MPI)</text>"));
     assert!(svg_text.contains(">run</text>"), "legend names the run");
     let bad = support::singleton(
         exe(),
