@@ -95,13 +95,17 @@ struct DoctorArgs {
     svg: Option<PathBuf>,
 }
 
+fn doctor_usage(msg: String) -> Error {
+    Error::Usage {
+        what: "doctor",
+        group: "world".into(),
+        msg,
+    }
+}
+
 impl DoctorArgs {
     fn config(&self) -> rankmesh::Result<rankmesh::doctor::DoctorConfig> {
-        let bad = |msg: String| Error::Usage {
-            what: "doctor",
-            group: "world".into(),
-            msg,
-        };
+        let bad = doctor_usage;
         let (bytes, reps) = if self.long {
             (16 << 20, 20)
         } else {
@@ -140,11 +144,7 @@ fn run_doctor(rt: &Runtime, args: &DoctorArgs) -> rankmesh::Result<()> {
     let Some(m) = doctor::run(rt, &cfg)? else {
         return Ok(());
     };
-    let bad = |msg: String| Error::Usage {
-        what: "doctor",
-        group: "world".into(),
-        msg,
-    };
+    let bad = doctor_usage;
     let findings = verdict::judge(&m, cfg.threshold);
     print!("{}", report::table(&m, &findings, cfg.threshold));
     if let Some(path) = &args.json {

@@ -12,6 +12,7 @@
 
 mod support;
 
+use rankmesh::bench::entries;
 use std::path::Path;
 
 fn exe() -> &'static Path {
@@ -117,20 +118,7 @@ fn check_parsers(what: &str, out: &str, rows_expected: usize) {
 
 #[test]
 fn every_collective_parses_with_and_without_rankmesh_flags() {
-    let collectives = [
-        "all_reduce",
-        "all_gather",
-        "reduce_scatter",
-        "broadcast",
-        "reduce",
-        "alltoall",
-        "sendrecv",
-        "all_to_all_4d",
-        "broadcast_object",
-        "gather",
-        "scatter",
-    ];
-    for coll in collectives {
+    for coll in entries::ALL.iter().map(|e| e.name()) {
         let dtype = if coll == "broadcast_object" {
             "uint8"
         } else {

@@ -62,6 +62,10 @@ fn bad_arguments_are_refused_on_every_rank() {
             "--bytes \"0\": a size from 1 to 1G",
         ),
         (&["doctor", "--reps", "0"][..], "--reps must be at least 1"),
+        (
+            &["doctor", "--deadline", "0"][..],
+            "--deadline 0: seconds in (0, 86400]",
+        ),
     ] {
         let job = support::mpirun(2, exe(), args, &[]);
         assert!(!job.ok(), "{args:?}: {}", job.describe());

@@ -36,15 +36,15 @@ impl<'c> Probe<'c> {
         self.comm.abort(UNREACHABLE_EXIT)
     }
 
-    /// Polls `req` until it completes or the deadline passes (then names
-    /// `what` and aborts).
-    fn finish<'a, S: mpi::request::Scope<'a>>(
+    /// Polls `req` until it completes or the deadline counted from `start`
+    /// passes (then names `what` and aborts); `pause` runs between polls.
+    fn finish<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
         &self,
-        req: Request<'a, [u8], S>,
+        mut req: Request<'a, D, S>,
         start: Instant,
         what: &dyn Fn() -> String,
+        pause: fn(),
     ) {
-        let mut req = req;
         loop {
             match req.test() {
                 Ok(_) => return,
@@ -53,7 +53,7 @@ impl<'c> Probe<'c> {
             if start.elapsed() > self.deadline {
                 self.give_up(&what());
             }
-            std::thread::yield_now();
+            pause();
         }
     }
 
@@ -66,8 +66,8 @@ impl<'c> Probe<'c> {
             let p = self.comm.process_at_rank(peer as i32);
             let r = p.immediate_receive_into_with_tag(sc, recv, TAG);
             let s = p.immediate_send_with_tag(sc, send, TAG);
-            self.finish(s, start, &what);
-            self.finish(r, start, &what);
+            self.finish(s, start, &what, std::thread::yield_now);
+            self.finish(r, start, &what, std::thread::yield_now);
         });
         start.elapsed().as_secs_f64()
     }
@@ -90,18 +90,10 @@ impl<'c> Probe<'c> {
     /// A barrier of the whole communicator, bounded by the deadline.
     pub fn barrier(&self, step: &str) {
         let start = Instant::now();
-        let mut req = self.comm.immediate_barrier();
-        loop {
-            match req.test() {
-                Ok(_) => return,
-                Err(r) => req = r,
-            }
-            if start.elapsed() > self.deadline {
-                self.give_up(&format!("{step}: not every rank reached the step"));
-            }
-            // Ranks idle in this round leave the cores to the measuring pairs.
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        let what = || format!("{step}: not every rank reached the step");
+        // Ranks idle in this round leave the cores to the measuring pairs.
+        let nap = || std::thread::sleep(Duration::from_micros(50));
+        self.finish(self.comm.immediate_barrier(), start, &what, nap);
     }
 }
 

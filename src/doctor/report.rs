@@ -3,6 +3,7 @@
 
 use super::verdict::{median, Finding};
 use super::Measurements;
+use crate::bench::plot::escape;
 use serde::Serialize;
 
 /// The `-J` document.
@@ -108,12 +109,6 @@ pub fn table(m: &Measurements, findings: &[Finding], threshold: f64) -> String {
 fn link(m: &Measurements, a: usize, b: usize) -> Option<&super::PairResult> {
     let (a, b) = (a.min(b), a.max(b));
     m.inter_node.iter().find(|p| p.a == a && p.b == b)
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 /// The node-to-node bandwidth matrix as an SVG heatmap: each cell's colour

@@ -184,18 +184,12 @@ pub fn drive() {
         all.extend_from_slice(args);
         support::mpirun(np, rankmesh_bin(), &all, &emu.env(extra))
     };
-    for op in [
-        "all_reduce",
-        "all_gather",
-        "reduce_scatter",
-        "broadcast",
-        "reduce",
-        "alltoall",
-        "sendrecv",
-        "all_to_all_4d",
-        "gather",
-        "scatter",
-    ] {
+    // Every tensor collective; the object plane has no device form.
+    for op in rankmesh::bench::entries::ALL
+        .iter()
+        .filter(|e| e.op != rankmesh::Op::BroadcastObject)
+        .map(|e| e.name())
+    {
         trial(
             &format!("bench {op} --backend nccl, np 3, validated"),
             &mut failures,
