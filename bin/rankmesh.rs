@@ -389,13 +389,20 @@ impl BenchArgs {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RANKMESH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// Logging filter from `RANKMESH_LOG` (default `warn`); an invalid filter
+/// is an error, not silently ignored.
+fn init_logging() -> Result<(), String> {
+    let filter = match std::env::var("RANKMESH_LOG") {
+        Err(_) => tracing_subscriber::EnvFilter::new("warn"),
+        Ok(v) => tracing_subscriber::EnvFilter::try_new(&v).map_err(|e| {
+            format!("RANKMESH_LOG={v:?} is not a log filter ({e}); e.g. warn, debug, rankmesh=trace")
+        })?,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
 }
 
 fn topo(rt: &Runtime, tp: usize, sp: usize, dp: Option<usize>, json: bool) -> rankmesh::Result<()> {
@@ -607,7 +614,10 @@ fn command(rt: &Runtime, cli: &Cli) -> rankmesh::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    if let Err(msg) = init_logging() {
+        eprintln!("rankmesh: {msg}");
+        return ExitCode::from(2);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(()) => ExitCode::FAILURE,

@@ -95,6 +95,11 @@ impl Descriptor {
         self.flags & BAD_OUTPUT != 0
     }
 
+    /// The raw op code as sent.
+    pub(crate) fn op_code(&self) -> u32 {
+        self.op
+    }
+
     /// The operation, `None` for a corrupt code.
     pub fn op(&self) -> Option<Op> {
         Op::from_code(self.op)
@@ -308,6 +313,13 @@ pub fn agree_peers(
             "group rank {sender} sends {} but group rank {receiver} expects {}",
             sent.describe(),
             expected.describe()
+        ));
+    }
+    // An object's receiver announces the most it accepts in `len`.
+    if sent.op() == Some(Op::SendObject) && sent.len > expected.len {
+        return Err(format!(
+            "group rank {sender} sends an object of {} bytes but group rank {receiver} accepts at most {} (RANKMESH_MAX_OBJECT_BYTES)",
+            sent.len, expected.len
         ));
     }
     Ok(())

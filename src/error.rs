@@ -190,6 +190,15 @@ pub(crate) enum Fault {
     Nccl(NcclError),
     /// Anything else, already a complete error.
     Error(Error),
+    /// A peer's payload was not the length both sides agreed on.
+    Short {
+        /// Group rank of the sender.
+        peer: usize,
+        /// Bytes that arrived in the piece.
+        got: usize,
+        /// Bytes the piece should have had.
+        want: usize,
+    },
 }
 
 impl From<Error> for Fault {
@@ -210,6 +219,14 @@ impl Fault {
         match self {
             Fault::Nccl(source) => Error::nccl(op, group, source),
             Fault::Error(e) => e,
+            Fault::Short { peer, got, want } => Error::Mismatch {
+                op,
+                group: group.to_string(),
+                msg: format!(
+                    "group rank {peer} sent {got} bytes in a piece that should hold {want}: \
+                     its payload does not match the header it sent"
+                ),
+            },
         }
     }
 }

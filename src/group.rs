@@ -8,13 +8,14 @@ use crate::op::{rank_in_range, Op};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
 use crate::plane::nccl::comm::Communicator as NcclComm;
 use crate::tensor::{DType, Tensor};
-use crate::watchdog::Waiting;
+use crate::watch::{Call, GroupWatch};
 use crate::world::Runtime;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use std::cell::{Cell, Ref, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// A process group: a sub-communicator of the world plus rank helpers.
 ///
@@ -29,12 +30,11 @@ pub struct GroupCoordinator<'rt> {
 struct Inner<'rt> {
     rt: &'rt Runtime,
     comm: SimpleCommunicator,
-    name: String,
     ranks: Vec<usize>,
     rank_in_group: usize,
     seq: Cell<u64>,
-    /// This group's name in the runtime's hang watchdog.
-    watch_id: u32,
+    /// The group in the runtime's hang watchdog (holds its name).
+    watch: GroupWatch,
     /// The group's NCCL communicator, created at its first device operation.
     /// Declared after `comm`, but dropped with the group, always before the
     /// `Runtime` (the borrow guarantees it), so before MPI finalisation.
@@ -55,20 +55,21 @@ pub(crate) enum Peer {
 
 impl<'rt> GroupCoordinator<'rt> {
     /// Wraps a communicator (collective over it: members exchange world ranks).
+    /// Call it under a watched creation step (it waits for every member).
     pub(crate) fn new(rt: &'rt Runtime, comm: SimpleCommunicator, name: String) -> Result<Self> {
         let size = comm.size() as usize;
-        let watch_id = rt.watchdog().register(&name);
         let mut ranks = vec![0u64; size];
         comm.all_gather_into(&(rt.rank() as u64), &mut ranks[..]);
+        let ranks: Vec<usize> = ranks.into_iter().map(|r| r as usize).collect();
+        let watch = rt.watchdog().register(Arc::from(name), &ranks);
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {
                 rt,
                 rank_in_group: comm.rank() as usize,
                 comm,
-                name,
-                ranks: ranks.into_iter().map(|r| r as usize).collect(),
+                ranks,
                 seq: Cell::new(0),
-                watch_id,
+                watch,
                 nccl: RefCell::new(None),
                 scratch: RefCell::new([Vec::new(), Vec::new()]),
                 scratch_tensor: RefCell::new(None),
@@ -78,7 +79,7 @@ impl<'rt> GroupCoordinator<'rt> {
 
     /// Unique name, e.g. `tp:1` (kind and index of the group in its layout).
     pub fn name(&self) -> &str {
-        &self.inner.name
+        self.inner.watch.name()
     }
 
     /// World ranks of the members, in group-rank order.
@@ -197,16 +198,19 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 
     pub(crate) fn plane(&self) -> HostPlane<'_> {
-        HostPlane::new(&self.inner.comm, self.inner.rt.options().max_message_bytes)
+        HostPlane::new(
+            &self.inner.comm,
+            self.inner.rt.options().max_message_bytes,
+            self.inner.rt.watchdog().pulse(),
+        )
     }
 
-    /// Arms the hang watchdog for a blocking step of `op` outside the
-    /// agreement (e.g. NCCL communicator creation).
-    pub(crate) fn watched(&self, op: Op) -> Waiting<'rt> {
-        self.inner
-            .rt
-            .watchdog()
-            .wait(self.inner.watch_id, op, self.inner.seq.get())
+    /// Puts a blocking step of `op` outside the dispatch path (e.g. NCCL
+    /// communicator creation) under the hang watchdog.
+    pub(crate) fn watched(&self, op: Op) -> Call<'_> {
+        let mut desc = Descriptor::new(op, &[]);
+        desc.seq = self.inner.seq.get();
+        self.inner.watch.call(&desc)
     }
 
     /// The group's NCCL communicator, created by `connect` on first use.
@@ -258,39 +262,44 @@ impl<'rt> GroupCoordinator<'rt> {
             shape = ?desc.shape(),
         );
         let _entered = span.enter();
-        // Fast path: one all-reduce (max) of [digest, !digest, flags] proves
-        // that every rank passed the same call with a usable output; only
-        // when it does not (or when sizes differ by design) are the full
-        // descriptors gathered, to name who passed what.
+        // The whole call, agreement and data, is watched: a peer that never
+        // enters it or stops inside it is named instead of waited for.
+        let mut call = self.inner.watch.call(&desc);
+        let result = self.agree_then(desc, check, body);
+        if result.is_ok() {
+            call.succeeded();
+        }
+        result
+    }
+
+    /// The agreement step of [`collective`](Self::collective), then `body`.
+    fn agree_then<R>(
+        &self,
+        desc: Descriptor,
+        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        let op = desc.op().expect("descriptors are built from an Op");
         if self.size() == 1 {
             agree(std::slice::from_ref(&desc), 0, &check)
                 .map_err(|r| Error::rejected(op, self.name(), r))?;
             return body(std::slice::from_ref(&desc));
         }
-        // Until every rank has entered a call, a rank that waits too long is
-        // reported by the watchdog instead of hanging silently.
-        let waiting = self
-            .inner
-            .rt
-            .watchdog()
-            .wait(self.inner.watch_id, op, desc.seq);
-        let agreed = {
-            let key = desc.digest();
-            let mine = [key, !key, u64::from(desc.bad_output())];
-            let mut max = [0u64; 3];
-            if desc.needs_all() {
-                false
-            } else {
-                self.inner
-                    .comm
-                    .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
-                max == [key, !key, 0]
-            }
-        };
-        if agreed {
-            drop(waiting);
+        // Every call, whatever its kind, starts with the same all-reduce (max)
+        // of [digest, !digest, flags]: it proves that every rank passed the
+        // same call with a usable output. Only when it does not, or when the
+        // op needs every rank's descriptor (object lengths), are the full
+        // descriptors gathered, and every rank takes that branch together.
+        let key = desc.digest();
+        let mine = [key, !key, u64::from(desc.bad_output())];
+        let mut max = [0u64; 3];
+        self.inner
+            .comm
+            .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
+        if max == [key, !key, 0] && !desc.needs_all() {
             // Identical everywhere: the op's own check gives every rank the same verdict.
-            check(&desc).map_err(|m| Error::invalid(op, self.name(), m))?;
+            agree(std::slice::from_ref(&desc), 0, &check)
+                .map_err(|r| Error::rejected(op, self.name(), r))?;
             tracing::trace!("agreed");
             return body(std::slice::from_ref(&desc));
         }
@@ -299,7 +308,6 @@ impl<'rt> GroupCoordinator<'rt> {
             bytemuck::bytes_of(&desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
-        drop(waiting);
         agree(&descs, self.rank_in_group(), &check)
             .map_err(|r| Error::rejected(op, self.name(), r))?;
         tracing::trace!("agreed");
@@ -380,7 +388,9 @@ impl<'rt> GroupCoordinator<'rt> {
         );
         let _entered = span.enter();
         let plane = self.plane();
-        let waiting = self.inner.rt.watchdog().wait(self.inner.watch_id, op, 0);
+        let mut watched = desc;
+        watched.seq = self.inner.seq.get();
+        let mut call = self.inner.watch.call(&watched);
         let mut other = Descriptor::new(op, &[]);
         let other_bytes = bytemuck::bytes_of_mut(&mut other);
         let (sent, expected, sender, receiver) = if sending {
@@ -392,10 +402,13 @@ impl<'rt> GroupCoordinator<'rt> {
             plane.send_header(bytemuck::bytes_of(&desc), peer_rank, TAG_ANSWER);
             (other, desc, peer_rank, self.rank_in_group())
         };
-        drop(waiting);
         agree_peers(&sent, &expected, sender, receiver)
             .map_err(|m| Error::mismatch(op, self.name(), m))?;
-        body(&sent).map_err(|f| f.into_error(op, self.name()))
+        let result = body(&sent).map_err(|f| f.into_error(op, self.name()));
+        if result.is_ok() {
+            call.succeeded();
+        }
+        result
     }
 }
 
@@ -411,7 +424,7 @@ impl GroupCoordinator<'_> {
         dst: usize,
         expected: Descriptor,
         src: usize,
-        body: impl FnOnce(bool, bool),
+        body: impl FnOnce(bool, bool) -> std::result::Result<(), Fault>,
     ) -> Result<()> {
         let op = Op::SendRecv;
         let me = self.rank_in_group();
@@ -428,7 +441,9 @@ impl GroupCoordinator<'_> {
         let plane = self.plane();
         let mut incoming = Descriptor::new(op, &[]);
         let mut answer = Descriptor::new(op, &[]);
-        let waiting = self.inner.rt.watchdog().wait(self.inner.watch_id, op, 0);
+        let mut watched = sent;
+        watched.seq = self.inner.seq.get();
+        let mut call = self.inner.watch.call(&watched);
         plane.exchange_headers(
             bytemuck::bytes_of(&sent),
             dst,
@@ -443,13 +458,17 @@ impl GroupCoordinator<'_> {
             dst,
             TAG_ANSWER,
         );
-        drop(waiting);
         let out_link = agree_peers(&sent, &answer, me, dst);
         let in_link = agree_peers(&incoming, &expected, src, me);
-        body(out_link.is_ok(), in_link.is_ok());
-        out_link
+        let moved = body(out_link.is_ok(), in_link.is_ok());
+        let result = out_link
             .and(in_link)
             .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))
+            .and_then(|()| moved.map_err(|f| f.into_error(Op::SendRecv, self.name())));
+        if result.is_ok() {
+            call.succeeded();
+        }
+        result
     }
 }
 

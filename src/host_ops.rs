@@ -22,7 +22,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn empty(&self, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
-        Ok(Tensor::zeros(shape, dtype))
+        Tensor::zeros(shape, dtype)
     }
 
     fn copy_flat(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
@@ -182,7 +182,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     self.plane().reduce_scatter_block_into(t, out, reduce_op);
                 } else {
                     // Packed straight into a typed tensor: the reduction needs one.
-                    let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype());
+                    let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
                     let elem = t.dtype().size();
                     split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
                     self.plane()
@@ -268,8 +268,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     fn recv_into(&self, out: &mut Tensor, src: Option<usize>) -> Result<()> {
         let (_, src) = self.ring_peers(None, src);
         self.point_to_point(tensor_desc(Op::Send, &*out, &[]), Peer::From(src), |_| {
-            self.plane().recv(out.bytes_mut(), src);
-            Ok(())
+            self.plane().recv(out.bytes_mut(), src)
         })
     }
 
@@ -290,7 +289,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         self.exchange(sent, dst, expected, src, |send_ok, recv_ok| {
             let send = send_ok.then(|| t.bytes());
             let recv = if recv_ok { Some(out.bytes_mut()) } else { None };
-            self.plane().send_recv(send, dst, recv, src);
+            self.plane().send_recv(send, dst, recv, src)
         })
     }
 }

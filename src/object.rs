@@ -42,14 +42,20 @@ fn decode<T: DeserializeOwned>(
         type_name: std::any::type_name::<T>(),
         msg,
     };
-    match postcard::take_from_bytes::<T>(bytes) {
-        Ok((v, [])) => Ok(v),
-        Ok((_, rest)) => Err(err(format!(
-            "{} trailing bytes after the value",
-            rest.len()
-        ))),
-        Err(e) => Err(err(format!("{e} ({} bytes received)", bytes.len()))),
+    crate::depth::from_postcard(bytes)
+        .map_err(|e| err(format!("{e} ({} bytes received)", bytes.len())))
+}
+
+/// Checks a length a peer announced against this rank's bound before
+/// anything is allocated for it.
+fn within_bound(g: &GroupCoordinator<'_>, len: u64) -> std::result::Result<(), String> {
+    let max = g.runtime().options().max_object_bytes;
+    if len > max {
+        return Err(format!(
+            "an object of {len} bytes exceeds RANKMESH_MAX_OBJECT_BYTES={max}"
+        ));
     }
+    Ok(())
 }
 
 /// Adds this rank's type name to a type-digest disagreement.
@@ -91,7 +97,7 @@ impl GroupCoordinator<'_> {
             if d.len == u64::MAX {
                 return Err("no object given on the source rank".into());
             }
-            Ok(())
+            within_bound(self, d.len)
         };
         self.collective(desc, check, |descs| {
             let mut bytes = bytes.expect("checked by dispatch");
@@ -112,7 +118,7 @@ impl GroupCoordinator<'_> {
         desc.len = bytes.len() as u64;
         self.collective(
             desc,
-            |_| Ok(()),
+            |d| within_bound(self, d.len),
             |descs| {
                 let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
                 let all = if self.size() == 1 {
@@ -143,7 +149,10 @@ impl GroupCoordinator<'_> {
         let size = self.size();
         self.collective(
             desc,
-            |d| rank_in_range("dst", d.params[0], size).map(|_| ()),
+            |d| {
+                rank_in_range("dst", d.params[0], size)?;
+                within_bound(self, d.len)
+            },
             |descs| {
                 let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
                 let all = if size == 1 {
@@ -179,10 +188,13 @@ impl GroupCoordinator<'_> {
     /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
     pub fn recv_object<T: DeserializeOwned>(&self, src: usize) -> Result<T> {
         let op = Op::SendObject;
-        let desc = Descriptor::new(op, &[type_digest::<T>()]);
+        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        // The most this rank accepts; both peers check the sender's length
+        // against it and agree before any byte moves.
+        desc.len = self.runtime().options().max_object_bytes;
         self.point_to_point(desc, Peer::From(src), |sent| {
             let mut bytes = vec![0u8; sent.len as usize];
-            self.plane().recv(&mut bytes, src);
+            self.plane().recv(&mut bytes, src)?;
             Ok(decode(self, op, src, &bytes)?)
         })
         .map_err(name_type::<T>)

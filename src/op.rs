@@ -53,10 +53,12 @@ pub enum Op {
     SendRecv,
     /// Waiting for enqueued device work.
     Synchronize,
+    /// Creating a group (collective over its parent or its members).
+    CreateGroup,
 }
 
 impl Op {
-    const ALL: [Op; 18] = [
+    const ALL: [Op; 19] = [
         Op::Barrier,
         Op::AllReduce,
         Op::AllGather,
@@ -75,6 +77,7 @@ impl Op {
         Op::Scatter,
         Op::SendRecv,
         Op::Synchronize,
+        Op::CreateGroup,
     ];
 
     /// Public name of the operation.
@@ -98,6 +101,7 @@ impl Op {
             Op::Scatter => "scatter",
             Op::SendRecv => "send_recv",
             Op::Synchronize => "synchronize",
+            Op::CreateGroup => "create_group",
         }
     }
 
@@ -113,7 +117,8 @@ impl Op {
             | Op::AllToAll
             | Op::Connect
             | Op::SendRecv
-            | Op::Synchronize => &[],
+            | Op::Synchronize
+            | Op::CreateGroup => &[],
             Op::Reduce => &["dst", "op"],
             Op::AllReduce => &["op"],
             Op::AllGather => &["dim"],

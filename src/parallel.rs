@@ -59,7 +59,17 @@ impl<'rt> ParallelState<'rt> {
                 "model parallel groups are already initialised".into(),
             ));
         }
-        let layout = Layout::new(self.rt.size(), tp, sp, dp)?;
+        // A layout that only some ranks reject is the same error everywhere,
+        // before any communicator is made.
+        let layout = Layout::new(self.rt.size(), tp, sp, dp);
+        let asked = format!("tp={tp}, sp={sp}, dp={dp:?}");
+        let digest = crate::world::fnv1a(asked.as_bytes());
+        let what = format!("the model-parallel layout ({asked} on this rank)");
+        let verdict = self
+            .rt
+            .creating(|| self.rt.agree_on_world(&what, digest, layout.is_ok()));
+        let layout = layout?;
+        verdict?;
         let make = |kind: GroupKind| -> Result<GroupCoordinator<'rt>> {
             self.rt
                 .split_groups(kind.name(), &layout.groups(kind))?

@@ -179,19 +179,26 @@ element!(i64, I64, |x| x as f64, |v| v.round() as i64);
 element!(u64, U64, |x| x as f64, |v| v.round() as u64);
 
 impl HostData {
-    fn zeros(dtype: DType, n: usize) -> HostData {
-        match dtype {
-            DType::F32 => HostData::F32(vec![0.0; n]),
-            DType::F64 => HostData::F64(vec![0.0; n]),
-            DType::F16 => HostData::F16(vec![f16::ZERO; n]),
-            DType::BF16 => HostData::BF16(vec![bf16::ZERO; n]),
-            DType::I8 => HostData::I8(vec![0; n]),
-            DType::U8 => HostData::U8(vec![0; n]),
-            DType::I32 => HostData::I32(vec![0; n]),
-            DType::U32 => HostData::U32(vec![0; n]),
-            DType::I64 => HostData::I64(vec![0; n]),
-            DType::U64 => HostData::U64(vec![0; n]),
+    /// `n` zeros, `None` when the memory cannot be reserved.
+    fn try_zeros(dtype: DType, n: usize) -> Option<HostData> {
+        fn filled<T: Clone>(zero: T, n: usize) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, zero);
+            Some(v)
         }
+        Some(match dtype {
+            DType::F32 => HostData::F32(filled(0.0, n)?),
+            DType::F64 => HostData::F64(filled(0.0, n)?),
+            DType::F16 => HostData::F16(filled(f16::ZERO, n)?),
+            DType::BF16 => HostData::BF16(filled(bf16::ZERO, n)?),
+            DType::I8 => HostData::I8(filled(0, n)?),
+            DType::U8 => HostData::U8(filled(0, n)?),
+            DType::I32 => HostData::I32(filled(0, n)?),
+            DType::U32 => HostData::U32(filled(0, n)?),
+            DType::I64 => HostData::I64(filled(0, n)?),
+            DType::U64 => HostData::U64(filled(0, n)?),
+        })
     }
 
     pub(crate) fn dtype(&self) -> DType {
@@ -225,15 +232,35 @@ pub struct Tensor {
     data: HostData,
 }
 
-/// Number of elements of a shape (1 for a scalar `[]`).
+/// Number of elements of a shape (1 for a scalar `[]`), saturating at
+/// `usize::MAX` when the product overflows (no real tensor has that many).
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    checked_numel(shape).unwrap_or(usize::MAX)
+}
+
+/// Number of elements of a shape, `None` when the product overflows.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d))
+}
+
+/// Bytes of a `dtype` tensor of `shape`, or an error naming the shape when
+/// the count overflows or exceeds what one allocation can hold.
+pub fn checked_nbytes(shape: &[usize], dtype: DType) -> Result<usize> {
+    checked_numel(shape)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::Tensor(format!(
+                "shape {shape:?} of {dtype} is too large: its byte size overflows"
+            ))
+        })
 }
 
 impl Tensor {
     /// Builds a tensor from a shape and row-major data; the lengths must agree.
     pub fn from_vec<T: Element>(shape: impl Into<Vec<usize>>, data: Vec<T>) -> Result<Tensor> {
         let shape = shape.into();
+        checked_nbytes(&shape, T::DTYPE)?;
         if numel(&shape) != data.len() {
             return Err(Error::Tensor(format!(
                 "shape {shape:?} holds {} elements but {} were given",
@@ -247,22 +274,32 @@ impl Tensor {
         })
     }
 
-    /// A zero-filled tensor.
-    pub fn zeros(shape: impl Into<Vec<usize>>, dtype: DType) -> Tensor {
+    /// A zero-filled tensor; an error when the shape's size overflows or
+    /// the memory cannot be had (never a panic or an abort).
+    pub fn zeros(shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
-        let data = HostData::zeros(dtype, numel(&shape));
-        Tensor { shape, data }
+        let bytes = checked_nbytes(&shape, dtype)?;
+        let data = HostData::try_zeros(dtype, numel(&shape)).ok_or_else(|| {
+            Error::Tensor(format!(
+                "cannot allocate {bytes} bytes for shape {shape:?} of {dtype}"
+            ))
+        })?;
+        Ok(Tensor { shape, data })
     }
 
     /// A tensor whose elements are `f(flat_index)` converted to `dtype`.
-    pub fn from_fn(shape: impl Into<Vec<usize>>, dtype: DType, f: impl Fn(usize) -> f64) -> Tensor {
-        let mut t = Tensor::zeros(shape, dtype);
+    pub fn from_fn(
+        shape: impl Into<Vec<usize>>,
+        dtype: DType,
+        f: impl Fn(usize) -> f64,
+    ) -> Result<Tensor> {
+        let mut t = Tensor::zeros(shape, dtype)?;
         with_host_data!(&mut t.data, v => {
             for (i, x) in v.iter_mut().enumerate() {
                 *x = Element::from_f64(f(i));
             }
         });
-        t
+        Ok(t)
     }
 
     /// A copy whose storage reserves `slack` more bytes after the data, so
@@ -284,15 +321,15 @@ impl Tensor {
 
     /// Reinterprets raw bytes (native endianness) as a tensor.
     pub fn from_bytes(shape: impl Into<Vec<usize>>, dtype: DType, bytes: &[u8]) -> Result<Tensor> {
-        let mut t = Tensor::zeros(shape, dtype);
-        if t.nbytes() != bytes.len() {
+        let shape = shape.into();
+        let want = checked_nbytes(&shape, dtype)?;
+        if want != bytes.len() {
             return Err(Error::Tensor(format!(
-                "shape {:?} of {dtype} needs {} bytes but {} were given",
-                t.shape,
-                t.nbytes(),
+                "shape {shape:?} of {dtype} needs {want} bytes but {} were given",
                 bytes.len()
             )));
         }
+        let mut t = Tensor::zeros(shape, dtype)?;
         t.bytes_mut().copy_from_slice(bytes);
         Ok(t)
     }
@@ -360,7 +397,7 @@ impl Tensor {
     /// Same data, new shape with the same number of elements.
     pub fn reshape(mut self, shape: impl Into<Vec<usize>>) -> Result<Tensor> {
         let shape = shape.into();
-        if numel(&shape) != self.numel() {
+        if checked_numel(&shape) != Some(self.numel()) {
             return Err(Error::Tensor(format!(
                 "cannot reshape {:?} ({} elements) to {shape:?}",
                 self.shape,
@@ -372,7 +409,7 @@ impl Tensor {
     }
 
     /// Maps every element through `f64` (used for 16-bit reductions and references).
-    pub fn cast(&self, dtype: DType) -> Tensor {
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         let src = self.to_f64_vec();
         Tensor::from_fn(self.shape.clone(), dtype, |i| src[i])
     }

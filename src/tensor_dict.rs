@@ -118,7 +118,7 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
                 Entry::Host(dtype, shape) => {
                     let mut t = match own {
                         Some(DictValue::Host(t)) => t.clone(),
-                        _ => Tensor::zeros(shape, dtype),
+                        _ => Tensor::zeros(shape, dtype)?,
                     };
                     if t.numel() > 0 {
                         g.broadcast(&mut t, src)?;
@@ -192,7 +192,7 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
             let value = match entry::<Self::Tensor>(m) {
                 Entry::Value(text) => DictValue::Value(parse_value(g, &key, &text)?),
                 Entry::Host(dtype, shape) if numel(&shape) == 0 => {
-                    DictValue::Host(Tensor::zeros(shape, dtype))
+                    DictValue::Host(Tensor::zeros(shape, dtype)?)
                 }
                 Entry::Host(dtype, shape) => DictValue::Host(g.recv(&shape, dtype, Some(src))?),
                 Entry::Plane(dtype, shape) if numel(&shape) == 0 => {

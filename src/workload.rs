@@ -50,7 +50,7 @@ pub fn run(
     let mut total = 0.0;
     for step in 0..steps {
         let t0 = Instant::now();
-        let act = Tensor::from_fn(shape, DType::F32, |i| (i % 7) as f64 + me);
+        let act = Tensor::from_fn(shape, DType::F32, |i| (i % 7) as f64 + me)?;
         let summed = tpg.all_reduce(&act, ReduceOp::Sum)?;
         let tp_ranks: f64 = tpg.ranks().iter().map(|r| *r as f64).sum();
         let want = |i: usize| tpg.size() as f64 * (i % 7) as f64 + tp_ranks;
@@ -77,7 +77,7 @@ pub fn run(
         }
         let grad = Tensor::from_fn([elements], DType::F32, |i| {
             (i % 5) as f64 * dpg.size() as f64 + me
-        });
+        })?;
         let avg = dpg.all_reduce(&grad, ReduceOp::Avg)?;
         let dp_mean: f64 = dpg.ranks().iter().map(|r| *r as f64).sum::<f64>() / dpg.size() as f64;
         for (i, v) in avg.to_f64_vec().iter().enumerate() {

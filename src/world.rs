@@ -6,12 +6,16 @@ use crate::group::GroupCoordinator;
 use crate::launcher::{self, MpiView};
 use crate::layout::validate_group_lists;
 use crate::placement::{self, BindPolicy, Placement};
-use crate::watchdog::Watchdog;
+use crate::dispatch::Descriptor;
+use crate::op::Op;
+use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
 
 /// Bytes of a host name carried in the start-up exchange.
 const HOST_BYTES: usize = 256;
@@ -65,6 +69,14 @@ pub struct Options {
     /// aborted with a message naming the call (`RANKMESH_TIMEOUT` seconds,
     /// default 600, 0 = wait forever).
     pub timeout: Option<std::time::Duration>,
+    /// Largest serialised object a rank accepts from a peer
+    /// (`RANKMESH_MAX_OBJECT_BYTES`, default 4 GiB): a header announcing
+    /// more is an error before anything is allocated. Set it the same on
+    /// every rank.
+    pub max_object_bytes: u64,
+    /// Directory where a rank the watchdog stops writes its flight record
+    /// (`RANKMESH_TRACE_DIR`); it goes to stderr either way.
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -73,6 +85,8 @@ impl Default for Options {
             max_message_bytes: 1 << 30,
             bind: None,
             timeout: Some(std::time::Duration::from_secs(600)),
+            max_object_bytes: 1 << 32,
+            trace_dir: None,
         }
     }
 }
@@ -94,22 +108,60 @@ impl Options {
                     ))
                 })?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
-            let secs: f64 = v
+        if let Ok(v) = std::env::var("RANKMESH_MAX_OBJECT_BYTES") {
+            o.max_object_bytes = v
                 .trim()
-                .parse()
+                .parse::<u64>()
                 .ok()
-                .filter(|s: &f64| *s >= 0.0 && s.is_finite())
+                .filter(|n| (1..=MAX_OBJECT_BYTES_LIMIT).contains(n))
                 .ok_or_else(|| {
-                    Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds"))
+                    Error::Launch(format!(
+                        "RANKMESH_MAX_OBJECT_BYTES={v:?} is not a byte count in 1..={MAX_OBJECT_BYTES_LIMIT}"
+                    ))
                 })?;
-            o.timeout = (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs));
+        }
+        if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
+            o.timeout = parse_timeout(&v)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_TRACE_DIR") {
+            if v.is_empty() {
+                return Err(Error::Launch("RANKMESH_TRACE_DIR is set but empty".into()));
+            }
+            std::fs::create_dir_all(&v).map_err(|e| {
+                Error::Launch(format!("RANKMESH_TRACE_DIR={v:?} cannot be created: {e}"))
+            })?;
+            o.trace_dir = Some(PathBuf::from(v));
         }
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);
         }
         Ok(o)
     }
+}
+
+/// Highest `RANKMESH_MAX_OBJECT_BYTES` (1 TiB): the bound exists to stop
+/// a forged header, so it cannot be lifted altogether.
+const MAX_OBJECT_BYTES_LIMIT: u64 = 1 << 40;
+
+/// Longest `RANKMESH_TIMEOUT` (one year): longer is a typo, not a wish.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// Shortest non-zero `RANKMESH_TIMEOUT`: below it, healthy calls would be killed.
+const MIN_TIMEOUT_SECS: f64 = 0.1;
+
+/// `RANKMESH_TIMEOUT`: 0 (wait forever) or seconds in 0.1 ..= one year.
+fn parse_timeout(v: &str) -> Result<Option<std::time::Duration>> {
+    let secs: f64 = v.trim().parse().map_err(|_| {
+        Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds"))
+    })?;
+    if secs == 0.0 {
+        return Ok(None);
+    }
+    if !(MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&secs) {
+        return Err(Error::Launch(format!(
+            "RANKMESH_TIMEOUT={v:?} is out of range: 0 (never time out) or {MIN_TIMEOUT_SECS} ..= {MAX_TIMEOUT_SECS} seconds"
+        )));
+    }
+    Ok(Some(std::time::Duration::from_secs_f64(secs)))
 }
 
 /// Owner of MPI for the process. Every communicator borrows it, so none can
@@ -125,6 +177,9 @@ pub struct Runtime {
     threading: Threading,
     warnings: Vec<String>,
     placement: Option<Placement>,
+    /// Watches group creation over the world (members: every rank).
+    creation: GroupWatch,
+    creations: Cell<u64>,
     watchdog: Watchdog,
     _universe: Universe,
 }
@@ -143,7 +198,7 @@ impl Runtime {
                 Error::Launch("MPI is already initialised: create one Runtime per process".into())
             })?;
         let world_comm = universe.world().duplicate();
-        let info = gather_world_info(&world_comm)?;
+        let (info, node_comm) = gather_world_info(&world_comm)?;
         let me = info.me();
         let view = MpiView {
             rank: info.rank,
@@ -176,7 +231,9 @@ impl Runtime {
             nodes = info.node_count,
             "MPI initialised"
         );
-        let watchdog = Watchdog::start(info.rank, options.timeout);
+        let watchdog = start_watchdog(&world_comm, &info, node_comm, &options);
+        let everyone: Vec<usize> = (0..info.size).collect();
+        let creation = watchdog.register("world".into(), &everyone);
         Ok(Runtime {
             gpu: OnceCell::new(),
             world_comm,
@@ -185,6 +242,8 @@ impl Runtime {
             threading,
             warnings,
             placement,
+            creation,
+            creations: Cell::new(0),
             watchdog,
             _universe: universe,
         })
@@ -240,6 +299,29 @@ impl Runtime {
         &self.watchdog
     }
 
+    /// This rank's flight record: its last calls (group, call number, op,
+    /// shape, when each started, how long it took and whether it failed),
+    /// oldest first. The watchdog prints it when it ends a hung job; call it
+    /// yourself for a post-mortem of an `Err`.
+    pub fn flight_record(&self) -> String {
+        self.watchdog
+            .flight_record(&format!("rankmesh: rank {}", self.info.rank))
+    }
+
+    /// Runs `f`, a step of group creation collective over the world, under
+    /// the watchdog (a rank missing from it is named, not waited for).
+    pub(crate) fn creating<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let mut desc = Descriptor::new(Op::CreateGroup, &[]);
+        desc.seq = self.creations.get();
+        self.creations.set(desc.seq + 1);
+        let mut call = self.creation.call(&desc);
+        let r = f();
+        if r.is_ok() {
+            call.succeeded();
+        }
+        r
+    }
+
     /// The placement rankmesh applied at start, when a binding policy was set.
     pub fn applied_placement(&self) -> Option<&Placement> {
         self.placement.as_ref()
@@ -252,7 +334,7 @@ impl Runtime {
 
     /// A group over the whole world, named `world`.
     pub fn world_group(&self) -> Result<GroupCoordinator<'_>> {
-        GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into())
+        self.creating(|| GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into()))
     }
 
     /// Builds one group per list with a single `MPI_Comm_split` over the world
@@ -264,25 +346,21 @@ impl Runtime {
         name: &str,
         lists: &[Vec<usize>],
     ) -> Result<Option<GroupCoordinator<'_>>> {
-        let local = validate_group_lists(self.size(), lists);
+        self.creating(|| self.split_groups_watched(name, lists))
+    }
+
+    fn split_groups_watched(
+        &self,
+        name: &str,
+        lists: &[Vec<usize>],
+    ) -> Result<Option<GroupCoordinator<'_>>> {
         // Agree on validity and on the lists themselves before splitting, so a
         // rank with different lists errors instead of joining the wrong group.
+        let local = validate_group_lists(self.size(), lists);
         let digest = fnv1a(format!("{name}{lists:?}").as_bytes());
-        let mine = [u64::from(local.is_err()), digest];
-        let mut all = vec![0u64; 2 * self.size()];
-        self.world_comm.all_gather_into(&mine[..], &mut all[..]);
+        let verdict = self.agree_on_world(&format!("the group lists for {name}"), digest, local.is_ok());
         local?;
-        if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
-            return Err(Error::Layout(format!(
-                "rank {r} rejected the group lists for {name}"
-            )));
-        }
-        if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
-            return Err(Error::Layout(format!(
-                "rank {r} passed different group lists for {name} than rank {}",
-                self.rank()
-            )));
-        }
+        verdict?;
         let index = lists.iter().position(|l| l.contains(&self.rank()));
         let color = index.map_or(Color::undefined(), |i| Color::with_value(i as i32));
         let key = index.map_or(0, |i| {
@@ -306,6 +384,22 @@ impl Runtime {
     /// (checked once the group exists).
     pub fn subgroup(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {
         check_rank_list(ranks, self.size(), self.rank(), "world")?;
+        // Members only: watched as a group of the listed ranks.
+        let watch = self
+            .watchdog
+            .register(format!("{name}{ranks:?} (being created)").into(), ranks);
+        let mut desc = Descriptor::new(Op::CreateGroup, &[]);
+        desc.seq = 0;
+        let mut call = watch.call(&desc);
+        let group = self.subgroup_watched(name, ranks);
+        if group.is_ok() {
+            call.succeeded();
+        }
+        group
+    }
+
+    fn subgroup_watched(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {
+        crate::list_check::agree_on_list(&self.world_comm, ranks, self.rank())?;
         let as_i32: Vec<i32> = ranks.iter().map(|r| *r as i32).collect();
         let group = self.world_comm.group().include(&as_i32);
         let comm = self
@@ -316,16 +410,30 @@ impl Runtime {
                     "MPI_Comm_create_group for {name} {ranks:?} returned no communicator"
                 ))
             })?;
-        let g = GroupCoordinator::new(self, comm, format!("{name}{ranks:?}"))?;
-        let digest = fnv1a(format!("{ranks:?}").as_bytes());
-        let all: Vec<u64> = g.all_gather_object(&digest)?;
-        if let Some(r) = all.iter().position(|d| *d != digest) {
+        GroupCoordinator::new(self, comm, format!("{name}{ranks:?}"))
+    }
+
+    /// Every rank's verdict on a world-collective request (`local_ok`) and a
+    /// digest of what it asked for: an `Err` on every rank when any rank
+    /// rejects the request or asked for something else (a rank that rejects
+    /// it reports its own reason; this returns `Ok` there). Collective.
+    pub(crate) fn agree_on_world(&self, what: &str, digest: u64, local_ok: bool) -> Result<()> {
+        let mine = [u64::from(!local_ok), digest];
+        let mut all = vec![0u64; 2 * self.size()];
+        self.world_comm.all_gather_into(&mine[..], &mut all[..]);
+        if !local_ok {
+            return Ok(());
+        }
+        if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
+            return Err(Error::Layout(format!("rank {r} rejected {what}")));
+        }
+        if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
             return Err(Error::Layout(format!(
-                "group rank {r} of {} passed a different rank list",
-                g.name()
+                "rank {r} passed different {what} than rank {}",
+                self.rank()
             )));
         }
-        Ok(g)
+        Ok(())
     }
 }
 
@@ -402,7 +510,61 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-fn gather_world_info(world: &SimpleCommunicator) -> Result<WorldInfo> {
+/// Starts the status board (collective over the node), the status service
+/// and the watchdog; every rank learns where every other rank's service
+/// listens (collective over the world).
+fn start_watchdog(
+    world: &SimpleCommunicator,
+    info: &WorldInfo,
+    node_comm: SimpleCommunicator,
+    options: &Options,
+) -> Watchdog {
+    let board = Board::create(node_comm, info.rank);
+    // Only a watched job can be asked where its ranks are.
+    let service = options
+        .timeout
+        .and_then(|_| Service::start(board.view().clone()).ok());
+    const REC: usize = 4 * ADDRS + 2;
+    let mut mine = [0u8; REC];
+    if let Some(svc) = &service {
+        let ips = local_ipv4();
+        let outward = ips.iter().filter(|a| !a.is_loopback()).take(ADDRS - 1);
+        for (i, ip) in outward.chain([&Ipv4Addr::LOCALHOST]).enumerate() {
+            mine[4 * i..4 * i + 4].copy_from_slice(&ip.octets());
+        }
+        mine[4 * ADDRS..].copy_from_slice(&svc.port().to_le_bytes());
+    }
+    let mut all = vec![0u8; REC * info.size];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let peers = all
+        .chunks(REC)
+        .zip(&info.ranks)
+        .map(|(rec, r)| {
+            let port = u16::from_le_bytes([rec[4 * ADDRS], rec[4 * ADDRS + 1]]);
+            let service = rec[..4 * ADDRS]
+                .chunks(4)
+                .map(|o| Ipv4Addr::new(o[0], o[1], o[2], o[3]))
+                .filter(|ip| !ip.is_unspecified() && port != 0)
+                .map(|ip| SocketAddrV4::new(ip, port))
+                .collect();
+            PeerFacts {
+                node: r.node,
+                host: r.host.clone(),
+                service,
+            }
+        })
+        .collect();
+    Watchdog::start(
+        info.rank,
+        options.timeout,
+        board,
+        service,
+        peers,
+        options.trace_dir.clone(),
+    )
+}
+
+fn gather_world_info(world: &SimpleCommunicator) -> Result<(WorldInfo, SimpleCommunicator)> {
     let rank = world.rank() as usize;
     let size = world.size() as usize;
     let node_comm = world.split_shared(rank as i32);
@@ -447,10 +609,11 @@ fn gather_world_info(world: &SimpleCommunicator) -> Result<WorldInfo> {
             }
         })
         .collect();
-    Ok(WorldInfo {
+    let info = WorldInfo {
         rank,
         size,
         node_count: leaders.len(),
         ranks,
-    })
+    };
+    Ok((info, node_comm))
 }

@@ -50,7 +50,7 @@ fn worker() {
     let rt = Runtime::init().unwrap();
     let g = rt.world_group().unwrap();
     let all: Vec<usize> = (0..g.size()).collect();
-    let t = Tensor::zeros([16 << 20], DType::F32);
+    let t = Tensor::zeros([16 << 20], DType::F32).unwrap();
     if g.rank_in_group() == 1 {
         std::thread::spawn(|| {
             std::thread::sleep(std::time::Duration::from_millis(400));

@@ -16,7 +16,7 @@ fn worker() {
     };
     let rt = rankmesh::Runtime::init().unwrap();
     let g = rt.world_group().unwrap();
-    let t = rankmesh::Tensor::zeros([4], rankmesh::DType::F32);
+    let t = rankmesh::Tensor::zeros([4], rankmesh::DType::F32).unwrap();
     match (mode.as_str(), rt.rank()) {
         ("mismatch", 0) => g.barrier().unwrap(),
         ("mismatch", _) => g.send(&t, Some(0)).unwrap(),
@@ -49,15 +49,27 @@ fn mismatched_calls_end_the_job_with_a_message() {
         took < 60.0,
         "ended by the watchdog, not the test's own timeout: {took} s"
     );
-    let fired = job.stderr.contains(
-        "rank 0 waited 2 s in barrier on world (call #0) for its peers to enter the same call",
-    ) || job
-        .stderr
-        .contains("rank 1 waited 2 s in send/recv on world (call #0)");
-    assert!(fired, "{}", job.describe());
+    // Whichever rank fires first names the other and where it is.
+    let rank0 = job.stderr.contains("with no progress in barrier on world (call #0); aborting the job (RANKMESH_TIMEOUT=2 s)")
+        && job.stderr.contains("group rank 1 (world rank 1, host ")
+        && job
+            .stderr
+            .contains("has not entered this call; it is in send/recv on world (call #0) for ");
+    let rank1 = job.stderr.contains("with no progress in send/recv on world (call #0); aborting the job (RANKMESH_TIMEOUT=2 s)")
+        && job.stderr.contains("group rank 0 (world rank 0, host ")
+        && job
+            .stderr
+            .contains("has not entered this call; it is in barrier on world (call #0) for ");
+    assert!(rank0 || rank1, "{}", job.describe());
     assert!(
-        job.stderr.contains("aborting (RANKMESH_TIMEOUT=2 s)"),
+        job.stderr.contains("flight recorder, last 2 of 2 calls"),
         "{}",
+        job.describe()
+    );
+    assert_eq!(job.code, Some(75), "MPI_Abort's code: {}", job.describe());
+    assert!(
+        !job.stderr.contains("stack backtrace") && !job.stderr.contains("Signal:"),
+        "a clean abort, no signal handler output: {}",
         job.describe()
     );
 }

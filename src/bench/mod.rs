@@ -376,7 +376,7 @@ impl<'rt, P: BenchPlane<'rt>> Buffers<'rt, P> {
     fn new(p: &P, cfg: &BenchConfig, count: usize) -> Result<Self> {
         let g = p.coll().group();
         let who = (g.rank_in_group(), g.size());
-        let host = cfg.op.buffers(count, cfg.dtype, who, cfg.redop, cfg.root);
+        let host = cfg.op.buffers(count, cfg.dtype, who, cfg.redop, cfg.root)?;
         Ok(Buffers {
             input: p.upload(&host.0)?,
             output: p.upload(&host.1)?,

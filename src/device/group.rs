@@ -466,23 +466,19 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let comm = self.p2p_comm(Op::SendRecv)?;
         let s = self.gpu.stream();
         let (sp, rp) = (t.read_ptr(s), out.write_ptr(s));
-        let mut enqueued = Ok(());
         self.group
             .exchange(sent, dst, expected, src, |send_ok, recv_ok| {
-                enqueued = (|| {
-                    let fused = comm.group()?;
-                    // SAFETY: both tensors hold the counts passed, on this device.
-                    unsafe {
-                        if send_ok {
-                            comm.send(sp, t.numel(), t.dtype(), dst, self.stream())?;
-                        }
-                        if recv_ok {
-                            comm.recv(rp, out.numel(), out.dtype(), src, self.stream())?;
-                        }
+                let fused = comm.group()?;
+                // SAFETY: both tensors hold the counts passed, on this device.
+                unsafe {
+                    if send_ok {
+                        comm.send(sp, t.numel(), t.dtype(), dst, self.stream())?;
                     }
-                    fused.end()
-                })();
-            })?;
-        enqueued.map_err(|source| Error::nccl(Op::SendRecv, self.group.name(), source))
+                    if recv_ok {
+                        comm.recv(rp, out.numel(), out.dtype(), src, self.stream())?;
+                    }
+                }
+                Ok(fused.end()?)
+            })
     }
 }

@@ -195,7 +195,7 @@ impl Gpu {
     /// Copies a device tensor to the host, after all work enqueued before it
     /// (waits like [`synchronize`](Self::synchronize)).
     pub fn download(&self, d: &DeviceTensor) -> Result<Tensor> {
-        let mut t = Tensor::zeros(d.shape().to_vec(), d.dtype());
+        let mut t = Tensor::zeros(d.shape().to_vec(), d.dtype())?;
         // A copy into pageable memory blocks until the stream reaches it, so
         // wait first with the polling loop: a stuck NCCL call becomes an
         // error here, not a hang inside the copy.

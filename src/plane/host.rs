@@ -6,8 +6,10 @@
 //! already agreed on sizes through the dispatch path.
 
 use super::reduction::{reduce_into, Reducer};
+use crate::error::Fault;
 use crate::reduce::ReduceOp;
 use crate::tensor::Tensor;
+use crate::watch::Pulse;
 use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -19,18 +21,22 @@ pub const TAG_ANSWER: i32 = 0x5202;
 /// Tag of point-to-point payload pieces.
 pub const TAG_DATA: i32 = 0x5203;
 
-/// MPI over host memory for one communicator.
+/// MPI over host memory for one communicator. Every piece that completes
+/// is progress for the hang watchdog, so a long transfer that still moves is
+/// never mistaken for a stuck one.
 pub struct HostPlane<'c> {
     comm: &'c SimpleCommunicator,
     max_bytes: usize,
+    pulse: Pulse<'c>,
 }
 
 impl<'c> HostPlane<'c> {
     /// A plane over `comm` cutting messages at `max_bytes`.
-    pub fn new(comm: &'c SimpleCommunicator, max_bytes: usize) -> Self {
+    pub(crate) fn new(comm: &'c SimpleCommunicator, max_bytes: usize, pulse: Pulse<'c>) -> Self {
         HostPlane {
             comm,
             max_bytes: max_bytes.max(1),
+            pulse,
         }
     }
 
@@ -60,6 +66,7 @@ impl<'c> HostPlane<'c> {
             let len = piece.min(n - start);
             self.comm
                 .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
+            self.pulse.beat();
             for r in 0..p {
                 out[r * n + start..r * n + start + len]
                     .copy_from_slice(&tmp[r * len..(r + 1) * len]);
@@ -91,6 +98,7 @@ impl<'c> HostPlane<'c> {
                 }
                 None => root_proc.gather_into(send),
             }
+            self.pulse.beat();
         }
         out
     }
@@ -125,6 +133,7 @@ impl<'c> HostPlane<'c> {
                 }
                 None => root_proc.scatter_into(mine),
             }
+            self.pulse.beat();
         }
     }
 
@@ -133,6 +142,7 @@ impl<'c> HostPlane<'c> {
         let root_proc = self.comm.process_at_rank(root as i32);
         for piece in buf.chunks_mut(self.max_bytes) {
             root_proc.broadcast_into(piece);
+            self.pulse.beat();
         }
     }
 
@@ -158,6 +168,7 @@ impl<'c> HostPlane<'c> {
                     .copy_from_slice(&send[q * block + start..q * block + start + len]);
             }
             self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
+            self.pulse.beat();
             for q in 0..p {
                 out[q * block + start..q * block + start + len]
                     .copy_from_slice(&r[q * len..(q + 1) * len]);
@@ -168,7 +179,13 @@ impl<'c> HostPlane<'c> {
     /// Sends `send` to `dst` while receiving `recv` from `src`, each only when
     /// its flag is set (a link whose handshake failed carries nothing). Pieces
     /// pair up by index on each link, so no ring of such calls can deadlock.
-    pub fn send_recv(&self, send: Option<&[u8]>, dst: usize, recv: Option<&mut [u8]>, src: usize) {
+    pub(crate) fn send_recv(
+        &self,
+        send: Option<&[u8]>,
+        dst: usize,
+        recv: Option<&mut [u8]>,
+        src: usize,
+    ) -> Result<(), Fault> {
         let (to, from) = (
             self.comm.process_at_rank(dst as i32),
             self.comm.process_at_rank(src as i32),
@@ -180,19 +197,26 @@ impl<'c> HostPlane<'c> {
         let rounds = send_pieces.len().max(recv_pieces.len());
         let mut recv_iter = recv_pieces.iter_mut();
         for k in 0..rounds {
-            match (send_pieces.get(k), recv_iter.next()) {
-                (Some(s), Some(r)) => {
+            let status = match (send_pieces.get(k), recv_iter.next()) {
+                (Some(s), Some(r)) => Some((
                     mpi::point_to_point::send_receive_into_with_tags(
                         *s, &to, TAG_DATA, &mut **r, &from, TAG_DATA,
-                    );
+                    ),
+                    r.len(),
+                )),
+                (Some(s), None) => {
+                    to.send_with_tag(*s, TAG_DATA);
+                    None
                 }
-                (Some(s), None) => to.send_with_tag(*s, TAG_DATA),
-                (None, Some(r)) => {
-                    from.receive_into_with_tag(&mut **r, TAG_DATA);
-                }
-                (None, None) => {}
+                (None, Some(r)) => Some((from.receive_into_with_tag(&mut **r, TAG_DATA), r.len())),
+                (None, None) => None,
+            };
+            if let Some((status, want)) = status {
+                check_count(&status, want, src)?;
             }
+            self.pulse.beat();
         }
+        Ok(())
     }
 
     /// Exchanges fixed-size headers with `tag`: ours to `dst`, `src`'s into `theirs`.
@@ -221,6 +245,7 @@ impl<'c> HostPlane<'c> {
             let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
             let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
             self.comm.all_gather_varcount_into(own, &mut part);
+            self.pulse.beat();
             scatter_round(&mut out, &tmp, &counts, &displs);
         }
         out
@@ -250,6 +275,7 @@ impl<'c> HostPlane<'c> {
             } else {
                 root_proc.gather_varcount_into(own);
             }
+            self.pulse.beat();
         }
         is_root.then_some(out)
     }
@@ -275,15 +301,21 @@ impl<'c> HostPlane<'c> {
         let p = self.comm.process_at_rank(dst as i32);
         for piece in bytes.chunks(self.max_bytes) {
             p.send_with_tag(piece, TAG_DATA);
+            self.pulse.beat();
         }
     }
 
-    /// Receives exactly `buf.len()` bytes from `src` in pieces with `TAG_DATA`.
-    pub fn recv(&self, buf: &mut [u8], src: usize) {
+    /// Receives exactly `buf.len()` bytes from `src` in pieces with
+    /// `TAG_DATA`; a short piece is an error (a longer one is MPI's
+    /// truncation error).
+    pub(crate) fn recv(&self, buf: &mut [u8], src: usize) -> Result<(), Fault> {
         let p = self.comm.process_at_rank(src as i32);
         for piece in buf.chunks_mut(self.max_bytes) {
-            p.receive_into_with_tag(piece, TAG_DATA);
+            let status = p.receive_into_with_tag(piece, TAG_DATA);
+            check_count(&status, piece.len(), src)?;
+            self.pulse.beat();
         }
+        Ok(())
     }
 
     /// Sends a fixed-size header with `tag`.
@@ -348,6 +380,7 @@ impl Reducer for AllReduce<'_, '_> {
         let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
         for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
             self.0.comm.all_reduce_into(s, r, op);
+            self.0.pulse.beat();
         }
     }
 }
@@ -366,10 +399,12 @@ impl Reducer for Reduce<'_, '_> {
         if self.0.comm.rank() as usize == self.1 {
             for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
                 root.reduce_into_root(s, r, op);
+                self.0.pulse.beat();
             }
         } else {
             for s in send.chunks(piece) {
                 root.reduce_into(s, op);
+                self.0.pulse.beat();
             }
         }
     }
@@ -401,7 +436,18 @@ impl Reducer for ReduceScatter<'_, '_> {
             self.0
                 .comm
                 .reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
+            self.0.pulse.beat();
         }
+    }
+}
+
+/// A received piece must hold the bytes the header promised.
+fn check_count(status: &mpi::point_to_point::Status, want: usize, peer: usize) -> Result<(), Fault> {
+    let got = status.count(u8::equivalent_datatype()).max(0) as usize;
+    if got == want {
+        Ok(())
+    } else {
+        Err(Fault::Short { peer, got, want })
     }
 }
 

@@ -55,7 +55,7 @@ pub fn run(rt: &Runtime) {
                 let mut t = if me == src {
                     x.clone()
                 } else {
-                    Tensor::zeros(shape.to_vec(), dtype)
+                    Tensor::zeros(shape.to_vec(), dtype).unwrap()
                 };
                 g.broadcast(&mut t, src).unwrap();
                 let want = values(src, n, dtype, ReduceOp::Sum);
@@ -146,7 +146,7 @@ fn scatter(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
             let ctx = format!("scatter from {src} dim {dim} {dtype} np{p}");
             let got = g.scatter(&x, src, dim as isize - 3).unwrap();
             assert_tensor(&got, dtype, &want_shape, &want, &ctx);
-            let mut out = Tensor::zeros(want_shape.clone(), dtype);
+            let mut out = Tensor::zeros(want_shape.clone(), dtype).unwrap();
             g.scatter_into(&x, &mut out, src, dim as isize).unwrap();
             assert_tensor(&out, dtype, &want_shape, &want, &format!("{ctx} (into)"));
         }
@@ -235,7 +235,7 @@ fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     let (p, me) = (g.size(), g.rank_in_group());
     // Zero elements move nothing and must not upset MPI (empty Rust buffers
     // share one address, which MPI would read as aliasing).
-    let empty = Tensor::zeros([0, 3], dtype);
+    let empty = Tensor::zeros([0, 3], dtype).unwrap();
     for op in ReduceOp::ALL {
         assert_eq!(g.all_reduce(&empty, op).unwrap().shape(), &[0, 3]);
         assert_eq!(g.reduce_scatter(&empty, 0, op).unwrap().shape(), &[0, 3]);
@@ -275,7 +275,7 @@ fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
                 None => assert_ne!(me, dst),
             }
         }
-        let mut out = Tensor::zeros([2, 3], dtype);
+        let mut out = Tensor::zeros([2, 3], dtype).unwrap();
         for _ in 0..2 {
             g.all_reduce_into(&x, &mut out, op).unwrap();
             assert_tensor(
@@ -305,7 +305,7 @@ fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
 
     // Ring shift with send_recv: everyone sends to next and receives from previous.
     let x = input(me, &[4], dtype, ReduceOp::Sum);
-    let mut out = Tensor::zeros([4], dtype);
+    let mut out = Tensor::zeros([4], dtype).unwrap();
     g.send_recv_into(&x, &mut out, None, None).unwrap();
     let prev = (me + p - 1) % p;
     assert_tensor(
@@ -318,7 +318,7 @@ fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
 
     // all_gather_into / reduce_scatter_into with a reused output, dim 1 (packed path).
     let x = input(me, &[2, 3], dtype, ReduceOp::Sum);
-    let mut out = Tensor::zeros([2, 3 * p], dtype);
+    let mut out = Tensor::zeros([2, 3 * p], dtype).unwrap();
     g.all_gather_into(&x, &mut out, 1).unwrap();
     let parts: Vec<Vec<f64>> = (0..p).map(|r| values(r, 6, dtype, ReduceOp::Sum)).collect();
     let (want_shape, want) = concat(&parts, &[2, 3], 1);

@@ -22,7 +22,7 @@ fn dict_of(rank: usize) -> TensorDict {
     );
     d.insert(
         "empty".into(),
-        DictValue::Tensor(Tensor::zeros([0, 3], DType::F16)),
+        DictValue::Tensor(Tensor::zeros([0, 3], DType::F16).unwrap()),
     );
     d.insert(
         "step".into(),

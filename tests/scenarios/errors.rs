@@ -71,14 +71,14 @@ pub fn run(rt: &Runtime) {
         g.all_to_all_4d(&x, 2, 1),
         &["expects a 4-d tensor, got shape [2, 3, 4]"],
     );
-    let x4 = Tensor::zeros([1, 2, 4 * p + 1, 2], DType::F16);
+    let x4 = Tensor::zeros([1, 2, 4 * p + 1, 2], DType::F16).unwrap();
     expect_err(g.all_to_all_4d(&x4, 0, 3), &["(0, 3) is not supported"]);
     if p > 1 {
         expect_err(
             g.all_to_all_4d(&x4, 2, 1),
             &["not divisible by the group size"],
         );
-        let odd = Tensor::zeros([p * 2 + 1], DType::I32);
+        let odd = Tensor::zeros([p * 2 + 1], DType::I32).unwrap();
         expect_err(
             g.reduce_scatter(&odd, 0, ReduceOp::Sum),
             &["reduce_scatter on world: dim 0 of size", "not divisible"],
@@ -93,9 +93,9 @@ pub fn run(rt: &Runtime) {
     // Arguments that differ between ranks: everyone learns who passed what.
     if p > 1 {
         let mine = if me == p - 1 {
-            Tensor::zeros([2, 5], DType::F32)
+            Tensor::zeros([2, 5], DType::F32).unwrap()
         } else {
-            Tensor::zeros([2, 4], DType::F32)
+            Tensor::zeros([2, 4], DType::F32).unwrap()
         };
         expect_err(
             g.all_reduce(&mine, ReduceOp::Sum),
@@ -110,7 +110,7 @@ pub fn run(rt: &Runtime) {
         );
         let dt = if me == 0 { DType::BF16 } else { DType::F16 };
         expect_err(
-            g.all_gather(&Tensor::zeros([3], dt), 0),
+            g.all_gather(&Tensor::zeros([3], dt).unwrap(), 0),
             &["ranks disagree", "bf16", "f16"],
         );
         let op = if me == 0 {
@@ -119,7 +119,7 @@ pub fn run(rt: &Runtime) {
             ReduceOp::Min
         };
         expect_err(
-            g.all_reduce(&Tensor::zeros([3], DType::I8), op),
+            g.all_reduce(&Tensor::zeros([3], DType::I8).unwrap(), op),
             &["op max", "op min"],
         );
         // Different calls: rank 0 is at a barrier while the others all-reduce.
@@ -155,7 +155,7 @@ pub fn run(rt: &Runtime) {
 
         // Point-to-point: a shape mismatch fails on both sides.
         if me == 0 {
-            expect_err(g.send(&Tensor::zeros([4], DType::F32), Some(1)), &["group rank 0 sends send/recv(shape [4] f32) but group rank 1 expects send/recv(shape [3] f32)"]);
+            expect_err(g.send(&Tensor::zeros([4], DType::F32).unwrap(), Some(1)), &["group rank 0 sends send/recv(shape [4] f32) but group rank 1 expects send/recv(shape [3] f32)"]);
         } else if me == 1 {
             expect_err(
                 g.recv(&[3], DType::F32, Some(0)),
@@ -169,11 +169,11 @@ pub fn run(rt: &Runtime) {
         }
     }
     // A wrong output buffer on one rank fails every rank, naming that rank.
-    let input = Tensor::zeros([4], DType::F32);
+    let input = Tensor::zeros([4], DType::F32).unwrap();
     let mut out = if me == 0 {
-        Tensor::zeros([5], DType::F32)
+        Tensor::zeros([5], DType::F32).unwrap()
     } else {
-        Tensor::zeros([4], DType::F32)
+        Tensor::zeros([4], DType::F32).unwrap()
     };
     expect_err(
         g.all_reduce_into(&input, &mut out, ReduceOp::Sum),
@@ -191,7 +191,7 @@ pub fn run(rt: &Runtime) {
         );
     }
     // The new `_into` forms check their outputs by the same rules.
-    let big = Tensor::zeros([2 * p, 3], DType::F32);
+    let big = Tensor::zeros([2 * p, 3], DType::F32).unwrap();
     expect_err(
         g.scatter(&big, p, 0),
         &[&format!(
@@ -200,7 +200,7 @@ pub fn run(rt: &Runtime) {
     );
     // (With one rank these outputs are the right shape.)
     if p > 1 {
-        let mut bad = Tensor::zeros([2 * p, 3], DType::F32);
+        let mut bad = Tensor::zeros([2 * p, 3], DType::F32).unwrap();
         expect_err(
             g.scatter_into(&big, &mut bad, 0, 0),
             &[
@@ -211,8 +211,8 @@ pub fn run(rt: &Runtime) {
                 ),
             ],
         );
-        let x4 = Tensor::zeros([1, 2, 2 * p, 2], DType::BF16);
-        let mut bad4 = Tensor::zeros([1, 2, 2 * p, 2], DType::BF16);
+        let x4 = Tensor::zeros([1, 2, 2 * p, 2], DType::BF16).unwrap();
+        let mut bad4 = Tensor::zeros([1, 2, 2 * p, 2], DType::BF16).unwrap();
         expect_err(
             g.all_to_all_4d_into(&x4, &mut bad4, 2, 1),
             &[
@@ -221,7 +221,7 @@ pub fn run(rt: &Runtime) {
             ],
         );
     }
-    let mut wrong_dtype = Tensor::zeros([4 * p], DType::F64);
+    let mut wrong_dtype = Tensor::zeros([4 * p], DType::F64).unwrap();
     expect_err(
         g.all_gather_into(&input, &mut wrong_dtype, 0),
         &[
@@ -236,12 +236,12 @@ pub fn run(rt: &Runtime) {
     );
     if p > 1 {
         expect_err(
-            g.all_to_all(&Tensor::zeros([p + 1], DType::U8)),
+            g.all_to_all(&Tensor::zeros([p + 1], DType::U8).unwrap()),
             &["all_to_all on world: dim 0 of size"],
         );
         // A ring where one link disagrees: both ends of that link fail, the others succeed.
-        let send = Tensor::zeros([if me == 0 { 3 } else { 2 }], DType::I32);
-        let mut recv = Tensor::zeros([2], DType::I32);
+        let send = Tensor::zeros([if me == 0 { 3 } else { 2 }], DType::I32).unwrap();
+        let mut recv = Tensor::zeros([2], DType::I32).unwrap();
         let r = g.send_recv_into(&send, &mut recv, None, None);
         if me == 0 || me == 1 % p {
             expect_err(r, &["send_recv on world: group rank 0 sends send/recv(shape [3] i32) but group rank 1 expects send/recv(shape [2] i32)"]);

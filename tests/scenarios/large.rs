@@ -17,7 +17,7 @@ pub fn run(rt: &Runtime) {
     let mut t = if me == 0 {
         Tensor::from_vec([N], (0..N).map(pattern).collect::<Vec<u8>>()).unwrap()
     } else {
-        Tensor::zeros([N], DType::U8)
+        Tensor::zeros([N], DType::U8).unwrap()
     };
     g.broadcast(&mut t, 0).unwrap();
     let v = t.as_slice::<u8>().unwrap();

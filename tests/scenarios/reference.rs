@@ -26,7 +26,7 @@ pub fn values(rank: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
 
 pub fn input(rank: usize, shape: &[usize], dtype: DType, op: ReduceOp) -> Tensor {
     let v = values(rank, shape.iter().product(), dtype, op);
-    Tensor::from_fn(shape.to_vec(), dtype, |i| v[i])
+    Tensor::from_fn(shape.to_vec(), dtype, |i| v[i]).unwrap()
 }
 
 /// Element-wise reduction of every rank's `values`, as the collective defines it.

@@ -18,7 +18,7 @@ fn tensors_of(rank: usize) -> BTreeMap<String, Tensor> {
             "b".to_string(),
             input(rank, &[3], DType::F64, ReduceOp::Sum),
         ),
-        ("empty".to_string(), Tensor::zeros([0], DType::U8)),
+        ("empty".to_string(), Tensor::zeros([0], DType::U8).unwrap()),
     ])
 }
 

@@ -1,0 +1,287 @@
+//! The node's status board: one slot per local rank in an MPI shared-memory
+//! window, saying what the rank is doing (op, group, call number, since
+//! when, last progress). A rank writes only its own slot, with plain atomic
+//! stores (no system call, no MPI); any rank of the node reads every slot,
+//! even one whose owner is stopped, which is what lets a stuck rank name
+//! where its peers are. MPI owns the segment, so a killed job leaves nothing
+//! in `/dev/shm`.
+
+use super::clock::now_ns;
+use mpi::ffi;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use serde::{Deserialize, Serialize};
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Bytes of a group name a slot keeps (longer names are cut).
+const NAME_WORDS: usize = 8;
+
+const IDLE: u64 = 0;
+const IN_CALL: u64 = 1;
+const FINISHED: u64 = 2;
+
+/// One rank's state. Written only by its owner; `gen` is a sequence lock
+/// (odd while the owner rewrites the call fields).
+#[repr(C, align(64))]
+pub(crate) struct Slot {
+    gen: AtomicU64,
+    /// World rank + 1; 0 until the owner has written its slot.
+    rank: AtomicU64,
+    pid: AtomicU64,
+    state: AtomicU64,
+    op: AtomicU64,
+    seq: AtomicU64,
+    /// When the current state began (`now_ns`).
+    since: AtomicU64,
+    /// The last sign of progress in the current call.
+    beat: AtomicU64,
+    name_len: AtomicU64,
+    name: [AtomicU64; NAME_WORDS],
+}
+
+/// What a slot said when it was read, with ages measured on its node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Status {
+    pub rank: usize,
+    pub pid: u32,
+    pub state: State,
+    pub op: u32,
+    pub seq: u64,
+    pub group: String,
+    /// Nanoseconds in the current state.
+    pub for_ns: u64,
+    /// Nanoseconds since the last progress.
+    pub quiet_ns: u64,
+    /// The process state letter from `/proc` (`T`: stopped), `None` if the
+    /// process is gone.
+    pub process: Option<char>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) enum State {
+    Idle,
+    InCall,
+    Finished,
+}
+
+/// The slots of every rank on this node, readable from any thread.
+pub(crate) struct BoardView {
+    slots: Vec<*const Slot>,
+    me: usize,
+    /// Cleared before the window is freed, so late readers skip it.
+    live: AtomicBool,
+}
+
+// SAFETY: the slots are shared memory touched only through atomics; the
+// window outlives every reader (see `Board::drop`).
+unsafe impl Send for BoardView {}
+unsafe impl Sync for BoardView {}
+
+impl BoardView {
+    fn own(&self) -> &Slot {
+        // SAFETY: pointers come from MPI_Win_shared_query and stay valid
+        // while `live` (the owner's slot is never read after the free).
+        unsafe { &*self.slots[self.me] }
+    }
+
+    /// Marks this rank as in `op` call `seq` of group `name`.
+    pub fn enter(&self, op: u32, seq: u64, name: Option<&str>, now: u64) {
+        let s = self.own();
+        let g = s.gen.load(Ordering::Relaxed);
+        s.gen.store(g + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        if let Some(name) = name {
+            let bytes = name.as_bytes();
+            let n = bytes.len().min(NAME_WORDS * 8);
+            let mut buf = [0u8; NAME_WORDS * 8];
+            buf[..n].copy_from_slice(&bytes[..n]);
+            for (w, chunk) in s.name.iter().zip(buf.chunks_exact(8)) {
+                w.store(
+                    u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
+                    Ordering::Relaxed,
+                );
+            }
+            s.name_len.store(n as u64, Ordering::Relaxed);
+        }
+        s.op.store(u64::from(op), Ordering::Relaxed);
+        s.seq.store(seq, Ordering::Relaxed);
+        s.since.store(now, Ordering::Relaxed);
+        s.beat.store(now, Ordering::Relaxed);
+        s.state.store(IN_CALL, Ordering::Relaxed);
+        s.gen.store(g + 2, Ordering::Release);
+    }
+
+    /// Records progress in the current call.
+    pub fn beat(&self, now: u64) {
+        self.own().beat.store(now, Ordering::Relaxed);
+    }
+
+    /// Marks this rank as between calls.
+    pub fn leave(&self, now: u64) {
+        self.set_state(IDLE, now);
+    }
+
+    fn set_state(&self, state: u64, now: u64) {
+        let s = self.own();
+        let g = s.gen.load(Ordering::Relaxed);
+        s.gen.store(g + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        s.since.store(now, Ordering::Relaxed);
+        s.state.store(state, Ordering::Relaxed);
+        s.gen.store(g + 2, Ordering::Release);
+    }
+
+    /// Every written slot of the node, read consistently.
+    pub fn read_all(&self) -> Vec<Status> {
+        if !self.live.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let now = now_ns();
+        self.slots
+            .iter()
+            // SAFETY: as in `own`, for every rank's slot.
+            .filter_map(|p| read(unsafe { &**p }, now))
+            .collect()
+    }
+}
+
+/// A consistent copy of `s` (retried while its owner writes; a writer
+/// stopped mid-write still yields its fields after a bounded number of tries).
+fn read(s: &Slot, now: u64) -> Option<Status> {
+    for attempt in 0..1000 {
+        let g = s.gen.load(Ordering::Acquire);
+        if g % 2 == 1 && attempt < 999 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let rank = s.rank.load(Ordering::Relaxed);
+        let pid = s.pid.load(Ordering::Relaxed) as u32;
+        let state = match s.state.load(Ordering::Relaxed) {
+            IN_CALL => State::InCall,
+            FINISHED => State::Finished,
+            _ => State::Idle,
+        };
+        let op = s.op.load(Ordering::Relaxed) as u32;
+        let seq = s.seq.load(Ordering::Relaxed);
+        let since = s.since.load(Ordering::Relaxed);
+        let beat = s.beat.load(Ordering::Relaxed);
+        let n = (s.name_len.load(Ordering::Relaxed) as usize).min(NAME_WORDS * 8);
+        let mut buf = Vec::with_capacity(NAME_WORDS * 8);
+        for w in &s.name {
+            buf.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        std::sync::atomic::fence(Ordering::Acquire);
+        if s.gen.load(Ordering::Relaxed) != g && attempt < 999 {
+            continue;
+        }
+        if rank == 0 {
+            return None;
+        }
+        buf.truncate(n);
+        return Some(Status {
+            rank: rank as usize - 1,
+            pid,
+            state,
+            op,
+            seq,
+            group: String::from_utf8_lossy(&buf).into_owned(),
+            for_ns: now.saturating_sub(since),
+            quiet_ns: now.saturating_sub(beat.max(since)),
+            process: process_state(pid),
+        });
+    }
+    None
+}
+
+/// The state letter of process `pid` in `/proc` (`R`, `S`, `T`, `Z`, …).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: the state
+    // follows the last `)`.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The board's owner: the node communicator and its window. Collective to
+/// create and to drop (over the node's ranks).
+pub(crate) struct Board {
+    view: std::sync::Arc<BoardView>,
+    win: ffi::MPI_Win,
+    _node_comm: SimpleCommunicator,
+}
+
+impl Board {
+    /// Allocates one slot per rank of `node_comm` and fills this rank's.
+    pub fn create(node_comm: SimpleCommunicator, world_rank: usize) -> Board {
+        let size = std::mem::size_of::<Slot>();
+        // MPI does not promise cache-line alignment: room to align up.
+        let room = size + std::mem::align_of::<Slot>();
+        let mut base: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a zeroed handle is written by MPI before use.
+        let mut win: ffi::MPI_Win = unsafe { std::mem::zeroed() };
+        // SAFETY: out-pointers are valid; the call is collective over the
+        // node communicator, which every rank of the node passes.
+        unsafe {
+            ffi::MPI_Win_allocate_shared(
+                room as ffi::MPI_Aint,
+                1,
+                ffi::RSMPI_INFO_NULL,
+                node_comm.as_raw(),
+                &mut base as *mut *mut c_void as *mut c_void,
+                &mut win,
+            );
+        }
+        let me = node_comm.rank() as usize;
+        let slot = |r: usize| {
+            let (mut sz, mut disp): (ffi::MPI_Aint, c_int) = (0, 0);
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `r` is a rank of the window's communicator.
+            unsafe {
+                ffi::MPI_Win_shared_query(
+                    win,
+                    r as c_int,
+                    &mut sz,
+                    &mut disp,
+                    &mut p as *mut *mut c_void as *mut c_void,
+                )
+            };
+            let p = p as *mut u8;
+            // SAFETY: the offset is below the alignment, inside the `room` bytes.
+            unsafe { p.add(p.align_offset(std::mem::align_of::<Slot>())) as *const Slot }
+        };
+        let slots: Vec<*const Slot> = (0..node_comm.size() as usize).map(slot).collect();
+        // SAFETY: this rank's own slot, `size` bytes, not yet read by anyone.
+        unsafe { std::ptr::write_bytes(slots[me] as *mut u8, 0, size) };
+        let view = BoardView {
+            slots,
+            me,
+            live: AtomicBool::new(true),
+        };
+        let own = view.own();
+        own.pid.store(u64::from(std::process::id()), Ordering::Relaxed);
+        own.since.store(now_ns(), Ordering::Relaxed);
+        own.rank.store(world_rank as u64 + 1, Ordering::Release);
+        // Every slot is written before anyone reads it.
+        node_comm.barrier();
+        Board {
+            view: std::sync::Arc::new(view),
+            win,
+            _node_comm: node_comm,
+        }
+    }
+
+    /// The slots, for the writer and the readers.
+    pub fn view(&self) -> &std::sync::Arc<BoardView> {
+        &self.view
+    }
+}
+
+impl Drop for Board {
+    /// Collective over the node (like MPI finalisation that follows it).
+    fn drop(&mut self) {
+        self.view.set_state(FINISHED, now_ns());
+        self.view.live.store(false, Ordering::Release);
+        // SAFETY: the window is valid and freed once; readers check `live`.
+        unsafe { ffi::MPI_Win_free(&mut self.win) };
+    }
+}
