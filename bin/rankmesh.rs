@@ -395,7 +395,9 @@ fn init_logging() -> Result<(), String> {
     let filter = match std::env::var("RANKMESH_LOG") {
         Err(_) => tracing_subscriber::EnvFilter::new("warn"),
         Ok(v) => tracing_subscriber::EnvFilter::try_new(&v).map_err(|e| {
-            format!("RANKMESH_LOG={v:?} is not a log filter ({e}); e.g. warn, debug, rankmesh=trace")
+            format!(
+                "RANKMESH_LOG={v:?} is not a log filter ({e}); e.g. warn, debug, rankmesh=trace"
+            )
         })?,
     };
     tracing_subscriber::fmt()

@@ -5,8 +5,7 @@
 //! counts as one level, like serde_json's recursion limit.
 
 use serde::de::{
-    self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess,
-    VariantAccess, Visitor,
+    self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
 use std::cell::Cell;
 use std::fmt;
@@ -124,7 +123,9 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<'_, V> {
 
     fn visit_newtype_struct<D2: Deserializer<'de>>(self, d: D2) -> Result<V::Value, D2::Error> {
         let depth = self.depth;
-        deeper(depth, || self.inner.visit_newtype_struct(Limited::new(d, depth)))
+        deeper(depth, || {
+            self.inner.visit_newtype_struct(Limited::new(d, depth))
+        })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
@@ -169,7 +170,10 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for Wrap<'_, A> {
 impl<'de, A: MapAccess<'de>> MapAccess<'de> for Wrap<'_, A> {
     type Error = A::Error;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
         self.inner.next_key_seed(wrap(seed, self.depth))
     }
 

@@ -58,7 +58,7 @@ impl Descriptor {
         let mut d = Descriptor::new(op, params);
         d.dtype = dtype.code();
         d.ndim = shape.len() as u32;
-        d.len = shape.iter().product::<usize>() as u64;
+        d.len = crate::tensor::numel(shape) as u64;
         for (slot, n) in d.dims.iter_mut().zip(shape) {
             *slot = *n as u64;
         }

@@ -167,6 +167,13 @@ impl<'rt> GroupCoordinator<'rt> {
         &self.inner.comm
     }
 
+    /// The group's MPI communicator, for code that speaks MPI directly next
+    /// to rankmesh. Its traffic bypasses the agreement and the watchdog, and
+    /// must not interleave with rankmesh's own calls on the group.
+    pub fn communicator(&self) -> &SimpleCommunicator {
+        &self.inner.comm
+    }
+
     /// Runs `f` on two scratch buffers of `a` and `b` bytes (contents unspecified).
     pub(crate) fn with_scratch<R>(
         &self,

@@ -27,9 +27,9 @@
 pub mod autograd;
 pub mod bench;
 pub mod collectives;
+mod depth;
 pub mod device;
 pub mod dispatch;
-mod depth;
 pub mod doctor;
 pub mod error;
 pub mod gather;
@@ -59,7 +59,6 @@ pub use autograd::Differentiable;
 pub use collectives::{Collectives, PlaneTensor};
 pub use device::{DeviceGroup, DeviceTensor, Gpu};
 pub use error::{Error, NcclError, Result};
-pub use watch::TIMEOUT_EXIT;
 pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};
 pub use op::Op;
@@ -70,6 +69,7 @@ pub use tensor::{
     divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor,
 };
 pub use tensor_dict::{DictValue, TensorDict, TensorDicts};
+pub use watch::TIMEOUT_EXIT;
 pub use workspace::Workspace;
 pub use world::{Options, RankInfo, Runtime, WorldInfo};
 

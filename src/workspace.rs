@@ -10,17 +10,24 @@
 //!
 //! Reads and writes are not collective (as in ModelOpt): synchronise with
 //! `barrier` between writing and reading.
+//!
+//! The filesystem is not trusted either: reads follow no symlink
+//! (`O_NOFOLLOW`), open only regular files (a FIFO or device is an error,
+//! never a block), read no more than the file's size, and check every size
+//! in the header with overflow-checked arithmetic. Temporary files left by
+//! writers that died mid-write (same host, process gone) are removed by the
+//! next write.
 
 use crate::collectives::Collectives;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{checked_nbytes, DType, Tensor};
 use crate::world::fnv1a;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"RMWSPACE";
@@ -67,6 +74,7 @@ pub struct Workspace {
     dir: PathBuf,
     token: [u8; 16],
     rank: usize,
+    size: usize,
 }
 
 fn io_err(path: &Path, what: &str, e: std::io::Error) -> Error {
@@ -82,6 +90,21 @@ fn job_label() -> String {
         .iter()
         .find_map(|k| std::env::var(k).ok())
         .unwrap_or_else(|| "local".into())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// This host's name as it appears in temporary file names.
+fn host_label() -> String {
+    mpi::environment::processor_name()
+        .unwrap_or_default()
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {
@@ -136,6 +159,7 @@ impl Workspace {
             dir,
             token,
             rank: group.rank_in_group(),
+            size: group.size(),
         })
     }
 
@@ -181,28 +205,127 @@ impl Workspace {
         file.extend_from_slice(&payload);
 
         let path = self.file_of(self.rank);
-        let tmp = self
-            .dir
-            .join(format!(".rank-{:06}.{}.tmp", self.rank, std::process::id()));
-        let mut f = fs::File::create(&tmp).map_err(|e| io_err(&tmp, "cannot create", e))?;
-        f.write_all(&file)
-            .map_err(|e| io_err(&tmp, "cannot write", e))?;
-        f.sync_all().map_err(|e| io_err(&tmp, "cannot sync", e))?;
-        fs::rename(&tmp, &path).map_err(|e| io_err(&path, "cannot rename into place", e))?;
+        self.sweep_dead_writers();
+        let tmp = self.dir.join(format!(
+            ".rank-{:06}.{}.{}.tmp",
+            self.rank,
+            host_label(),
+            std::process::id()
+        ));
+        let written = (|| {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| io_err(&tmp, "cannot create", e))?;
+            f.write_all(&file)
+                .map_err(|e| io_err(&tmp, "cannot write", e))?;
+            f.sync_all().map_err(|e| io_err(&tmp, "cannot sync", e))?;
+            fs::rename(&tmp, &path).map_err(|e| io_err(&path, "cannot rename into place", e))
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written?;
         fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| io_err(&self.dir, "cannot sync the directory", e))
     }
 
+    /// Removes temporary files of writers on this host whose process is
+    /// gone (killed mid-write); other hosts' files are theirs to sweep.
+    fn sweep_dead_writers(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let host = host_label();
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(rest) = name
+                .strip_prefix(".rank-")
+                .and_then(|n| n.strip_suffix(".tmp"))
+            else {
+                continue;
+            };
+            let mut parts = rest.rsplitn(2, '.');
+            let (Some(pid), Some(prefix)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let same_host = prefix.split_once('.').is_some_and(|(_, h)| h == host);
+            let alive = pid
+                .parse::<u32>()
+                .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if same_host && !alive {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
     /// Group rank `rank`'s state: `None` if it wrote nothing, an error if the
     /// file is truncated, corrupt, from another run or another format.
     pub fn read(&self, rank: usize) -> Result<Option<RankState>> {
+        if rank >= self.size {
+            return Err(Error::Workspace {
+                path: self.dir.clone(),
+                msg: format!("rank {rank} is not in the group (size {})", self.size),
+            });
+        }
         let path = self.file_of(rank);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
+        // No symlink is followed and nothing but a regular file is read;
+        // O_NONBLOCK keeps a FIFO planted here from blocking the open.
+        let mut f = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err(&path, "cannot read", e)),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(io_err(&path, "refusing to follow a symbolic link", e))
+            }
+            Err(e) => return Err(io_err(&path, "cannot open", e)),
         };
+        let meta = f.metadata().map_err(|e| io_err(&path, "cannot stat", e))?;
+        if !meta.file_type().is_file() {
+            return Err(Error::Workspace {
+                path,
+                msg: "not a regular file".into(),
+            });
+        }
+        let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+        let mut header = [0u8; HEADER_BYTES];
+        if len < HEADER_BYTES {
+            return Err(Error::Workspace {
+                path,
+                msg: format!("truncated: {len} bytes, the header alone needs {HEADER_BYTES}"),
+            });
+        }
+        f.read_exact(&mut header)
+            .map_err(|e| io_err(&path, "cannot read", e))?;
+        // The header's payload length must match the file: nothing beyond
+        // the file's own size is ever allocated or read.
+        let claimed = u64::from_le_bytes(header[32..40].try_into().expect("8 bytes"));
+        if claimed != (len - HEADER_BYTES) as u64 {
+            return Err(Error::Workspace {
+                path,
+                msg: format!(
+                    "truncated or padded: the header announces {claimed} payload bytes, the file holds {}",
+                    len - HEADER_BYTES
+                ),
+            });
+        }
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len).map_err(|e| Error::Workspace {
+            path: path.clone(),
+            msg: format!("cannot allocate {len} bytes: {e}"),
+        })?;
+        bytes.extend_from_slice(&header);
+        (&mut f)
+            .take((len - HEADER_BYTES) as u64)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_err(&path, "cannot read", e))?;
         self.decode(&path, rank, &bytes).map(Some)
     }
 
@@ -239,9 +362,9 @@ impl Workspace {
                 "stale: written by another run of this workspace root".into()
             ));
         }
-        let (len, meta_len, sum) = (u64_at(32) as usize, u64_at(40) as usize, u64_at(48));
+        let (len, meta_len, sum) = (u64_at(32), u64_at(40), u64_at(48));
         let payload = &bytes[HEADER_BYTES..];
-        if payload.len() != len {
+        if payload.len() as u64 != len {
             return Err(bad(format!(
                 "truncated: payload has {} of {len} bytes",
                 payload.len()
@@ -250,10 +373,12 @@ impl Workspace {
         if fnv1a(payload) != sum {
             return Err(bad("corrupt: checksum mismatch".into()));
         }
-        let meta: Meta = payload
-            .get(..meta_len)
-            .and_then(|m| postcard::from_bytes(m).ok())
-            .ok_or_else(|| bad("corrupt metadata".into()))?;
+        let meta_len = usize::try_from(meta_len)
+            .ok()
+            .filter(|m| *m <= payload.len())
+            .ok_or_else(|| bad(format!("metadata length {meta_len} runs past the payload")))?;
+        let meta: Meta = crate::depth::from_postcard(&payload[..meta_len])
+            .map_err(|e| bad(format!("corrupt metadata: {e}")))?;
         let config = meta
             .config
             .map(|c| serde_json::from_str(&c).map_err(|e| bad(format!("config is not JSON: {e}"))))
@@ -261,9 +386,11 @@ impl Workspace {
         let mut offset = meta_len;
         let mut tensors = BTreeMap::new();
         for (name, dtype, shape) in meta.tensors {
-            let n = shape.iter().product::<usize>() * dtype.size();
-            let data = payload
-                .get(offset..offset + n)
+            let n =
+                checked_nbytes(&shape, dtype).map_err(|e| bad(format!("tensor {name:?}: {e}")))?;
+            let data = offset
+                .checked_add(n)
+                .and_then(|end| payload.get(offset..end))
                 .ok_or_else(|| bad(format!("tensor {name:?} runs past the end of the file")))?;
             tensors.insert(name, Tensor::from_bytes(shape, dtype, data)?);
             offset += n;

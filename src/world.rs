@@ -1,13 +1,13 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
 use crate::device::Gpu;
+use crate::dispatch::Descriptor;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::launcher::{self, MpiView};
 use crate::layout::validate_group_lists;
-use crate::placement::{self, BindPolicy, Placement};
-use crate::dispatch::Descriptor;
 use crate::op::Op;
+use crate::placement::{self, BindPolicy, Placement};
 use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -150,9 +150,10 @@ const MIN_TIMEOUT_SECS: f64 = 0.1;
 
 /// `RANKMESH_TIMEOUT`: 0 (wait forever) or seconds in 0.1 ..= one year.
 fn parse_timeout(v: &str) -> Result<Option<std::time::Duration>> {
-    let secs: f64 = v.trim().parse().map_err(|_| {
-        Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds"))
-    })?;
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds")))?;
     if secs == 0.0 {
         return Ok(None);
     }
@@ -358,7 +359,11 @@ impl Runtime {
         // rank with different lists errors instead of joining the wrong group.
         let local = validate_group_lists(self.size(), lists);
         let digest = fnv1a(format!("{name}{lists:?}").as_bytes());
-        let verdict = self.agree_on_world(&format!("the group lists for {name}"), digest, local.is_ok());
+        let verdict = self.agree_on_world(
+            &format!("the group lists for {name}"),
+            digest,
+            local.is_ok(),
+        );
         local?;
         verdict?;
         let index = lists.iter().position(|l| l.contains(&self.rank()));

@@ -32,7 +32,8 @@ type CheckFn = fn(&GroupCoordinator<'_>, &DeviceGroup<'_, '_>) -> Check;
 fn input(shape: &[usize], dtype: DType, r: usize) -> Tensor {
     Tensor::from_fn(shape.to_vec(), dtype, move |i| {
         ((i * 7 + r * 3) % 13) as f64
-    }).unwrap()
+    })
+    .unwrap()
 }
 
 /// Compares a device result with the host reference (exact except `avg`,

@@ -50,13 +50,15 @@ fn mismatched_calls_end_the_job_with_a_message() {
         "ended by the watchdog, not the test's own timeout: {took} s"
     );
     // Whichever rank fires first names the other and where it is.
-    let rank0 = job.stderr.contains("with no progress in barrier on world (call #0); aborting the job (RANKMESH_TIMEOUT=2 s)")
-        && job.stderr.contains("group rank 1 (world rank 1, host ")
+    let rank0 = job.stderr.contains(
+        "with no progress in barrier on world (call #0); aborting the job (RANKMESH_TIMEOUT=2 s)",
+    ) && job.stderr.contains("group rank 1 (world rank 1, host ")
         && job
             .stderr
             .contains("has not entered this call; it is in send/recv on world (call #0) for ");
-    let rank1 = job.stderr.contains("with no progress in send/recv on world (call #0); aborting the job (RANKMESH_TIMEOUT=2 s)")
-        && job.stderr.contains("group rank 0 (world rank 0, host ")
+    let rank1 = job.stderr.contains(
+        "with no progress in send/recv on world (call #0); aborting the job (RANKMESH_TIMEOUT=2 s)",
+    ) && job.stderr.contains("group rank 0 (world rank 0, host ")
         && job
             .stderr
             .contains("has not entered this call; it is in barrier on world (call #0) for ");

@@ -119,8 +119,14 @@ pub fn parse_size(s: &str) -> Option<usize> {
         _ => (s, 1),
     };
     let v: f64 = num.trim().parse().ok()?;
-    (v >= 0.0 && v.is_finite()).then_some((v * mult as f64) as usize)
+    let bytes = v * mult as f64;
+    // Above 2^53 a byte count is no longer exact in f64, and far above any
+    // machine's memory: refused here rather than saturated into a panic.
+    (v >= 0.0 && bytes <= MAX_SIZE as f64).then_some(bytes as usize)
 }
+
+/// Largest size bench accepts (8 PiB, exact in f64).
+pub const MAX_SIZE: usize = 1 << 53;
 
 /// The sizes of a sweep, in bytes.
 pub fn sizes(cfg: &BenchConfig) -> Vec<usize> {

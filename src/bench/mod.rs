@@ -14,6 +14,7 @@ pub mod extras;
 pub mod format;
 mod host;
 pub mod json;
+pub mod memory;
 pub mod plot;
 
 use crate::collectives::Collectives;
@@ -107,6 +108,20 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
     };
     cfg.validate(group.size())?;
     let world = ps.world().clone();
+    // Every rank checks its own memory; the first refusal is every rank's error.
+    let refusal = memory::refuse(cfg, group.size(), rt.world().me().local_size);
+    let refusals: Vec<Option<String>> = world.all_gather_object(&refusal)?;
+    if let Some((r, msg)) = refusals
+        .iter()
+        .enumerate()
+        .find_map(|(r, m)| m.as_ref().map(|m| (r, m)))
+    {
+        return Err(Error::Usage {
+            what: "bench",
+            group: "world".into(),
+            msg: format!("rank {r}: {msg}"),
+        });
+    }
     let extras = Extras {
         baseline: cfg.baseline,
         stats: cfg.stats,

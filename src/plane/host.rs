@@ -442,7 +442,11 @@ impl Reducer for ReduceScatter<'_, '_> {
 }
 
 /// A received piece must hold the bytes the header promised.
-fn check_count(status: &mpi::point_to_point::Status, want: usize, peer: usize) -> Result<(), Fault> {
+fn check_count(
+    status: &mpi::point_to_point::Status,
+    want: usize,
+    peer: usize,
+) -> Result<(), Fault> {
     let got = status.count(u8::equivalent_datatype()).max(0) as usize;
     if got == want {
         Ok(())

@@ -258,7 +258,8 @@ impl Board {
             live: AtomicBool::new(true),
         };
         let own = view.own();
-        own.pid.store(u64::from(std::process::id()), Ordering::Relaxed);
+        own.pid
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
         own.since.store(now_ns(), Ordering::Relaxed);
         own.rank.store(world_rank as u64 + 1, Ordering::Release);
         // Every slot is written before anyone reads it.

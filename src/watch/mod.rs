@@ -331,10 +331,9 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
                     && st.op == me.op
                     && st.seq == me.seq;
                 match st.state {
-                    _ if same_call => format!(
-                        "{who}: in this call, no progress for {}",
-                        secs(st.quiet_ns)
-                    ),
+                    _ if same_call => {
+                        format!("{who}: in this call, no progress for {}", secs(st.quiet_ns))
+                    }
                     State::InCall => format!(
                         "{who}: has not entered this call; it is in {} on {} (call #{}) for {}",
                         Op::from_code(st.op).map_or("a call", Op::name),
@@ -373,4 +372,3 @@ fn query_node(s: &Shared, node: usize, first: usize) -> Option<Vec<Status>> {
         service::query(addrs, Duration::from_millis(500))
     })
 }
-

@@ -22,7 +22,8 @@ fn pseudo_random(seed: usize, shape: &[usize]) -> Tensor {
     Tensor::from_fn(shape.to_vec(), DType::F64, |i| {
         let z = (seed * 7919 + i * 104_729) as f64;
         (z.sin() * 1000.0).fract()
-    }).unwrap()
+    })
+    .unwrap()
 }
 
 pub fn run(rt: &Runtime) {

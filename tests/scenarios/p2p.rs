@@ -41,8 +41,11 @@ pub fn run(rt: &Runtime) {
     }
     // A 0-element tensor still handshakes.
     if me == 0 {
-        g.send(&rankmesh::Tensor::zeros([0, 4], DType::F32).unwrap(), Some(1))
-            .unwrap();
+        g.send(
+            &rankmesh::Tensor::zeros([0, 4], DType::F32).unwrap(),
+            Some(1),
+        )
+        .unwrap();
     } else if me == 1 {
         assert_eq!(
             g.recv(&[0, 4], DType::F32, Some(0)).unwrap().shape(),
