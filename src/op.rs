@@ -152,7 +152,7 @@ impl Op {
 
     /// The op's own parameter checks, run by every rank on every rank's
     /// descriptor (`size`: the group size). The message names the value.
-    pub(crate) fn check(self, d: &Descriptor, size: usize) -> Result<(), String> {
+    pub fn check(self, d: &Descriptor, size: usize) -> Result<(), String> {
         let p = d.params;
         match self {
             Op::Reduce | Op::Gather => rank_in_range("dst", p[0], size).map(|_| ()),

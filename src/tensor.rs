@@ -238,8 +238,12 @@ pub fn numel(shape: &[usize]) -> usize {
     checked_numel(shape).unwrap_or(usize::MAX)
 }
 
-/// Number of elements of a shape, `None` when the product overflows.
+/// Number of elements of a shape, `None` when the product overflows (a
+/// zero dim makes it 0 whatever the others are).
 pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
     shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d))
 }
 

@@ -304,6 +304,12 @@ impl Workspace {
         }
         f.read_exact(&mut header)
             .map_err(|e| io_err(&path, "cannot read", e))?;
+        if &header[..8] != MAGIC {
+            return Err(Error::Workspace {
+                path,
+                msg: "not a rankmesh workspace file (bad magic)".into(),
+            });
+        }
         // The header's payload length must match the file: nothing beyond
         // the file's own size is ever allocated or read.
         let claimed = u64::from_le_bytes(header[32..40].try_into().expect("8 bytes"));

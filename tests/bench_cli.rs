@@ -388,6 +388,30 @@ fn groups_run_at_once_and_report_separately() {
     );
 }
 
+/// A sweep that cannot fit is refused before anything is allocated, naming
+/// both numbers; a size past any machine is a usage error, not a panic.
+#[test]
+fn sizes_that_cannot_fit_are_refused_with_both_numbers() {
+    let job = bench(2, &["all_reduce", "-b", "200G", "-e", "200G"]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    let msg = "bench on world: rank 0: the sweep needs about 2200.0 GiB per rank at its largest size (214748364800 bytes) but this rank can have ";
+    assert_eq!(job.stderr.matches(msg).count(), 2, "{}", job.describe());
+    assert!(
+        job.stderr.contains("rank(s) on this node); lower -e"),
+        "{}",
+        job.describe()
+    );
+    let job = bench(2, &["all_reduce", "-b", "1e30", "-e", "1e30"]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    assert!(
+        job.stderr
+            .contains("invalid size specified for 'minbytes': \"1e30\""),
+        "{}",
+        job.describe()
+    );
+    assert!(!job.stderr.contains("panicked"), "{}", job.describe());
+}
+
 #[test]
 fn ignored_and_bad_options() {
     let job = bench(

@@ -190,6 +190,31 @@ fn bad_environment_is_an_error() {
     );
 }
 
+/// Every RANKMESH_* value is parsed with its range, the same error on every rank.
+#[test]
+fn out_of_range_environment_is_the_same_error_on_every_rank() {
+    for (var, value, msg) in [
+        ("RANKMESH_TIMEOUT", "1e99", "RANKMESH_TIMEOUT=\"1e99\" is out of range: 0 (never time out) or 0.1 ..= 31536000 seconds"),
+        ("RANKMESH_TIMEOUT", "1e-9", "RANKMESH_TIMEOUT=\"1e-9\" is out of range"),
+        ("RANKMESH_TIMEOUT", "-1", "RANKMESH_TIMEOUT=\"-1\" is out of range"),
+        ("RANKMESH_MAX_OBJECT_BYTES", "0", "RANKMESH_MAX_OBJECT_BYTES=\"0\" is not a byte count in 1..=1099511627776"),
+        ("RANKMESH_TRACE_DIR", "", "RANKMESH_TRACE_DIR is set but empty"),
+    ] {
+        let job = support::mpirun(2, exe(), &["topo"], &[(var, value)]);
+        assert!(!job.ok(), "{var}={value}: {}", job.describe());
+        assert_eq!(job.stderr.matches(msg).count(), 2, "{var}={value} on both ranks: {}", job.describe());
+        assert!(!job.stderr.contains("panicked"), "{}", job.describe());
+    }
+    let job = support::singleton(exe(), &["topo"], &[("RANKMESH_LOG", "debug=loud")]);
+    assert_eq!(job.code, Some(2), "{}", job.describe());
+    assert!(
+        job.stderr
+            .contains("rankmesh: RANKMESH_LOG=\"debug=loud\" is not a log filter"),
+        "{}",
+        job.describe()
+    );
+}
+
 #[test]
 fn topo_sees_fake_nodes() {
     if !support::fake_nodes_available() {

@@ -171,6 +171,15 @@ fn worker() {
             std::thread::sleep(Duration::from_secs(30));
         }
         ("forged-huge-broadcast", _) => report(g.broadcast_object::<Vec<u8>>(None, 1).map(drop)),
+        ("layout-one-rank", r) => {
+            let mut ps = rankmesh::ParallelState::new(&rt).unwrap();
+            let tp = if r == 1 { 3 } else { 1 };
+            report(ps.initialize_model_parallel(tp, 1, None));
+        }
+        ("stateless-order", r) => {
+            let ranks = if r == 0 { [0, 1] } else { [1, 0] };
+            report(rankmesh::StatelessGroup::create(&rt, &ranks).map(drop));
+        }
         (attack, 1) => forge(&g, attack.trim_start_matches("forged-")),
         ("forged-deep", _) => report(g.recv_object::<Tree>(1).map(drop)),
         (_, _) => report(g.recv_object::<Vec<u8>>(1).map(drop)),
@@ -386,4 +395,44 @@ fn a_forged_header_with_a_wrong_magic_is_named() {
     }
     let job = run_fault("forged-magic");
     assert_has(&job, &["rank 0: error: send_object/recv_object on world: group rank 1 sent a corrupt message header (magic 0xdeadbeef)"]);
+}
+
+#[test]
+fn a_layout_only_one_rank_rejects_is_an_error_on_every_rank() {
+    if skip_in_worker() {
+        return;
+    }
+    let (job, took) = run_fault_timed("layout-one-rank");
+    assert!(
+        took < 3.0,
+        "agreed, not timed out ({took:.1} s): {}",
+        job.describe()
+    );
+    assert_has(
+        &job,
+        &[
+            "rank 1: error: invalid parallel layout",
+            "rank 0: error: invalid parallel layout: rank 1 rejected the model-parallel layout (tp=1, sp=1, dp=None on this rank)",
+        ],
+    );
+}
+
+#[test]
+fn stateless_rank_lists_in_different_orders_are_an_error_on_both_members() {
+    if skip_in_worker() {
+        return;
+    }
+    let (job, took) = run_fault_timed("stateless-order");
+    assert!(
+        took < 3.0,
+        "agreed, not timed out ({took:.1} s): {}",
+        job.describe()
+    );
+    assert_has(
+        &job,
+        &[
+            "rank 0: error: invalid parallel layout: world rank 1 passed a rank list with the same members in a different order than this rank's [0, 1]",
+            "rank 1: error: invalid parallel layout: world rank 0 passed a rank list with the same members in a different order than this rank's [1, 0]",
+        ],
+    );
 }

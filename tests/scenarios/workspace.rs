@@ -44,7 +44,11 @@ pub fn run(rt: &Runtime) {
         );
         assert_eq!(s.tensors, tensors_of(r));
     }
-    assert!(ws.read(p + 5).unwrap().is_none(), "missing file is None");
+    let e = ws.read(p + 5).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("rank {} is not in the group (size {p})", p + 5)),
+        "{e}"
+    );
 
     // A second run in the same root never sees the first run's files.
     let ws2 = Workspace::create(&root, &g).unwrap();
@@ -60,11 +64,11 @@ pub fn run(rt: &Runtime) {
         // Truncated and corrupted copies of a good file.
         let good = std::fs::read(ws.file_of(0)).unwrap();
         std::fs::write(ws.file_of(0), &good[..good.len() - 3]).unwrap();
-        assert!(ws
-            .read(0)
-            .unwrap_err()
-            .to_string()
-            .contains("truncated: payload has"));
+        let e = ws.read(0).unwrap_err().to_string();
+        assert!(
+            e.contains("truncated or padded: the header announces"),
+            "{e}"
+        );
         std::fs::write(ws.file_of(0), &good[..20]).unwrap();
         assert!(ws
             .read(0)
@@ -97,6 +101,10 @@ pub fn run(rt: &Runtime) {
                 .contains("written by group rank 1, expected 0"));
         }
     }
+    if me == 0 {
+        hostile_files(&ws);
+    }
+    g.barrier().unwrap();
     let (d1, d2) = (ws.path().to_path_buf(), ws2.path().to_path_buf());
     ws.remove(&g).unwrap();
     ws2.remove(&g).unwrap();
@@ -105,4 +113,76 @@ pub fn run(rt: &Runtime) {
     if me == 0 {
         let _ = std::fs::remove_dir(&root);
     }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A tampered workspace: links, special files, a well-formed file whose
+/// shape overflows, and a temporary file left by a writer that died.
+fn hostile_files(ws: &Workspace) {
+    let file = ws.file_of(0);
+    let good = {
+        ws.write(None, &tensors_of(0)).unwrap();
+        std::fs::read(&file).unwrap()
+    };
+    // A link to /dev/zero would be read until memory runs out.
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+    let e = ws.read(0).unwrap_err().to_string();
+    assert!(e.contains("refusing to follow a symbolic link"), "{e}");
+    // A FIFO would block the reader forever.
+    std::fs::remove_file(&file).unwrap();
+    let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = ws.read(0).unwrap_err().to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    std::fs::remove_file(&file).unwrap();
+    // Well-formed, correct checksum, but a shape of 2^124 elements.
+    let meta: (Option<String>, Vec<(String, DType, Vec<usize>)>) =
+        (None, vec![("x".into(), DType::F32, vec![1 << 62, 1 << 62])]);
+    let payload = postcard::to_stdvec(&meta).unwrap();
+    let mut forged = good[..32].to_vec(); // magic, version, rank, token
+    forged.extend((payload.len() as u64).to_le_bytes());
+    forged.extend((payload.len() as u64).to_le_bytes());
+    forged.extend(fnv1a(&payload).to_le_bytes());
+    forged.extend(&payload);
+    std::fs::write(&file, &forged).unwrap();
+    let e = ws.read(0).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor \"x\": ") && e.contains("is too large"),
+        "{e}"
+    );
+    // A writer killed mid-write (same host, process gone) leaves a
+    // temporary file; the next write removes it, a live writer's stays.
+    let host: String = mpi::environment::processor_name()
+        .unwrap()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = ws.path().join(format!(".rank-000000.{host}.{dead}.tmp"));
+    let live = ws.path().join(format!(
+        ".rank-000000.{host}.{}.tmp",
+        std::os::unix::process::parent_id()
+    ));
+    std::fs::write(&stale, b"half a file").unwrap();
+    std::fs::write(&live, b"in progress").unwrap();
+    ws.write(None, &tensors_of(0)).unwrap();
+    assert!(!stale.exists(), "a dead writer's temporary file is removed");
+    assert!(live.exists(), "a live writer's temporary file is kept");
+    std::fs::remove_file(&live).unwrap();
+    assert_eq!(ws.read(0).unwrap().unwrap().tensors, tensors_of(0));
 }
