@@ -102,7 +102,9 @@ fn worker() {
     let report = |r: rankmesh::Result<()>| match r {
         Ok(()) => println!("rank {me}: ok"),
         Err(e) => {
-            eprintln!("rank {me}: error: {e}");
+            // One write: the two ranks' lines must not interleave.
+            let line = format!("rank {me}: error: {e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             std::process::exit(1);
         }
     };
@@ -200,6 +202,10 @@ fn shm_files() -> BTreeSet<String> {
 /// exit and /dev/shm; returns the job for the message checks and how long
 /// it ran.
 fn run_fault_timed(mode: &str) -> (support::Job, f64) {
+    run_fault_with(mode, &[])
+}
+
+fn run_fault_with(mode: &str, env: &[(&str, &str)]) -> (support::Job, f64) {
     let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let before = shm_files();
     let start = Instant::now();
@@ -207,7 +213,7 @@ fn run_fault_timed(mode: &str) -> (support::Job, f64) {
         2,
         &std::env::current_exe().unwrap(),
         &["--exact", "worker", "--nocapture"],
-        &[(WORKER, mode), ("RANKMESH_TIMEOUT", TIMEOUT_S)],
+        &[&[(WORKER, mode), ("RANKMESH_TIMEOUT", TIMEOUT_S)], env].concat(),
     );
     let took = start.elapsed().as_secs_f64();
     assert!(!job.ok(), "{mode}: must fail\n{}", job.describe());
@@ -241,8 +247,20 @@ fn a_rank_stopped_between_calls_is_named_as_stopped_and_not_in_the_call() {
     if skip_in_worker() {
         return;
     }
-    let job = run_fault("stop-between");
+    let traces = std::env::temp_dir().join(format!("rankmesh-traces-{}", std::process::id()));
+    let (job, _) = run_fault_with(
+        "stop-between",
+        &[("RANKMESH_TRACE_DIR", traces.to_str().unwrap())],
+    );
     assert_eq!(job.code, Some(rankmesh::TIMEOUT_EXIT), "{}", job.describe());
+    // The rank that fired left its flight record for the post-mortem.
+    let trace = std::fs::read_to_string(traces.join("rankmesh-trace-rank0.txt")).unwrap();
+    assert!(
+        trace.contains("#2 world call #1 all_reduce(shape [4] f32, op sum)"),
+        "{trace}"
+    );
+    assert!(trace.contains("process stopped"), "{trace}");
+    let _ = std::fs::remove_dir_all(&traces);
     assert_has(
         &job,
         &[

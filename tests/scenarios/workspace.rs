@@ -143,8 +143,9 @@ fn hostile_files(ws: &Workspace) {
     assert!(e.contains("not a regular file"), "{e}");
     std::fs::remove_file(&file).unwrap();
     // Well-formed, correct checksum, but a shape of 2^124 elements.
-    let meta: (Option<String>, Vec<(String, DType, Vec<usize>)>) =
-        (None, vec![("x".into(), DType::F32, vec![1 << 62, 1 << 62])]);
+    // The file's metadata layout: (config, [(name, dtype, shape)]).
+    type Meta = (Option<String>, Vec<(String, DType, Vec<usize>)>);
+    let meta: Meta = (None, vec![("x".into(), DType::F32, vec![1 << 62, 1 << 62])]);
     let payload = postcard::to_stdvec(&meta).unwrap();
     let mut forged = good[..32].to_vec(); // magic, version, rank, token
     forged.extend((payload.len() as u64).to_le_bytes());
