@@ -215,7 +215,12 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Puts a blocking step of `op` outside the dispatch path (e.g. NCCL
     /// communicator creation) under the hang watchdog.
     pub(crate) fn watched(&self, op: Op) -> Call<'_> {
-        let mut desc = Descriptor::new(op, &[]);
+        self.watch_now(Descriptor::new(op, &[]))
+    }
+
+    /// Watches `desc` as a step at the group's current call number (calls
+    /// that do not advance it: point-to-point, communicator creation).
+    fn watch_now(&self, mut desc: Descriptor) -> Call<'_> {
         desc.seq = self.inner.seq.get();
         self.inner.watch.call(&desc)
     }
@@ -271,12 +276,8 @@ impl<'rt> GroupCoordinator<'rt> {
         let _entered = span.enter();
         // The whole call, agreement and data, is watched: a peer that never
         // enters it or stops inside it is named instead of waited for.
-        let mut call = self.inner.watch.call(&desc);
-        let result = self.agree_then(desc, check, body);
-        if result.is_ok() {
-            call.succeeded();
-        }
-        result
+        let call = self.inner.watch.call(&desc);
+        call.finish(self.agree_then(desc, check, body))
     }
 
     /// The agreement step of [`collective`](Self::collective), then `body`.
@@ -395,9 +396,7 @@ impl<'rt> GroupCoordinator<'rt> {
         );
         let _entered = span.enter();
         let plane = self.plane();
-        let mut watched = desc;
-        watched.seq = self.inner.seq.get();
-        let mut call = self.inner.watch.call(&watched);
+        let call = self.watch_now(desc);
         let mut other = Descriptor::new(op, &[]);
         let other_bytes = bytemuck::bytes_of_mut(&mut other);
         let (sent, expected, sender, receiver) = if sending {
@@ -409,13 +408,11 @@ impl<'rt> GroupCoordinator<'rt> {
             plane.send_header(bytemuck::bytes_of(&desc), peer_rank, TAG_ANSWER);
             (other, desc, peer_rank, self.rank_in_group())
         };
-        agree_peers(&sent, &expected, sender, receiver)
-            .map_err(|m| Error::mismatch(op, self.name(), m))?;
-        let result = body(&sent).map_err(|f| f.into_error(op, self.name()));
-        if result.is_ok() {
-            call.succeeded();
-        }
-        result
+        call.finish(
+            agree_peers(&sent, &expected, sender, receiver)
+                .map_err(|m| Error::mismatch(op, self.name(), m))
+                .and_then(|()| body(&sent).map_err(|f| f.into_error(op, self.name()))),
+        )
     }
 }
 
@@ -448,9 +445,7 @@ impl GroupCoordinator<'_> {
         let plane = self.plane();
         let mut incoming = Descriptor::new(op, &[]);
         let mut answer = Descriptor::new(op, &[]);
-        let mut watched = sent;
-        watched.seq = self.inner.seq.get();
-        let mut call = self.inner.watch.call(&watched);
+        let call = self.watch_now(sent);
         plane.exchange_headers(
             bytemuck::bytes_of(&sent),
             dst,
@@ -468,14 +463,12 @@ impl GroupCoordinator<'_> {
         let out_link = agree_peers(&sent, &answer, me, dst);
         let in_link = agree_peers(&incoming, &expected, src, me);
         let moved = body(out_link.is_ok(), in_link.is_ok());
-        let result = out_link
-            .and(in_link)
-            .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))
-            .and_then(|()| moved.map_err(|f| f.into_error(Op::SendRecv, self.name())));
-        if result.is_ok() {
-            call.succeeded();
-        }
-        result
+        call.finish(
+            out_link
+                .and(in_link)
+                .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))
+                .and_then(|()| moved.map_err(|f| f.into_error(Op::SendRecv, self.name()))),
+        )
     }
 }
 

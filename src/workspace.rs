@@ -84,13 +84,10 @@ fn io_err(path: &Path, what: &str, e: std::io::Error) -> Error {
     }
 }
 
-/// The launcher's job identity, for readable directory names.
-fn job_label() -> String {
-    ["SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok())
-        .unwrap_or_else(|| "local".into())
-        .chars()
+/// `s` with every character but ASCII letters, digits and `-` made `_`
+/// (safe in file names, and free of the `.` that separates their parts).
+fn file_safe(s: &str) -> String {
+    s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {
                 c
@@ -101,19 +98,18 @@ fn job_label() -> String {
         .collect()
 }
 
+/// The launcher's job identity, for readable directory names.
+fn job_label() -> String {
+    let id = ["SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .unwrap_or_else(|| "local".into());
+    file_safe(&id)
+}
+
 /// This host's name as it appears in temporary file names.
 fn host_label() -> String {
-    mpi::environment::processor_name()
-        .unwrap_or_default()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    file_safe(&mpi::environment::processor_name().unwrap_or_default())
 }
 
 /// 128 bits that differ between runs: clock, process, host.

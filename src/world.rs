@@ -315,12 +315,7 @@ impl Runtime {
         let mut desc = Descriptor::new(Op::CreateGroup, &[]);
         desc.seq = self.creations.get();
         self.creations.set(desc.seq + 1);
-        let mut call = self.creation.call(&desc);
-        let r = f();
-        if r.is_ok() {
-            call.succeeded();
-        }
-        r
+        self.creation.call(&desc).finish(f())
     }
 
     /// The placement rankmesh applied at start, when a binding policy was set.
@@ -393,14 +388,9 @@ impl Runtime {
         let watch = self
             .watchdog
             .register(format!("{name}{ranks:?} (being created)").into(), ranks);
-        let mut desc = Descriptor::new(Op::CreateGroup, &[]);
-        desc.seq = 0;
-        let mut call = watch.call(&desc);
-        let group = self.subgroup_watched(name, ranks);
-        if group.is_ok() {
-            call.succeeded();
-        }
-        group
+        watch
+            .call(&Descriptor::new(Op::CreateGroup, &[]))
+            .finish(self.subgroup_watched(name, ranks))
     }
 
     fn subgroup_watched(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {

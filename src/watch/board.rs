@@ -85,31 +85,39 @@ impl BoardView {
         unsafe { &*self.slots[self.me] }
     }
 
-    /// Marks this rank as in `op` call `seq` of group `name`.
-    pub fn enter(&self, op: u32, seq: u64, name: Option<&str>, now: u64) {
+    /// Rewrites this rank's slot under the sequence lock (the generation is
+    /// odd while `f` writes, so readers retry).
+    fn write(&self, f: impl FnOnce(&Slot)) {
         let s = self.own();
         let g = s.gen.load(Ordering::Relaxed);
         s.gen.store(g + 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        if let Some(name) = name {
-            let bytes = name.as_bytes();
-            let n = bytes.len().min(NAME_WORDS * 8);
-            let mut buf = [0u8; NAME_WORDS * 8];
-            buf[..n].copy_from_slice(&bytes[..n]);
-            for (w, chunk) in s.name.iter().zip(buf.chunks_exact(8)) {
-                w.store(
-                    u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
-                    Ordering::Relaxed,
-                );
-            }
-            s.name_len.store(n as u64, Ordering::Relaxed);
-        }
-        s.op.store(u64::from(op), Ordering::Relaxed);
-        s.seq.store(seq, Ordering::Relaxed);
-        s.since.store(now, Ordering::Relaxed);
-        s.beat.store(now, Ordering::Relaxed);
-        s.state.store(IN_CALL, Ordering::Relaxed);
+        f(s);
         s.gen.store(g + 2, Ordering::Release);
+    }
+
+    /// Marks this rank as in `op` call `seq` of group `name`.
+    pub fn enter(&self, op: u32, seq: u64, name: Option<&str>, now: u64) {
+        self.write(|s| {
+            if let Some(name) = name {
+                let bytes = name.as_bytes();
+                let n = bytes.len().min(NAME_WORDS * 8);
+                let mut buf = [0u8; NAME_WORDS * 8];
+                buf[..n].copy_from_slice(&bytes[..n]);
+                for (w, chunk) in s.name.iter().zip(buf.chunks_exact(8)) {
+                    w.store(
+                        u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
+                        Ordering::Relaxed,
+                    );
+                }
+                s.name_len.store(n as u64, Ordering::Relaxed);
+            }
+            s.op.store(u64::from(op), Ordering::Relaxed);
+            s.seq.store(seq, Ordering::Relaxed);
+            s.since.store(now, Ordering::Relaxed);
+            s.beat.store(now, Ordering::Relaxed);
+            s.state.store(IN_CALL, Ordering::Relaxed);
+        });
     }
 
     /// Records progress in the current call.
@@ -123,16 +131,19 @@ impl BoardView {
     }
 
     fn set_state(&self, state: u64, now: u64) {
-        let s = self.own();
-        let g = s.gen.load(Ordering::Relaxed);
-        s.gen.store(g + 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        s.since.store(now, Ordering::Relaxed);
-        s.state.store(state, Ordering::Relaxed);
-        s.gen.store(g + 2, Ordering::Release);
+        self.write(|s| {
+            s.since.store(now, Ordering::Relaxed);
+            s.state.store(state, Ordering::Relaxed);
+        });
     }
 
-    /// Every written slot of the node, read consistently.
+    /// This rank's own slot (the watchdog's tick: no `/proc` lookup).
+    pub fn read_own(&self) -> Option<Status> {
+        read(self.own(), now_ns())
+    }
+
+    /// Every written slot of the node, read consistently, with each owner's
+    /// process state.
     pub fn read_all(&self) -> Vec<Status> {
         if !self.live.load(Ordering::Acquire) {
             return Vec::new();
@@ -142,12 +153,17 @@ impl BoardView {
             .iter()
             // SAFETY: as in `own`, for every rank's slot.
             .filter_map(|p| read(unsafe { &**p }, now))
+            .map(|mut st| {
+                st.process = process_state(st.pid);
+                st
+            })
             .collect()
     }
 }
 
 /// A consistent copy of `s` (retried while its owner writes; a writer
-/// stopped mid-write still yields its fields after a bounded number of tries).
+/// stopped mid-write still yields its fields after a bounded number of
+/// tries), without the process state.
 fn read(s: &Slot, now: u64) -> Option<Status> {
     for attempt in 0..1000 {
         let g = s.gen.load(Ordering::Acquire);
@@ -188,7 +204,7 @@ fn read(s: &Slot, now: u64) -> Option<Status> {
             group: String::from_utf8_lossy(&buf).into_owned(),
             for_ns: now.saturating_sub(since),
             quiet_ns: now.saturating_sub(beat.max(since)),
-            process: process_state(pid),
+            process: None,
         });
     }
     None

@@ -115,16 +115,12 @@ impl Watchdog {
             name: name.clone(),
             members: members.into(),
         };
-        self.groups().insert(id, facts);
+        self.shared.groups().insert(id, facts);
         GroupWatch {
             s: self.shared.clone(),
             id,
             name,
         }
-    }
-
-    fn groups(&self) -> std::sync::MutexGuard<'_, HashMap<u64, GroupFacts>> {
-        self.shared.groups()
     }
 
     /// A beat for long transfers: each piece that completes is progress.
@@ -196,9 +192,10 @@ pub(crate) struct Call<'w> {
 }
 
 impl Call<'_> {
-    /// Records that the call succeeded (otherwise it ends as failed).
-    pub fn succeeded(&mut self) {
-        self.ok = true;
+    /// Ends the call, recording whether `result` succeeded; returns it.
+    pub fn finish<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {
+        self.ok = result.is_ok();
+        result
     }
 }
 
@@ -232,7 +229,7 @@ fn watch(s: &Shared, limit: Duration) {
     let limit_ns = limit.as_nanos().min(u64::MAX as u128) as u64;
     while !s.stop.load(Ordering::Acquire) {
         std::thread::park_timeout(tick);
-        let Some(me) = s.board.read_all().into_iter().find(|st| st.rank == s.rank) else {
+        let Some(me) = s.board.read_own() else {
             continue;
         };
         if me.state == State::InCall && me.quiet_ns > limit_ns {
