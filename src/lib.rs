@@ -68,7 +68,7 @@ pub use stateless::StatelessGroup;
 pub use tensor::{
     divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor,
 };
-pub use tensor_dict::{DictValue, TensorDict, TensorDicts};
+pub use tensor_dict::{DictValue, Object, TensorDict, TensorDicts};
 pub use watch::TIMEOUT_EXIT;
 pub use workspace::Workspace;
 pub use world::{Options, RankInfo, Runtime, WorldInfo};

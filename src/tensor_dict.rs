@@ -3,14 +3,63 @@
 //! object plane, the plane's tensors through the plane's collectives, host
 //! tensors of a device dictionary through MPI (as FastVideo sends CPU
 //! tensors on its CPU group and GPU tensors on its device group).
+//!
+//! Keys keep their insertion order (FastVideo's dicts are ordered). A
+//! dictionary sent point to point moves its tensors the way FastVideo's
+//! async sends do: every payload is posted at once and waited for once
+//! (non-blocking MPI on the host plane, one NCCL group on a device plane).
 
 use crate::collectives::{Collectives, PlaneTensor};
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::op::Op;
 use crate::tensor::{numel, DType, Tensor};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+/// A value of any serde type in a tensor dictionary, kept encoded (the
+/// object plane's format) until [`get`](Self::get) asks for it by type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Object {
+    type_name: String,
+    bytes: Vec<u8>,
+}
+
+impl Object {
+    /// Encodes `value`.
+    pub fn new<T: Serialize>(value: &T) -> Result<Self> {
+        let bytes = postcard::to_stdvec(value).map_err(|e| {
+            Error::Tensor(format!(
+                "cannot encode `{}` for a tensor dict: {e}",
+                std::any::type_name::<T>()
+            ))
+        })?;
+        Ok(Object {
+            type_name: std::any::type_name::<T>().to_string(),
+            bytes,
+        })
+    }
+
+    /// The value, decoded as `T`: the type it was made from (another type
+    /// is an error naming both, never a reinterpretation of the bytes).
+    pub fn get<T: DeserializeOwned>(&self) -> Result<T> {
+        let want = std::any::type_name::<T>();
+        if want != self.type_name {
+            return Err(Error::Tensor(format!(
+                "tensor dict value holds `{}`, not `{want}`",
+                self.type_name
+            )));
+        }
+        crate::depth::from_postcard(&self.bytes)
+            .map_err(|e| Error::Tensor(format!("tensor dict value `{want}`: {e}")))
+    }
+
+    /// Name of the Rust type the value was made from.
+    pub fn type_name(&self) -> &str {
+        &self.type_name
+    }
+}
 
 /// A value in a tensor dictionary of plane tensors `T`.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,43 +69,80 @@ pub enum DictValue<T = Tensor> {
     /// A host tensor in a device dictionary, moved through MPI (on the host
     /// plane the same as `Tensor`).
     Host(Tensor),
-    /// Moved with the metadata on the object plane.
+    /// A JSON value, moved with the metadata on the object plane.
     Value(serde_json::Value),
+    /// A value of any serde type (see [`Object`]), moved with the metadata.
+    Object(Object),
 }
 
-/// A dictionary of named tensors and values, ordered by key.
-pub type TensorDict<T = Tensor> = BTreeMap<String, DictValue<T>>;
+impl<T> DictValue<T> {
+    /// An [`Object`] entry holding `value`.
+    pub fn object<V: Serialize>(value: &V) -> Result<Self> {
+        Object::new(value).map(DictValue::Object)
+    }
+}
+
+/// A dictionary of named tensors and values, in insertion order.
+pub type TensorDict<T = Tensor> = indexmap::IndexMap<String, DictValue<T>>;
 
 /// What the object plane carries for each entry. JSON values travel as text
 /// because the binary object format does not describe itself.
 #[derive(Serialize, Deserialize)]
 enum EntryMeta {
-    Tensor { dtype: DType, shape: Vec<usize> },
+    /// A tensor of the dictionary's plane.
+    Plane {
+        dtype: DType,
+        shape: Vec<usize>,
+    },
+    /// A host tensor (of a device dictionary, or `DictValue::Host` anywhere).
+    Host {
+        dtype: DType,
+        shape: Vec<usize>,
+    },
     Value(String),
-    DeviceTensor { dtype: DType, shape: Vec<usize> },
+    Object {
+        type_name: String,
+        bytes: Vec<u8>,
+    },
 }
 
-fn metadata<T: PlaneTensor>(dict: &TensorDict<T>) -> Vec<(String, EntryMeta)> {
-    dict.iter()
+/// A dictionary's metadata, typed by the sender's plane: the object plane's
+/// type agreement then makes a device dictionary meeting a host receiver
+/// (or the reverse) an error on both ends before any tensor moves.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+struct DictMeta<T> {
+    entries: Vec<(String, EntryMeta)>,
+    #[serde(skip)]
+    plane: PhantomData<fn() -> T>,
+}
+
+fn metadata<T: PlaneTensor>(dict: &TensorDict<T>) -> DictMeta<T> {
+    let entries = dict
+        .iter()
         .map(|(k, v)| {
             let meta = match v {
-                DictValue::Tensor(t) if T::ON_DEVICE => EntryMeta::DeviceTensor {
+                DictValue::Tensor(t) => EntryMeta::Plane {
                     dtype: t.dtype(),
                     shape: t.shape().to_vec(),
                 },
-                DictValue::Tensor(t) => EntryMeta::Tensor {
-                    dtype: t.dtype(),
-                    shape: t.shape().to_vec(),
-                },
-                DictValue::Host(t) => EntryMeta::Tensor {
+                DictValue::Host(t) => EntryMeta::Host {
                     dtype: t.dtype(),
                     shape: t.shape().to_vec(),
                 },
                 DictValue::Value(j) => EntryMeta::Value(j.to_string()),
+                DictValue::Object(o) => EntryMeta::Object {
+                    type_name: o.type_name.clone(),
+                    bytes: o.bytes.clone(),
+                },
             };
             (k.clone(), meta)
         })
-        .collect()
+        .collect();
+    DictMeta {
+        entries,
+        plane: PhantomData,
+    }
 }
 
 fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_json::Value> {
@@ -69,25 +155,6 @@ fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_
     })
 }
 
-/// Where an entry's tensor moves, as the receiving plane sees it. An entry
-/// of the other plane (a device entry reaching a host dictionary) is moved
-/// as this plane's: its call then meets the sender's call of the other
-/// plane, and both ends get the agreement error naming the two.
-enum Entry {
-    Value(String),
-    Plane(DType, Vec<usize>),
-    Host(DType, Vec<usize>),
-}
-
-fn entry<T: PlaneTensor>(m: EntryMeta) -> Entry {
-    match m {
-        EntryMeta::Value(text) => Entry::Value(text),
-        EntryMeta::DeviceTensor { dtype, shape } => Entry::Plane(dtype, shape),
-        EntryMeta::Tensor { dtype, shape } if T::ON_DEVICE => Entry::Host(dtype, shape),
-        EntryMeta::Tensor { dtype, shape } => Entry::Plane(dtype, shape),
-    }
-}
-
 /// The piece of a flattened tensor this rank of an all-gather group moves,
 /// when the send-then-all-gather split applies to it.
 fn ag_slice(t_numel: usize, ag: Option<&GroupCoordinator<'_>>) -> Option<(usize, usize)> {
@@ -96,8 +163,68 @@ fn ag_slice(t_numel: usize, ag: Option<&GroupCoordinator<'_>>) -> Option<(usize,
     (t_numel % n == 0).then(|| (ag.rank_in_group() * t_numel / n, t_numel / n))
 }
 
+pub(crate) mod batch {
+    use crate::collectives::Collectives;
+    use crate::error::Result;
+    use crate::op::Op;
+    use crate::tensor::Tensor;
+
+    /// Moving a list of tensors point to point in one go, for a dictionary
+    /// whose metadata the two ends already agreed on (it came with the
+    /// checked object message, so no header per tensor). Sealed: only the
+    /// planes implement it.
+    pub trait Batch<'rt>: Collectives<'rt> {
+        /// Posts every tensor to `dst`, then waits once.
+        fn send_batch(&self, ts: &[&Self::Tensor], dst: usize) -> Result<()>;
+        /// Posts every receive from `src`, then waits once.
+        fn recv_batch(&self, outs: &mut [&mut Self::Tensor], src: usize) -> Result<()>;
+    }
+
+    /// Host tensors of any dictionary move through the group's MPI plane.
+    pub(crate) fn send_host(
+        g: &crate::GroupCoordinator<'_>,
+        ts: &[&Tensor],
+        dst: usize,
+    ) -> Result<()> {
+        let call = g.watched(Op::Send);
+        let bufs: Vec<&[u8]> = ts.iter().map(|t| t.bytes()).collect();
+        g.plane().send_batch(&bufs, dst);
+        call.finish(Ok(()))
+    }
+
+    /// The receiving side of [`send_host`].
+    pub(crate) fn recv_host(
+        g: &crate::GroupCoordinator<'_>,
+        outs: &mut [&mut Tensor],
+        src: usize,
+    ) -> Result<()> {
+        let call = g.watched(Op::Send);
+        let mut bufs: Vec<&mut [u8]> = outs.iter_mut().map(|t| t.bytes_mut()).collect();
+        let moved = g.plane().recv_batch(&mut bufs, src);
+        call.finish(moved.map_err(|f| f.into_error(Op::Send, g.name())))
+    }
+
+    impl<'rt> Batch<'rt> for crate::GroupCoordinator<'rt> {
+        fn send_batch(&self, ts: &[&Tensor], dst: usize) -> Result<()> {
+            send_host(self, ts, dst)
+        }
+        fn recv_batch(&self, outs: &mut [&mut Tensor], src: usize) -> Result<()> {
+            recv_host(self, outs, src)
+        }
+    }
+}
+
+/// Checks a `dst`/`src` argument and says whether the call has anything to
+/// do: on a group of one it does not (FastVideo bypasses it).
+fn has_peer(g: &GroupCoordinator<'_>, op: Op, what: &str, rank: Option<usize>) -> Result<bool> {
+    if let Some(r) = rank {
+        g.check_rank(op, what, r)?;
+    }
+    Ok(g.size() > 1)
+}
+
 /// Tensor dictionaries on any data plane (every [`Collectives`] has them).
-pub trait TensorDicts<'rt>: Collectives<'rt> {
+pub trait TensorDicts<'rt>: batch::Batch<'rt> {
     /// Sends group rank `src`'s dictionary to every member (`dict` is
     /// ignored elsewhere). Empty tensors are not sent (they are recreated
     /// from metadata).
@@ -107,15 +234,17 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
         src: usize,
     ) -> Result<TensorDict<Self::Tensor>> {
         let g = self.group();
-        let meta: Vec<(String, EntryMeta)> =
-            g.broadcast_object(dict.map(metadata).as_ref(), src)?;
+        let meta: DictMeta<Self::Tensor> = g.broadcast_object(dict.map(metadata).as_ref(), src)?;
         let mine = g.rank_in_group() == src;
-        let mut out = TensorDict::new();
-        for (key, m) in meta {
+        let mut out = TensorDict::with_capacity(meta.entries.len());
+        for (key, m) in meta.entries {
             let own = dict.and_then(|d| d.get(&key)).filter(|_| mine);
-            let value = match entry::<Self::Tensor>(m) {
-                Entry::Value(text) => DictValue::Value(parse_value(g, &key, &text)?),
-                Entry::Host(dtype, shape) => {
+            let value = match m {
+                EntryMeta::Value(text) => DictValue::Value(parse_value(g, &key, &text)?),
+                EntryMeta::Object { type_name, bytes } => {
+                    DictValue::Object(Object { type_name, bytes })
+                }
+                EntryMeta::Host { dtype, shape } => {
                     let mut t = match own {
                         Some(DictValue::Host(t)) => t.clone(),
                         _ => Tensor::zeros(shape, dtype)?,
@@ -125,7 +254,7 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
                     }
                     DictValue::Host(t)
                 }
-                Entry::Plane(dtype, shape) => {
+                EntryMeta::Plane { dtype, shape } => {
                     let mut t = match own {
                         Some(DictValue::Tensor(t)) => {
                             self.copy_flat(t, 0, numel(&shape))?.reshape(shape)?
@@ -144,12 +273,13 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
     }
 
     /// Sends a dictionary to group rank `dst` (next member when `None`).
+    /// Its tensors are all posted at once and waited for once. On a group
+    /// of one there is no peer and nothing is sent (FastVideo returns the
+    /// dictionary there; here the caller still holds it).
     ///
     /// With `all_gather_group`, each plane tensor whose element count divides
     /// by that group's size is sent as this rank's 1/n slice; the receiver's
     /// all-gather group reassembles it (FastVideo's send-then-all-gather).
-    /// Device tensors need the group's communicator
-    /// ([`DeviceGroup::connect`](crate::DeviceGroup::connect)).
     fn send_tensor_dict(
         &self,
         dict: &TensorDict<Self::Tensor>,
@@ -157,64 +287,126 @@ pub trait TensorDicts<'rt>: Collectives<'rt> {
         all_gather_group: Option<&Self>,
     ) -> Result<()> {
         let g = self.group();
+        if !has_peer(g, Op::SendObject, "dst", dst)? {
+            return Ok(());
+        }
         let (dst, _) = g.ring_peers(dst, None);
         g.send_object(&metadata(dict), dst)?;
+        enum Piece<'a, T> {
+            Slice(T),
+            Whole(&'a T),
+        }
+        let ag = all_gather_group.map(|a| a.group());
+        let mut host: Vec<&Tensor> = Vec::new();
+        let mut pieces: Vec<Piece<'_, Self::Tensor>> = Vec::new();
         for v in dict.values() {
             match v {
-                DictValue::Host(t) if t.numel() > 0 => g.send(t, Some(dst))?,
+                DictValue::Host(t) if t.numel() > 0 => host.push(t),
                 DictValue::Tensor(t) if numel(t.shape()) > 0 => {
-                    match ag_slice(numel(t.shape()), all_gather_group.map(|a| a.group())) {
-                        Some((start, len)) => {
-                            self.send(&self.copy_flat(t, start, len)?, Some(dst))?
-                        }
-                        None => self.send(t, Some(dst))?,
-                    }
+                    pieces.push(match ag_slice(numel(t.shape()), ag) {
+                        Some((start, len)) => Piece::Slice(self.copy_flat(t, start, len)?),
+                        None => Piece::Whole(t),
+                    })
                 }
                 _ => {}
             }
+        }
+        let plane: Vec<&Self::Tensor> = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Slice(t) => t,
+                Piece::Whole(t) => *t,
+            })
+            .collect();
+        if !host.is_empty() {
+            batch::send_host(g, &host, dst)?;
+        }
+        if !plane.is_empty() {
+            self.send_batch(&plane, dst)?;
         }
         Ok(())
     }
 
     /// Receives a dictionary sent with [`send_tensor_dict`](Self::send_tensor_dict)
     /// from group rank `src` (previous member when `None`); pass the same kind
-    /// of `all_gather_group` as the sender.
+    /// of `all_gather_group` as the sender. `None` on a group of one, where
+    /// there is no peer (as in FastVideo).
     fn recv_tensor_dict(
         &self,
         src: Option<usize>,
         all_gather_group: Option<&Self>,
-    ) -> Result<TensorDict<Self::Tensor>> {
+    ) -> Result<Option<TensorDict<Self::Tensor>>> {
         let g = self.group();
+        if !has_peer(g, Op::SendObject, "src", src)? {
+            return Ok(None);
+        }
         let (_, src) = g.ring_peers(None, src);
-        let meta: Vec<(String, EntryMeta)> = g.recv_object(src)?;
-        let mut out = TensorDict::new();
-        for (key, m) in meta {
-            let value = match entry::<Self::Tensor>(m) {
-                Entry::Value(text) => DictValue::Value(parse_value(g, &key, &text)?),
-                Entry::Host(dtype, shape) if numel(&shape) == 0 => {
-                    DictValue::Host(Tensor::zeros(shape, dtype)?)
+        let meta: DictMeta<Self::Tensor> = g.recv_object(src)?;
+        // Allocate every receive first, then post them all at once.
+        enum Slot<T> {
+            Ready(DictValue<T>),
+            Host(Tensor),
+            Plane(T),
+            Gathered(T, Vec<usize>),
+        }
+        let mut slots: Vec<(String, Slot<Self::Tensor>)> = Vec::with_capacity(meta.entries.len());
+        for (key, m) in meta.entries {
+            let slot = match m {
+                EntryMeta::Value(text) => {
+                    Slot::Ready(DictValue::Value(parse_value(g, &key, &text)?))
                 }
-                Entry::Host(dtype, shape) => DictValue::Host(g.recv(&shape, dtype, Some(src))?),
-                Entry::Plane(dtype, shape) if numel(&shape) == 0 => {
-                    DictValue::Tensor(self.empty(shape, dtype)?)
+                EntryMeta::Object { type_name, bytes } => {
+                    Slot::Ready(DictValue::Object(Object { type_name, bytes }))
                 }
-                Entry::Plane(dtype, shape) => {
+                EntryMeta::Host { dtype, shape } if numel(&shape) == 0 => {
+                    Slot::Ready(DictValue::Host(Tensor::zeros(shape, dtype)?))
+                }
+                EntryMeta::Host { dtype, shape } => Slot::Host(Tensor::zeros(shape, dtype)?),
+                EntryMeta::Plane { dtype, shape } if numel(&shape) == 0 => {
+                    Slot::Ready(DictValue::Tensor(self.empty(shape, dtype)?))
+                }
+                EntryMeta::Plane { dtype, shape } => {
                     let n = numel(&shape);
-                    let ag = all_gather_group.filter(|a| ag_slice(n, Some(a.group())).is_some());
-                    let t = match ag {
+                    match all_gather_group.filter(|a| ag_slice(n, Some(a.group())).is_some()) {
                         Some(ag) => {
-                            let piece = self.recv(&[n / ag.group().size()], dtype, Some(src))?;
-                            ag.all_gather(&piece, 0)?.reshape(shape)?
+                            Slot::Gathered(self.empty(vec![n / ag.group().size()], dtype)?, shape)
                         }
-                        None => self.recv(&shape, dtype, Some(src))?,
-                    };
-                    DictValue::Tensor(t)
+                        None => Slot::Plane(self.empty(shape, dtype)?),
+                    }
+                }
+            };
+            slots.push((key, slot));
+        }
+        let mut host: Vec<&mut Tensor> = Vec::new();
+        let mut plane: Vec<&mut Self::Tensor> = Vec::new();
+        for (_, slot) in slots.iter_mut() {
+            match slot {
+                Slot::Host(t) => host.push(t),
+                Slot::Plane(t) | Slot::Gathered(t, _) => plane.push(t),
+                Slot::Ready(_) => {}
+            }
+        }
+        if !host.is_empty() {
+            batch::recv_host(g, &mut host, src)?;
+        }
+        if !plane.is_empty() {
+            self.recv_batch(&mut plane, src)?;
+        }
+        let mut out = TensorDict::with_capacity(slots.len());
+        for (key, slot) in slots {
+            let value = match slot {
+                Slot::Ready(v) => v,
+                Slot::Host(t) => DictValue::Host(t),
+                Slot::Plane(t) => DictValue::Tensor(t),
+                Slot::Gathered(piece, shape) => {
+                    let ag = all_gather_group.expect("a gathered slot has a group");
+                    DictValue::Tensor(ag.all_gather(&piece, 0)?.reshape(shape)?)
                 }
             };
             out.insert(key, value);
         }
-        Ok(out)
+        Ok(Some(out))
     }
 }
 
-impl<'rt, C: Collectives<'rt>> TensorDicts<'rt> for C {}
+impl<'rt, C: batch::Batch<'rt>> TensorDicts<'rt> for C {}

@@ -287,18 +287,20 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
             dg.send_tensor_dict(&d, Some(1), None).map_err(e)?;
         } else if me == 1 {
             verify(
-                &dg.recv_tensor_dict(Some(0), None).map_err(e)?,
+                &dg.recv_tensor_dict(Some(0), None)
+                    .map_err(e)?
+                    .ok_or("recv_tensor_dict returned no dict")?,
                 "send/recv_tensor_dict",
             )?;
         }
         // A host receiver of a device dict: both ends get the handshake
-        // error at the device entry, neither waits.
+        // error on the metadata (typed by plane), neither waits.
         let err = match me {
             0 => dg.send_tensor_dict(&d, Some(1), None).err(),
             1 => g.recv_tensor_dict(Some(0), None).err(),
             _ => return Ok(()),
         };
-        let want = "sends send/recv(device shape [4, 5] bf16) but group rank 1 expects send/recv(shape [4, 5] bf16)";
+        let want = "types differ; this rank uses `rankmesh::tensor_dict::DictMeta<";
         match err {
             Some(x) if x.to_string().contains(want) => {}
             other => return Err(format!("device dict to a host receiver: {other:?}")),

@@ -482,3 +482,36 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             })
     }
 }
+
+/// A dictionary's device tensors move in one NCCL group: every send (or
+/// receive) is enqueued together, so none waits for another.
+impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
+    fn send_batch(&self, ts: &[&DeviceTensor], dst: usize) -> Result<()> {
+        let comm = self.p2p_comm(Op::Send)?;
+        let s = self.gpu.stream();
+        let fused = || -> std::result::Result<(), crate::NcclError> {
+            let fused = comm.group()?;
+            for t in ts {
+                // SAFETY: `t` holds `numel` elements of its dtype.
+                unsafe { comm.send(t.read_ptr(s), t.numel(), t.dtype(), dst, self.stream()) }?;
+            }
+            fused.end()
+        };
+        fused().map_err(|e| Error::nccl(Op::Send, self.group.name(), e))
+    }
+
+    fn recv_batch(&self, outs: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
+        let comm = self.p2p_comm(Op::Send)?;
+        let s = self.gpu.stream();
+        let mut fused = || -> std::result::Result<(), crate::NcclError> {
+            let fused = comm.group()?;
+            for t in outs.iter_mut() {
+                let n = t.numel();
+                // SAFETY: `t` holds `n` elements of its dtype.
+                unsafe { comm.recv(t.write_ptr(s), n, t.dtype(), src, self.stream()) }?;
+            }
+            fused.end()
+        };
+        fused().map_err(|e| Error::nccl(Op::Send, self.group.name(), e))
+    }
+}

@@ -11,8 +11,10 @@ use crate::reduce::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
 use mpi::datatype::PartitionMut;
+use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use std::os::raw::c_int;
 
 /// Tag of point-to-point call headers.
 pub const TAG_HEADER: i32 = 0x5201;
@@ -20,6 +22,13 @@ pub const TAG_HEADER: i32 = 0x5201;
 pub const TAG_ANSWER: i32 = 0x5202;
 /// Tag of point-to-point payload pieces.
 pub const TAG_DATA: i32 = 0x5203;
+/// Tag of the payload pieces of a batch (a tensor dictionary's tensors).
+const TAG_BATCH: i32 = 0x5204;
+
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reading an MPI constant handle.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
 
 /// MPI over host memory for one communicator. Every piece that completes
 /// is progress for the hang watchdog, so a long transfer that still moves is
@@ -316,6 +325,111 @@ impl<'c> HostPlane<'c> {
             self.pulse.beat();
         }
         Ok(())
+    }
+
+    /// Sends every buffer of `bufs` to `dst` at once: every piece is posted
+    /// with `TAG_BATCH` before any is waited for, so the transfers overlap
+    /// (one wait for the lot, as FastVideo's dict of async sends). Empty
+    /// buffers send nothing; the receiver posts the same list.
+    pub(crate) fn send_batch(&self, bufs: &[&[u8]], dst: usize) {
+        let mut reqs = Vec::new();
+        for piece in bufs.iter().flat_map(|b| b.chunks(self.max_bytes)) {
+            let mut req = null_request();
+            // SAFETY: `piece` outlives the request: every request is completed
+            // below before `bufs` can be released.
+            unsafe {
+                ffi::MPI_Isend(
+                    piece.as_ptr().cast(),
+                    piece.len() as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    dst as c_int,
+                    TAG_BATCH,
+                    self.comm.as_raw(),
+                    &mut req,
+                );
+            }
+            reqs.push(req);
+        }
+        let _ = self.complete(&mut reqs, &[], dst);
+    }
+
+    /// Receives into every buffer of `bufs` from `src` at once (the
+    /// counterpart of [`send_batch`](Self::send_batch)); a short piece is an
+    /// error once every piece has arrived.
+    pub(crate) fn recv_batch(&self, bufs: &mut [&mut [u8]], src: usize) -> Result<(), Fault> {
+        let mut reqs = Vec::new();
+        let mut want = Vec::new();
+        for piece in bufs.iter_mut().flat_map(|b| b.chunks_mut(self.max_bytes)) {
+            let mut req = null_request();
+            // SAFETY: `piece` is exclusively borrowed until every request
+            // completes below.
+            unsafe {
+                ffi::MPI_Irecv(
+                    piece.as_mut_ptr().cast(),
+                    piece.len() as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    src as c_int,
+                    TAG_BATCH,
+                    self.comm.as_raw(),
+                    &mut req,
+                );
+            }
+            reqs.push(req);
+            want.push(piece.len());
+        }
+        self.complete(&mut reqs, &want, src)
+    }
+
+    /// Waits for every request, beating the pulse as each completes; with
+    /// `want` (receives), checks each piece's byte count.
+    fn complete(
+        &self,
+        reqs: &mut [ffi::MPI_Request],
+        want: &[usize],
+        peer: usize,
+    ) -> Result<(), Fault> {
+        let n = reqs.len();
+        let mut left = n;
+        let mut index: Vec<c_int> = vec![0; n];
+        // SAFETY: MPI_Status is plain data that MPI fills in.
+        let mut statuses: Vec<ffi::MPI_Status> = vec![unsafe { std::mem::zeroed() }; n];
+        let mut fault = Ok(());
+        while left > 0 {
+            let mut done: c_int = 0;
+            // SAFETY: live requests (MPI nulls completed ones and skips them).
+            unsafe {
+                ffi::MPI_Waitsome(
+                    n as c_int,
+                    reqs.as_mut_ptr(),
+                    &mut done,
+                    index.as_mut_ptr(),
+                    statuses.as_mut_ptr(),
+                );
+            }
+            // SAFETY: reading an MPI constant.
+            if done == unsafe { ffi::RSMPI_UNDEFINED } || done <= 0 {
+                break;
+            }
+            for k in 0..done as usize {
+                let i = index[k] as usize;
+                if let Some(w) = want.get(i) {
+                    let mut got: c_int = 0;
+                    // SAFETY: a status MPI just filled for a receive.
+                    unsafe { ffi::MPI_Get_count(&statuses[k], ffi::RSMPI_UINT8_T, &mut got) };
+                    let got = got.max(0) as usize;
+                    if got != *w && fault.is_ok() {
+                        fault = Err(Fault::Short {
+                            peer,
+                            got,
+                            want: *w,
+                        });
+                    }
+                }
+            }
+            left -= done as usize;
+            self.pulse.beat();
+        }
+        fault
     }
 
     /// Sends a fixed-size header with `tag`.
