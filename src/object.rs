@@ -15,11 +15,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Digest of a type's name, carried in descriptors so ranks agree on types.
-fn type_digest<T>() -> i64 {
+pub(crate) fn type_digest<T>() -> i64 {
     fnv1a(std::any::type_name::<T>().as_bytes()) as i64
 }
 
-fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u8>> {
+pub(crate) fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u8>> {
     postcard::to_stdvec(v).map_err(|e| Error::Encode {
         op,
         group: g.name().to_string(),
@@ -29,7 +29,7 @@ fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u
 }
 
 /// Decodes `bytes` as exactly one `T`.
-fn decode<T: DeserializeOwned>(
+pub(crate) fn decode<T: DeserializeOwned>(
     g: &GroupCoordinator<'_>,
     op: Op,
     peer: usize,
@@ -48,7 +48,7 @@ fn decode<T: DeserializeOwned>(
 
 /// Checks a length a peer announced against this rank's bound before
 /// anything is allocated for it.
-fn within_bound(g: &GroupCoordinator<'_>, len: u64) -> std::result::Result<(), String> {
+pub(crate) fn within_bound(g: &GroupCoordinator<'_>, len: u64) -> std::result::Result<(), String> {
     let max = g.runtime().options().max_object_bytes;
     if len > max {
         return Err(format!(

@@ -318,13 +318,23 @@ impl<'c> HostPlane<'c> {
     /// `TAG_DATA`; a short piece is an error (a longer one is MPI's
     /// truncation error).
     pub(crate) fn recv(&self, buf: &mut [u8], src: usize) -> Result<(), Fault> {
+        self.recv_tagged(buf, src, TAG_DATA)
+    }
+
+    /// [`recv`](Self::recv) with another tag.
+    pub(crate) fn recv_tagged(&self, buf: &mut [u8], src: usize, tag: i32) -> Result<(), Fault> {
         let p = self.comm.process_at_rank(src as i32);
         for piece in buf.chunks_mut(self.max_bytes) {
-            let status = p.receive_into_with_tag(piece, TAG_DATA);
+            let status = p.receive_into_with_tag(piece, tag);
             check_count(&status, piece.len(), src)?;
             self.pulse.beat();
         }
         Ok(())
+    }
+
+    /// The largest piece a transfer is cut into.
+    pub(crate) fn max_piece(&self) -> usize {
+        self.max_bytes
     }
 
     /// Sends every buffer of `bufs` to `dst` at once: every piece is posted

@@ -14,6 +14,7 @@ mod objects;
 mod p2p;
 pub mod planes;
 pub mod reference;
+mod stateless;
 mod workspace;
 
 use rankmesh::Runtime;
@@ -122,6 +123,20 @@ pub const ALL: &[Scenario] = &[
         sizes: ALL_SIZES,
         env: &[],
         run: gathering::run,
+    },
+    Scenario {
+        name: "stateless",
+        nodes: &[],
+        sizes: ALL_SIZES,
+        env: &[],
+        run: stateless::run,
+    },
+    Scenario {
+        name: "stateless_chunked",
+        nodes: &[],
+        sizes: &[2],
+        env: TINY_CHUNKS,
+        run: stateless::run,
     },
     Scenario {
         name: "gathering_without_shm",
