@@ -24,6 +24,20 @@ pub fn is_local_main_process(rt: &Runtime) -> bool {
     rt.world().me().local_rank == 0
 }
 
+/// Runs `f` on world rank 0 only and returns its value there (`None`
+/// elsewhere): axolotl's `zero_only`. Not collective: nothing waits and
+/// nothing is sent (use [`GroupCoordinator::main_only`] to share the value).
+///
+/// ```
+/// # let rt = rankmesh::Runtime::init()?;
+/// let logged = rankmesh::helpers::zero_only(&rt, || "written once");
+/// assert_eq!(logged.is_some(), rt.rank() == 0);
+/// # Ok::<(), rankmesh::Error>(())
+/// ```
+pub fn zero_only<R>(rt: &Runtime, f: impl FnOnce() -> R) -> Option<R> {
+    is_main_process(rt).then(f)
+}
+
 /// A function's result as it travels between ranks.
 #[derive(Serialize, Deserialize)]
 enum Outcome<T> {
@@ -102,20 +116,63 @@ impl GroupCoordinator<'_> {
         result.map_err(|e| self.failed(OP, self.rank_in_group(), e.to_string()))
     }
 
+    /// The ranks that pass `is_main` run `f` first, together; the others run
+    /// theirs once every one of them has finished (axolotl's
+    /// `zero_first(is_main)`). With [`is_local_main_process`] that is one rank
+    /// per node first, e.g. to fill a node-local cache. A failure of a first
+    /// runner is an error on every rank at once (the others never run `f`);
+    /// a failure of any other rank is an error everywhere too.
+    ///
+    /// ```
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// use rankmesh::helpers::is_local_main_process;
+    /// let world = rt.world_group()?;
+    /// let dir = std::env::temp_dir().join(format!("node-cache-{}", std::process::id()));
+    /// world.zero_first(is_local_main_process(&rt), || std::fs::create_dir_all(&dir))?;
+    /// # std::fs::remove_dir(&dir).ok();
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
+    pub fn zero_first<R, E: Display>(
+        &self,
+        is_main: bool,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        const OP: &str = "zero_first";
+        let mut f = Some(f);
+        let mut result = None;
+        if is_main {
+            result = f.take().map(|f| f());
+        }
+        let failed = |r: &Option<std::result::Result<R, E>>| {
+            r.as_ref()
+                .and_then(|r| r.as_ref().err().map(|e| e.to_string()))
+        };
+        self.agree_on_failures(OP, failed(&result))?;
+        if let Some(f) = f {
+            result = Some(f());
+            self.agree_on_failures(OP, failed(&result))?;
+        } else {
+            self.agree_on_failures(OP, None)?;
+        }
+        let result = result.expect("f ran on this rank");
+        result.map_err(|e| self.failed(OP, self.rank_in_group(), e.to_string()))
+    }
+
     /// Group rank `src` computes `f`; its value (or its error) reaches every
-    /// rank. Any serde type, exactly (axolotl rounds through float32).
+    /// rank (axolotl's `compute_and_broadcast(fn, rank)`). Any serde type,
+    /// exactly (axolotl rounds through float32).
     ///
     /// ```
     /// # let rt = rankmesh::Runtime::init()?;
     /// let world = rt.world_group()?;
-    /// let seed: u64 = world.compute_and_broadcast(0, || Ok::<_, String>((1 << 53) + 1))?;
+    /// let seed: u64 = world.compute_and_broadcast(|| Ok::<_, String>((1 << 53) + 1), 0)?;
     /// assert_eq!(seed, 9007199254740993); // exact, unlike a float32 round trip
     /// # Ok::<(), rankmesh::Error>(())
     /// ```
     pub fn compute_and_broadcast<T, E>(
         &self,
-        src: usize,
         f: impl FnOnce() -> std::result::Result<T, E>,
+        src: usize,
     ) -> Result<T>
     where
         T: Serialize + DeserializeOwned,
@@ -144,7 +201,7 @@ impl GroupCoordinator<'_> {
         T: Serialize + DeserializeOwned,
         E: Display,
     {
-        self.compute_and_broadcast(0, f)
+        self.compute_and_broadcast(f, 0)
     }
 
     /// Every rank runs `f`; group rank `dst` gets all values in group-rank

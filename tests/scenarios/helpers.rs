@@ -1,6 +1,7 @@
 //! Main-rank helpers, including their failure paths.
 
-use rankmesh::helpers::{is_distributed, is_local_main_process, is_main_process};
+use rankmesh::helpers::{is_distributed, is_local_main_process, is_main_process, zero_only};
+use rankmesh::Collectives as _;
 use rankmesh::{Error, Runtime};
 use std::cell::Cell;
 
@@ -82,9 +83,10 @@ pub fn run(rt: &Runtime) {
     let big = (1u64 << 53) + 1;
     for src in 0..p {
         let v: (u64, String) = g
-            .compute_and_broadcast(src, || {
-                Ok::<_, String>((big + me as u64, format!("from {me}")))
-            })
+            .compute_and_broadcast(
+                || Ok::<_, String>((big + me as u64, format!("from {me}"))),
+                src,
+            )
             .unwrap();
         assert_eq!(v, (big + src as u64, format!("from {src}")));
     }
@@ -99,7 +101,12 @@ pub fn run(rt: &Runtime) {
         0,
         "no",
     );
-    assert!(g.compute_and_broadcast(p, || Ok::<_, String>(1u8)).is_err());
+    assert!(g.compute_and_broadcast(|| Ok::<_, String>(1u8), p).is_err());
+
+    // zero_only: world rank 0 only, nothing collective.
+    let ran = Cell::new(false);
+    assert_eq!(zero_only(rt, || ran.set(true)).is_some(), me == 0);
+    assert_eq!(ran.get(), me == 0);
 
     // gather_from_all_ranks: positions are ranks.
     for dst in 0..p {
@@ -125,4 +132,56 @@ pub fn run(rt: &Runtime) {
         .unwrap();
     assert_eq!(total, (p * (p + 1) / 2) as u64);
     let _ = stamp;
+}
+
+/// axolotl's `zero_first(is_local_main_process())`: one rank per node runs
+/// first, every other rank after all of them; failures reach every rank.
+pub fn zero_first_per_node(rt: &Runtime) {
+    let g = rt.world_group().unwrap();
+    let me = g.rank_in_group();
+    let node = rt.world().me().node;
+    let nodes = rt.world().ranks.iter().map(|r| r.node).max().unwrap() + 1;
+    let dir = std::env::temp_dir().join(format!("rankmesh-zero-first-{}", std::process::id()));
+    let dir: std::path::PathBuf = g.broadcast_object(Some(&dir), 0).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = |n: usize| dir.join(format!("node{n}"));
+    let is_main = is_local_main_process(rt);
+    let seen = g
+        .zero_first(is_main, || -> Result<usize, String> {
+            if is_main {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                std::fs::write(marker(node), b"cache").map_err(|e| e.to_string())?;
+            }
+            Ok((0..nodes).filter(|n| marker(*n).exists()).count())
+        })
+        .unwrap();
+    // Every other rank starts after every node's first rank finished.
+    if !is_main {
+        assert_eq!(seen, nodes, "rank {me} ran before every node's first rank");
+    }
+    let mains: Vec<bool> = g.all_gather_object(&is_main).unwrap();
+    assert_eq!(mains.iter().filter(|m| **m).count(), nodes);
+
+    // A first runner fails: every rank errors and the others never run f.
+    let failing = mains.iter().rposition(|m| *m).unwrap();
+    let ran = Cell::new(false);
+    let r = g.zero_first(is_main, || {
+        ran.set(true);
+        if me == failing {
+            Err("no space on node")
+        } else {
+            Ok(())
+        }
+    });
+    expect_failed(r, "zero_first", failing, "no space on node");
+    assert_eq!(ran.get(), is_main);
+    // A later rank fails: every rank errors.
+    if let Some(late) = mains.iter().rposition(|m| !*m) {
+        let r = g.zero_first(is_main, || if me == late { Err("late") } else { Ok(()) });
+        expect_failed(r, "zero_first", late, "late");
+    }
+    g.barrier().unwrap();
+    if me == 0 {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -174,6 +174,13 @@ pub const ALL: &[Scenario] = &[
         run: collectives::run,
     },
     Scenario {
+        name: "zero_first_per_node",
+        nodes: &["2,2", "2,3"],
+        sizes: &[1, 3],
+        env: &[],
+        run: helpers::zero_first_per_node,
+    },
+    Scenario {
         name: "gathering_across_nodes",
         nodes: &["2,2"],
         sizes: &[],
