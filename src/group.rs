@@ -14,6 +14,7 @@ use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use std::cell::{Cell, Ref, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -43,6 +44,8 @@ struct Inner<'rt> {
     scratch: RefCell<[Vec<u8>; 2]>,
     /// Host scratch tensor for in-place reductions.
     scratch_tensor: RefCell<Option<Tensor>>,
+    /// Sub-groups made for rank lists (by world ranks), reused by later calls.
+    subgroups: RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -73,6 +76,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 nccl: RefCell::new(None),
                 scratch: RefCell::new([Vec::new(), Vec::new()]),
                 scratch_tensor: RefCell::new(None),
+                subgroups: RefCell::new(HashMap::new()),
             }),
         })
     }
@@ -202,6 +206,23 @@ impl<'rt> GroupCoordinator<'rt> {
             _ => *slot = Some(t.clone()),
         }
         f(slot.as_ref().expect("set above"), t)
+    }
+
+    /// The sub-group of world ranks `global`, made by `make` the first time.
+    pub(crate) fn cached_subgroup(
+        &self,
+        global: &[usize],
+        make: impl FnOnce() -> Result<GroupCoordinator<'rt>>,
+    ) -> Result<GroupCoordinator<'rt>> {
+        if let Some(g) = self.inner.subgroups.borrow().get(global) {
+            return Ok(g.clone());
+        }
+        let g = make()?;
+        self.inner
+            .subgroups
+            .borrow_mut()
+            .insert(global.to_vec(), g.clone());
+        Ok(g)
     }
 
     pub(crate) fn plane(&self) -> HostPlane<'_> {

@@ -159,6 +159,59 @@ impl Workspace {
         })
     }
 
+    /// Collective over `group`: `dir` itself is the workspace (ModelOpt's
+    /// `NFSWorkspace(workspace_path)`), created with mode 0700 if missing.
+    /// Files already there are kept and the run token is derived from the
+    /// path, so a later launch opening the same path reads what an earlier
+    /// one wrote; [`clear`](Self::clear) starts afresh.
+    pub fn at(dir: impl AsRef<Path>, group: &GroupCoordinator<'_>) -> Result<Workspace> {
+        let dir = dir.as_ref();
+        let dir: PathBuf =
+            group.broadcast_object(group.is_first_rank().then_some(&dir.to_path_buf()), 0)?;
+        group.main_first(|| -> Result<()> {
+            if group.is_first_rank() && !dir.is_dir() {
+                fs::create_dir_all(&dir)
+                    .map_err(|e| io_err(&dir, "cannot create the workspace", e))?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                    .map_err(|e| io_err(&dir, "cannot make the workspace private", e))?;
+            } else if !dir.is_dir() {
+                return Err(Error::Workspace {
+                    path: dir.clone(),
+                    msg: "the workspace is not visible here: is it on a shared file system?".into(),
+                });
+            }
+            Ok(())
+        })?;
+        let text = dir.to_string_lossy();
+        let mut token = [0u8; 16];
+        token[..8]
+            .copy_from_slice(&fnv1a(format!("rankmesh-workspace/{text}").as_bytes()).to_le_bytes());
+        token[8..].copy_from_slice(&fnv1a(text.as_bytes()).to_le_bytes());
+        Ok(Workspace {
+            dir,
+            token,
+            rank: group.rank_in_group(),
+            size: group.size(),
+        })
+    }
+
+    /// Whether the workspace directory exists (ModelOpt's `is_initialized`):
+    /// true from creation until [`remove`](Self::remove).
+    pub fn is_initialized(&self) -> bool {
+        self.dir.is_dir()
+    }
+
+    /// Removes this rank's file, if any (not collective).
+    pub fn clear(&self) -> Result<()> {
+        let path = self.file_of(self.rank);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io_err(&path, "cannot remove", e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The run directory.
     pub fn path(&self) -> &Path {
         &self.dir

@@ -22,7 +22,40 @@ fn tensors_of(rank: usize) -> BTreeMap<String, Tensor> {
     ])
 }
 
+/// A workspace at a fixed path outlives the handle that wrote it: a later
+/// opening of the same path (as by a later launch) reads every rank's file.
+fn fixed_path(rt: &Runtime) {
+    let g = rt.world_group().unwrap();
+    let (p, me) = (g.size(), g.rank_in_group());
+    // One path per job (jobs of several sizes run at once).
+    let dir = std::env::temp_dir().join(format!("rankmesh-ws-fixed-{}", std::process::id()));
+    let dir: std::path::PathBuf = g.broadcast_object(Some(&dir), 0).unwrap();
+    let first = Workspace::at(&dir, &g).unwrap();
+    assert!(first.is_initialized());
+    assert_eq!(first.path(), dir.as_path());
+    first.clear().unwrap();
+    first
+        .write(Some(&json!({"rank": me})), &tensors_of(me))
+        .unwrap();
+    drop(first);
+    g.barrier().unwrap();
+    let later = Workspace::at(&dir, &g).unwrap();
+    for r in 0..p {
+        let s = later.read(r).unwrap().expect("written before");
+        assert_eq!(s.config, Some(json!({"rank": r})));
+        assert_eq!(s.tensors, tensors_of(r));
+    }
+    g.barrier().unwrap();
+    later.clear().unwrap();
+    g.barrier().unwrap();
+    assert_eq!(later.read(me).unwrap(), None, "cleared");
+    let check = later.clone();
+    later.remove(&g).unwrap();
+    assert!(!check.is_initialized());
+}
+
 pub fn run(rt: &Runtime) {
+    fixed_path(rt);
     let g = rt.world_group().unwrap();
     let (p, me) = (g.size(), g.rank_in_group());
     let root = std::env::temp_dir().join(format!(
