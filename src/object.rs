@@ -110,6 +110,22 @@ impl GroupCoordinator<'_> {
         .map_err(name_type::<T>)
     }
 
+    /// FastVideo's `broadcast_object_list`: `list` becomes group rank
+    /// `src`'s list on every member (its length included; the list passed
+    /// elsewhere is only overwritten).
+    pub fn broadcast_object_list<T: Serialize + DeserializeOwned>(
+        &self,
+        list: &mut Vec<T>,
+        src: usize,
+    ) -> Result<()> {
+        let mine = (self.rank_in_group() == src).then_some(&*list);
+        let got: Vec<T> = self.broadcast_object(mine, src)?;
+        if self.rank_in_group() != src {
+            *list = got;
+        }
+        Ok(())
+    }
+
     /// Every member's `obj`, indexed by group rank, on every member.
     pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T) -> Result<Vec<T>> {
         let op = Op::AllGatherObject;

@@ -1,9 +1,12 @@
 //! `ParallelState`: the world, TP, SP and DP groups of a job, per-model
 //! groups, and scoped overrides (FastVideo's `parallel_state`, without globals).
 
+use crate::collectives::Collectives;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::layout::{consecutive_group_count, consecutive_groups, GroupKind, Layout};
+use crate::reduce::ReduceOp;
+use crate::tensor::Tensor;
 use crate::world::Runtime;
 use std::cell::RefCell;
 
@@ -130,6 +133,32 @@ impl<'rt> ParallelState<'rt> {
             Some(g) => Ok(g.clone()),
             None => Ok(self.groups()?.sp.clone()),
         }
+    }
+
+    /// FastVideo's `tensor_model_parallel_all_reduce`: sum over the TP group in force.
+    pub fn tensor_model_parallel_all_reduce(&self, t: &Tensor) -> Result<Tensor> {
+        self.tp()?.all_reduce(t, ReduceOp::Sum)
+    }
+
+    /// FastVideo's `tensor_model_parallel_all_gather` (FastVideo's default `dim` is -1).
+    pub fn tensor_model_parallel_all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
+        self.tp()?.all_gather(t, dim)
+    }
+
+    /// FastVideo's `sequence_model_parallel_all_gather` (default `dim` -1).
+    pub fn sequence_model_parallel_all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
+        self.sp()?.all_gather(t, dim)
+    }
+
+    /// FastVideo's `sequence_model_parallel_all_to_all_4D` over the SP group
+    /// in force (FastVideo's defaults: `scatter_dim` 2, `gather_dim` 1).
+    pub fn sequence_model_parallel_all_to_all_4d(
+        &self,
+        t: &Tensor,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<Tensor> {
+        self.sp()?.all_to_all_4d(t, scatter_dim, gather_dim)
     }
 
     /// The DP group.

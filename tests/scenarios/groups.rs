@@ -85,6 +85,19 @@ pub fn run(rt: &Runtime) {
                 &reduced(w, 4, DType::F32, ReduceOp::Sum),
                 "override",
             );
+            // FastVideo's module-level helpers follow the override too.
+            assert_eq!(ps.tensor_model_parallel_all_reduce(&x).unwrap(), got);
+            let wide = super::reference::input(me, &[2, 3], DType::BF16, ReduceOp::Sum);
+            assert_eq!(
+                ps.tensor_model_parallel_all_gather(&wide, -1).unwrap(),
+                tp.all_gather(&wide, -1).unwrap()
+            );
+            assert_eq!(
+                ps.tensor_model_parallel_all_gather(&wide, -1)
+                    .unwrap()
+                    .shape(),
+                [2, 3 * w]
+            );
             let nested = ps.with_tp_group(&model_tp, || ()).unwrap_err().to_string();
             assert!(
                 nested.contains("already overridden by tp_model1:0"),
@@ -98,6 +111,25 @@ pub fn run(rt: &Runtime) {
     let sp_inside = ps
         .with_sp_group(&model_sp, || ps.sp().unwrap().name().to_string())
         .unwrap();
+    let sp_all = ps.new_sequence_parallel_group(w, "all").unwrap();
+    ps.with_sp_group(&sp_all, || {
+        let q = super::reference::input(me, &[1, 2, 2 * w, 3], DType::F32, ReduceOp::Sum);
+        assert_eq!(
+            ps.sequence_model_parallel_all_to_all_4d(&q, 2, 1).unwrap(),
+            sp_all.all_to_all_4d(&q, 2, 1).unwrap()
+        );
+        assert_eq!(
+            ps.sequence_model_parallel_all_to_all_4d(&q, 2, 1)
+                .unwrap()
+                .shape(),
+            [1, 2 * w, 2, 3]
+        );
+        assert_eq!(
+            ps.sequence_model_parallel_all_gather(&q, 1).unwrap(),
+            sp_all.all_gather(&q, 1).unwrap()
+        );
+    })
+    .unwrap();
     assert_eq!(sp_inside, format!("sp_model2:{me}"));
     assert_eq!(ps.sp().unwrap().name(), format!("sp:{me}"));
     let _ = input;

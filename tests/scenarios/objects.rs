@@ -26,6 +26,20 @@ pub fn run(rt: &Runtime) {
     let g = rt.world_group().unwrap();
     let (p, me) = (g.size(), g.rank_in_group());
 
+    // FastVideo's broadcast_object_list: the source's list, length included.
+    for src in 0..p {
+        let mut list: Vec<(usize, f64)> = if me == src {
+            (0..=src).map(|i| (i, i as f64 / 3.0)).collect()
+        } else {
+            vec![(99, 0.5); 7]
+        };
+        g.broadcast_object_list(&mut list, src).unwrap();
+        assert_eq!(
+            list,
+            (0..=src).map(|i| (i, i as f64 / 3.0)).collect::<Vec<_>>()
+        );
+    }
+
     for src in 0..p {
         let mine = (me == src).then(|| config_of(src));
         assert_eq!(
