@@ -93,27 +93,7 @@ impl GroupCoordinator<'_> {
         &self,
         f: impl FnOnce() -> std::result::Result<R, E>,
     ) -> Result<R> {
-        const OP: &str = "main_first";
-        let mut f = Some(f);
-        let mut result = None;
-        if self.is_first_rank() {
-            result = f.take().map(|f| f());
-        }
-        let status = result
-            .as_ref()
-            .and_then(|r| r.as_ref().err().map(|e| e.to_string()));
-        let status: Option<String> = self.broadcast_object(Some(&status), 0)?;
-        if let Some(msg) = status {
-            return Err(self.failed(OP, 0, msg));
-        }
-        let result = match (result, f) {
-            (Some(r), _) => r,
-            (None, Some(f)) => f(),
-            (None, None) => unreachable!("f runs exactly once"),
-        };
-        let mine = result.as_ref().err().map(|e| e.to_string());
-        self.agree_on_failures(OP, mine)?;
-        result.map_err(|e| self.failed(OP, self.rank_in_group(), e.to_string()))
+        self.first_then_rest("main_first", self.is_first_rank(), f)
     }
 
     /// The ranks that pass `is_main` run `f` first, together; the others run
@@ -137,25 +117,30 @@ impl GroupCoordinator<'_> {
         is_main: bool,
         f: impl FnOnce() -> std::result::Result<R, E>,
     ) -> Result<R> {
-        const OP: &str = "zero_first";
-        let mut f = Some(f);
-        let mut result = None;
-        if is_main {
-            result = f.take().map(|f| f());
-        }
-        let failed = |r: &Option<std::result::Result<R, E>>| {
-            r.as_ref()
-                .and_then(|r| r.as_ref().err().map(|e| e.to_string()))
-        };
-        self.agree_on_failures(OP, failed(&result))?;
-        if let Some(f) = f {
-            result = Some(f());
-            self.agree_on_failures(OP, failed(&result))?;
+        self.first_then_rest("zero_first", is_main, f)
+    }
+
+    /// The ranks with `first` run `f`, every rank learns of their failures,
+    /// then the others run theirs and every rank learns of those.
+    fn first_then_rest<R, E: Display>(
+        &self,
+        op: &'static str,
+        first: bool,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        let failure = |r: &std::result::Result<R, E>| r.as_ref().err().map(|e| e.to_string());
+        let result = if first {
+            let r = f();
+            self.agree_on_failures(op, failure(&r))?;
+            self.agree_on_failures(op, None)?;
+            r
         } else {
-            self.agree_on_failures(OP, None)?;
-        }
-        let result = result.expect("f ran on this rank");
-        result.map_err(|e| self.failed(OP, self.rank_in_group(), e.to_string()))
+            self.agree_on_failures(op, None)?;
+            let r = f();
+            self.agree_on_failures(op, failure(&r))?;
+            r
+        };
+        result.map_err(|e| self.failed(op, self.rank_in_group(), e.to_string()))
     }
 
     /// Group rank `src` computes `f`; its value (or its error) reaches every

@@ -36,10 +36,7 @@ pub(crate) fn agree_on_list(world: &SimpleCommunicator, ranks: &[usize], me: usi
     }
     let mine = Box::new(record(ranks));
     let mut theirs: Vec<Record> = vec![[0; 3]; peers.len()];
-    let null = || {
-        // SAFETY: reading an MPI constant handle.
-        unsafe { ffi::RSMPI_REQUEST_NULL }
-    };
+    let null = crate::plane::host::null_request;
     let mut sends = vec![null(); peers.len()];
     let mut recvs = vec![null(); peers.len()];
     let comm = world.as_raw();

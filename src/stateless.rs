@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::object::{decode, encode, type_digest, within_bound};
 use crate::op::Op;
+use crate::plane::host::isend_bytes;
 use crate::world::Runtime;
 use mpi::ffi;
 use mpi::traits::*;
@@ -265,23 +266,10 @@ impl<'rt> StatelessGroup<'rt> {
         for dst in dsts {
             let header_bytes: &[u8] = bytemuck::cast_slice(&header[..]);
             for buf in std::iter::once(header_bytes).chain(payload.chunks(piece)) {
-                // SAFETY: a null request to fill in.
-                let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
                 // SAFETY: `header` and `payload` move into the outbox with the
                 // request and stay there (heap buffers do not move) until
                 // MPI reports it complete.
-                unsafe {
-                    ffi::MPI_Isend(
-                        buf.as_ptr().cast(),
-                        buf.len() as c_int,
-                        ffi::RSMPI_UINT8_T,
-                        *dst as c_int,
-                        TAG_OBJECT,
-                        comm,
-                        &mut req,
-                    )
-                };
-                requests.push(req);
+                requests.push(unsafe { isend_bytes(comm, buf, *dst, TAG_OBJECT) });
             }
         }
         self.outbox.borrow_mut().push_back(Pending {

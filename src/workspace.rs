@@ -137,25 +137,11 @@ impl Workspace {
             (dir, token)
         });
         let (dir, token): (PathBuf, [u8; 16]) = group.broadcast_object(proposal.as_ref(), 0)?;
-        group.main_first(|| -> Result<()> {
-            if group.is_first_rank() {
-                fs::create_dir_all(root).map_err(|e| io_err(root, "cannot create the workspace root", e))?;
-                fs::create_dir(&dir).map_err(|e| io_err(&dir, "cannot create the run directory", e))?;
-                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-                    .map_err(|e| io_err(&dir, "cannot make the run directory private", e))?;
-            } else if !dir.is_dir() {
-                return Err(Error::Workspace {
-                    path: dir.clone(),
-                    msg: "the run directory is not visible here: is the workspace on a shared file system?".into(),
-                });
-            }
-            Ok(())
-        })?;
-        Ok(Workspace {
-            dir,
-            token,
-            rank: group.rank_in_group(),
-            size: group.size(),
+        Workspace::made_by_first(group, dir, token, |dir| {
+            fs::create_dir_all(root)
+                .map_err(|e| io_err(root, "cannot create the workspace root", e))?;
+            fs::create_dir(dir).map_err(|e| io_err(dir, "cannot create the run directory", e))?;
+            Ok(true)
         })
     }
 
@@ -168,25 +154,45 @@ impl Workspace {
         let dir = dir.as_ref();
         let dir: PathBuf =
             group.broadcast_object(group.is_first_rank().then_some(&dir.to_path_buf()), 0)?;
-        group.main_first(|| -> Result<()> {
-            if group.is_first_rank() && !dir.is_dir() {
-                fs::create_dir_all(&dir)
-                    .map_err(|e| io_err(&dir, "cannot create the workspace", e))?;
-                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-                    .map_err(|e| io_err(&dir, "cannot make the workspace private", e))?;
-            } else if !dir.is_dir() {
-                return Err(Error::Workspace {
-                    path: dir.clone(),
-                    msg: "the workspace is not visible here: is it on a shared file system?".into(),
-                });
-            }
-            Ok(())
-        })?;
         let text = dir.to_string_lossy();
         let mut token = [0u8; 16];
         token[..8]
             .copy_from_slice(&fnv1a(format!("rankmesh-workspace/{text}").as_bytes()).to_le_bytes());
         token[8..].copy_from_slice(&fnv1a(text.as_bytes()).to_le_bytes());
+        Workspace::made_by_first(group, dir, token, |dir| {
+            if dir.is_dir() {
+                return Ok(false);
+            }
+            fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the workspace", e))?;
+            Ok(true)
+        })
+    }
+
+    /// Group rank 0 runs `make` and makes `dir` private (0700) if `make`
+    /// created it (an existing directory keeps its mode); then every other member checks that it sees it (a shared file
+    /// system) and gets its handle. A failure anywhere is an error everywhere.
+    fn made_by_first(
+        group: &GroupCoordinator<'_>,
+        dir: PathBuf,
+        token: [u8; 16],
+        make: impl FnOnce(&Path) -> Result<bool>,
+    ) -> Result<Workspace> {
+        group.main_first(|| -> Result<()> {
+            if group.is_first_rank() {
+                if make(&dir)? {
+                    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                        .map_err(|e| io_err(&dir, "cannot make the workspace private", e))?;
+                }
+                Ok(())
+            } else if !dir.is_dir() {
+                Err(Error::Workspace {
+                    path: dir.clone(),
+                    msg: "the workspace directory is not visible here: is it on a shared file system?".into(),
+                })
+            } else {
+                Ok(())
+            }
+        })?;
         Ok(Workspace {
             dir,
             token,

@@ -25,9 +25,62 @@ pub const TAG_DATA: i32 = 0x5203;
 /// Tag of the payload pieces of a batch (a tensor dictionary's tensors).
 const TAG_BATCH: i32 = 0x5204;
 
-fn null_request() -> ffi::MPI_Request {
+/// MPI's null request (what a completed request becomes).
+pub(crate) fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading an MPI constant handle.
     unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// Posts `MPI_Isend` of `buf` (at most `i32::MAX` bytes) to `dst` with `tag`.
+///
+/// # Safety
+/// `buf` must stay allocated and unchanged until the request completes.
+pub(crate) unsafe fn isend_bytes(
+    comm: ffi::MPI_Comm,
+    buf: &[u8],
+    dst: usize,
+    tag: c_int,
+) -> ffi::MPI_Request {
+    let mut req = null_request();
+    // SAFETY: the caller keeps `buf` alive until completion.
+    unsafe {
+        ffi::MPI_Isend(
+            buf.as_ptr().cast(),
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            dst as c_int,
+            tag,
+            comm,
+            &mut req,
+        )
+    };
+    req
+}
+
+/// Posts `MPI_Irecv` into `buf` (at most `i32::MAX` bytes) from `src` with `tag`.
+///
+/// # Safety
+/// `buf` must stay allocated and untouched until the request completes.
+unsafe fn irecv_bytes(
+    comm: ffi::MPI_Comm,
+    buf: &mut [u8],
+    src: usize,
+    tag: c_int,
+) -> ffi::MPI_Request {
+    let mut req = null_request();
+    // SAFETY: the caller keeps `buf` alive and unaliased until completion.
+    unsafe {
+        ffi::MPI_Irecv(
+            buf.as_mut_ptr().cast(),
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            src as c_int,
+            tag,
+            comm,
+            &mut req,
+        )
+    };
+    req
 }
 
 /// MPI over host memory for one communicator. Every piece that completes
@@ -342,24 +395,13 @@ impl<'c> HostPlane<'c> {
     /// (one wait for the lot, as FastVideo's dict of async sends). Empty
     /// buffers send nothing; the receiver posts the same list.
     pub(crate) fn send_batch(&self, bufs: &[&[u8]], dst: usize) {
-        let mut reqs = Vec::new();
-        for piece in bufs.iter().flat_map(|b| b.chunks(self.max_bytes)) {
-            let mut req = null_request();
-            // SAFETY: `piece` outlives the request: every request is completed
-            // below before `bufs` can be released.
-            unsafe {
-                ffi::MPI_Isend(
-                    piece.as_ptr().cast(),
-                    piece.len() as c_int,
-                    ffi::RSMPI_UINT8_T,
-                    dst as c_int,
-                    TAG_BATCH,
-                    self.comm.as_raw(),
-                    &mut req,
-                );
-            }
-            reqs.push(req);
-        }
+        let comm = self.comm.as_raw();
+        let mut reqs: Vec<ffi::MPI_Request> = bufs
+            .iter()
+            .flat_map(|b| b.chunks(self.max_bytes))
+            // SAFETY: every request is completed below, before `bufs` can be released.
+            .map(|piece| unsafe { isend_bytes(comm, piece, dst, TAG_BATCH) })
+            .collect();
         let _ = self.complete(&mut reqs, &[], dst);
     }
 
@@ -367,25 +409,13 @@ impl<'c> HostPlane<'c> {
     /// counterpart of [`send_batch`](Self::send_batch)); a short piece is an
     /// error once every piece has arrived.
     pub(crate) fn recv_batch(&self, bufs: &mut [&mut [u8]], src: usize) -> Result<(), Fault> {
+        let comm = self.comm.as_raw();
         let mut reqs = Vec::new();
         let mut want = Vec::new();
         for piece in bufs.iter_mut().flat_map(|b| b.chunks_mut(self.max_bytes)) {
-            let mut req = null_request();
-            // SAFETY: `piece` is exclusively borrowed until every request
-            // completes below.
-            unsafe {
-                ffi::MPI_Irecv(
-                    piece.as_mut_ptr().cast(),
-                    piece.len() as c_int,
-                    ffi::RSMPI_UINT8_T,
-                    src as c_int,
-                    TAG_BATCH,
-                    self.comm.as_raw(),
-                    &mut req,
-                );
-            }
-            reqs.push(req);
             want.push(piece.len());
+            // SAFETY: `piece` is exclusively borrowed until every request completes below.
+            reqs.push(unsafe { irecv_bytes(comm, piece, src, TAG_BATCH) });
         }
         self.complete(&mut reqs, &want, src)
     }
