@@ -232,7 +232,8 @@ struct BenchArgs {
     /// Reduction: sum, prod, max, min, avg.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     op: String,
-    /// Data type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64.
+    /// Data type: float, half, bfloat16, double, f8e4m3, f8e5m2, int8, uint8, int32, uint32, int64,
+    /// uint64 (nccl-tests' names), bool, int16, uint16.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: String,
     /// Root rank (broadcast, reduce).

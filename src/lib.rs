@@ -66,7 +66,8 @@ pub use parallel::ParallelState;
 pub use reduce::ReduceOp;
 pub use stateless::StatelessGroup;
 pub use tensor::{
-    divide, ensure_divisibility, split_tensor_along_last_dim, DType, Element, Tensor,
+    divide, ensure_divisibility, split_tensor_along_last_dim, Bool, DType, Element, Tensor, F8E4M3,
+    F8E5M2,
 };
 pub use tensor_dict::{DictValue, Object, TensorDict, TensorDicts};
 pub use watch::TIMEOUT_EXIT;

@@ -6,6 +6,8 @@
 
 use crate::dispatch::Descriptor;
 use crate::layout_ops::normalize_dim;
+use crate::reduce::ReduceOp;
+use crate::tensor::DType;
 
 /// The two FastVideo all-to-all modes `(scatter_dim, gather_dim)`.
 pub(crate) const ALL_TO_ALL_MODES: [(i64, i64); 2] = [(2, 1), (1, 2)];
@@ -155,7 +157,12 @@ impl Op {
     pub fn check(self, d: &Descriptor, size: usize) -> Result<(), String> {
         let p = d.params;
         match self {
-            Op::Reduce | Op::Gather => rank_in_range("dst", p[0], size).map(|_| ()),
+            Op::AllReduce => reduction_defined(d, p[0]),
+            Op::Reduce => {
+                rank_in_range("dst", p[0], size)?;
+                reduction_defined(d, p[1])
+            }
+            Op::Gather => rank_in_range("dst", p[0], size).map(|_| ()),
             Op::Broadcast => rank_in_range("src", p[0], size).map(|_| ()),
             Op::Scatter => {
                 rank_in_range("src", p[0], size)?;
@@ -165,7 +172,8 @@ impl Op {
             Op::AllGather => dim_in_range(d, p[0]).map(|_| ()),
             Op::ReduceScatter => {
                 let k = dim_in_range(d, p[0])?;
-                divisible(d, k, size, "dim")
+                divisible(d, k, size, "dim")?;
+                reduction_defined(d, p[1])
             }
             Op::AllToAll => {
                 if d.ndim() == 0 {
@@ -286,6 +294,14 @@ pub(crate) fn rank_in_range(what: &str, rank: i64, size: usize) -> Result<usize,
         .ok_or_else(|| format!("{what} {rank} is not a rank of this group of size {size}"))
 }
 
+/// Avg has no meaning for bools (sum is OR, prod AND); PyTorch refuses it too.
+fn reduction_defined(d: &Descriptor, op: i64) -> Result<(), String> {
+    if d.dtype() == Some(DType::Bool) && ReduceOp::from_code(op) == Some(ReduceOp::Avg) {
+        return Err("avg is not defined for bool tensors (sum is OR, prod is AND)".into());
+    }
+    Ok(())
+}
+
 fn divisible(d: &Descriptor, dim: usize, size: usize, what: &str) -> Result<(), String> {
     let n = d.shape()[dim];
     if n % size != 0 {
@@ -299,7 +315,6 @@ fn divisible(d: &Descriptor, dim: usize, size: usize, what: &str) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DType;
 
     fn desc(op: Op, shape: &[usize], params: &[i64]) -> Descriptor {
         Descriptor::for_tensor(op, DType::F32, shape, params)
@@ -359,6 +374,14 @@ mod tests {
             .is_err());
         assert!(Op::AllToAll
             .check(&desc(Op::AllToAll, &[4], &[]), 2)
+            .is_ok());
+        let avg = ReduceOp::Avg.code();
+        let bools = Descriptor::for_tensor(Op::AllReduce, DType::Bool, &[4], &[avg]);
+        assert!(Op::AllReduce.check(&bools, 2).unwrap_err().contains("bool"));
+        let bools = Descriptor::for_tensor(Op::ReduceScatter, DType::Bool, &[4], &[0, avg]);
+        assert!(Op::ReduceScatter.check(&bools, 2).is_err());
+        assert!(Op::AllReduce
+            .check(&desc(Op::AllReduce, &[4], &[avg]), 2)
             .is_ok());
     }
 

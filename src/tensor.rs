@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use bytemuck::Pod;
+pub use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
@@ -31,11 +32,23 @@ pub enum DType {
     I64,
     /// Unsigned 64-bit integer.
     U64,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, no infinities (OCP
+    /// E4M3FN, CUDA's `__nv_fp8_e4m3`, largest finite 448).
+    F8E4M3,
+    /// 8-bit float, 5 exponent and 2 mantissa bits (CUDA's `__nv_fp8_e5m2`,
+    /// largest finite 57344).
+    F8E5M2,
+    /// One byte per element: zero is false, anything else true.
+    Bool,
+    /// Signed 16-bit integer.
+    I16,
+    /// Unsigned 16-bit integer.
+    U16,
 }
 
 impl DType {
-    /// Every dtype, in wire-code order.
-    pub const ALL: [DType; 10] = [
+    /// Every dtype, in wire-code order (append only).
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -46,13 +59,18 @@ impl DType {
         DType::U32,
         DType::I64,
         DType::U64,
+        DType::F8E4M3,
+        DType::F8E5M2,
+        DType::Bool,
+        DType::I16,
+        DType::U16,
     ];
 
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
-            DType::I8 | DType::U8 => 1,
-            DType::F16 | DType::BF16 => 2,
+            DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 | DType::Bool => 1,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
         }
@@ -71,12 +89,20 @@ impl DType {
             DType::U32 => "u32",
             DType::I64 => "i64",
             DType::U64 => "u64",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
+            DType::Bool => "bool",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
         }
     }
 
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+        matches!(
+            self,
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2
+        )
     }
 
     pub(crate) fn code(self) -> u32 {
@@ -108,6 +134,11 @@ pub enum HostData {
     U32(Vec<u32>),
     I64(Vec<i64>),
     U64(Vec<u64>),
+    F8E4M3(Vec<F8E4M3>),
+    F8E5M2(Vec<F8E5M2>),
+    Bool(Vec<Bool>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
 }
 
 /// Runs `$body` with `$v` bound to the typed vector inside a [`HostData`].
@@ -124,6 +155,11 @@ macro_rules! with_host_data {
             HostData::U32($v) => $body,
             HostData::I64($v) => $body,
             HostData::U64($v) => $body,
+            HostData::F8E4M3($v) => $body,
+            HostData::F8E5M2($v) => $body,
+            HostData::Bool($v) => $body,
+            HostData::I16($v) => $body,
+            HostData::U16($v) => $body,
         }
     };
 }
@@ -177,6 +213,60 @@ element!(i32, I32, |x| x as f64, |v| v.round() as i32);
 element!(u32, U32, |x| x as f64, |v| v.round() as u32);
 element!(i64, I64, |x| x as f64, |v| v.round() as i64);
 element!(u64, U64, |x| x as f64, |v| v.round() as u64);
+element!(F8E4M3, F8E4M3, |x| x.to_f64(), F8E4M3::from_f64);
+element!(F8E5M2, F8E5M2, |x| x.to_f64(), F8E5M2::from_f64);
+element!(Bool, Bool, |x| x.get() as u8 as f64, |v| Bool::from(
+    v != 0.0
+));
+element!(i16, I16, |x| x as f64, |v| v.round() as i16);
+element!(u16, U16, |x| x as f64, |v| v.round() as u16);
+
+/// A `bool` tensor element: one byte, zero is false and anything else true
+/// (how torch and NCCL read a bool buffer). Any byte is a valid `Bool`, so
+/// bytes received from a peer never make an invalid value, as they would
+/// in a `[bool]`.
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct Bool(pub u8);
+
+impl Bool {
+    /// `true`.
+    pub const TRUE: Bool = Bool(1);
+    /// `false`.
+    pub const FALSE: Bool = Bool(0);
+
+    /// The truth value (any non-zero byte is true).
+    pub fn get(self) -> bool {
+        self.0 != 0
+    }
+}
+
+impl From<bool> for Bool {
+    fn from(b: bool) -> Bool {
+        Bool(b as u8)
+    }
+}
+
+impl From<Bool> for bool {
+    fn from(b: Bool) -> bool {
+        b.get()
+    }
+}
+
+/// Equal truth values are equal, whatever non-zero byte says `true`.
+impl PartialEq for Bool {
+    fn eq(&self, other: &Bool) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Bool {}
+
+impl std::fmt::Debug for Bool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.get(), f)
+    }
+}
 
 impl HostData {
     /// `n` zeros, `None` when the memory cannot be reserved.
@@ -198,6 +288,11 @@ impl HostData {
             DType::U32 => HostData::U32(filled(0, n)?),
             DType::I64 => HostData::I64(filled(0, n)?),
             DType::U64 => HostData::U64(filled(0, n)?),
+            DType::F8E4M3 => HostData::F8E4M3(filled(F8E4M3::from_bits(0), n)?),
+            DType::F8E5M2 => HostData::F8E5M2(filled(F8E5M2::from_bits(0), n)?),
+            DType::Bool => HostData::Bool(filled(Bool::FALSE, n)?),
+            DType::I16 => HostData::I16(filled(0, n)?),
+            DType::U16 => HostData::U16(filled(0, n)?),
         })
     }
 
@@ -213,6 +308,11 @@ impl HostData {
             HostData::U32(_) => DType::U32,
             HostData::I64(_) => DType::I64,
             HostData::U64(_) => DType::U64,
+            HostData::F8E4M3(_) => DType::F8E4M3,
+            HostData::F8E5M2(_) => DType::F8E5M2,
+            HostData::Bool(_) => DType::Bool,
+            HostData::I16(_) => DType::I16,
+            HostData::U16(_) => DType::U16,
         }
     }
 
@@ -473,6 +573,27 @@ mod tests {
             assert_eq!(DType::from_code(d.code()), Some(d));
         }
         assert_eq!(DType::from_code(99), None);
+    }
+
+    #[test]
+    fn narrow_dtypes_convert_like_cuda_and_torch() {
+        // Wire codes of the first ten never move (append only).
+        assert_eq!(DType::U64.code(), 9);
+        assert_eq!(DType::F8E4M3.code(), 10);
+        assert_eq!(DType::U16.code(), 14);
+        let t = Tensor::from_fn([4], DType::F8E4M3, |i| [300.0, 1e9, -1e9, 0.3][i]).unwrap();
+        // Round to nearest even, saturate at ±448 (no infinities in E4M3FN).
+        assert_eq!(t.to_f64_vec(), [288.0, 448.0, -448.0, 0.3125]);
+        let t = Tensor::from_fn([2], DType::F8E5M2, |i| [1e9, 40000.0][i]).unwrap();
+        assert_eq!(t.to_f64_vec(), [57344.0, 40960.0]);
+        let b = Tensor::from_vec([3], vec![Bool(7), Bool::FALSE, true.into()]).unwrap();
+        assert_eq!(b.to_f64_vec(), [1.0, 0.0, 1.0]);
+        assert_eq!(b.as_slice::<Bool>().unwrap()[0], Bool::TRUE);
+        assert_eq!(
+            Tensor::from_fn([1], DType::Bool, |_| 2.5).unwrap().bytes(),
+            [1]
+        );
+        assert_eq!(Tensor::zeros([2], DType::I16).unwrap().nbytes(), 4);
     }
 
     #[test]

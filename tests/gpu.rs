@@ -114,6 +114,173 @@ fn check_reductions(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check
     Ok(())
 }
 
+/// The same bytes on both planes (bool, 16-bit and fp8 moves are bit copies).
+fn same_bytes(what: &str, got: &Tensor, want: &Tensor) -> Check {
+    if got.shape() == want.shape() && got.dtype() == want.dtype() && got.bytes() == want.bytes() {
+        Ok(())
+    } else {
+        Err(format!("{what}: device {got:?}, host plane {want:?}"))
+    }
+}
+
+/// The dtypes NCCL lacks (bool, i16, u16: moved as bytes) or names only
+/// from 2.24 (fp8): moves are bit-exact with the host plane; bools reduce as
+/// OR/AND bytes; fp8 reduces within one rounding per rank (NCCL rounds at
+/// every hop, the host plane once); 16-bit integer reductions are refused
+/// by name and leave the communicator usable.
+fn check_narrow_dtypes(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = dg.gpu();
+    let (n, me) = (g.size(), g.rank_in_group());
+    for dtype in [
+        DType::Bool,
+        DType::I16,
+        DType::U16,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ] {
+        let x = input(&[2 * n, 3], dtype, me);
+        let dx = gpu.upload(&x).map_err(e)?;
+        let got = gpu
+            .download(&dg.all_gather(&dx, 1).map_err(e)?)
+            .map_err(e)?;
+        same_bytes(
+            &format!("all_gather {dtype}"),
+            &got,
+            &g.all_gather(&x, 1).map_err(e)?,
+        )?;
+        let got = gpu.download(&dg.all_to_all(&dx).map_err(e)?).map_err(e)?;
+        let want = g.all_to_all(&x).map_err(e)?;
+        same_bytes(&format!("all_to_all {dtype}"), &got, &want)?;
+        let (mut dev, mut host) = (gpu.upload(&x).map_err(e)?, x.clone());
+        dg.broadcast(&mut dev, n - 1).map_err(e)?;
+        g.broadcast(&mut host, n - 1).map_err(e)?;
+        same_bytes(
+            &format!("broadcast {dtype}"),
+            &gpu.download(&dev).map_err(e)?,
+            &host,
+        )?;
+        for op in ReduceOp::ALL {
+            let what = format!("all_reduce {op:?} {dtype}");
+            let host = g.all_reduce(&x, op);
+            let dev = dg.all_reduce(&dx, op);
+            match (dtype, op, host, dev) {
+                (DType::I16 | DType::U16, _, Ok(_), Err(err))
+                    if err.to_string().contains("NCCL has no 16-bit integer type") => {}
+                (DType::Bool, ReduceOp::Avg, Err(h), Err(d))
+                    if h.to_string().contains("avg is not defined for bool")
+                        && d.to_string().contains("avg is not defined for bool") => {}
+                (DType::Bool, _, Ok(h), Ok(d)) => {
+                    same_bytes(&what, &gpu.download(&d).map_err(e)?, &h)?
+                }
+                (DType::F8E4M3 | DType::F8E5M2, _, Ok(h), Ok(d)) => {
+                    let u = reference::tolerance(dtype);
+                    let got = gpu.download(&d).map_err(e)?.to_f64_vec();
+                    for (i, (d, h)) in got.iter().zip(h.to_f64_vec()).enumerate() {
+                        if (d - h).abs() > n as f64 * u * h.abs().max(1.0) {
+                            return Err(format!("{what}: element {i} is {d}, host plane says {h}"));
+                        }
+                    }
+                }
+                (_, _, h, d) => return Err(format!("{what}: host {h:?}, device {d:?}")),
+            }
+        }
+    }
+    let f = input(&[4], DType::F32, me);
+    let got = gpu
+        .download(
+            &dg.all_reduce(&gpu.upload(&f).map_err(e)?, ReduceOp::Sum)
+                .map_err(e)?,
+        )
+        .map_err(e)?;
+    same(
+        "all_reduce after refused calls",
+        &got,
+        &g.all_reduce(&f, ReduceOp::Sum).map_err(e)?,
+        None,
+    )
+}
+
+/// Uniform values in [-1, 1) from `seed` (xorshift64*): every rank can make
+/// every rank's input.
+fn random(seed: u64, len: usize, dtype: DType) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f64> = (0..len)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let bits = s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+            bits as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect();
+    Tensor::from_fn([len], dtype, |i| v[i]).unwrap()
+}
+
+/// Sums of random non-integer data against the exact sum `s` (in f64) and
+/// `a = Σ|x|`, with `u` the dtype's unit roundoff and `f` its smallest
+/// rounding step near zero (fp8 subnormals):
+/// - host plane (16- and 8-bit floats summed in f32, rounded once):
+///   `|host − s| ≤ u|s| + f + (n−1)·2⁻²⁴·a`; for f32 `(n−1)·u·a`;
+/// - device plane (NCCL rounds to the dtype at each of n−1 hops):
+///   `|device − s| ≤ (n−1)(u·a + f)`.
+///
+/// With 3 or more ranks f16 device and host results must differ somewhere:
+/// that is per-hop rounding showing (the emulator does it too).
+fn check_numerics(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = dg.gpu();
+    let (n, me) = (g.size(), g.rank_in_group());
+    let len = 4096;
+    let hops = (n - 1) as f64;
+    for (dtype, u, f) in [
+        (DType::F32, 2f64.powi(-24), 0.0),
+        (DType::F16, 2f64.powi(-11), 2f64.powi(-25)),
+        (DType::BF16, 2f64.powi(-8), 0.0),
+        (DType::F8E4M3, 2f64.powi(-4), 2f64.powi(-10)),
+        (DType::F8E5M2, 2f64.powi(-3), 2f64.powi(-17)),
+    ] {
+        let inputs: Vec<Vec<f64>> = (0..n)
+            .map(|r| random(1000 + r as u64, len, dtype).to_f64_vec())
+            .collect();
+        let x = random(1000 + me as u64, len, dtype);
+        let host = g.all_reduce(&x, ReduceOp::Sum).map_err(e)?.to_f64_vec();
+        let dx = gpu.upload(&x).map_err(e)?;
+        let dev = gpu
+            .download(&dg.all_reduce(&dx, ReduceOp::Sum).map_err(e)?)
+            .map_err(e)?
+            .to_f64_vec();
+        let mut differ = 0;
+        for i in 0..len {
+            let s: f64 = inputs.iter().map(|v| v[i]).sum();
+            let a: f64 = inputs.iter().map(|v| v[i].abs()).sum();
+            let host_bound = if dtype == DType::F32 {
+                hops * u * a
+            } else {
+                u * s.abs() + f + hops * 2f64.powi(-24) * a
+            };
+            let dev_bound = hops * (u * a + f);
+            if (host[i] - s).abs() > host_bound {
+                return Err(format!(
+                    "host sum of {dtype} element {i}: {} vs exact {s} (bound {host_bound:e})",
+                    host[i]
+                ));
+            }
+            if (dev[i] - s).abs() > dev_bound {
+                return Err(format!(
+                    "device sum of {dtype} element {i}: {} vs exact {s} (bound {dev_bound:e})",
+                    dev[i]
+                ));
+            }
+            differ += usize::from(dev[i] != host[i]);
+        }
+        if dtype == DType::F16 && n >= 3 && differ == 0 {
+            return Err("f16 sums on 3+ ranks: device equals host everywhere; \
+                        per-hop rounding is not happening"
+                .into());
+        }
+    }
+    Ok(())
+}
+
 fn check_layout_ops(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     let gpu = dg.gpu();
     let (n, me) = (g.size(), g.rank_in_group());
@@ -437,7 +604,7 @@ fn worker() {
             groups.push(g);
         }
     }
-    let checks: [(&str, CheckFn); 7] = [
+    let checks: [(&str, CheckFn); 9] = [
         ("plane scenarios vs the serial reference", |_, dg| {
             planes::check_all(dg)
         }),
@@ -447,6 +614,8 @@ fn worker() {
         ("layout ops", check_layout_ops),
         ("point to point", check_point_to_point),
         ("errors", check_errors),
+        ("bool, 16-bit integer and fp8 dtypes", check_narrow_dtypes),
+        ("numerics on random data", check_numerics),
     ];
     let mut failed = 0;
     for g in &groups {

@@ -86,7 +86,8 @@ pub struct BenchConfig {
     pub progress: bool,
 }
 
-/// nccl-tests' type names.
+/// nccl-tests' type names (its `-d` names, and what its tables print);
+/// `bool`, `int16` and `uint16`, which nccl-tests lacks, in its style.
 pub fn nccl_type_name(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
@@ -99,6 +100,11 @@ pub fn nccl_type_name(d: DType) -> &'static str {
         DType::U32 => "uint32",
         DType::I64 => "int64",
         DType::U64 => "uint64",
+        DType::F8E4M3 => "f8e4m3",
+        DType::F8E5M2 => "f8e5m2",
+        DType::Bool => "bool",
+        DType::I16 => "int16",
+        DType::U16 => "uint16",
     }
 }
 

@@ -273,8 +273,12 @@ impl Entry {
                 Expect::Previous => value((me + n - 1) % n, j, op),
             }
         };
-        // Avg of floats is one rounded division: allow one unit in the last place.
+        // Avg of floats is one rounded division: allow one unit in the last
+        // place. fp8 holds the inputs exactly but not their sums, and NCCL
+        // rounds at every hop: allow one rounding per rank.
         let tol = match (op, dtype) {
+            (_, DType::F8E4M3) => n as f64 / 16.0,
+            (_, DType::F8E5M2) => n as f64 / 8.0,
             (ReduceOp::Avg, DType::F16) => 1e-3,
             (ReduceOp::Avg, DType::BF16) => 8e-3,
             (ReduceOp::Avg, DType::F32) => 2e-7,
@@ -311,7 +315,7 @@ pub fn value(rank: usize, i: usize, op: ReduceOp) -> f64 {
 fn wrap(v: i128, dtype: DType) -> f64 {
     let bits = dtype.size() as u32 * 8;
     let m = v.rem_euclid(1i128 << bits);
-    let signed = matches!(dtype, DType::I8 | DType::I32 | DType::I64);
+    let signed = matches!(dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64);
     if signed && m >= 1i128 << (bits - 1) {
         (m - (1i128 << bits)) as f64
     } else {
@@ -322,6 +326,14 @@ fn wrap(v: i128, dtype: DType) -> f64 {
 /// The reduction over ranks `0..n` of `value(q, i)`, as the collective defines it.
 fn reduced(n: usize, i: usize, dtype: DType, op: ReduceOp) -> f64 {
     let vals = (0..n).map(|q| value(q, i, op));
+    if dtype == DType::Bool {
+        let mut truths = vals.map(|v| v != 0.0);
+        let all_or_any = match op {
+            ReduceOp::Prod | ReduceOp::Min => truths.all(|t| t),
+            _ => truths.any(|t| t),
+        };
+        return f64::from(u8::from(all_or_any));
+    }
     if dtype.is_float() {
         return match op {
             ReduceOp::Sum => vals.sum(),
@@ -402,6 +414,12 @@ mod tests {
         assert_eq!(wrap(-1, DType::U32), u32::MAX as f64);
         assert_eq!(reduced(4, 0, DType::F32, ReduceOp::Sum), 10.0);
         assert_eq!(reduced(4, 0, DType::I32, ReduceOp::Avg), 2.0);
+        assert_eq!(wrap(40000, DType::I16), -25536.0);
+        assert_eq!(wrap(70000, DType::U16), 4464.0);
+        // Rank 0's element 0 is 0: an OR is true, an AND false.
+        assert_eq!(reduced(2, 0, DType::Bool, ReduceOp::Sum), 1.0);
+        assert_eq!(reduced(2, 0, DType::Bool, ReduceOp::Min), 0.0);
+        assert_eq!(reduced(1, 0, DType::Bool, ReduceOp::Max), 0.0);
     }
 
     #[test]

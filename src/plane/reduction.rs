@@ -1,9 +1,10 @@
-//! Typed reductions on host memory: dtype dispatch, f16/bf16 widening, `Avg`,
-//! and wrapping 8-bit arithmetic. The collective that combines the ranks is a
+//! Typed reductions on host memory: dtype dispatch, 16- and 8-bit float
+//! widening, `Avg`, bool logic, and wrapping 8- and 16-bit arithmetic. The collective that combines the ranks is a
 //! [`Reducer`] supplied by the data plane.
 
 use crate::reduce::ReduceOp;
 use crate::tensor::HostData;
+use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 use mpi::collective::{SystemOperation, UnsafeUserOperation};
 use mpi::traits::*;
@@ -34,12 +35,13 @@ macro_rules! div_n {
         }
     )*};
 }
-div_n!(f32, f64, i8, u8, i32, u32, i64, u64);
+div_n!(f32, f64, i8, u8, i16, u16, i32, u32, i64, u64);
 
-/// Element-wise wrapping reductions of 8-bit integers. Open MPI 4.1's AVX
-/// kernels saturate 8-bit `MPI_SUM`/`MPI_PROD` on long vectors while its scalar
-/// tail wraps, so a sum could depend on the buffer length; these user
-/// operations wrap everywhere, as C, NCCL and Rust's `wrapping_*` do.
+/// Element-wise wrapping reductions of 8- and 16-bit integers. Open MPI
+/// 4.1's AVX kernels saturate 8-bit `MPI_SUM`/`MPI_PROD` on long vectors
+/// while its scalar tail wraps, so a sum could depend on the buffer length;
+/// these user operations wrap everywhere, as C, NCCL and Rust's
+/// `wrapping_*` do (16-bit too, so no width depends on the MPI build).
 macro_rules! wrapping_op {
     ($name:ident, $t:ty, $method:ident) => {
         unsafe extern "C" fn $name(
@@ -67,14 +69,22 @@ wrapping_op!(add_i8, i8, wrapping_add);
 wrapping_op!(add_u8, u8, wrapping_add);
 wrapping_op!(mul_i8, i8, wrapping_mul);
 wrapping_op!(mul_u8, u8, wrapping_mul);
+wrapping_op!(add_i16, i16, wrapping_add);
+wrapping_op!(add_u16, u16, wrapping_add);
+wrapping_op!(mul_i16, i16, wrapping_mul);
+wrapping_op!(mul_u16, u16, wrapping_mul);
 
-/// The wrapping operation replacing MPI's for 8-bit sums and products.
-fn wrapping_8bit_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
+/// The wrapping operation replacing MPI's for 8- and 16-bit sums and products.
+fn wrapping_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
     let f: mpi::collective::UnsafeUserFunction = match (data, op) {
         (HostData::I8(_), ReduceOp::Sum | ReduceOp::Avg) => add_i8,
         (HostData::U8(_), ReduceOp::Sum | ReduceOp::Avg) => add_u8,
         (HostData::I8(_), ReduceOp::Prod) => mul_i8,
         (HostData::U8(_), ReduceOp::Prod) => mul_u8,
+        (HostData::I16(_), ReduceOp::Sum | ReduceOp::Avg) => add_i16,
+        (HostData::U16(_), ReduceOp::Sum | ReduceOp::Avg) => add_u16,
+        (HostData::I16(_), ReduceOp::Prod) => mul_i16,
+        (HostData::U16(_), ReduceOp::Prod) => mul_u16,
         _ => return None,
     };
     // SAFETY: each function is only used with buffers of its own element type.
@@ -82,8 +92,11 @@ fn wrapping_8bit_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation
 }
 
 /// Runs `reducer` from `input` into `output` (same dtype; lengths as the
-/// reducer needs), widening 16-bit floats to f32 (one rounding at the end),
-/// then applies `Avg`'s division by the group size `n`.
+/// reducer needs), widening 16- and 8-bit floats to f32 (one rounding at
+/// the end; fp8 saturates to its largest finite value as CUDA's
+/// `__NV_SATFINITE` does), then applies `Avg`'s division by the group size
+/// `n`. Bools reduce as bytes: sum and max are OR (`MPI_MAX`), prod and min
+/// are AND (`MPI_MIN`); avg was refused by the op's check.
 pub(crate) fn reduce_into(
     reducer: &impl Reducer,
     input: &HostData,
@@ -101,7 +114,7 @@ pub(crate) fn reduce_into(
         ReduceOp::Min => SystemOperation::min(),
         ReduceOp::Max => SystemOperation::max(),
     };
-    let wrapping = wrapping_8bit_op(input, op);
+    let wrapping = wrapping_op(input, op);
     macro_rules! native {
         ($i:expr, $o:expr) => {{
             match &wrapping {
@@ -135,6 +148,18 @@ pub(crate) fn reduce_into(
         (HostData::U64(i), HostData::U64(o)) => native!(i, o),
         (HostData::F16(i), HostData::F16(o)) => widened!(i, o, f16),
         (HostData::BF16(i), HostData::BF16(o)) => widened!(i, o, bf16),
+        (HostData::F8E4M3(i), HostData::F8E4M3(o)) => widened!(i, o, F8E4M3),
+        (HostData::F8E5M2(i), HostData::F8E5M2(o)) => widened!(i, o, F8E5M2),
+        (HostData::I16(i), HostData::I16(o)) => native!(i, o),
+        (HostData::U16(i), HostData::U16(o)) => native!(i, o),
+        (HostData::Bool(i), HostData::Bool(o)) => {
+            let logic = match op {
+                ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg => SystemOperation::max(),
+                ReduceOp::Prod | ReduceOp::Min => SystemOperation::min(),
+            };
+            let (i, o): (&[u8], &mut [u8]) = (bytemuck::cast_slice(i), bytemuck::cast_slice_mut(o));
+            reducer.run(i, o, logic);
+        }
         (i, o) => unreachable!(
             "dtypes agreed before reducing: {:?} into {:?}",
             i.dtype(),

@@ -4,13 +4,20 @@
  * each call runs synchronously through MPI when it is enqueued. It gives the
  * device plane's logic (communicator creation over MPI, unique-id bytes,
  * offsets and block orders, grouped send/recv, error strings, async-error
- * polling and abort) a real multi-process peer in CI. Reductions are computed
- * in rank order after an all-gather, like the host plane's reference.
+ * polling and abort) a real multi-process peer in CI. Reductions run in rank
+ * order after an all-gather and round to the dtype after every addition, as
+ * NCCL rounds at every hop (its order differs; its per-hop rounding does
+ * not), so device and host results of f16/bf16/fp8 sums differ as they do on
+ * a GPU. fp8 (types 10, 11) converts with round-to-nearest-even, saturating
+ * to the largest finite value like CUDA's __NV_SATFINITE.
  *
  * RANKMESH_EMU_FAIL_AFTER=N: after N collective calls on this rank, report
  * ncclRemoteError (6) from ncclCommGetAsyncError (a "failed peer").
  * RANKMESH_EMU_INIT_FAIL=1: ncclCommInitRank fails on this rank.
+ * RANKMESH_EMU_NCCL_VERSION=N: the version ncclGetVersion reports (default
+ * 22703, 2.27.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
  */
+#include <math.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,8 +41,13 @@ enum { SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM_ERROR = 2, INTERNAL = 3, INVALID_
 static const char MAGIC[8] = "rkmEMU01";
 static int next_id;
 
+static int version(void) {
+    const char *v = getenv("RANKMESH_EMU_NCCL_VERSION");
+    return v ? atoi(v) : 22703;
+}
+
 ncclResult_t ncclGetVersion(int *v) {
-    *v = 21903;
+    *v = version();
     return SUCCESS;
 }
 
@@ -131,8 +143,36 @@ ncclResult_t ncclCommGetAsyncError(Comm *c, ncclResult_t *e) {
 
 /* ncclDataType_t: element sizes. */
 static size_t elem(int t) {
-    static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-    return (t >= 0 && t < 10) ? sizes[t] : 0;
+    static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+    int types = version() >= 22400 ? 12 : 10;
+    return (t >= 0 && t < types) ? sizes[t] : 0;
+}
+
+/* fp8 value of code `b` (e5m2 != 0: 5 exponent bits, else 4 with no
+ * infinities, E4M3FN). */
+static double fp8_decode(uint8_t b, int e5m2) {
+    int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    int exp = (b & 0x7f) >> mbits, man = b & ((1 << mbits) - 1);
+    double v = exp ? ldexp(1.0 + man / (double)(1 << mbits), exp - bias)
+                   : ldexp(man / (double)(1 << mbits), 1 - bias);
+    if (e5m2 ? exp == 31 : (b & 0x7f) == 0x7f) v = exp == 31 && !man ? INFINITY : NAN;
+    return (b & 0x80) ? -v : v;
+}
+
+/* Nearest fp8 code to `v`, ties to the even code, saturating at the largest
+ * finite value. A scan over the positive codes: slow, and plainly right. */
+static uint8_t fp8_encode(double v, int e5m2) {
+    if (isnan(v)) return 0x7f;
+    uint8_t sign = signbit(v) ? 0x80 : 0, max = e5m2 ? 0x7b : 0x7e, best = 0;
+    double a = fabs(v), err = INFINITY;
+    for (int c = 0; c <= max; c++) {
+        double d = fabs(fp8_decode((uint8_t)c, e5m2) - a);
+        if (d < err || (d == err && !(c & 1))) {
+            err = d;
+            best = (uint8_t)c;
+        }
+    }
+    return sign | best;
 }
 
 static double load(const void *p, int t) {
@@ -146,6 +186,8 @@ static double load(const void *p, int t) {
     case 6: return (double)*(const _Float16 *)p;
     case 7: return *(const float *)p;
     case 8: return *(const double *)p;
+    case 10: return fp8_decode(*(const uint8_t *)p, 0);
+    case 11: return fp8_decode(*(const uint8_t *)p, 1);
     default: { /* bf16 */
         uint32_t bits = (uint32_t)(*(const uint16_t *)p) << 16;
         float f;
@@ -166,6 +208,8 @@ static void store(void *p, int t, double v) {
     case 6: *(_Float16 *)p = (_Float16)(float)v; break;
     case 7: *(float *)p = (float)v; break;
     case 8: *(double *)p = v; break;
+    case 10: *(uint8_t *)p = fp8_encode(v, 0); break;
+    case 11: *(uint8_t *)p = fp8_encode(v, 1); break;
     default: { /* bf16, round to nearest even */
         float f = (float)v;
         uint32_t bits;
@@ -176,8 +220,15 @@ static void store(void *p, int t, double v) {
     }
 }
 
-/* Element-wise reduction of `n` contributions (rank order) into dst.
- * Values are small in the tests, so doubles hold integers exactly. */
+/* `v` rounded to type `t`, as a value of `t` holds it. */
+static double rounded(double v, int t) {
+    char cell[8];
+    store(cell, t, v);
+    return load(cell, t);
+}
+
+/* Element-wise reduction of `n` contributions (rank order) into dst, the
+ * partial result rounded to the dtype after each step (a hop). */
 static void reduce_into(void *dst, const char *all, size_t count, int t, int op, int n) {
     size_t e = elem(t), stride = count * e;
     for (size_t i = 0; i < count; i++) {
@@ -190,6 +241,7 @@ static void reduce_into(void *dst, const char *all, size_t count, int t, int op,
             case 2: acc = v > acc ? v : acc; break;
             default: acc = v < acc ? v : acc; break;
             }
+            acc = rounded(acc, t);
         }
         if (op == 4) {
             acc /= n;

@@ -1,6 +1,6 @@
 //! Every tensor collective, dtype and mode against the serial reference.
 
-use super::reference::{assert_tensor, concat, input, reduced, slice, values};
+use super::reference::{assert_tensor, concat, defined, input, reduced, slice, values};
 use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor};
 
@@ -10,7 +10,7 @@ pub fn run(rt: &Runtime) {
     let shapes: [&[usize]; 3] = [&[5], &[2, 3, 4], &[1, 2, 1, 3]];
 
     for dtype in DType::ALL {
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| defined(dtype, *op)) {
             for shape in shapes {
                 let x = input(me, shape, dtype, op);
                 let ctx = format!("all_reduce {op:?} {dtype} {shape:?} np{p}");
@@ -69,7 +69,7 @@ pub fn run(rt: &Runtime) {
             }
         }
 
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| defined(dtype, *op)) {
             for dim in 0..3usize {
                 let mut shape = vec![2, 3, 2];
                 shape[dim] *= p;
@@ -87,6 +87,8 @@ pub fn run(rt: &Runtime) {
         rooted_and_exchanges(&g, dtype);
     }
     eight_bit_arithmetic_wraps(&g);
+    sixteen_bit_arithmetic_wraps(&g);
+    fp8_saturates_and_bools_stay_canonical(&g);
 }
 
 /// 8-bit sums and products wrap like Rust's `wrapping_*`, also on vectors long
@@ -121,6 +123,76 @@ fn eight_bit_arithmetic_wraps(g: &rankmesh::GroupCoordinator<'_>) {
         prod_u.as_slice::<u8>().unwrap(),
         &want_prod_u,
         &format!("u8 prod wraps np{p}"),
+    );
+}
+
+/// 16-bit integers wrap too (NCCL has none; the host plane's own operations).
+fn sixteen_bit_arithmetic_wraps(g: &rankmesh::GroupCoordinator<'_>) {
+    let p = g.size();
+    let n = 4096;
+    let i: Vec<i16> = (0..n).map(|k| 30000 + (k % 7) as i16).collect();
+    let u: Vec<u16> = (0..n).map(|k| 300 + (k % 7) as u16).collect();
+    let sum_i = g
+        .all_reduce(&Tensor::from_vec([n], i.clone()).unwrap(), ReduceOp::Sum)
+        .unwrap();
+    let prod_u = g
+        .all_reduce(&Tensor::from_vec([n], u.clone()).unwrap(), ReduceOp::Prod)
+        .unwrap();
+    let want_i: Vec<i16> = i.iter().map(|x| x.wrapping_mul(p as i16)).collect();
+    let want_u: Vec<u16> = u
+        .iter()
+        .map(|x| (0..p).fold(1u16, |a, _| a.wrapping_mul(*x)))
+        .collect();
+    first_mismatch(
+        sum_i.as_slice::<i16>().unwrap(),
+        &want_i,
+        &format!("i16 sum wraps np{p}"),
+    );
+    first_mismatch(
+        prod_u.as_slice::<u16>().unwrap(),
+        &want_u,
+        &format!("u16 prod wraps np{p}"),
+    );
+}
+
+/// fp8 sums past the largest finite value saturate to it (CUDA's
+/// `__NV_SATFINITE`, which NCCL uses), never NaN or infinity; a bool sum is
+/// OR with a canonical 0/1 byte, not a byte sum.
+fn fp8_saturates_and_bools_stay_canonical(g: &rankmesh::GroupCoordinator<'_>) {
+    let p = g.size();
+    for (dtype, x, one_rank, max) in [
+        (DType::F8E4M3, 300.0, 288.0, 448.0),
+        (DType::F8E5M2, 40000.0, 40960.0, 57344.0),
+    ] {
+        let t = Tensor::from_fn([64], dtype, |_| x).unwrap();
+        let got = g.all_reduce(&t, ReduceOp::Sum).unwrap().to_f64_vec();
+        let want = if p == 1 { one_rank } else { max };
+        assert!(
+            got.iter().all(|v| *v == want),
+            "{dtype} sum np{p}: {:?}",
+            &got[..4]
+        );
+    }
+    let t = Tensor::from_vec(
+        [3],
+        vec![
+            rankmesh::Bool::TRUE,
+            rankmesh::Bool(7),
+            rankmesh::Bool::FALSE,
+        ],
+    )
+    .unwrap();
+    let or = g.all_reduce(&t, ReduceOp::Sum).unwrap();
+    assert_eq!(
+        or.bytes(),
+        [1, 7, 0],
+        "bool sum np{p}: OR of the same bytes"
+    );
+    let ones = Tensor::from_fn([5], DType::Bool, |_| 1.0).unwrap();
+    assert_eq!(
+        g.all_reduce(&ones, ReduceOp::Sum).unwrap().bytes(),
+        [1; 5],
+        "bool sum np{p}"
     );
 }
 
@@ -236,7 +308,7 @@ fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     // Zero elements move nothing and must not upset MPI (empty Rust buffers
     // share one address, which MPI would read as aliasing).
     let empty = Tensor::zeros([0, 3], dtype).unwrap();
-    for op in ReduceOp::ALL {
+    for op in ReduceOp::ALL.into_iter().filter(|op| defined(dtype, *op)) {
         assert_eq!(g.all_reduce(&empty, op).unwrap().shape(), &[0, 3]);
         assert_eq!(g.reduce_scatter(&empty, 0, op).unwrap().shape(), &[0, 3]);
         assert_eq!(
@@ -257,7 +329,17 @@ fn rooted_and_exchanges(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
         if me == 0 { vec![0, 3 * p] } else { vec![] }
     );
     g.broadcast(&mut empty.clone(), 0).unwrap();
-    for op in ReduceOp::ALL {
+    if dtype == DType::Bool {
+        let x = input(me, &[2, 3], dtype, ReduceOp::Sum);
+        let e = g.all_reduce(&x, ReduceOp::Avg).unwrap_err().to_string();
+        assert!(e.contains("avg is not defined for bool"), "{e}");
+        let e = g
+            .reduce_scatter(&empty, 0, ReduceOp::Avg)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("avg is not defined for bool"), "{e}");
+    }
+    for op in ReduceOp::ALL.into_iter().filter(|op| defined(dtype, *op)) {
         let x = input(me, &[2, 3], dtype, op);
         for dst in 0..p {
             let got = g.reduce(&x, dst, op).unwrap();

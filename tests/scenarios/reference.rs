@@ -4,13 +4,14 @@
 
 use rankmesh::{DType, ReduceOp, Tensor};
 
-/// Deterministic input of `rank`: small integers, exact in every dtype, whose
-/// sums and products stay in range for 4 ranks.
+/// Deterministic input of `rank`: small integers, exact in every dtype,
+/// whose sums and products stay in range for 4 ranks (bools: their truth
+/// values, 0 or 1).
 pub fn values(rank: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
-    let signed = !matches!(dtype, DType::U8 | DType::U32 | DType::U64);
+    let signed = !matches!(dtype, DType::U8 | DType::U16 | DType::U32 | DType::U64);
     (0..n)
         .map(|i| {
-            if op == ReduceOp::Prod {
+            let v = if op == ReduceOp::Prod {
                 ((rank + i) % 2 + 1) as f64
             } else {
                 let v = ((rank * 7 + i * 3) % 9) as f64;
@@ -19,9 +20,19 @@ pub fn values(rank: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
                 } else {
                     v
                 }
+            };
+            if dtype == DType::Bool {
+                f64::from(u8::from(v != 0.0))
+            } else {
+                v
             }
         })
         .collect()
+}
+
+/// Whether `op` is defined on `dtype` (avg of bools is not).
+pub fn defined(dtype: DType, op: ReduceOp) -> bool {
+    !(dtype == DType::Bool && op == ReduceOp::Avg)
 }
 
 pub fn input(rank: usize, shape: &[usize], dtype: DType, op: ReduceOp) -> Tensor {
@@ -32,6 +43,12 @@ pub fn input(rank: usize, shape: &[usize], dtype: DType, op: ReduceOp) -> Tensor
 /// Element-wise reduction of every rank's `values`, as the collective defines it.
 pub fn reduced(p: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
     let all: Vec<Vec<f64>> = (0..p).map(|r| values(r, n, dtype, op)).collect();
+    // Bools: sum and max are OR, prod and min are AND (of 0/1 values).
+    let op = match (dtype, op) {
+        (DType::Bool, ReduceOp::Sum) => ReduceOp::Max,
+        (DType::Bool, ReduceOp::Prod) => ReduceOp::Min,
+        _ => op,
+    };
     (0..n)
         .map(|i| {
             let acc = (1..p).fold(all[0][i], |a, r| op.combine(a, all[r][i]));
@@ -94,8 +111,11 @@ pub fn slice(
     (out_shape, out)
 }
 
-fn tolerance(dtype: DType) -> f64 {
+/// One rounding to the dtype (its unit roundoff, relative).
+pub fn tolerance(dtype: DType) -> f64 {
     match dtype {
+        DType::F8E4M3 => 1.0 / 16.0,
+        DType::F8E5M2 => 1.0 / 8.0,
         DType::F16 => 1e-3,
         DType::BF16 => 8e-3,
         DType::F32 => 1e-6,
@@ -109,6 +129,10 @@ fn tolerance(dtype: DType) -> f64 {
 pub fn assert_tensor(got: &Tensor, dtype: DType, shape: &[usize], want: &[f64], ctx: &str) {
     assert_eq!(got.dtype(), dtype, "{ctx}: dtype");
     assert_eq!(got.shape(), shape, "{ctx}: shape");
+    if dtype == DType::Bool {
+        let odd = got.bytes().iter().position(|b| *b > 1);
+        assert_eq!(odd, None, "{ctx}: a bool result is not a 0/1 byte");
+    }
     let tol = tolerance(dtype);
     for (i, (g, w)) in got.to_f64_vec().iter().zip(want).enumerate() {
         assert!(

@@ -2,7 +2,7 @@
 //! (or aborted after an error) when dropped, and asked for asynchronous
 //! errors while the host waits on device work.
 
-use super::result::{check, nccl_dtype, nccl_op, NcclError};
+use super::result::{check, moved_as, reduced_as, NcclError};
 use super::sys::{Api, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SUCCESS};
 use crate::reduce::ReduceOp;
 use crate::tensor::DType;
@@ -193,8 +193,10 @@ impl<'a> Communicator<'a> {
         op: ReduceOp,
         stream: RawStream,
     ) -> Result<(), NcclError> {
+        // Before `raw()`: a dtype NCCL cannot reduce is the caller's error,
+        // not the communicator's, so it stays usable.
+        let (dt, op) = reduced_as(dtype, op, self.api.version)?;
         let raw = self.raw()?;
-        let (dt, op) = (nccl_dtype(dtype), nccl_op(op));
         self.check(
             (self.api.all_reduce)(send, recv, count, dt, op, raw, stream),
             "ncclAllReduce",
@@ -216,8 +218,10 @@ impl<'a> Communicator<'a> {
         root: usize,
         stream: RawStream,
     ) -> Result<(), NcclError> {
+        // Before `raw()`: a dtype NCCL cannot reduce is the caller's error,
+        // not the communicator's, so it stays usable.
+        let (dt, op) = reduced_as(dtype, op, self.api.version)?;
         let raw = self.raw()?;
-        let (dt, op) = (nccl_dtype(dtype), nccl_op(op));
         self.check(
             (self.api.reduce)(send, recv, count, dt, op, root as c_int, raw, stream),
             "ncclReduce",
@@ -237,8 +241,10 @@ impl<'a> Communicator<'a> {
         op: ReduceOp,
         stream: RawStream,
     ) -> Result<(), NcclError> {
+        // Before `raw()`: a dtype NCCL cannot reduce is the caller's error,
+        // not the communicator's, so it stays usable.
+        let (dt, op) = reduced_as(dtype, op, self.api.version)?;
         let raw = self.raw()?;
-        let (dt, op) = (nccl_dtype(dtype), nccl_op(op));
         self.check(
             (self.api.reduce_scatter)(send, recv, recv_count, dt, op, raw, stream),
             "ncclReduceScatter",
@@ -258,8 +264,9 @@ impl<'a> Communicator<'a> {
         stream: RawStream,
     ) -> Result<(), NcclError> {
         let raw = self.raw()?;
+        let (dt, send_count) = moved_as(dtype, send_count);
         self.check(
-            (self.api.all_gather)(send, recv, send_count, nccl_dtype(dtype), raw, stream),
+            (self.api.all_gather)(send, recv, send_count, dt, raw, stream),
             "ncclAllGather",
         )
     }
@@ -278,7 +285,7 @@ impl<'a> Communicator<'a> {
         stream: RawStream,
     ) -> Result<(), NcclError> {
         let raw = self.raw()?;
-        let dt = nccl_dtype(dtype);
+        let (dt, count) = moved_as(dtype, count);
         self.check(
             (self.api.broadcast)(send, recv, count, dt, root as c_int, raw, stream),
             "ncclBroadcast",
@@ -300,7 +307,7 @@ impl<'a> Communicator<'a> {
         stream: RawStream,
     ) -> Result<(), NcclError> {
         let raw = self.raw()?;
-        let dt = nccl_dtype(dtype);
+        let (dt, count) = moved_as(dtype, count);
         self.check(
             (self.api.send)(buf, count, dt, peer as c_int, raw, stream),
             "ncclSend",
@@ -320,7 +327,7 @@ impl<'a> Communicator<'a> {
         stream: RawStream,
     ) -> Result<(), NcclError> {
         let raw = self.raw()?;
-        let dt = nccl_dtype(dtype);
+        let (dt, count) = moved_as(dtype, count);
         self.check(
             (self.api.recv)(buf, count, dt, peer as c_int, raw, stream),
             "ncclRecv",

@@ -51,7 +51,7 @@ impl Nccl {
     }
 }
 
-fn decode_version(v: i32) -> String {
+pub(crate) fn decode_version(v: i32) -> String {
     if v >= 10000 {
         format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
     } else {
@@ -161,7 +161,7 @@ pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
                         } else {
                             // SAFETY: `lib` is NCCL (it answered ncclGetVersion) and
                             // outlives `api` (field order in `Nccl`).
-                            unsafe { Api::load(&lib) }
+                            unsafe { Api::load(&lib, v) }
                         };
                         return Ok(Nccl {
                             path: cand,

@@ -58,6 +58,10 @@ pub mod dtype {
     pub const FLOAT64: c_int = 8;
     /// NCCL ≥ 2.10.
     pub const BFLOAT16: c_int = 9;
+    /// NCCL ≥ 2.24.
+    pub const FLOAT8_E4M3: c_int = 10;
+    /// NCCL ≥ 2.24.
+    pub const FLOAT8_E5M2: c_int = 11;
 }
 
 /// `ncclRedOp_t` values.
@@ -85,6 +89,8 @@ type ReduceFn = unsafe extern "C" fn(
 /// The NCCL entry points rankmesh uses.
 #[allow(missing_docs)]
 pub struct Api {
+    /// `ncclGetVersion`'s code.
+    pub version: c_int,
     pub get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
     pub comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult,
     pub comm_destroy: unsafe extern "C" fn(RawComm) -> NcclResult,
@@ -145,9 +151,10 @@ impl Api {
     /// Resolves every entry point; the error names the first one missing.
     ///
     /// # Safety
-    /// `lib` must be an NCCL 2.x library; it must stay loaded while the `Api` is used.
-    pub unsafe fn load(lib: &libloading::Library) -> Result<Api, String> {
+    /// `lib` must be an NCCL 2.x library whose `ncclGetVersion` said `version`; it must stay loaded while the `Api` is used.
+    pub unsafe fn load(lib: &libloading::Library, version: c_int) -> Result<Api, String> {
         Ok(Api {
+            version,
             get_unique_id: sym(lib, "ncclGetUniqueId")?,
             comm_init_rank: sym(lib, "ncclCommInitRank")?,
             comm_destroy: sym(lib, "ncclCommDestroy")?,
