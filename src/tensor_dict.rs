@@ -9,7 +9,7 @@
 //! async sends do: every payload is posted at once and waited for once
 //! (non-blocking MPI on the host plane, one NCCL group on a device plane).
 
-use crate::collectives::{Collectives, PlaneTensor};
+use crate::collectives::PlaneTensor;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::op::Op;
@@ -178,6 +178,8 @@ pub(crate) mod batch {
         fn send_batch(&self, ts: &[&Self::Tensor], dst: usize) -> Result<()>;
         /// Posts every receive from `src`, then waits once.
         fn recv_batch(&self, outs: &mut [&mut Self::Tensor], src: usize) -> Result<()>;
+        /// Broadcasts every tensor from group rank `src` at once, then waits once.
+        fn broadcast_batch(&self, ts: &mut [&mut Self::Tensor], src: usize) -> Result<()>;
     }
 
     /// Host tensors of any dictionary move through the group's MPI plane.
@@ -204,12 +206,27 @@ pub(crate) mod batch {
         call.finish(moved.map_err(|f| f.into_error(Op::Send, g.name())))
     }
 
+    /// Host tensors of a broadcast dictionary, through the group's MPI plane.
+    pub(crate) fn broadcast_host(
+        g: &crate::GroupCoordinator<'_>,
+        ts: &mut [&mut Tensor],
+        src: usize,
+    ) -> Result<()> {
+        let call = g.watched(Op::Broadcast);
+        let mut bufs: Vec<&mut [u8]> = ts.iter_mut().map(|t| t.bytes_mut()).collect();
+        g.plane().broadcast_batch(&mut bufs, src);
+        call.finish(Ok(()))
+    }
+
     impl<'rt> Batch<'rt> for crate::GroupCoordinator<'rt> {
         fn send_batch(&self, ts: &[&Tensor], dst: usize) -> Result<()> {
             send_host(self, ts, dst)
         }
         fn recv_batch(&self, outs: &mut [&mut Tensor], src: usize) -> Result<()> {
             recv_host(self, outs, src)
+        }
+        fn broadcast_batch(&self, ts: &mut [&mut Tensor], src: usize) -> Result<()> {
+            broadcast_host(self, ts, src)
         }
     }
 }
@@ -226,8 +243,10 @@ fn has_peer(g: &GroupCoordinator<'_>, op: Op, what: &str, rank: Option<usize>) -
 /// Tensor dictionaries on any data plane (every [`Collectives`] has them).
 pub trait TensorDicts<'rt>: batch::Batch<'rt> {
     /// Sends group rank `src`'s dictionary to every member (`dict` is
-    /// ignored elsewhere). Empty tensors are not sent (they are recreated
-    /// from metadata).
+    /// ignored elsewhere). After the metadata, every tensor is posted at
+    /// once and waited for once (host tensors as `MPI_Ibcast`s, plane
+    /// tensors in one NCCL group). Empty tensors are not sent (they are
+    /// recreated from metadata).
     fn broadcast_tensor_dict(
         &self,
         dict: Option<&TensorDict<Self::Tensor>>,
@@ -244,30 +263,33 @@ pub trait TensorDicts<'rt>: batch::Batch<'rt> {
                 EntryMeta::Object { type_name, bytes } => {
                     DictValue::Object(Object { type_name, bytes })
                 }
-                EntryMeta::Host { dtype, shape } => {
-                    let mut t = match own {
-                        Some(DictValue::Host(t)) => t.clone(),
-                        _ => Tensor::zeros(shape, dtype)?,
-                    };
-                    if t.numel() > 0 {
-                        g.broadcast(&mut t, src)?;
+                EntryMeta::Host { dtype, shape } => DictValue::Host(match own {
+                    Some(DictValue::Host(t)) => t.clone(),
+                    _ => Tensor::zeros(shape, dtype)?,
+                }),
+                EntryMeta::Plane { dtype, shape } => DictValue::Tensor(match own {
+                    Some(DictValue::Tensor(t)) => {
+                        self.copy_flat(t, 0, numel(&shape))?.reshape(shape)?
                     }
-                    DictValue::Host(t)
-                }
-                EntryMeta::Plane { dtype, shape } => {
-                    let mut t = match own {
-                        Some(DictValue::Tensor(t)) => {
-                            self.copy_flat(t, 0, numel(&shape))?.reshape(shape)?
-                        }
-                        _ => self.empty(shape, dtype)?,
-                    };
-                    if numel(t.shape()) > 0 {
-                        self.broadcast(&mut t, src)?;
-                    }
-                    DictValue::Tensor(t)
-                }
+                    _ => self.empty(shape, dtype)?,
+                }),
             };
             out.insert(key, value);
+        }
+        let mut host: Vec<&mut Tensor> = Vec::new();
+        let mut plane: Vec<&mut Self::Tensor> = Vec::new();
+        for v in out.values_mut() {
+            match v {
+                DictValue::Host(t) if t.numel() > 0 => host.push(t),
+                DictValue::Tensor(t) if numel(t.shape()) > 0 => plane.push(t),
+                _ => {}
+            }
+        }
+        if !host.is_empty() {
+            batch::broadcast_host(g, &mut host, src)?;
+        }
+        if !plane.is_empty() {
+            self.broadcast_batch(&mut plane, src)?;
         }
         Ok(out)
     }

@@ -483,8 +483,8 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     }
 }
 
-/// A dictionary's device tensors move in one NCCL group: every send (or
-/// receive) is enqueued together, so none waits for another.
+/// A dictionary's device tensors move in one NCCL group: every send,
+/// receive or broadcast is enqueued together, so none waits for another.
 impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
     fn send_batch(&self, ts: &[&DeviceTensor], dst: usize) -> Result<()> {
         let comm = self.p2p_comm(Op::Send)?;
@@ -513,5 +513,21 @@ impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
             fused.end()
         };
         fused().map_err(|e| Error::nccl(Op::Send, self.group.name(), e))
+    }
+
+    fn broadcast_batch(&self, ts: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
+        let comm = self.comm()?;
+        let s = self.gpu.stream();
+        let mut fused = || -> std::result::Result<(), crate::NcclError> {
+            let fused = comm.group()?;
+            for t in ts.iter_mut() {
+                let (n, dt) = (t.numel(), t.dtype());
+                let p = t.write_ptr(s);
+                // SAFETY: in place, as NCCL allows; `t` holds `n` elements.
+                unsafe { comm.broadcast(p, p, n, dt, src, self.stream()) }?;
+            }
+            fused.end()
+        };
+        fused().map_err(|e| Error::nccl(Op::Broadcast, self.group.name(), e))
     }
 }

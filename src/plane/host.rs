@@ -420,6 +420,34 @@ impl<'c> HostPlane<'c> {
         self.complete(&mut reqs, &want, src)
     }
 
+    /// Broadcasts every buffer of `bufs` from `root` at once: one
+    /// `MPI_Ibcast` per piece, all posted before any is waited for (every
+    /// member posts the same list, which the dictionary's metadata fixed).
+    pub(crate) fn broadcast_batch(&self, bufs: &mut [&mut [u8]], root: usize) {
+        let comm = self.comm.as_raw();
+        let mut reqs: Vec<ffi::MPI_Request> = bufs
+            .iter_mut()
+            .flat_map(|b| b.chunks_mut(self.max_bytes))
+            .map(|piece| {
+                let mut req = null_request();
+                // SAFETY: `piece` is exclusively borrowed until every request
+                // completes below; its length fits a c_int (max_bytes does).
+                unsafe {
+                    ffi::MPI_Ibcast(
+                        piece.as_mut_ptr().cast(),
+                        piece.len() as c_int,
+                        ffi::RSMPI_UINT8_T,
+                        root as c_int,
+                        comm,
+                        &mut req,
+                    )
+                };
+                req
+            })
+            .collect();
+        let _ = self.complete(&mut reqs, &[], root);
+    }
+
     /// Waits for every request, beating the pulse as each completes; with
     /// `want` (receives), checks each piece's byte count.
     fn complete(
