@@ -131,6 +131,17 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
+    /// A TCP link of a group formed across separately launched jobs
+    /// ([`StatelessGroup::connect`](crate::StatelessGroup::connect)) failed:
+    /// the rendezvous was unreachable, refused this process or timed out, or
+    /// a peer closed its connection or broke the protocol.
+    #[error("{group}: {msg}")]
+    Connection {
+        /// The group (`tcp://ADDR`).
+        group: String,
+        /// What failed, naming the peer and the address.
+        msg: String,
+    },
 }
 
 impl Error {

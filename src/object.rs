@@ -19,10 +19,10 @@ pub(crate) fn type_digest<T>() -> i64 {
     fnv1a(std::any::type_name::<T>().as_bytes()) as i64
 }
 
-pub(crate) fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> Result<Vec<u8>> {
+pub(crate) fn encode<T: Serialize>(group: &str, op: Op, v: &T) -> Result<Vec<u8>> {
     postcard::to_stdvec(v).map_err(|e| Error::Encode {
         op,
-        group: g.name().to_string(),
+        group: group.to_string(),
         type_name: std::any::type_name::<T>(),
         msg: e.to_string(),
     })
@@ -30,14 +30,14 @@ pub(crate) fn encode<T: Serialize>(g: &GroupCoordinator<'_>, op: Op, v: &T) -> R
 
 /// Decodes `bytes` as exactly one `T`.
 pub(crate) fn decode<T: DeserializeOwned>(
-    g: &GroupCoordinator<'_>,
+    group: &str,
     op: Op,
     peer: usize,
     bytes: &[u8],
 ) -> Result<T> {
     let err = |msg: String| Error::Decode {
         op,
-        group: g.name().to_string(),
+        group: group.to_string(),
         peer,
         type_name: std::any::type_name::<T>(),
         msg,
@@ -48,8 +48,7 @@ pub(crate) fn decode<T: DeserializeOwned>(
 
 /// Checks a length a peer announced against this rank's bound before
 /// anything is allocated for it.
-pub(crate) fn within_bound(g: &GroupCoordinator<'_>, len: u64) -> std::result::Result<(), String> {
-    let max = g.runtime().options().max_object_bytes;
+pub(crate) fn within_bound(max: u64, len: u64) -> std::result::Result<(), String> {
     if len > max {
         return Err(format!(
             "an object of {len} bytes exceeds RANKMESH_MAX_OBJECT_BYTES={max}"
@@ -84,7 +83,7 @@ impl GroupCoordinator<'_> {
         let op = Op::BroadcastObject;
         let is_src = self.rank_in_group() == src;
         let bytes = match (is_src, obj) {
-            (true, Some(v)) => Some(encode(self, op, v)?),
+            (true, Some(v)) => Some(encode(self.name(), op, v)?),
             (true, None) => None,
             (false, _) => Some(Vec::new()),
         };
@@ -97,7 +96,7 @@ impl GroupCoordinator<'_> {
             if d.len == u64::MAX {
                 return Err("no object given on the source rank".into());
             }
-            within_bound(self, d.len)
+            within_bound(self.runtime().options().max_object_bytes, d.len)
         };
         self.collective(desc, check, |descs| {
             let mut bytes = bytes.expect("checked by dispatch");
@@ -105,7 +104,7 @@ impl GroupCoordinator<'_> {
                 bytes.resize(descs[src].len as usize, 0);
                 self.plane().broadcast(&mut bytes, src);
             }
-            decode(self, op, src, &bytes)
+            decode(self.name(), op, src, &bytes)
         })
         .map_err(name_type::<T>)
     }
@@ -129,12 +128,12 @@ impl GroupCoordinator<'_> {
     /// Every member's `obj`, indexed by group rank, on every member.
     pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T) -> Result<Vec<T>> {
         let op = Op::AllGatherObject;
-        let bytes = encode(self, op, obj)?;
+        let bytes = encode(self.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         desc.len = bytes.len() as u64;
         self.collective(
             desc,
-            |d| within_bound(self, d.len),
+            |d| within_bound(self.runtime().options().max_object_bytes, d.len),
             |descs| {
                 let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
                 let all = if self.size() == 1 {
@@ -144,7 +143,7 @@ impl GroupCoordinator<'_> {
                 };
                 all.iter()
                     .enumerate()
-                    .map(|(r, b)| decode(self, op, r, b))
+                    .map(|(r, b)| decode(self.name(), op, r, b))
                     .collect()
             },
         )
@@ -159,7 +158,7 @@ impl GroupCoordinator<'_> {
         dst: usize,
     ) -> Result<Option<Vec<T>>> {
         let op = Op::GatherObject;
-        let bytes = encode(self, op, obj)?;
+        let bytes = encode(self.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[dst as i64, type_digest::<T>()]);
         desc.len = bytes.len() as u64;
         let size = self.size();
@@ -167,7 +166,7 @@ impl GroupCoordinator<'_> {
             desc,
             |d| {
                 rank_in_range("dst", d.params[0], size)?;
-                within_bound(self, d.len)
+                within_bound(self.runtime().options().max_object_bytes, d.len)
             },
             |descs| {
                 let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
@@ -179,7 +178,7 @@ impl GroupCoordinator<'_> {
                 all.map(|all| {
                     all.iter()
                         .enumerate()
-                        .map(|(r, b)| decode(self, op, r, b))
+                        .map(|(r, b)| decode(self.name(), op, r, b))
                         .collect()
                 })
                 .transpose()
@@ -191,7 +190,7 @@ impl GroupCoordinator<'_> {
     /// Sends `obj` to group rank `dst`; synchronous like [`send`](Self::send).
     pub fn send_object<T: Serialize>(&self, obj: &T, dst: usize) -> Result<()> {
         let op = Op::SendObject;
-        let bytes = encode(self, op, obj)?;
+        let bytes = encode(self.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         desc.len = bytes.len() as u64;
         self.point_to_point(desc, Peer::To(dst), |_| {
@@ -211,7 +210,7 @@ impl GroupCoordinator<'_> {
         self.point_to_point(desc, Peer::From(src), |sent| {
             let mut bytes = vec![0u8; sent.len as usize];
             self.plane().recv(&mut bytes, src)?;
-            Ok(decode(self, op, src, &bytes)?)
+            Ok(decode(self.name(), op, src, &bytes)?)
         })
         .map_err(name_type::<T>)
     }
