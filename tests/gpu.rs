@@ -572,8 +572,114 @@ fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     )
 }
 
+/// A member of a stateless group formed by two separately launched jobs
+/// (`StatelessGroup::connect`), moving device tensors over the NCCL
+/// communicator whose unique id travelled over the group.
+fn two_jobs_member() {
+    let rt = Runtime::init().expect("MPI init");
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let me = var("RANKMESH_2J_OFFSET").parse::<usize>().unwrap() + rt.rank();
+    let n: usize = var("RANKMESH_2J_WORLD").parse().unwrap();
+    let check = || -> Check {
+        let g =
+            rankmesh::StatelessGroup::connect(&rt, &var("RANKMESH_2J_ADDR"), me, n).map_err(e)?;
+        let dev = g.device().map_err(e)?;
+        let gpu = dev.gpu();
+        let w = Tensor::from_fn([64, 33], DType::F32, |i| (i % 97) as f64 / 7.0 - 3.0).unwrap();
+        let mut t = if me == 0 {
+            gpu.upload(&w)
+        } else {
+            gpu.zeros([64, 33], DType::F32)
+        }
+        .map_err(e)?;
+        dev.broadcast(&mut t, 0).map_err(e)?;
+        dev.synchronize().map_err(e)?;
+        same(
+            "broadcast across jobs",
+            &gpu.download(&t).map_err(e)?,
+            &w,
+            None,
+        )?;
+
+        let mut x = gpu.upload(&input(&[6, 5], DType::F32, me)).map_err(e)?;
+        dev.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(e)?;
+        dev.synchronize().map_err(e)?;
+        let want = Tensor::from_fn([6, 5], DType::F32, |i| {
+            (0..n)
+                .map(|r| input(&[6, 5], DType::F32, r).to_f64_vec()[i])
+                .sum()
+        })
+        .unwrap();
+        same(
+            "all_reduce across jobs",
+            &gpu.download(&x).map_err(e)?,
+            &want,
+            None,
+        )?;
+
+        let y = input(&[5, 7], DType::BF16, 0);
+        if me == 0 {
+            dev.send(&gpu.upload(&y).map_err(e)?, n - 1).map_err(e)?;
+        } else if me == n - 1 {
+            let mut out = gpu.zeros([5, 7], DType::BF16).map_err(e)?;
+            dev.recv_into(&mut out, 0).map_err(e)?;
+            dev.synchronize().map_err(e)?;
+            same(
+                "send/recv across jobs",
+                &gpu.download(&out).map_err(e)?,
+                &y,
+                None,
+            )?;
+        }
+
+        // Disagreements are errors on every member, and the communicator stays usable.
+        let mut odd = gpu
+            .zeros([if me == 1 { 3 } else { 4 }], DType::F32)
+            .map_err(e)?;
+        match dev.broadcast(&mut odd, 0) {
+            Err(err) if err.to_string().contains("member 0 called broadcast([4] f32, 0) but member 1 called broadcast([3] f32, 0)") => {}
+            other => return Err(format!("mismatched broadcast: {other:?}")),
+        }
+        if me <= 1 {
+            let got = if me == 0 {
+                dev.send(&gpu.zeros([4], DType::F32).map_err(e)?, 1)
+            } else {
+                dev.recv_into(&mut gpu.zeros([5], DType::F32).map_err(e)?, 0)
+            };
+            match got {
+                Err(err)
+                    if err
+                        .to_string()
+                        .contains("member 0 sends [4] f32 but member 1 receives into [5] f32") => {}
+                other => return Err(format!("mismatched send/recv: {other:?}")),
+            }
+        }
+        let mut again = if me == 0 {
+            gpu.upload(&w)
+        } else {
+            gpu.zeros([64, 33], DType::F32)
+        }
+        .map_err(e)?;
+        dev.broadcast(&mut again, 0).map_err(e)?;
+        dev.synchronize().map_err(e)?;
+        same(
+            "broadcast after errors",
+            &gpu.download(&again).map_err(e)?,
+            &w,
+            None,
+        )?;
+        g.barrier().map_err(e)
+    };
+    match check() {
+        Ok(()) => println!("2J-DEV-OK rank {me}"),
+        Err(m) => println!("2J-DEV-FAILED rank {me}: {m}"),
+    }
+}
+
 fn main() {
-    if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
+    if std::env::var_os("RANKMESH_2J_ROLE").is_some() {
+        two_jobs_member();
+    } else if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
         worker();
     } else {
         emulator::drive();

@@ -17,8 +17,11 @@
 //! gets an error naming both, and the frame is drained so the next one
 //! arrives intact.
 
+mod device;
 mod mpi;
 mod tcp;
+
+pub use device::StatelessDevice;
 
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
@@ -136,6 +139,7 @@ macro_rules! with_links {
 /// # Ok::<(), rankmesh::Error>(())
 /// ```
 pub struct StatelessGroup<'rt> {
+    rt: &'rt Runtime,
     backend: Backend<'rt>,
     limit: usize,
 }
@@ -146,6 +150,7 @@ impl<'rt> StatelessGroup<'rt> {
     pub fn create(rt: &'rt Runtime, ranks: &[usize]) -> Result<Self> {
         let group = rt.subgroup("stateless", ranks)?;
         Ok(StatelessGroup {
+            rt,
             backend: Backend::Mpi(mpi::MpiLinks::new(group)),
             limit: DEFAULT_SEND_BUFFER_BYTES,
         })
@@ -169,6 +174,7 @@ impl<'rt> StatelessGroup<'rt> {
             options.max_object_bytes,
         )?;
         Ok(StatelessGroup {
+            rt,
             backend: Backend::Tcp(links),
             limit: DEFAULT_SEND_BUFFER_BYTES,
         })

@@ -8,7 +8,7 @@
  * from cuda_symbols.txt). Results on a real GPU come from scripts/gpu-check.sh.
  *
  * RANKMESH_EMU_GPUS: devices shown (default 1).
- * RANKMESH_EMU_BUS: PCI bus id of device 0 (default: unique per process), to
+ * RANKMESH_EMU_BUS: PCI bus id of device 0 (default: from the pid, so unique per process), to
  * provoke the duplicate-GPU check.
  */
 #include <stdint.h>
@@ -73,7 +73,8 @@ CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
     if (forced && d == 0)
         snprintf(bus, (size_t)len, "%s", forced);
     else
-        snprintf(bus, (size_t)len, "0000:%02x:%02x.%d", (int)(getpid() % 251), d, 0);
+        /* Distinct per process (and per job on one machine): the pid's low bits as domain. */
+        snprintf(bus, (size_t)len, "%04x:%02x:00.0", (int)(getpid() % 65536), d);
     return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {

@@ -149,6 +149,54 @@ pub fn drive() {
             },
         );
     }
+    for (a, b) in [(1usize, 1usize), (2, 1)] {
+        trial(
+            &format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),
+            &mut failures,
+            || {
+                let addr = {
+                    let l =
+                        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+                    l.local_addr().map_err(|e| e.to_string())?.to_string()
+                };
+                let world = (a + b).to_string();
+                let jobs: Vec<support::Job> = std::thread::scope(|s| {
+                    let handles: Vec<_> = [(a, 0usize), (b, a)]
+                        .into_iter()
+                        .map(|(np, offset)| {
+                            let (addr, world, emu) = (&addr, &world, &emu);
+                            s.spawn(move || {
+                                let (gpus, offset) = (np.to_string(), offset.to_string());
+                                let mut env = emu.env(&[
+                                    ("RANKMESH_2J_ROLE", "device"),
+                                    ("RANKMESH_2J_ADDR", addr),
+                                    ("RANKMESH_2J_WORLD", world),
+                                    ("RANKMESH_2J_OFFSET", &offset),
+                                ]);
+                                env.push(("RANKMESH_EMU_GPUS", &gpus));
+                                support::mpirun(np, &me(), &[], &env)
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                let oks = jobs
+                    .iter()
+                    .flat_map(|j| j.stdout.lines())
+                    .filter(|l| l.starts_with("2J-DEV-OK rank"))
+                    .count();
+                if oks == a + b && jobs.iter().all(|j| j.ok()) {
+                    Ok(())
+                } else {
+                    Err(jobs
+                        .iter()
+                        .map(|j| j.describe())
+                        .collect::<Vec<_>>()
+                        .join("\n"))
+                }
+            },
+        );
+    }
     trial(
         "one GPU shown per rank (--gpus-per-task)",
         &mut failures,

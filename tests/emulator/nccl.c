@@ -11,14 +11,29 @@
  * a GPU. fp8 (types 10, 11) converts with round-to-nearest-even, saturating
  * to the largest finite value like CUDA's __NV_SATFINITE.
  *
+ * Bootstrap is TCP, as NCCL's is: ncclGetUniqueId listens on 127.0.0.1 and
+ * puts the address in the id; every member connects there and says which
+ * job (PMIX_NAMESPACE) it belongs to. When all share the root's job, the
+ * communicator is an MPI communicator of that job (the data paths below);
+ * when they do not (a group of separately launched jobs), the members form
+ * a TCP mesh and the same calls run over it.
+ *
  * RANKMESH_EMU_FAIL_AFTER=N: after N collective calls on this rank, report
  * ncclRemoteError (6) from ncclCommGetAsyncError (a "failed peer").
  * RANKMESH_EMU_INIT_FAIL=1: ncclCommInitRank fails on this rank.
  * RANKMESH_EMU_NCCL_VERSION=N: the version ncclGetVersion reports (default
  * 22703, 2.27.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
  */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +46,7 @@ typedef struct {
 
 typedef struct Comm {
     MPI_Comm mpi;
+    int *socks; /* TCP mode: the connection to each member (-1 for self); NULL in MPI mode */
     int rank, size;
     long calls;
     int aborted;
@@ -39,7 +55,6 @@ typedef struct Comm {
 enum { SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM_ERROR = 2, INTERNAL = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE = 6 };
 
 static const char MAGIC[8] = "rkmEMU01";
-static int next_id;
 
 static int version(void) {
     const char *v = getenv("RANKMESH_EMU_NCCL_VERSION");
@@ -67,56 +82,236 @@ const char *ncclGetLastError(void *comm) {
     return "";
 }
 
+static void release(Comm *c);
+
+/* ---- sockets ---- */
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* A listener on 127.0.0.1 at an ephemeral port; the port in *port. */
+static int listen_local(uint16_t *port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 128) ||
+        getsockname(fd, (struct sockaddr *)&a, &len)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int dial(uint32_t ip, uint16_t port) {
+    double until = now() + 60;
+    while (now() < until) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = ip};
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            return fd;
+        }
+        close(fd);
+        usleep(20000);
+    }
+    return -1;
+}
+
+static int accept_one(int listener) {
+    struct pollfd p = {.fd = listener, .events = POLLIN};
+    if (poll(&p, 1, 60000) != 1) return -1;
+    int fd = accept(listener, NULL, NULL);
+    int one = 1;
+    if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+static int put(int fd, const void *b, size_t n) {
+    for (const char *p = b; n;) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0 && errno != EINTR) return -1;
+        if (k > 0) p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int get(int fd, void *b, size_t n) {
+    for (char *p = b; n;) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k == 0 || (k < 0 && errno != EINTR)) return -1;
+        if (k > 0) p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Transfers on a mesh, progressed together with poll() so that no member
+ * blocks another; on each connection, sends (and receives) run in order. */
+typedef struct {
+    int fd, send;
+    char *buf;
+    size_t len, done;
+} Xfer;
+
+static ncclResult_t run_xfers(Xfer *x, int n) {
+    struct pollfd *p = calloc((size_t)n + 1, sizeof *p);
+    int *which = calloc((size_t)n + 1, sizeof *which);
+    ncclResult_t rc = SUCCESS;
+    for (;;) {
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (x[i].done == x[i].len) continue;
+            int first = 1; /* the first unfinished transfer of its fd and direction */
+            for (int j = 0; j < i; j++)
+                if (x[j].fd == x[i].fd && x[j].send == x[i].send && x[j].done < x[j].len) first = 0;
+            if (!first) continue;
+            p[k] = (struct pollfd){.fd = x[i].fd, .events = x[i].send ? POLLOUT : POLLIN};
+            which[k++] = i;
+        }
+        if (!k) break;
+        if (poll(p, (nfds_t)k, 120000) <= 0) {
+            rc = REMOTE;
+            break;
+        }
+        for (int m = 0; m < k; m++) {
+            if (!p[m].revents) continue;
+            Xfer *t = &x[which[m]];
+            ssize_t got = t->send ? send(t->fd, t->buf + t->done, t->len - t->done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                                  : recv(t->fd, t->buf + t->done, t->len - t->done, MSG_DONTWAIT);
+            if (got > 0)
+                t->done += (size_t)got;
+            else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+                rc = REMOTE;
+                goto out;
+            }
+        }
+    }
+out:
+    free(p);
+    free(which);
+    return rc;
+}
+
+/* The id: MAGIC, the root's pid and listener, the root's job. */
+typedef struct {
+    char magic[8];
+    int32_t pid, listener;
+    uint32_t ip;
+    uint16_t port;
+    char job[94];
+} IdFields;
+
+static void job_of(char *out, size_t n) {
+    const char *ns = getenv("PMIX_NAMESPACE");
+    if (ns)
+        snprintf(out, n, "%s", ns);
+    else
+        snprintf(out, n, "singleton-%d", (int)getpid());
+}
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
-    int world;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    IdFields f;
+    memset(&f, 0, sizeof f);
+    memcpy(f.magic, MAGIC, 8);
+    f.pid = (int32_t)getpid();
+    f.listener = listen_local(&f.port);
+    if (f.listener < 0) return SYSTEM_ERROR;
+    f.ip = htonl(INADDR_LOOPBACK);
+    job_of(f.job, sizeof f.job);
     memset(id, 0, sizeof *id);
-    memcpy(id->internal, MAGIC, 8);
-    int32_t fields[2] = {world, next_id++};
-    /* High-bit bytes on purpose: the id must survive c_char's sign. */
-    id->internal[16] = (char)0xff;
-    memcpy(id->internal + 8, fields, sizeof fields);
+    memcpy(id->internal, &f, sizeof f);
+    /* High-bit byte on purpose: the id must survive c_char's sign. */
+    id->internal[127] = (char)0xff;
     return SUCCESS;
 }
 
+/* What a member tells the root. */
+typedef struct {
+    int32_t rank, nranks, world;
+    uint16_t port;
+    char job[94];
+} Hello;
+
 ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank) {
-    if (memcmp(id.internal, MAGIC, 8) != 0 || (unsigned char)id.internal[16] != 0xff)
+    IdFields f;
+    memcpy(&f, id.internal, sizeof f);
+    if (memcmp(f.magic, MAGIC, 8) != 0 || (unsigned char)id.internal[127] != 0xff)
         return INVALID_ARGUMENT;
+    if (rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
+    if ((rank == 0) != (f.pid == (int32_t)getpid())) return INVALID_USAGE; /* rank 0 made the id */
     const char *fail = getenv("RANKMESH_EMU_INIT_FAIL");
-    int32_t fields[2];
-    memcpy(fields, id.internal + 8, sizeof fields);
-    int root = fields[0], tag = 30000 + fields[1] % 1000;
     int world;
     MPI_Comm_rank(MPI_COMM_WORLD, &world);
-    /* The root learns every member's world rank, then tells everyone. */
-    int *members = calloc((size_t)nranks, sizeof(int));
+    Hello me = {rank, nranks, world, 0, {0}};
+    job_of(me.job, sizeof me.job);
+    int *socks = malloc(sizeof(int) * (size_t)nranks);
+    for (int i = 0; i < nranks; i++) socks[i] = -1;
+    Hello *all = calloc((size_t)nranks, sizeof *all);
+    int listener = -1, tcp = 0;
     if (rank == 0) {
-        members[0] = world;
+        all[0] = me;
         for (int i = 1; i < nranks; i++) {
-            int msg[2];
-            MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            members[msg[0]] = msg[1];
+            Hello h;
+            int fd = accept_one(f.listener);
+            if (fd < 0 || get(fd, &h, sizeof h) || h.rank <= 0 || h.rank >= nranks || socks[h.rank] >= 0) {
+                if (fd >= 0) close(fd);
+                i--;
+                continue;
+            }
+            socks[h.rank] = fd;
+            all[h.rank] = h;
+            tcp |= strcmp(h.job, me.job) != 0;
         }
-        for (int i = 1; i < nranks; i++)
-            MPI_Send(members, nranks, MPI_INT, members[i], tag, MPI_COMM_WORLD);
+        close(f.listener);
+        for (int i = 1; i < nranks; i++) {
+            put(socks[i], &tcp, sizeof tcp);
+            put(socks[i], all, sizeof *all * (size_t)nranks);
+        }
     } else {
-        int msg[2] = {rank, world};
-        MPI_Send(msg, 2, MPI_INT, root, tag, MPI_COMM_WORLD);
-        MPI_Recv(members, nranks, MPI_INT, root, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        listener = listen_local(&me.port);
+        socks[0] = dial(f.ip, f.port);
+        if (socks[0] < 0 || put(socks[0], &me, sizeof me) || get(socks[0], &tcp, sizeof tcp) ||
+            get(socks[0], all, sizeof *all * (size_t)nranks))
+            return SYSTEM_ERROR;
     }
-    MPI_Group all, mine;
-    MPI_Comm_group(MPI_COMM_WORLD, &all);
-    MPI_Group_incl(all, nranks, members, &mine);
     Comm *c = calloc(1, sizeof *c);
-    MPI_Comm_create_group(MPI_COMM_WORLD, mine, tag, &c->mpi);
-    MPI_Group_free(&mine);
-    MPI_Group_free(&all);
-    free(members);
     c->rank = rank;
     c->size = nranks;
+    if (tcp) {
+        /* The mesh: connect to the lower ranks, accept the higher ones. */
+        for (int j = 1; j < rank; j++) {
+            socks[j] = dial(htonl(INADDR_LOOPBACK), all[j].port);
+            if (socks[j] < 0 || put(socks[j], &rank, sizeof rank)) return SYSTEM_ERROR;
+        }
+        for (int n = rank + 1; n < nranks && rank > 0; n++) {
+            int who, fd = accept_one(listener);
+            if (fd < 0 || get(fd, &who, sizeof who) || who <= rank || who >= nranks) return SYSTEM_ERROR;
+            socks[who] = fd;
+        }
+        c->socks = socks;
+    } else {
+        /* One job: an MPI communicator of the members' world ranks. */
+        int *members = malloc(sizeof(int) * (size_t)nranks);
+        for (int i = 0; i < nranks; i++) members[i] = all[i].world;
+        MPI_Group wg, mine;
+        MPI_Comm_group(MPI_COMM_WORLD, &wg);
+        MPI_Group_incl(wg, nranks, members, &mine);
+        MPI_Comm_create_group(MPI_COMM_WORLD, mine, 30000 + (int)(f.port % 1000), &c->mpi);
+        MPI_Group_free(&mine);
+        MPI_Group_free(&wg);
+        free(members);
+        for (int i = 0; i < nranks; i++)
+            if (socks[i] >= 0) close(socks[i]);
+        free(socks);
+    }
+    if (listener >= 0) close(listener);
+    free(all);
     if (fail && atoi(fail)) {
-        MPI_Comm_free(&c->mpi);
-        free(c);
+        release(c);
         return SYSTEM_ERROR;
     }
     *out = c;
@@ -124,7 +319,13 @@ ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank)
 }
 
 static void release(Comm *c) {
-    MPI_Comm_free(&c->mpi);
+    if (c->socks) {
+        for (int i = 0; i < c->size; i++)
+            if (c->socks[i] >= 0) close(c->socks[i]);
+        free(c->socks);
+    } else {
+        MPI_Comm_free(&c->mpi);
+    }
     free(c);
 }
 ncclResult_t ncclCommDestroy(Comm *c) {
@@ -251,6 +452,44 @@ static void reduce_into(void *dst, const char *all, size_t count, int t, int op,
     }
 }
 
+/* Every member's `bytes` from `s`, in rank order, into `r`. */
+static ncclResult_t allgather(const void *s, void *r, size_t bytes, Comm *c) {
+    if (!c->socks) {
+        MPI_Allgather(s, (int)bytes, MPI_BYTE, r, (int)bytes, MPI_BYTE, c->mpi);
+        return SUCCESS;
+    }
+    memmove((char *)r + (size_t)c->rank * bytes, s, bytes);
+    Xfer *x = calloc(2 * (size_t)c->size, sizeof *x);
+    int n = 0;
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank) continue;
+        x[n++] = (Xfer){c->socks[p], 1, (char *)r + (size_t)c->rank * bytes, bytes, 0};
+        x[n++] = (Xfer){c->socks[p], 0, (char *)r + (size_t)p * bytes, bytes, 0};
+    }
+    ncclResult_t rc = run_xfers(x, n);
+    free(x);
+    return rc;
+}
+
+/* `root`'s `bytes` at `r` everywhere. */
+static ncclResult_t bcast(void *r, size_t bytes, int root, Comm *c) {
+    if (!c->socks) {
+        MPI_Bcast(r, (int)bytes, MPI_BYTE, root, c->mpi);
+        return SUCCESS;
+    }
+    Xfer *x = calloc((size_t)c->size, sizeof *x);
+    int n = 0;
+    if (c->rank == root) {
+        for (int p = 0; p < c->size; p++)
+            if (p != root) x[n++] = (Xfer){c->socks[p], 1, r, bytes, 0};
+    } else {
+        x[n++] = (Xfer){c->socks[root], 0, r, bytes, 0};
+    }
+    ncclResult_t rc = run_xfers(x, n);
+    free(x);
+    return rc;
+}
+
 static ncclResult_t enter(Comm *c, int t) {
     if (!c || c->aborted) return INVALID_USAGE;
     if (!elem(t)) return INVALID_ARGUMENT;
@@ -261,10 +500,10 @@ static ncclResult_t enter(Comm *c, int t) {
 static ncclResult_t all_reduce_bytes(const void *s, void *r, size_t count, int t, int op, Comm *c, int root) {
     size_t bytes = count * elem(t);
     char *all = malloc(bytes * (size_t)c->size + 1);
-    MPI_Allgather(s, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->mpi);
-    if (root < 0 || root == c->rank) reduce_into(r, all, count, t, op, c->size);
+    ncclResult_t rc = allgather(s, all, bytes, c);
+    if (!rc && (root < 0 || root == c->rank)) reduce_into(r, all, count, t, op, c->size);
     free(all);
-    return SUCCESS;
+    return rc;
 }
 
 ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, int t, int op, Comm *c, void *stream) {
@@ -297,9 +536,7 @@ ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, int t, Comm
     (void)stream;
     ncclResult_t e = enter(c, t);
     if (e) return e;
-    int bytes = (int)(sendcount * elem(t));
-    MPI_Allgather(s, bytes, MPI_BYTE, r, bytes, MPI_BYTE, c->mpi);
-    return SUCCESS;
+    return allgather(s, r, sendcount * elem(t), c);
 }
 
 ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
@@ -309,8 +546,7 @@ ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int t, int root
     if (root < 0 || root >= c->size) return INVALID_ARGUMENT;
     size_t bytes = count * elem(t);
     if (c->rank == root && s != r) memmove(r, s, bytes);
-    MPI_Bcast(r, (int)bytes, MPI_BYTE, root, c->mpi);
-    return SUCCESS;
+    return bcast(r, bytes, root, c);
 }
 
 /* Point-to-point calls are queued between ncclGroupStart and ncclGroupEnd. */
@@ -324,17 +560,22 @@ static P2p queue[4096];
 static int queued, depth;
 
 static ncclResult_t flush(void) {
-    MPI_Request reqs[4096];
+    static MPI_Request reqs[4096];
+    static Xfer xfers[4096];
+    int nreq = 0, nx = 0;
     for (int i = 0; i < queued; i++) {
         P2p *p = &queue[i];
-        if (p->send)
-            MPI_Isend(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[i]);
+        if (p->comm->socks)
+            xfers[nx++] = (Xfer){p->comm->socks[p->peer], p->send, p->buf, (size_t)p->bytes, 0};
+        else if (p->send)
+            MPI_Isend(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[nreq++]);
         else
-            MPI_Irecv(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[i]);
+            MPI_Irecv(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[nreq++]);
     }
-    MPI_Waitall(queued, reqs, MPI_STATUSES_IGNORE);
+    ncclResult_t rc = run_xfers(xfers, nx);
+    MPI_Waitall(nreq, reqs, MPI_STATUSES_IGNORE);
     queued = 0;
-    return SUCCESS;
+    return rc;
 }
 
 static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer, Comm *c) {
