@@ -62,12 +62,12 @@ pub use error::{Error, NcclError, Result};
 pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};
 pub use op::Op;
-pub use parallel::ParallelState;
+pub use parallel::{OnGroup, ParallelState};
 pub use reduce::ReduceOp;
-pub use stateless::StatelessGroup;
+pub use stateless::{StatelessDevice, StatelessGroup};
 pub use tensor::{
-    divide, ensure_divisibility, split_tensor_along_last_dim, Bool, DType, Element, Tensor, F8E4M3,
-    F8E5M2,
+    divide, ensure_divisibility, split_tensor_along_last_dim, split_views_along_last_dim, Bool,
+    DType, Element, LastDimView, Tensor, F8E4M3, F8E5M2,
 };
 pub use tensor_dict::{DictValue, Object, TensorDict, TensorDicts};
 pub use watch::TIMEOUT_EXIT;

@@ -1,7 +1,8 @@
 //! `ParallelState`: the world, TP, SP and DP groups of a job, per-model
 //! groups, and scoped overrides (FastVideo's `parallel_state`, without globals).
 
-use crate::collectives::Collectives;
+use crate::collectives::{Collectives, PlaneTensor};
+use crate::device::DeviceTensor;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::layout::{consecutive_group_count, consecutive_groups, GroupKind, Layout};
@@ -24,6 +25,48 @@ pub struct ParallelState<'rt> {
     groups: Option<Groups<'rt>>,
     tp_override: RefCell<Option<GroupCoordinator<'rt>>>,
     sp_override: RefCell<Option<GroupCoordinator<'rt>>>,
+}
+
+/// Tensors FastVideo's module-level helpers on [`ParallelState`] accept: a
+/// host [`Tensor`] runs on the group's MPI plane, a [`DeviceTensor`] on its
+/// NCCL plane, as FastVideo's helpers run on whatever device `x` lives on.
+/// Either way the group is the one in force, overrides included.
+pub trait OnGroup: PlaneTensor {
+    /// `all_reduce` of `self` on `g`'s plane for this tensor.
+    fn all_reduce_on(&self, g: &GroupCoordinator<'_>, op: ReduceOp) -> Result<Self>;
+    /// `all_gather` along `dim`.
+    fn all_gather_on(&self, g: &GroupCoordinator<'_>, dim: isize) -> Result<Self>;
+    /// FastVideo's `all_to_all_4D`.
+    fn all_to_all_4d_on(
+        &self,
+        g: &GroupCoordinator<'_>,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<Self>;
+}
+
+impl OnGroup for Tensor {
+    fn all_reduce_on(&self, g: &GroupCoordinator<'_>, op: ReduceOp) -> Result<Self> {
+        g.all_reduce(self, op)
+    }
+    fn all_gather_on(&self, g: &GroupCoordinator<'_>, dim: isize) -> Result<Self> {
+        g.all_gather(self, dim)
+    }
+    fn all_to_all_4d_on(&self, g: &GroupCoordinator<'_>, s: usize, d: usize) -> Result<Self> {
+        g.all_to_all_4d(self, s, d)
+    }
+}
+
+impl OnGroup for DeviceTensor {
+    fn all_reduce_on(&self, g: &GroupCoordinator<'_>, op: ReduceOp) -> Result<Self> {
+        g.device()?.all_reduce(self, op)
+    }
+    fn all_gather_on(&self, g: &GroupCoordinator<'_>, dim: isize) -> Result<Self> {
+        g.device()?.all_gather(self, dim)
+    }
+    fn all_to_all_4d_on(&self, g: &GroupCoordinator<'_>, s: usize, d: usize) -> Result<Self> {
+        g.device()?.all_to_all_4d(self, s, d)
+    }
 }
 
 /// Restores an override slot when the scope ends, panics included.
@@ -135,30 +178,31 @@ impl<'rt> ParallelState<'rt> {
         }
     }
 
-    /// FastVideo's `tensor_model_parallel_all_reduce`: sum over the TP group in force.
-    pub fn tensor_model_parallel_all_reduce(&self, t: &Tensor) -> Result<Tensor> {
-        self.tp()?.all_reduce(t, ReduceOp::Sum)
+    /// FastVideo's `tensor_model_parallel_all_reduce`: sum over the TP group
+    /// in force, on the plane `t` lives on ([`OnGroup`]).
+    pub fn tensor_model_parallel_all_reduce<T: OnGroup>(&self, t: &T) -> Result<T> {
+        t.all_reduce_on(&self.tp()?, ReduceOp::Sum)
     }
 
     /// FastVideo's `tensor_model_parallel_all_gather` (FastVideo's default `dim` is -1).
-    pub fn tensor_model_parallel_all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
-        self.tp()?.all_gather(t, dim)
+    pub fn tensor_model_parallel_all_gather<T: OnGroup>(&self, t: &T, dim: isize) -> Result<T> {
+        t.all_gather_on(&self.tp()?, dim)
     }
 
     /// FastVideo's `sequence_model_parallel_all_gather` (default `dim` -1).
-    pub fn sequence_model_parallel_all_gather(&self, t: &Tensor, dim: isize) -> Result<Tensor> {
-        self.sp()?.all_gather(t, dim)
+    pub fn sequence_model_parallel_all_gather<T: OnGroup>(&self, t: &T, dim: isize) -> Result<T> {
+        t.all_gather_on(&self.sp()?, dim)
     }
 
     /// FastVideo's `sequence_model_parallel_all_to_all_4D` over the SP group
     /// in force (FastVideo's defaults: `scatter_dim` 2, `gather_dim` 1).
-    pub fn sequence_model_parallel_all_to_all_4d(
+    pub fn sequence_model_parallel_all_to_all_4d<T: OnGroup>(
         &self,
-        t: &Tensor,
+        t: &T,
         scatter_dim: usize,
         gather_dim: usize,
-    ) -> Result<Tensor> {
-        self.sp()?.all_to_all_4d(t, scatter_dim, gather_dim)
+    ) -> Result<T> {
+        t.all_to_all_4d_on(&self.sp()?, scatter_dim, gather_dim)
     }
 
     /// The DP group.

@@ -563,9 +563,103 @@ pub fn split_tensor_along_last_dim(tensor: &Tensor, num_partitions: usize) -> Re
         .collect()
 }
 
+/// One partition of a tensor's last dimension that borrows the tensor's
+/// storage: FastVideo's `split_tensor_along_last_dim(x, n,
+/// contiguous_split_chunks=False)`, which returns views. Its rows are
+/// `len` elements at `start`, one per index of the leading dimensions;
+/// [`to_tensor`](Self::to_tensor) makes the contiguous copy
+/// (`contiguous_split_chunks=True`, what [`split_tensor_along_last_dim`]
+/// returns).
+#[derive(Clone, Copy, Debug)]
+pub struct LastDimView<'a> {
+    tensor: &'a Tensor,
+    start: usize,
+    len: usize,
+}
+
+impl<'a> LastDimView<'a> {
+    /// The view's shape: the tensor's, with the last dimension cut to the partition.
+    pub fn shape(&self) -> Vec<usize> {
+        let mut shape = self.tensor.shape().to_vec();
+        *shape
+            .last_mut()
+            .expect("views are of tensors with a last dim") = self.len;
+        shape
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.tensor.dtype()
+    }
+
+    /// The rows of the partition, borrowed from the tensor (no copy).
+    pub fn rows<T: Element>(&self) -> Result<impl Iterator<Item = &'a [T]> + 'a> {
+        let all = self.tensor.as_slice::<T>()?;
+        let last = *self.tensor.shape().last().expect("views have a last dim");
+        let (start, len) = (self.start, self.len);
+        Ok(all
+            .chunks(last.max(1))
+            .map(move |row| &row[start..start + len]))
+    }
+
+    /// A contiguous copy.
+    pub fn to_tensor(&self) -> Tensor {
+        let e = self.dtype().size();
+        let last = *self.tensor.shape().last().expect("views have a last dim");
+        let mut bytes = Vec::with_capacity(numel(&self.shape()) * e);
+        for row in self.tensor.bytes().chunks((last * e).max(1)) {
+            bytes.extend_from_slice(&row[self.start * e..(self.start + self.len) * e]);
+        }
+        Tensor::from_bytes(self.shape(), self.dtype(), &bytes).expect("sizes follow the shape")
+    }
+}
+
+/// Splits a tensor into `num_partitions` equal views along its last
+/// dimension, without copying (see [`LastDimView`]).
+pub fn split_views_along_last_dim(
+    tensor: &Tensor,
+    num_partitions: usize,
+) -> Result<Vec<LastDimView<'_>>> {
+    let Some(&last) = tensor.shape().last() else {
+        return Err(Error::Tensor("cannot split a 0-d tensor".into()));
+    };
+    let len = divide(last, num_partitions)
+        .map_err(|e| Error::Tensor(format!("split along last dim of {:?}: {e}", tensor.shape())))?;
+    Ok((0..num_partitions)
+        .map(|p| LastDimView {
+            tensor,
+            start: p * len,
+            len,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_dim_views_borrow_and_match_the_copies() {
+        let t = Tensor::from_vec([2, 3, 6], (0..36).map(|x| x as f32 * 0.5).collect()).unwrap();
+        let copies = split_tensor_along_last_dim(&t, 3).unwrap();
+        let views = split_views_along_last_dim(&t, 3).unwrap();
+        let base = t.as_slice::<f32>().unwrap().as_ptr();
+        for (p, (v, c)) in views.iter().zip(&copies).enumerate() {
+            assert_eq!(v.shape(), [2, 3, 2]);
+            assert_eq!(&v.to_tensor(), c);
+            let rows: Vec<&[f32]> = v.rows::<f32>().unwrap().collect();
+            assert_eq!(rows.len(), 6);
+            // No copy: the first row starts inside the tensor's own storage.
+            assert_eq!(rows[0].as_ptr(), base.wrapping_add(p * 2));
+            assert_eq!(rows[1], &[3.0 + p as f32, 3.5 + p as f32]);
+        }
+        assert!(views[0].rows::<f64>().is_err());
+        assert!(split_views_along_last_dim(&t, 4).is_err());
+        let empty = Tensor::zeros([3, 0], DType::F32).unwrap();
+        let v = split_views_along_last_dim(&empty, 2).unwrap();
+        assert_eq!(v[1].rows::<f32>().unwrap().count(), 0);
+        assert_eq!(v[1].to_tensor().shape(), [3, 0]);
+    }
 
     #[test]
     fn dtype_codes_round_trip() {

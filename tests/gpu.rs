@@ -200,6 +200,47 @@ fn check_narrow_dtypes(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Ch
     )
 }
 
+/// FastVideo's module-level helpers on `ParallelState` take device tensors
+/// too and follow a `with_tp_group` override as the host group does (world
+/// group only: the state is built over the whole job).
+fn check_helpers_follow_overrides(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let rt = g.runtime();
+    if g.size() != rt.size() {
+        return Ok(());
+    }
+    let mut ps = rankmesh::ParallelState::new(rt).map_err(e)?;
+    ps.initialize_model_parallel(1, 1, None).map_err(e)?;
+    let model_tp = ps
+        .new_tensor_parallel_group(rt.size(), "devtp")
+        .map_err(e)?;
+    let gpu = dg.gpu();
+    let x = input(&[4, 3], DType::F32, g.rank_in_group());
+    let dx = gpu.upload(&x).map_err(e)?;
+    let alone = gpu
+        .download(&ps.tensor_model_parallel_all_reduce(&dx).map_err(e)?)
+        .map_err(e)?;
+    same("TP of one, no override", &alone, &x, None)?;
+    ps.with_tp_group(&model_tp, || -> Check {
+        let got = ps.tensor_model_parallel_all_reduce(&dx).map_err(e)?;
+        let want = g.all_reduce(&x, ReduceOp::Sum).map_err(e)?;
+        same(
+            "device all_reduce under the override",
+            &gpu.download(&got).map_err(e)?,
+            &want,
+            None,
+        )?;
+        let got = ps.tensor_model_parallel_all_gather(&dx, -1).map_err(e)?;
+        let want = g.all_gather(&x, -1).map_err(e)?;
+        same(
+            "device all_gather under the override",
+            &gpu.download(&got).map_err(e)?,
+            &want,
+            None,
+        )
+    })
+    .map_err(e)?
+}
+
 /// Uniform values in [-1, 1) from `seed` (xorshift64*): every rank can make
 /// every rank's input.
 fn random(seed: u64, len: usize, dtype: DType) -> Tensor {
@@ -710,7 +751,7 @@ fn worker() {
             groups.push(g);
         }
     }
-    let checks: [(&str, CheckFn); 9] = [
+    let checks: [(&str, CheckFn); 10] = [
         ("plane scenarios vs the serial reference", |_, dg| {
             planes::check_all(dg)
         }),
@@ -722,6 +763,10 @@ fn worker() {
         ("errors", check_errors),
         ("bool, 16-bit integer and fp8 dtypes", check_narrow_dtypes),
         ("numerics on random data", check_numerics),
+        (
+            "ParallelState helpers on device tensors",
+            check_helpers_follow_overrides,
+        ),
     ];
     let mut failed = 0;
     for g in &groups {
