@@ -224,7 +224,7 @@ fn two_jobs_exchange(a: usize, b: usize) -> Result<(), Failed> {
 
 /// Strays during the rendezvous: a client speaking HTTP, a process with the
 /// wrong world size, and two processes claiming the same rank. The group
-/// still forms; each refused process gets an error saying why.
+/// still forms, of three jobs; each refused process gets an error saying why.
 fn bad_peers_are_refused() -> Result<(), Failed> {
     let addr = free_addr();
     let stray = {
@@ -249,12 +249,19 @@ fn bad_peers_are_refused() -> Result<(), Failed> {
         role: "exchange",
         extra: &[("RANKMESH_TIMEOUT", "20")],
     };
-    // Member 0; rank 1 with the wrong world size; a lone rank 2; later a
-    // job of ranks 1 and 2, whose rank 2 finds its rank taken.
+    // Member 0; rank 1 with the wrong world size; rank 2; a second rank 2
+    // (whichever of the two comes second is refused) while rank 1 is still
+    // missing; then the real rank 1.
     let jobs = run_jobs(
         &addr,
-        &[job(1, 0, 3), job(1, 1, 4), job(1, 2, 3), job(2, 1, 3)],
-        &[0, 300, 300, 2500],
+        &[
+            job(1, 0, 3),
+            job(1, 1, 4),
+            job(1, 2, 3),
+            job(1, 2, 3),
+            job(1, 1, 3),
+        ],
+        &[0, 300, 300, 1500, 5000],
     );
     let stray_connected = stray.join().unwrap();
     let wrong_size = lines_with(&jobs, "2J-ERR rank 1: tcp://");

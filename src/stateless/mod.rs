@@ -328,9 +328,9 @@ impl<'rt> StatelessGroup<'rt> {
             return self.tensor_of(op, src, &bytes);
         }
         let frame = t.map(tensor_frame).ok_or_else(|| self.no_object(op));
-        let own = frame.as_ref().map(|_| ()).map_err(|e| self.failed(op, e));
+        // A missing tensor is posted as a failure (receivers fail too) and returned here.
         self.post(Kind::TensorBroadcast, digest, frame, &self.others())?;
-        own.map(|()| t.expect("checked above").clone())
+        t.cloned().ok_or_else(|| self.no_object(op))
     }
 
     /// Waits until every object this rank sent has been received. Dropping

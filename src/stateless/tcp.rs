@@ -451,7 +451,12 @@ fn join(
                 .map_err(|e| e.to_string())
         })
         .and_then(|()| read_msg::<Answer>(&mut first))
-        .map_err(|e| format!("rank 0 at {addr} did not admit rank {rank}: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "rank 0 at {addr} did not admit rank {rank}: {e} (a group that formed without \
+                 this process closes late arrivals: is rank {rank} already taken?)"
+            )
+        })?;
     let (token, members) = match answer {
         Answer::Welcome { token, members } if members.len() == size => (token, members),
         Answer::Welcome { members, .. } => {

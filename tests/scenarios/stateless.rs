@@ -2,7 +2,7 @@
 //! return once handed off, so "everyone sends, then everyone receives" and
 //! "the source broadcasts and moves on" complete instead of deadlocking.
 
-use rankmesh::{Runtime, StatelessGroup};
+use rankmesh::{DType, Runtime, StatelessGroup, Tensor};
 
 /// A message no two (sender, receiver, round) share, with non-integer floats.
 fn message(from: usize, to: usize, round: usize) -> (usize, usize, Vec<f64>) {
@@ -78,6 +78,23 @@ pub fn run(rt: &Runtime) {
         let e = g.broadcast_obj::<u8>(None, src).unwrap_err().to_string();
         assert!(e.contains("no object given on the source rank"), "{e}");
     }
+    // Host tensors: a ring (both send, then receive) and a broadcast; the
+    // gather of everyone's object keeps group-rank order.
+    let t = |r: usize| {
+        Tensor::from_fn([3, 5], DType::BF16, move |i| (i * 3 + r) as f64 / 4.0 - 1.5).unwrap()
+    };
+    g.send_tensor(&t(pos), to).unwrap();
+    assert_eq!(g.recv_tensor(from).unwrap(), t(from));
+    let w = Tensor::from_fn([7], DType::F64, |i| i as f64 / 3.0).unwrap();
+    let got = g
+        .broadcast_tensor((pos == p - 1).then_some(&w), p - 1)
+        .unwrap();
+    assert_eq!(got, w);
+    assert_eq!(
+        g.all_gather_obj(&(pos * 10)).unwrap(),
+        (0..p).map(|r| r * 10).collect::<Vec<_>>()
+    );
+    assert!(g.group().is_some());
     g.flush().unwrap();
     g.barrier().unwrap();
 }
