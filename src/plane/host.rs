@@ -595,6 +595,10 @@ impl Reducer for Reduce<'_, '_> {
 struct ReduceScatter<'p, 'c>(&'p HostPlane<'c>);
 
 impl Reducer for ReduceScatter<'_, '_> {
+    fn blocks(&self) -> usize {
+        self.0.size()
+    }
+
     fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
         &self,
         send: &[T],

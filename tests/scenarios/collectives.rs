@@ -89,6 +89,7 @@ pub fn run(rt: &Runtime) {
     eight_bit_arithmetic_wraps(&g);
     sixteen_bit_arithmetic_wraps(&g);
     fp8_saturates_and_bools_stay_canonical(&g);
+    narrow_floats_reduce_in_steps(&g);
 }
 
 /// 8-bit sums and products wrap like Rust's `wrapping_*`, also on vectors long
@@ -194,6 +195,43 @@ fn fp8_saturates_and_bools_stay_canonical(g: &rankmesh::GroupCoordinator<'_>) {
         [1; 5],
         "bool sum np{p}"
     );
+}
+
+/// f16/bf16 reductions widen a cache-sized step at a time: tensors of many
+/// steps (and reduce-scatter blocks spanning steps) must still round once,
+/// exactly as one f32 reduction then one rounding would.
+fn narrow_floats_reduce_in_steps(g: &rankmesh::GroupCoordinator<'_>) {
+    use half::{bf16, f16};
+    let (p, me) = (g.size(), g.rank_in_group());
+    let n = 70_001 * p; // not a multiple of the 65536-element step; blocks span two steps
+    let x = |r: usize, i: usize| ((i * 7 + r * 13) % 101) as f64 / 8.0 - 6.0;
+    for dtype in [DType::BF16, DType::F16] {
+        let round = |v: f32| match dtype {
+            DType::BF16 => bf16::from_f32(v).to_f64(),
+            _ => f16::from_f32(v).to_f64(),
+        };
+        let t = Tensor::from_fn([n], dtype, |i| x(me, i)).unwrap();
+        let sum = |i: usize| (0..p).map(|r| x(r, i)).sum::<f64>() as f32;
+        let got = g.all_reduce(&t, ReduceOp::Sum).unwrap().to_f64_vec();
+        let bad = (0..n).find(|i| got[*i] != round(sum(*i)));
+        assert_eq!(bad, None, "{dtype} all_reduce sum np{p}");
+        let got = g.all_reduce(&t, ReduceOp::Avg).unwrap().to_f64_vec();
+        let bad = (0..n).find(|i| got[*i] != round(sum(*i) / p as f32));
+        assert_eq!(bad, None, "{dtype} all_reduce avg np{p}");
+        let got = g.reduce_scatter(&t, 0, ReduceOp::Sum).unwrap().to_f64_vec();
+        let block = n / p;
+        let bad = (0..block).find(|j| got[*j] != round(sum(me * block + j)));
+        assert_eq!(bad, None, "{dtype} reduce_scatter np{p}");
+        if let Some(got) = g.reduce(&t, p - 1, ReduceOp::Max).unwrap() {
+            let max = |i: usize| (0..p).map(|r| x(r, i)).fold(f64::MIN, f64::max) as f32;
+            let got = got.to_f64_vec();
+            assert_eq!(
+                (0..n).find(|i| got[*i] != round(max(*i))),
+                None,
+                "{dtype} reduce max"
+            );
+        }
+    }
 }
 
 fn first_mismatch<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], ctx: &str) {
