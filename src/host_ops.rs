@@ -9,6 +9,7 @@ use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Result};
 use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
+use crate::plane::host::BlockLayout;
 use crate::layout_ops::{concat_dim_into, is_contiguous_split, normalize_dim, split_dim_into};
 use crate::op::Op;
 use crate::reduce::ReduceOp;
@@ -236,6 +237,15 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 }
                 let elem = t.dtype().size();
                 let n = t.nbytes();
+                // Straight from the input's blocks into the output's places.
+                let send = BlockLayout::along(t.shape(), scatter_dim, size, elem);
+                let recv = BlockLayout::along(out.shape(), gather_dim, size, elem);
+                if self
+                    .plane()
+                    .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)
+                {
+                    return Ok(());
+                }
                 self.with_scratch(n, n, |packed, received| {
                     split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
                     self.plane().all_to_all_into(packed, received);

@@ -25,6 +25,62 @@ pub const TAG_DATA: i32 = 0x5203;
 /// Tag of the payload pieces of a batch (a tensor dictionary's tensors).
 const TAG_BATCH: i32 = 0x5204;
 
+/// Where one rank's block of an all-to-all lies in a buffer: `count` runs of
+/// `run` bytes, `stride` bytes apart, and the next rank's block `extent`
+/// bytes further on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockLayout {
+    pub count: usize,
+    pub run: usize,
+    pub stride: usize,
+    pub extent: usize,
+}
+
+impl BlockLayout {
+    /// Block `r` of `parts` along `dim` of a row-major tensor of `shape`
+    /// with `elem`-byte elements.
+    pub(crate) fn along(shape: &[usize], dim: usize, parts: usize, elem: usize) -> BlockLayout {
+        let outer: usize = shape[..dim].iter().product();
+        let inner: usize = shape[dim + 1..].iter().product::<usize>() * elem;
+        let run = shape[dim] / parts * inner;
+        BlockLayout {
+            count: outer,
+            run,
+            stride: shape[dim] * inner,
+            extent: run,
+        }
+    }
+
+    /// The committed MPI datatype, `None` when a count does not fit `int`.
+    fn datatype(self) -> Option<OwnedType> {
+        let int = |v: usize| c_int::try_from(v).ok();
+        let (count, run) = (int(self.count)?, int(self.run)?);
+        let stride = ffi::MPI_Aint::try_from(self.stride).ok()?;
+        let extent = ffi::MPI_Aint::try_from(self.extent).ok()?;
+        // SAFETY: plain MPI type constructors on valid out-pointers; the
+        // intermediate type is freed once the resized one holds it.
+        unsafe {
+            let mut vector = std::mem::zeroed();
+            ffi::MPI_Type_create_hvector(count, run, stride, ffi::RSMPI_UINT8_T, &mut vector);
+            let mut resized = std::mem::zeroed();
+            ffi::MPI_Type_create_resized(vector, 0, extent, &mut resized);
+            ffi::MPI_Type_free(&mut vector);
+            ffi::MPI_Type_commit(&mut resized);
+            Some(OwnedType(resized))
+        }
+    }
+}
+
+/// A committed MPI datatype, freed on drop.
+struct OwnedType(ffi::MPI_Datatype);
+
+impl Drop for OwnedType {
+    fn drop(&mut self) {
+        // SAFETY: a type this process committed and no call still uses.
+        unsafe { ffi::MPI_Type_free(&mut self.0) };
+    }
+}
+
 /// MPI's null request (what a completed request becomes).
 pub(crate) fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading an MPI constant handle.
@@ -236,6 +292,43 @@ impl<'c> HostPlane<'c> {
                     .copy_from_slice(&r[q * len..(q + 1) * len]);
             }
         }
+    }
+
+    /// All-to-all where rank `r`'s block is read from `send` and written to
+    /// `recv` in place, through MPI derived datatypes (`layout`s below), so
+    /// no pack or unpack copy is made: Open MPI gathers the strided block
+    /// while it copies it into shared memory anyway. Returns `false`, having
+    /// done nothing, when a count would not fit MPI's `int` or the transfer
+    /// is larger than one message (the caller then packs and cuts pieces).
+    pub(crate) fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        recv: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> bool {
+        if send.len() > self.max_bytes || recv.len() > self.max_bytes {
+            return false;
+        }
+        let (Some(stype), Some(rtype)) = (send_layout.datatype(), recv_layout.datatype()) else {
+            return false;
+        };
+        // SAFETY: both datatypes cover exactly `size` blocks of the buffers
+        // (the layouts were derived from their shapes); committed types are
+        // freed below, after the blocking call.
+        unsafe {
+            ffi::MPI_Alltoall(
+                send.as_ptr().cast(),
+                1,
+                stype.0,
+                recv.as_mut_ptr().cast(),
+                1,
+                rtype.0,
+                self.comm.as_raw(),
+            );
+        }
+        self.pulse.beat();
+        true
     }
 
     /// Sends `send` to `dst` while receiving `recv` from `src`, each only when
@@ -663,5 +756,28 @@ fn scatter_round(out: &mut [Vec<u8>], tmp: &[u8], counts: &[i32], displs: &[i32]
     for (r, o) in out.iter_mut().enumerate() {
         let d = displs[r] as usize;
         o.extend_from_slice(&tmp[d..d + counts[r] as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BlockLayout;
+
+    #[test]
+    fn block_layouts_follow_the_dim() {
+        // [B=2, S=3, H=4, D=5] f32, 2 parts along H: 6 runs of 2·5·4 bytes, 80 apart.
+        let l = BlockLayout::along(&[2, 3, 4, 5], 2, 2, 4);
+        assert_eq!((l.count, l.run, l.stride, l.extent), (6, 40, 80, 40));
+        // Along the first dim a block is one contiguous run.
+        let l = BlockLayout::along(&[4, 3], 0, 2, 8);
+        assert_eq!((l.count, l.run, l.stride, l.extent), (1, 48, 96, 48));
+        // Counts past MPI's int are refused, not truncated.
+        let huge = BlockLayout {
+            count: 1 << 31,
+            run: 1,
+            stride: 1,
+            extent: 1,
+        };
+        assert!(huge.datatype().is_none());
     }
 }
