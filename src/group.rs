@@ -40,6 +40,9 @@ struct Inner<'rt> {
     /// Declared after `comm`, but dropped with the group, always before the
     /// `Runtime` (the borrow guarantees it), so before MPI finalisation.
     nccl: RefCell<Option<NcclComm<'rt>>>,
+    /// Two-member NCCL communicators for point-to-point calls made before
+    /// the group's own communicator exists, by peer group rank.
+    nccl_pairs: RefCell<HashMap<usize, NcclComm<'rt>>>,
     /// Host scratch buffers for packing (kept, so a hot loop allocates nothing).
     scratch: RefCell<[Vec<u8>; 2]>,
     /// Host scratch tensor for in-place reductions.
@@ -74,6 +77,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 seq: Cell::new(0),
                 watch,
                 nccl: RefCell::new(None),
+                nccl_pairs: RefCell::new(HashMap::new()),
                 scratch: RefCell::new([Vec::new(), Vec::new()]),
                 scratch_tensor: RefCell::new(None),
                 subgroups: RefCell::new(HashMap::new()),
@@ -264,6 +268,20 @@ impl<'rt> GroupCoordinator<'rt> {
     /// The NCCL communicator if one was created.
     pub(crate) fn existing_nccl_comm(&self) -> Option<Ref<'_, NcclComm<'rt>>> {
         Ref::filter_map(self.inner.nccl.borrow(), |c| c.as_ref()).ok()
+    }
+
+    /// The two-member communicator with group rank `peer`, made with
+    /// `connect` (by both of them) on first use.
+    pub(crate) fn nccl_pair(
+        &self,
+        peer: usize,
+        connect: impl FnOnce() -> Result<NcclComm<'rt>>,
+    ) -> Result<Ref<'_, NcclComm<'rt>>> {
+        if !self.inner.nccl_pairs.borrow().contains_key(&peer) {
+            let comm = connect()?;
+            self.inner.nccl_pairs.borrow_mut().insert(peer, comm);
+        }
+        Ok(Ref::map(self.inner.nccl_pairs.borrow(), |m| &m[&peer]))
     }
 
     /// Validates a position argument (`src`, `dst`) for `op`.

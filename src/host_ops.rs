@@ -9,9 +9,9 @@ use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Result};
 use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
-use crate::plane::host::BlockLayout;
 use crate::layout_ops::{concat_dim_into, is_contiguous_split, normalize_dim, split_dim_into};
 use crate::op::Op;
+use crate::plane::host::BlockLayout;
 use crate::reduce::ReduceOp;
 use crate::tensor::{DType, Tensor};
 

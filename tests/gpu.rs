@@ -421,34 +421,60 @@ fn check_layout_ops(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check
     Ok(())
 }
 
-fn check_point_to_point(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
-    let gpu = dg.gpu();
+/// A ring shift, then a send from group rank 0 to 1, on `d`.
+fn ring_then_pair(d: &DeviceGroup<'_, '_>, what: &str) -> Check {
+    let gpu = d.gpu();
+    let g = d.group();
     let (n, me) = (g.size(), g.rank_in_group());
-    dg.connect().map_err(e)?;
     let x = input(&[5, 3], DType::BF16, me);
     let mut out = gpu.zeros([5, 3], DType::BF16).map_err(e)?;
-    dg.send_recv_into(&gpu.upload(&x).map_err(e)?, &mut out, None, None)
+    d.send_recv_into(&gpu.upload(&x).map_err(e)?, &mut out, None, None)
         .map_err(e)?;
     let want = input(&[5, 3], DType::BF16, (me + n - 1) % n);
     same(
-        "send_recv ring",
+        &format!("send_recv ring on {what}"),
         &gpu.download(&out).map_err(e)?,
         &want,
         None,
     )?;
     if n > 1 {
         if me == 0 {
-            dg.send(&gpu.upload(&x).map_err(e)?, Some(1)).map_err(e)?;
+            d.send(&gpu.upload(&x).map_err(e)?, Some(1)).map_err(e)?;
         } else if me == 1 {
-            let got = dg.recv(&[5, 3], DType::BF16, Some(0)).map_err(e)?;
+            let got = d.recv(&[5, 3], DType::BF16, Some(0)).map_err(e)?;
             same(
-                "send/recv",
+                &format!("send/recv on {what}"),
                 &gpu.download(&got).map_err(e)?,
                 &input(&[5, 3], DType::BF16, 0),
                 None,
             )?;
         }
     }
+    Ok(())
+}
+
+fn check_point_to_point(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let me = g.rank_in_group();
+    // A fresh group with no NCCL communicator: point-to-point needs no
+    // connect() (two-member communicators, made in an order no ring can
+    // deadlock on), then the group's own communicator once it exists.
+    let fresh = g.runtime().subgroup("p2p", g.ranks()).map_err(e)?;
+    let fdg = fresh.device().map_err(e)?;
+    ring_then_pair(&fdg, "pair communicators")?;
+    ring_then_pair(dg, "the group's communicator")?;
+    let gpu = fdg.gpu();
+    let x = input(&[4], DType::F32, me);
+    let sum = fdg
+        .all_reduce(&gpu.upload(&x).map_err(e)?, ReduceOp::Sum)
+        .map_err(e)?;
+    let want = g.all_reduce(&x, ReduceOp::Sum).map_err(e)?;
+    same(
+        "all_reduce after pairs",
+        &gpu.download(&sum).map_err(e)?,
+        &want,
+        None,
+    )?;
+    ring_then_pair(&fdg, "a group that has both")?;
     Ok(())
 }
 
@@ -490,7 +516,6 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     };
     verify(&got, "broadcast_tensor_dict")?;
     if n > 1 {
-        dg.connect().map_err(e)?;
         if me == 0 {
             dg.send_tensor_dict(&d, Some(1), None).map_err(e)?;
         } else if me == 1 {

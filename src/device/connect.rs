@@ -147,6 +147,75 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     Ok(nccl)
 }
 
+/// Tag of a pair communicator's unique id and status messages.
+const TAG_PAIR: i32 = 0x5231;
+
+/// Creates the two-member communicator of this rank and group rank `peer`
+/// (both of them call it, inside an agreed point-to-point call): the lower
+/// rank makes the unique id and sends it over MPI; each tells the other
+/// whether its `ncclCommInitRank` worked, so both fail alike.
+pub(crate) fn connect_pair<'rt>(
+    group: &GroupCoordinator<'rt>,
+    gpu: &'rt Gpu,
+    peer: usize,
+) -> Result<NcclComm<'rt>> {
+    let name = format!("{} (pair {peer})", group.name());
+    let nccl_fail = |source: NcclError| Error::nccl(Op::Connect, group.name(), source);
+    let comm = group.raw_comm();
+    let other = comm.process_at_rank(peer as i32);
+    let low = group.rank_in_group() < peer;
+    let api = gpu.api();
+    let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
+    if low {
+        match unique_id(api) {
+            Ok(id) => packet[1..].copy_from_slice(&id.to_bytes()),
+            Err(e) => {
+                packet[0] = 1;
+                let n = e.msg.len().min(UNIQUE_ID_BYTES);
+                packet[1..1 + n].copy_from_slice(&e.msg.as_bytes()[..n]);
+            }
+        }
+        other.send_with_tag(&packet[..], TAG_PAIR);
+    } else {
+        other.receive_into_with_tag(&mut packet[..], TAG_PAIR);
+    }
+    if packet[0] != 0 {
+        let text = String::from_utf8_lossy(&packet[1..]);
+        return Err(nccl_fail(NcclError::other(format!(
+            "ncclGetUniqueId failed on group rank {}: {}",
+            if low { group.rank_in_group() } else { peer },
+            text.trim_end_matches('\0')
+        ))));
+    }
+    let id = UniqueId::from_bytes(packet[1..].try_into().expect("128 bytes"));
+    gpu.context().bind_to_thread().map_err(|e| {
+        Error::invalid(
+            Op::Connect,
+            group.name(),
+            format!("binding the CUDA context: {e}"),
+        )
+    })?;
+    let created = NcclComm::init(api, id, 2, usize::from(!low), &name);
+    let mine = status_record(&created.as_ref().map(|_| ()).map_err(|e| e.msg.clone()));
+    let mut theirs = [0u8; STATUS_BYTES];
+    mpi::request::scope(|scope| {
+        let sent = other.immediate_send_with_tag(scope, &mine[..], TAG_PAIR);
+        other.receive_into_with_tag(&mut theirs[..], TAG_PAIR);
+        sent.wait();
+    });
+    if let Some((_, msg)) = first_failure(&theirs) {
+        if let Ok(c) = created {
+            c.state().abort(api, "the peer failed to initialise");
+        }
+        return Err(nccl_fail(NcclError::other(format!(
+            "group rank {peer}: {msg}"
+        ))));
+    }
+    let nccl = created.map_err(nccl_fail)?;
+    gpu.register(nccl.state());
+    Ok(nccl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@
 //! path; non-leading dims are packed and unpacked with the `Copy2d` plans the
 //! host plane uses too.
 
-use super::connect::connect;
+use super::connect::{connect, connect_pair};
 use super::copy::run_copies;
 use super::{DeviceTensor, Gpu};
 use crate::collectives::Collectives;
@@ -69,22 +69,39 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         self.group.nccl_comm(|| connect(self.group, self.gpu))
     }
 
-    /// The communicator for a point-to-point call, which cannot create one
-    /// (only two members take part).
-    fn p2p_comm(&self, op: Op) -> Result<Ref<'g, Communicator<'rt>>> {
-        self.group.existing_nccl_comm().ok_or_else(|| {
-            Error::invalid(
-                op,
-                self.group.name(),
-                "the group has no NCCL communicator yet: call device().connect() on every \
-                 member (or run a device collective) before device send/recv",
-            )
-        })
+    /// The communicator reaching group rank `peer`, and `peer`'s index in
+    /// it: the group's own communicator when it exists, else the two-member
+    /// communicator of this rank and `peer`, made on first use by the two
+    /// of them (a point-to-point call involves no one else, so it cannot
+    /// create the group's). Call inside the agreed part of a point-to-point
+    /// call, where the peer is too.
+    fn link(&self, peer: usize) -> Result<(Ref<'g, Communicator<'rt>>, usize)> {
+        if let Some(c) = self.group.existing_nccl_comm() {
+            return Ok((c, peer));
+        }
+        let me = self.group.rank_in_group();
+        let comm = self
+            .group
+            .nccl_pair(peer, || connect_pair(self.group, self.gpu, peer))?;
+        Ok((comm, usize::from(peer > me)))
+    }
+
+    /// Links to several peers. Missing pair communicators are made in
+    /// increasing peer order: every rank then makes its pairs in one global
+    /// order (by lower, then higher member), so a ring cannot deadlock.
+    fn links(&self, peers: &[usize]) -> Result<Vec<(Ref<'g, Communicator<'rt>>, usize)>> {
+        let mut ordered = peers.to_vec();
+        ordered.sort_unstable();
+        ordered.dedup();
+        for p in ordered {
+            drop(self.link(p)?);
+        }
+        peers.iter().map(|p| self.link(*p)).collect()
     }
 
     /// Creates the group's NCCL communicator now (collective) instead of at
-    /// the first device operation. Needed before the first `send`/`recv`,
-    /// which involve only two members.
+    /// the first device collective. Point-to-point calls do not need it: before
+    /// it exists they use a communicator of the two members.
     pub fn connect(&self) -> Result<()> {
         let desc = Descriptor::new(Op::Connect, &[]).on_device();
         self.group
@@ -430,10 +447,10 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let (dst, _) = self.group.ring_peers(dst, None);
         let desc = tensor_desc(Op::Send, t, &[]);
         self.group.point_to_point(desc, Peer::To(dst), |_| {
-            let comm = self.p2p_comm(Op::Send)?;
+            let (comm, peer) = self.link(dst)?;
             let src = t.read_ptr(self.gpu.stream());
             // SAFETY: `t` holds `numel` elements of its dtype.
-            Ok(unsafe { comm.send(src, t.numel(), t.dtype(), dst, self.stream()) }?)
+            Ok(unsafe { comm.send(src, t.numel(), t.dtype(), peer, self.stream()) }?)
         })
     }
 
@@ -441,10 +458,10 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let (_, src) = self.group.ring_peers(None, src);
         let desc = tensor_desc(Op::Send, &*out, &[]);
         self.group.point_to_point(desc, Peer::From(src), |_| {
-            let comm = self.p2p_comm(Op::Send)?;
+            let (comm, peer) = self.link(src)?;
             let dst = out.write_ptr(self.gpu.stream());
             // SAFETY: `out` holds `numel` elements of its dtype.
-            Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), src, self.stream()) }?)
+            Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), peer, self.stream()) }?)
         })
     }
 
@@ -463,19 +480,31 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         if self.group.send_recv_to_self(&sent, &expected, dst, src)? {
             return self.copy(t, out);
         }
-        let comm = self.p2p_comm(Op::SendRecv)?;
         let s = self.gpu.stream();
         let (sp, rp) = (t.read_ptr(s), out.write_ptr(s));
         self.group
             .exchange(sent, dst, expected, src, |send_ok, recv_ok| {
-                let fused = comm.group()?;
+                let peers: Vec<usize> = [(send_ok, dst), (recv_ok, src)]
+                    .into_iter()
+                    .filter_map(|(ok, p)| ok.then_some(p))
+                    .collect();
+                let links = self.links(&peers)?;
+                let Some((first, _)) = links.first() else {
+                    return Ok(());
+                };
+                // One NCCL group for both directions (across two pair
+                // communicators too: the bracket is NCCL-wide).
+                let fused = first.group()?;
+                let mut links = links.iter();
                 // SAFETY: both tensors hold the counts passed, on this device.
                 unsafe {
                     if send_ok {
-                        comm.send(sp, t.numel(), t.dtype(), dst, self.stream())?;
+                        let (comm, peer) = links.next().expect("a link per peer");
+                        comm.send(sp, t.numel(), t.dtype(), *peer, self.stream())?;
                     }
                     if recv_ok {
-                        comm.recv(rp, out.numel(), out.dtype(), src, self.stream())?;
+                        let (comm, peer) = links.next().expect("a link per peer");
+                        comm.recv(rp, out.numel(), out.dtype(), *peer, self.stream())?;
                     }
                 }
                 Ok(fused.end()?)
@@ -487,13 +516,13 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 /// receive or broadcast is enqueued together, so none waits for another.
 impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
     fn send_batch(&self, ts: &[&DeviceTensor], dst: usize) -> Result<()> {
-        let comm = self.p2p_comm(Op::Send)?;
+        let (comm, peer) = self.link(dst)?;
         let s = self.gpu.stream();
         let fused = || -> std::result::Result<(), crate::NcclError> {
             let fused = comm.group()?;
             for t in ts {
                 // SAFETY: `t` holds `numel` elements of its dtype.
-                unsafe { comm.send(t.read_ptr(s), t.numel(), t.dtype(), dst, self.stream()) }?;
+                unsafe { comm.send(t.read_ptr(s), t.numel(), t.dtype(), peer, self.stream()) }?;
             }
             fused.end()
         };
@@ -501,14 +530,14 @@ impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
     }
 
     fn recv_batch(&self, outs: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
-        let comm = self.p2p_comm(Op::Send)?;
+        let (comm, peer) = self.link(src)?;
         let s = self.gpu.stream();
         let mut fused = || -> std::result::Result<(), crate::NcclError> {
             let fused = comm.group()?;
             for t in outs.iter_mut() {
                 let n = t.numel();
                 // SAFETY: `t` holds `n` elements of its dtype.
-                unsafe { comm.recv(t.write_ptr(s), n, t.dtype(), src, self.stream()) }?;
+                unsafe { comm.recv(t.write_ptr(s), n, t.dtype(), peer, self.stream()) }?;
             }
             fused.end()
         };
