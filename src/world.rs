@@ -194,6 +194,11 @@ impl Runtime {
 
     /// Initialises MPI with explicit options.
     pub fn init_with(options: Options) -> Result<Runtime> {
+        // FUNNELED is the lowest level that is true of this process: it has
+        // helper threads (the watchdog, the status service, a stateless
+        // group's TCP writers), which SINGLE promises it does not, but only
+        // the main thread calls MPI — except the watchdog's MPI_Abort, which
+        // ends the job. MULTIPLE would slow every call for nothing.
         let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| {
                 Error::Launch("MPI is already initialised: create one Runtime per process".into())
