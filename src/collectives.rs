@@ -65,7 +65,7 @@ plane_tensor!(crate::device::DeviceTensor, true);
 /// [`DeviceGroup::synchronize`](crate::DeviceGroup::synchronize).
 pub trait Collectives<'rt> {
     /// The plane's tensor type.
-    type Tensor: PlaneTensor;
+    type Tensor: PlaneTensor + 'static;
 
     /// The group (its MPI communicator carries the agreement and the object plane).
     fn group(&self) -> &GroupCoordinator<'rt>;

@@ -160,7 +160,7 @@ impl GroupCoordinator<'_> {
         src: usize,
     ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
         E: Display,
     {
         let src = self.check_rank(crate::dispatch::Op::BroadcastObject, "src", src)?;
@@ -183,7 +183,7 @@ impl GroupCoordinator<'_> {
     /// ```
     pub fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
     where
-        T: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
         E: Display,
     {
         self.compute_and_broadcast(f, 0)
@@ -207,7 +207,7 @@ impl GroupCoordinator<'_> {
         dst: usize,
     ) -> Result<Option<Vec<T>>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
         E: Display,
     {
         let dst = self.check_rank(crate::dispatch::Op::GatherObject, "dst", dst)?;
@@ -236,8 +236,8 @@ impl GroupCoordinator<'_> {
         f2: impl FnOnce(Vec<T>) -> U,
     ) -> Result<U>
     where
-        T: Serialize + DeserializeOwned,
-        U: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
+        U: Serialize + DeserializeOwned + 'static,
         E: Display,
     {
         let gathered = self.gather_from_all_ranks(f1, 0)?;

@@ -5,6 +5,11 @@
 //! call descriptor, so ranks that disagree on the type fail before any bytes
 //! move; bytes that still fail to decode (or leave trailing data) are an
 //! `Error::Decode` naming the group, the sender and the type.
+//!
+//! A `Vec<u8>` travels as itself: postcard would encode it one element at a
+//! time (a 64 MiB byte vector broadcast at 0.3 GB/s), and the receiver
+//! takes the received buffer as the value without a copy. Both ends know
+//! the type (its digest is agreed), so both take the same path.
 
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Result};
@@ -13,13 +18,17 @@ use crate::op::{rank_in_range, Op};
 use crate::world::fnv1a;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::any::Any;
 
 /// Digest of a type's name, carried in descriptors so ranks agree on types.
 pub(crate) fn type_digest<T>() -> i64 {
     fnv1a(std::any::type_name::<T>().as_bytes()) as i64
 }
 
-pub(crate) fn encode<T: Serialize>(group: &str, op: Op, v: &T) -> Result<Vec<u8>> {
+pub(crate) fn encode<T: Serialize + 'static>(group: &str, op: Op, v: &T) -> Result<Vec<u8>> {
+    if let Some(bytes) = (v as &dyn Any).downcast_ref::<Vec<u8>>() {
+        return Ok(bytes.clone());
+    }
     postcard::to_stdvec(v).map_err(|e| Error::Encode {
         op,
         group: group.to_string(),
@@ -28,13 +37,35 @@ pub(crate) fn encode<T: Serialize>(group: &str, op: Op, v: &T) -> Result<Vec<u8>
     })
 }
 
+/// Decodes received bytes as exactly one `T`, taking the buffer itself
+/// when `T` is a byte vector.
+pub(crate) fn decode_owned<T: DeserializeOwned + 'static>(
+    group: &str,
+    op: Op,
+    peer: usize,
+    bytes: Vec<u8>,
+) -> Result<T> {
+    let raw: Box<dyn Any> = Box::new(bytes);
+    match raw.downcast::<T>() {
+        Ok(v) => Ok(*v),
+        Err(raw) => {
+            let bytes = raw.downcast::<Vec<u8>>().expect("boxed above");
+            decode(group, op, peer, &bytes)
+        }
+    }
+}
+
 /// Decodes `bytes` as exactly one `T`.
-pub(crate) fn decode<T: DeserializeOwned>(
+pub(crate) fn decode<T: DeserializeOwned + 'static>(
     group: &str,
     op: Op,
     peer: usize,
     bytes: &[u8],
 ) -> Result<T> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<Vec<u8>>() {
+        let raw: Box<dyn Any> = Box::new(bytes.to_vec());
+        return Ok(*raw.downcast::<T>().expect("T is Vec<u8>"));
+    }
     let err = |msg: String| Error::Decode {
         op,
         group: group.to_string(),
@@ -75,7 +106,7 @@ fn name_type<T>(e: Error) -> Error {
 impl GroupCoordinator<'_> {
     /// Sends `obj` from group rank `src` to every member; `obj` is ignored (and
     /// may be `None`) elsewhere.
-    pub fn broadcast_object<T: Serialize + DeserializeOwned>(
+    pub fn broadcast_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: Option<&T>,
         src: usize,
@@ -104,7 +135,7 @@ impl GroupCoordinator<'_> {
                 bytes.resize(descs[src].len as usize, 0);
                 self.plane().broadcast(&mut bytes, src);
             }
-            decode(self.name(), op, src, &bytes)
+            decode_owned(self.name(), op, src, bytes)
         })
         .map_err(name_type::<T>)
     }
@@ -112,7 +143,7 @@ impl GroupCoordinator<'_> {
     /// FastVideo's `broadcast_object_list`: `list` becomes group rank
     /// `src`'s list on every member (its length included; the list passed
     /// elsewhere is only overwritten).
-    pub fn broadcast_object_list<T: Serialize + DeserializeOwned>(
+    pub fn broadcast_object_list<T: Serialize + DeserializeOwned + 'static>(
         &self,
         list: &mut Vec<T>,
         src: usize,
@@ -126,7 +157,10 @@ impl GroupCoordinator<'_> {
     }
 
     /// Every member's `obj`, indexed by group rank, on every member.
-    pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T) -> Result<Vec<T>> {
+    pub fn all_gather_object<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: &T,
+    ) -> Result<Vec<T>> {
         let op = Op::AllGatherObject;
         let bytes = encode(self.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
@@ -152,7 +186,7 @@ impl GroupCoordinator<'_> {
 
     /// Every member's `obj`, indexed by group rank, on group rank `dst`
     /// (`Some`); `None` on the others.
-    pub fn gather_object<T: Serialize + DeserializeOwned>(
+    pub fn gather_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: &T,
         dst: usize,
@@ -188,7 +222,7 @@ impl GroupCoordinator<'_> {
     }
 
     /// Sends `obj` to group rank `dst`; synchronous like [`send`](Self::send).
-    pub fn send_object<T: Serialize>(&self, obj: &T, dst: usize) -> Result<()> {
+    pub fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()> {
         let op = Op::SendObject;
         let bytes = encode(self.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
@@ -201,7 +235,7 @@ impl GroupCoordinator<'_> {
     }
 
     /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
-    pub fn recv_object<T: DeserializeOwned>(&self, src: usize) -> Result<T> {
+    pub fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T> {
         let op = Op::SendObject;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         // The most this rank accepts; both peers check the sender's length
@@ -210,7 +244,7 @@ impl GroupCoordinator<'_> {
         self.point_to_point(desc, Peer::From(src), |sent| {
             let mut bytes = vec![0u8; sent.len as usize];
             self.plane().recv(&mut bytes, src)?;
-            Ok(decode(self.name(), op, src, &bytes)?)
+            Ok(decode_owned(self.name(), op, src, bytes)?)
         })
         .map_err(name_type::<T>)
     }

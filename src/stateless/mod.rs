@@ -214,7 +214,7 @@ impl<'rt> StatelessGroup<'rt> {
     /// Sends `obj` to group rank `dst` (which may be this rank) and returns
     /// once it is handed off, before `dst` receives it. Objects from one
     /// sender to one receiver arrive in the order sent.
-    pub fn send_obj<T: Serialize>(&self, obj: &T, dst: usize) -> Result<()> {
+    pub fn send_obj<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()> {
         let op = Op::SendObject;
         let dst = self.check_rank(op, "dst", dst)?;
         let message = encode(self.name(), op, obj);
@@ -223,7 +223,7 @@ impl<'rt> StatelessGroup<'rt> {
 
     /// Receives the next object sent by group rank `src` with
     /// [`send_obj`](Self::send_obj).
-    pub fn recv_obj<T: DeserializeOwned>(&self, src: usize) -> Result<T> {
+    pub fn recv_obj<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T> {
         let op = Op::SendObject;
         let src = self.check_rank(op, "src", src)?;
         let bytes = self.take(op, Kind::Send, ty::<T>(), src)?;
@@ -234,7 +234,7 @@ impl<'rt> StatelessGroup<'rt> {
     /// the object is handed off (it does not wait for the others); the
     /// others wait for it. A source without an object (`None`) gets an
     /// error, and so does every member that receives from it.
-    pub fn broadcast_obj<T: Serialize + DeserializeOwned>(
+    pub fn broadcast_obj<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: Option<&T>,
         src: usize,
@@ -260,7 +260,10 @@ impl<'rt> StatelessGroup<'rt> {
     /// Every member's object, in group-rank order (every member calls it).
     /// Each member hands its object to the others, then takes theirs, as
     /// FastVideo's broadcast round does.
-    pub fn all_gather_obj<T: Serialize + DeserializeOwned>(&self, obj: &T) -> Result<Vec<T>> {
+    pub fn all_gather_obj<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: &T,
+    ) -> Result<Vec<T>> {
         let op = Op::AllGatherObject;
         let mine = encode(self.name(), op, obj);
         let own = mine.as_ref().map(Vec::clone).map_err(|e| e.to_string());

@@ -79,5 +79,37 @@ pub fn run(rt: &Runtime) {
             }
         }
     }
+    // Byte vectors travel raw (no per-element encoding): every object call
+    // still returns the exact bytes, empty ones included, and a byte vector
+    // meeting another type is still a type error on every rank.
+    let bytes =
+        |r: usize, n: usize| -> Vec<u8> { (0..n).map(|i| (i * 31 + r * 7) as u8).collect() };
+    for n in [0usize, 1, 4099] {
+        let got: Vec<u8> = g
+            .broadcast_object((me == 0).then(|| bytes(0, n)).as_ref(), 0)
+            .unwrap();
+        assert_eq!(got, bytes(0, n), "broadcast_object bytes n={n}");
+        let all: Vec<Vec<u8>> = g.all_gather_object(&bytes(me, n)).unwrap();
+        assert_eq!(all, (0..p).map(|r| bytes(r, n)).collect::<Vec<_>>());
+        if p > 1 {
+            if me == 0 {
+                g.send_object(&bytes(0, n), 1).unwrap();
+            } else if me == 1 {
+                assert_eq!(g.recv_object::<Vec<u8>>(0).unwrap(), bytes(0, n));
+            }
+        }
+    }
+    if p > 1 {
+        let e = if me == 0 {
+            g.broadcast_object(Some(&vec![1u8, 2]), 0)
+                .map(|_| ())
+                .unwrap_err()
+        } else {
+            g.broadcast_object::<Vec<u16>>(None, 0)
+                .map(|_| ())
+                .unwrap_err()
+        };
+        assert!(e.to_string().contains("types differ"), "{e}");
+    }
     g.barrier().unwrap();
 }
