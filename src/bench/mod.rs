@@ -166,7 +166,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
         device_info,
     };
     let devices = world.gather_object(&device, 0)?.unwrap_or_default();
-    let nccl_version = dg.map_or(0, |d| d.gpu().nccl().version_code());
+    let nccl_version = dg.map_or(0, |d| d.gpu().nccl().map_or(0, |n| n.version_code()));
     if is_main {
         let (step, factor) = if cfg.step_factor > 1 {
             (cfg.step_factor, true)

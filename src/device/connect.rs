@@ -70,6 +70,17 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     let me = group.rank_in_group();
     let _watch = group.watched(Op::Connect);
 
+    // (0) Every member has NCCL (a GPU may open without it).
+    let mut statuses = vec![0u8; STATUS_BYTES * size];
+    let usable = gpu.api().map(|_| ()).map_err(|e| e.to_string());
+    comm.all_gather_into(&status_record(&usable)[..], &mut statuses[..]);
+    if let Some((rank, msg)) = first_failure(&statuses) {
+        return Err(Error::Gpu(format!(
+            "{} needs NCCL, which group rank {rank} cannot use: {msg}",
+            group.name()
+        )));
+    }
+
     // (1) No two members on one GPU.
     let node = group.runtime().world().me().node;
     let mine = device_record(node, &gpu.info().bus_id);
@@ -79,7 +90,7 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     duplicate_devices(&devices).map_err(fail)?;
 
     // (2) The unique id, made by the first member.
-    let api = gpu.api();
+    let api = gpu.api()?;
     let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
     if me == 0 {
         match unique_id(api) {
@@ -164,7 +175,22 @@ pub(crate) fn connect_pair<'rt>(
     let comm = group.raw_comm();
     let other = comm.process_at_rank(peer as i32);
     let low = group.rank_in_group() < peer;
-    let api = gpu.api();
+    // Both learn whether the other has NCCL before either waits on it.
+    let usable = status_record(&gpu.api().map(|_| ()).map_err(|e| e.to_string()));
+    let mut theirs = [0u8; STATUS_BYTES];
+    mpi::request::scope(|scope| {
+        let sent = other.immediate_send_with_tag(scope, &usable[..], TAG_PAIR);
+        other.receive_into_with_tag(&mut theirs[..], TAG_PAIR);
+        sent.wait();
+    });
+    for (rank, rec) in [(group.rank_in_group(), &usable), (peer, &theirs)] {
+        if let Some((_, msg)) = first_failure(rec) {
+            return Err(Error::Gpu(format!(
+                "{name} needs NCCL, which group rank {rank} cannot use: {msg}"
+            )));
+        }
+    }
+    let api = gpu.api()?;
     let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
     if low {
         match unique_id(api) {

@@ -22,6 +22,7 @@ use crate::layout_ops::{
 };
 use crate::op::Op;
 use crate::plane::nccl::comm::Communicator;
+use crate::plane::nccl::result::reduced_as;
 use crate::plane::nccl::sys::RawStream;
 use crate::reduce::ReduceOp;
 use crate::tensor::DType;
@@ -108,6 +109,26 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
             .collective(desc, |_| Ok(()), |_| self.comm().map(|_| ()))
     }
 
+    /// A group of one moves nothing: the op is a copy on this device (or
+    /// nothing at all), without NCCL, as FastVideo skips communication on
+    /// such groups. Reductions keep NCCL's dtype rules, so a call refused on
+    /// a larger group is refused here too.
+    fn alone(
+        &self,
+        t: &DeviceTensor,
+        out: Option<&mut DeviceTensor>,
+        reduce_op: Option<ReduceOp>,
+    ) -> std::result::Result<(), Fault> {
+        if let Some(op) = reduce_op {
+            let version = self.gpu.nccl().map_or(i32::MAX, |n| n.version_code());
+            reduced_as(t.dtype(), op, version)?;
+        }
+        if let Some(out) = out {
+            self.copy(t, out)?;
+        }
+        Ok(())
+    }
+
     /// Enqueues a device-to-device copy of `src` into `dst` (same byte size).
     pub(crate) fn copy(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
         let s = self.gpu.stream();
@@ -188,6 +209,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
             Some(output_of(out)),
             || {
+                if self.group.size() == 1 {
+                    return self.alone(t, Some(out), Some(reduce_op));
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
@@ -204,6 +228,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
             None,
             || {
+                if self.group.size() == 1 {
+                    return self.alone(t, None, Some(reduce_op));
+                }
                 let comm = self.comm()?;
                 let p = t.write_ptr(self.gpu.stream());
                 // SAFETY: one buffer used as both sides, as NCCL allows.
@@ -225,6 +252,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
             Some(output_of(out)),
             || {
+                if self.group.size() == 1 {
+                    return self.alone(t, Some(out), Some(reduce_op));
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let (src, out_p) = (t.read_ptr(s), out.write_ptr(s));
@@ -242,6 +272,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             Some(output_of(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    return self.alone(t, Some(out), None);
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let src = t.read_ptr(s);
@@ -275,6 +308,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             Some(output_of(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    return self.alone(t, Some(out), None);
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let src = t.read_ptr(s);
@@ -318,6 +354,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             Some(output_of(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    return self.alone(t, Some(out), None);
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let (n, dt) = (out.numel(), out.dtype());
@@ -365,6 +404,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             Some(output_of(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    return self.alone(t, Some(out), Some(reduce_op));
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let (n, dt) = (out.numel(), t.dtype());
@@ -388,6 +430,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
         self.group
             .run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
+                if self.group.size() == 1 {
+                    return self.alone(t, None, None);
+                }
                 let comm = self.comm()?;
                 let p = t.write_ptr(self.gpu.stream());
                 // SAFETY: in place, as NCCL allows.
@@ -401,6 +446,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             tensor_desc(Op::AllToAll, t, &[]),
             Some(output_of(out)),
             || {
+                if size == 1 {
+                    return self.alone(t, Some(out), None);
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
@@ -424,6 +472,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             tensor_desc(Op::AllToAll4d, t, &params),
             Some(output_of(out)),
             || {
+                if size == 1 {
+                    return self.alone(t, Some(out), None);
+                }
                 let comm = self.comm()?;
                 let s = self.gpu.stream();
                 let elem = t.dtype().size();
@@ -545,6 +596,9 @@ impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
     }
 
     fn broadcast_batch(&self, ts: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
+        if self.group.size() == 1 {
+            return Ok(());
+        }
         let comm = self.comm()?;
         let s = self.gpu.stream();
         let mut fused = || -> std::result::Result<(), crate::NcclError> {

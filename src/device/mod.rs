@@ -3,7 +3,11 @@
 //! error instead of a hang.
 //!
 //! Found at run time: a build without CUDA, driver or NCCL works, and
-//! [`Runtime::gpu`](crate::Runtime::gpu) says what is missing.
+//! [`Runtime::gpu`](crate::Runtime::gpu) says what is missing. NCCL is
+//! needed only for communication: without it the GPU still opens, groups of
+//! one member run every device op as a local copy (FastVideo skips
+//! communication there too), and the first op that needs a communicator is
+//! the same error on every member, naming the ranks without NCCL.
 //!
 //! **One stream per rank.** Every group's NCCL calls go to the same stream,
 //! so they run in the order the program issued them. NCCL kernels of
@@ -56,7 +60,7 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     comms: RefCell<Vec<Weak<CommState>>>,
     timeout: Option<Duration>,
-    nccl: Nccl,
+    nccl: std::result::Result<Nccl, String>,
 }
 
 fn cuda(what: &str, e: cu::DriverError) -> Error {
@@ -77,17 +81,12 @@ impl Gpu {
         let device = probe(local_rank, local_size);
         let nccl = loader::load(&env).and_then(|n| n.api().map(|_| ()).map(|_| n));
         let (info, nccl) = match (device, nccl) {
-            (Ok(d), Ok(n)) => (d, n),
-            (d, n) => {
-                let mut problems = Vec::new();
-                if let Err(Error::Gpu(m)) = d {
-                    problems.push(m);
-                }
+            (Ok(d), n) => (d, n.map_err(|e| why_missing(&e))),
+            (Err(d), n) => {
+                // One message lists everything missing.
+                let mut problems = vec![why_missing(&d)];
                 if let Err(e) = n {
-                    problems.push(match e {
-                        Error::Launch(m) | Error::Gpu(m) => m,
-                        e => e.to_string(),
-                    });
+                    problems.push(why_missing(&e));
                 }
                 return Err(Error::Gpu(problems.join("\n")));
             }
@@ -115,13 +114,14 @@ impl Gpu {
         &self.info
     }
 
-    /// The NCCL library in use.
-    pub fn nccl(&self) -> &Nccl {
-        &self.nccl
+    /// The NCCL library in use, or why there is none.
+    pub fn nccl(&self) -> Result<&Nccl> {
+        self.nccl.as_ref().map_err(|m| Error::Gpu(m.clone()))
     }
 
-    pub(crate) fn api(&self) -> &Api {
-        self.nccl.api().expect("checked when the Gpu was opened")
+    /// NCCL's entry points, or why this rank has none.
+    pub(crate) fn api(&self) -> Result<&Api> {
+        self.nccl()?.api()
     }
 
     /// The stream every rankmesh device operation is enqueued on. Order your
@@ -262,8 +262,12 @@ impl Gpu {
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
+        // Communicators exist only where NCCL does.
+        let Ok(api) = self.api() else {
+            return Ok(());
+        };
         for c in comms {
-            c.poll(self.api())
+            c.poll(api)
                 .map_err(|source| Error::nccl(Op::Synchronize, c.group(), source))?;
         }
         Ok(())
@@ -272,15 +276,30 @@ impl Gpu {
     /// Aborts every live communicator; returns their groups' names.
     fn abort_all(&self, why: &str) -> String {
         let mut groups = Vec::new();
-        for c in self.comms.borrow().iter().filter_map(Weak::upgrade) {
-            c.abort(self.api(), why);
-            groups.push(c.group().to_string());
+        let comms: Vec<Rc<CommState>> = self
+            .comms
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        if let Ok(api) = self.api() {
+            for c in comms {
+                c.abort(api, why);
+                groups.push(c.group().to_string());
+            }
         }
         if groups.is_empty() {
             "the device stream".into()
         } else {
             groups.join(", ")
         }
+    }
+}
+
+fn why_missing(e: &Error) -> String {
+    match e {
+        Error::Launch(m) | Error::Gpu(m) => m.clone(),
+        e => e.to_string(),
     }
 }
 

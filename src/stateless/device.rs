@@ -59,13 +59,17 @@ impl<'rt> StatelessGroup<'rt> {
         let gpu = self.rt.gpu();
         let host = self.rt.world().me().host.clone();
         let mine: std::result::Result<(String, String), String> = match &gpu {
-            Ok(g) => Ok((host, g.info().bus_id.clone())),
+            Ok(g) => g
+                .api()
+                .map(|_| (host, g.info().bus_id.clone()))
+                .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         let all = self.all_gather_obj(&mine)?;
         let mut devices: Vec<(String, String)> = Vec::with_capacity(all.len());
         for (r, d) in all.into_iter().enumerate() {
-            devices.push(d.map_err(|m| fail(format!("member {r} has no usable GPU: {m}")))?);
+            devices
+                .push(d.map_err(|m| fail(format!("member {r} has no usable GPU or NCCL: {m}")))?);
         }
         for (b, dev) in devices.iter().enumerate() {
             if let Some(a) = devices[..b].iter().position(|d| d == dev) {
@@ -77,7 +81,7 @@ impl<'rt> StatelessGroup<'rt> {
             }
         }
         let gpu = gpu?;
-        let api = gpu.api();
+        let api = gpu.api().map_err(|e| fail(e.to_string()))?;
         let id: std::result::Result<Vec<u8>, String> = if self.rank() == 0 {
             unique_id(api)
                 .map(|id| id.to_bytes().to_vec())

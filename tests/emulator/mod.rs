@@ -197,6 +197,49 @@ pub fn drive() {
             },
         );
     }
+    // A CUDA driver but no NCCL: a group of one still runs every device op
+    // (as local copies); on two ranks the first op needing a communicator
+    // is the same error on both, naming who lacks NCCL.
+    let cuda_only = emu.dir.join("cuda-only");
+    let linked = std::fs::create_dir_all(&cuda_only).and_then(|()| {
+        for lib in ["libcuda.so", "libcuda.so.1"] {
+            let _ = std::fs::remove_file(cuda_only.join(lib));
+            std::os::unix::fs::symlink(emu.dir.join("libcuda.so"), cuda_only.join(lib))?;
+        }
+        Ok(())
+    });
+    let no_nccl = |np: usize, gpus: &str| {
+        let ld = cuda_only.display().to_string();
+        let env = [
+            ("RANKMESH_GPU_WORKER", "1"),
+            ("LD_LIBRARY_PATH", ld.as_str()),
+            ("RANKMESH_NCCL_LIB", "/nonexistent/libnccl.so.2"),
+            ("RANKMESH_TIMEOUT", "60"),
+            ("RANKMESH_EMU_GPUS", gpus),
+        ];
+        support::mpirun(np, &me(), &[], &env)
+    };
+    trial("a group of one needs no NCCL", &mut failures, || {
+        linked.as_ref().map_err(|e| e.to_string())?;
+        checks_passed(&no_nccl(1, "1"), 1)
+    });
+    trial(
+        "without NCCL, two ranks: the same named error on both, no hang",
+        &mut failures,
+        || {
+            let job = no_nccl(2, "2");
+            let named = (0..2).all(|r| {
+                job.stdout.lines().any(|l| {
+                    l.starts_with(&format!("rank {r}: FAILED"))
+                        && l.contains("needs NCCL, which group rank 0 cannot use")
+                        && l.contains("NCCL not found")
+                })
+            });
+            (!job.ok() && named)
+                .then_some(())
+                .ok_or_else(|| job.describe())
+        },
+    );
     trial(
         "one GPU shown per rank (--gpus-per-task)",
         &mut failures,
