@@ -395,7 +395,9 @@ fn admit(
     }
 }
 
-fn left(deadline: Option<Instant>) -> Option<Duration> {
+/// Time until `deadline` as a socket timeout (never zero, which would mean
+/// "no timeout" to the socket).
+fn time_left(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| {
         d.saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
@@ -447,7 +449,7 @@ fn join(
         .map_err(|e| e.to_string())
         .and_then(|()| {
             first
-                .set_read_timeout(left(deadline))
+                .set_read_timeout(time_left(deadline))
                 .map_err(|e| e.to_string())
         })
         .and_then(|()| read_msg::<Answer>(&mut first))
