@@ -652,20 +652,19 @@ fn two_jobs_member() {
         let dev = g.device().map_err(e)?;
         let gpu = dev.gpu();
         let w = Tensor::from_fn([64, 33], DType::F32, |i| (i % 97) as f64 / 7.0 - 3.0).unwrap();
-        let mut t = if me == 0 {
-            gpu.upload(&w)
-        } else {
-            gpu.zeros([64, 33], DType::F32)
-        }
-        .map_err(e)?;
-        dev.broadcast(&mut t, 0).map_err(e)?;
-        dev.synchronize().map_err(e)?;
-        same(
-            "broadcast across jobs",
-            &gpu.download(&t).map_err(e)?,
-            &w,
-            None,
-        )?;
+        // Member 0's weights broadcast to every member.
+        let broadcast_weights = |what: &str| -> Check {
+            let mut t = if me == 0 {
+                gpu.upload(&w)
+            } else {
+                gpu.zeros([64, 33], DType::F32)
+            }
+            .map_err(e)?;
+            dev.broadcast(&mut t, 0).map_err(e)?;
+            dev.synchronize().map_err(e)?;
+            same(what, &gpu.download(&t).map_err(e)?, &w, None)
+        };
+        broadcast_weights("broadcast across jobs")?;
 
         let mut x = gpu.upload(&input(&[6, 5], DType::F32, me)).map_err(e)?;
         dev.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(e)?;
@@ -720,20 +719,7 @@ fn two_jobs_member() {
                 other => return Err(format!("mismatched send/recv: {other:?}")),
             }
         }
-        let mut again = if me == 0 {
-            gpu.upload(&w)
-        } else {
-            gpu.zeros([64, 33], DType::F32)
-        }
-        .map_err(e)?;
-        dev.broadcast(&mut again, 0).map_err(e)?;
-        dev.synchronize().map_err(e)?;
-        same(
-            "broadcast after errors",
-            &gpu.download(&again).map_err(e)?,
-            &w,
-            None,
-        )?;
+        broadcast_weights("broadcast after errors")?;
         g.barrier().map_err(e)
     };
     match check() {

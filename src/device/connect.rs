@@ -14,8 +14,9 @@ use crate::group::GroupCoordinator;
 use crate::op::Op;
 use crate::plane::nccl::comm::Communicator as NcclComm;
 use crate::plane::nccl::result::{unique_id, NcclError};
-use crate::plane::nccl::sys::{UniqueId, UNIQUE_ID_BYTES};
+use crate::plane::nccl::sys::{Api, UniqueId, UNIQUE_ID_BYTES};
 use crate::reduce::ReduceOp;
+use mpi::topology::Process;
 use mpi::traits::*;
 
 /// Bytes of one rank's status record (flag + text).
@@ -61,6 +62,41 @@ fn parse_device_record(rec: &[u8]) -> (usize, String) {
     (node, String::from_utf8_lossy(&text[..end]).into_owned())
 }
 
+/// The unique-id message: a failure flag, then the id or NCCL's error text.
+fn id_packet(api: &Api) -> [u8; 1 + UNIQUE_ID_BYTES] {
+    let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
+    match unique_id(api) {
+        Ok(id) => packet[1..].copy_from_slice(&id.to_bytes()),
+        Err(e) => {
+            packet[0] = 1;
+            let n = e.msg.len().min(UNIQUE_ID_BYTES);
+            packet[1..1 + n].copy_from_slice(&e.msg.as_bytes()[..n]);
+        }
+    }
+    packet
+}
+
+/// The id in a message from [`id_packet`], or its maker's error naming `maker`.
+fn id_of(packet: &[u8; 1 + UNIQUE_ID_BYTES], maker: usize) -> Result<UniqueId, NcclError> {
+    if packet[0] != 0 {
+        let text = String::from_utf8_lossy(&packet[1..]);
+        return Err(NcclError::other(format!(
+            "ncclGetUniqueId failed on group rank {maker}: {}",
+            text.trim_end_matches('\0')
+        )));
+    }
+    Ok(UniqueId::from_bytes(
+        packet[1..].try_into().expect("128 bytes"),
+    ))
+}
+
+/// The error of a communicator that group rank `rank` cannot join for lack of NCCL.
+fn no_nccl(what: &str, rank: usize, msg: &str) -> Error {
+    Error::Gpu(format!(
+        "{what} needs NCCL, which group rank {rank} cannot use: {msg}"
+    ))
+}
+
 /// Creates `group`'s communicator (collective over the group).
 pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Result<NcclComm<'rt>> {
     let fail = |msg: String| Error::invalid(Op::Connect, group.name(), msg);
@@ -75,10 +111,7 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     let usable = gpu.api().map(|_| ()).map_err(|e| e.to_string());
     comm.all_gather_into(&status_record(&usable)[..], &mut statuses[..]);
     if let Some((rank, msg)) = first_failure(&statuses) {
-        return Err(Error::Gpu(format!(
-            "{} needs NCCL, which group rank {rank} cannot use: {msg}",
-            group.name()
-        )));
+        return Err(no_nccl(group.name(), rank, &msg));
     }
 
     // (1) No two members on one GPU.
@@ -93,24 +126,10 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     let api = gpu.api()?;
     let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
     if me == 0 {
-        match unique_id(api) {
-            Ok(id) => packet[1..].copy_from_slice(&id.to_bytes()),
-            Err(e) => {
-                packet[0] = 1;
-                let n = e.msg.len().min(UNIQUE_ID_BYTES);
-                packet[1..1 + n].copy_from_slice(&e.msg.as_bytes()[..n]);
-            }
-        }
+        packet = id_packet(api);
     }
     comm.process_at_rank(0).broadcast_into(&mut packet[..]);
-    if packet[0] != 0 {
-        let text = String::from_utf8_lossy(&packet[1..]);
-        return Err(nccl_fail(NcclError::other(format!(
-            "ncclGetUniqueId failed on group rank 0: {}",
-            text.trim_end_matches('\0')
-        ))));
-    }
-    let id = UniqueId::from_bytes(packet[1..].try_into().expect("128 bytes"));
+    let id = id_of(&packet, 0).map_err(nccl_fail)?;
 
     // (3) Every member initialises; all learn every outcome.
     gpu.context()
@@ -177,43 +196,22 @@ pub(crate) fn connect_pair<'rt>(
     let low = group.rank_in_group() < peer;
     // Both learn whether the other has NCCL before either waits on it.
     let usable = status_record(&gpu.api().map(|_| ()).map_err(|e| e.to_string()));
-    let mut theirs = [0u8; STATUS_BYTES];
-    mpi::request::scope(|scope| {
-        let sent = other.immediate_send_with_tag(scope, &usable[..], TAG_PAIR);
-        other.receive_into_with_tag(&mut theirs[..], TAG_PAIR);
-        sent.wait();
-    });
+    let theirs = swap_status(&other, &usable);
     for (rank, rec) in [(group.rank_in_group(), &usable), (peer, &theirs)] {
         if let Some((_, msg)) = first_failure(rec) {
-            return Err(Error::Gpu(format!(
-                "{name} needs NCCL, which group rank {rank} cannot use: {msg}"
-            )));
+            return Err(no_nccl(&name, rank, &msg));
         }
     }
     let api = gpu.api()?;
     let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
     if low {
-        match unique_id(api) {
-            Ok(id) => packet[1..].copy_from_slice(&id.to_bytes()),
-            Err(e) => {
-                packet[0] = 1;
-                let n = e.msg.len().min(UNIQUE_ID_BYTES);
-                packet[1..1 + n].copy_from_slice(&e.msg.as_bytes()[..n]);
-            }
-        }
+        packet = id_packet(api);
         other.send_with_tag(&packet[..], TAG_PAIR);
     } else {
         other.receive_into_with_tag(&mut packet[..], TAG_PAIR);
     }
-    if packet[0] != 0 {
-        let text = String::from_utf8_lossy(&packet[1..]);
-        return Err(nccl_fail(NcclError::other(format!(
-            "ncclGetUniqueId failed on group rank {}: {}",
-            if low { group.rank_in_group() } else { peer },
-            text.trim_end_matches('\0')
-        ))));
-    }
-    let id = UniqueId::from_bytes(packet[1..].try_into().expect("128 bytes"));
+    let maker = if low { group.rank_in_group() } else { peer };
+    let id = id_of(&packet, maker).map_err(nccl_fail)?;
     gpu.context().bind_to_thread().map_err(|e| {
         Error::invalid(
             Op::Connect,
@@ -223,12 +221,7 @@ pub(crate) fn connect_pair<'rt>(
     })?;
     let created = NcclComm::init(api, id, 2, usize::from(!low), &name);
     let mine = status_record(&created.as_ref().map(|_| ()).map_err(|e| e.msg.clone()));
-    let mut theirs = [0u8; STATUS_BYTES];
-    mpi::request::scope(|scope| {
-        let sent = other.immediate_send_with_tag(scope, &mine[..], TAG_PAIR);
-        other.receive_into_with_tag(&mut theirs[..], TAG_PAIR);
-        sent.wait();
-    });
+    let theirs = swap_status(&other, &mine);
     if let Some((_, msg)) = first_failure(&theirs) {
         if let Ok(c) = created {
             c.state().abort(api, "the peer failed to initialise");
@@ -240,6 +233,17 @@ pub(crate) fn connect_pair<'rt>(
     let nccl = created.map_err(nccl_fail)?;
     gpu.register(nccl.state());
     Ok(nccl)
+}
+
+/// Sends this rank's status record to the pair's other member and returns theirs.
+fn swap_status(other: &Process<'_>, mine: &[u8; STATUS_BYTES]) -> [u8; STATUS_BYTES] {
+    let mut theirs = [0u8; STATUS_BYTES];
+    mpi::request::scope(|scope| {
+        let sent = other.immediate_send_with_tag(scope, &mine[..], TAG_PAIR);
+        other.receive_into_with_tag(&mut theirs[..], TAG_PAIR);
+        sent.wait();
+    });
+    theirs
 }
 
 #[cfg(test)]

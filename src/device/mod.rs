@@ -255,18 +255,22 @@ impl Gpu {
         }
     }
 
-    fn poll_comms(&self) -> Result<()> {
-        let comms: Vec<Rc<CommState>> = self
-            .comms
+    /// The communicators still alive (collected, so no borrow is held while
+    /// NCCL is called).
+    fn live_comms(&self) -> Vec<Rc<CommState>> {
+        self.comms
             .borrow()
             .iter()
             .filter_map(Weak::upgrade)
-            .collect();
+            .collect()
+    }
+
+    fn poll_comms(&self) -> Result<()> {
         // Communicators exist only where NCCL does.
         let Ok(api) = self.api() else {
             return Ok(());
         };
-        for c in comms {
+        for c in self.live_comms() {
             c.poll(api)
                 .map_err(|source| Error::nccl(Op::Synchronize, c.group(), source))?;
         }
@@ -276,14 +280,8 @@ impl Gpu {
     /// Aborts every live communicator; returns their groups' names.
     fn abort_all(&self, why: &str) -> String {
         let mut groups = Vec::new();
-        let comms: Vec<Rc<CommState>> = self
-            .comms
-            .borrow()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
         if let Ok(api) = self.api() {
-            for c in comms {
+            for c in self.live_comms() {
                 c.abort(api, why);
                 groups.push(c.group().to_string());
             }

@@ -46,23 +46,21 @@ trait Widen: Copy {
     fn narrow(src: &[f32], dst: &mut [Self]);
 }
 
-impl Widen for f16 {
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src);
-    }
+/// 16-bit floats convert whole slices (half uses F16C where the CPU has it).
+macro_rules! widen_half {
+    ($t:ty) => {
+        impl Widen for $t {
+            fn widen(src: &[Self], dst: &mut [f32]) {
+                src.convert_to_f32_slice(dst);
+            }
+            fn narrow(src: &[f32], dst: &mut [Self]) {
+                dst.convert_from_f32_slice(src);
+            }
+        }
+    };
 }
-
-impl Widen for bf16 {
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src);
-    }
-}
+widen_half!(f16);
+widen_half!(bf16);
 
 macro_rules! widen_fp8 {
     ($t:ty) => {

@@ -114,6 +114,40 @@ impl Shared {
         // A writer thread never panics holding the lock; recover anyway.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits until `ready` holds (writers notify after every frame), or
+    /// `deadline` passes: then `Err` with the bytes still queued.
+    fn wait_until<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        deadline: Option<Instant>,
+        ready: impl Fn(&State) -> bool,
+    ) -> std::result::Result<MutexGuard<'a, State>, usize> {
+        while !ready(&st) {
+            let wait = match deadline {
+                Some(d) if Instant::now() >= d => return Err(st.held),
+                Some(d) => d - Instant::now(),
+                None => Duration::from_secs(3600),
+            };
+            st = self
+                .changed
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(st)
+    }
+}
+
+impl State {
+    /// Why the connection to one of `peers` failed for writing, if one did.
+    fn failure(&self, peers: impl IntoIterator<Item = usize>) -> Option<String> {
+        peers.into_iter().find_map(|r| {
+            self.failed[r]
+                .as_ref()
+                .map(|why| format!("the connection to rank {r} failed: {why}"))
+        })
+    }
 }
 
 pub(super) struct TcpLinks {
@@ -554,38 +588,26 @@ impl Links for TcpLinks {
         }
         let add = payload.len() * remote.len();
         let deadline = self.timeout.map(|t| Instant::now() + t);
-        let mut st = self.shared.lock();
-        loop {
-            if let Some((d, why)) = remote
-                .iter()
-                .find_map(|d| st.failed[*d].as_ref().map(|w| (*d, w)))
-            {
-                return Err(self.connection(format!("the connection to rank {d} failed: {why}")));
-            }
-            if st.held == 0 || st.held + add <= limit {
-                break;
-            }
-            let wait = match deadline {
-                Some(d) if Instant::now() >= d => {
-                    return Err(self.timed_out(
-                        Op::SendObject,
-                        format!(
-                            "waited {:?} (RANKMESH_TIMEOUT) for members to take {} bytes of \
-                             earlier objects (send buffer {limit} bytes)",
-                            self.timeout.unwrap_or_default(),
-                            st.held
-                        ),
-                    ))
-                }
-                Some(d) => d - Instant::now(),
-                None => Duration::from_secs(3600),
-            };
-            st = self
-                .shared
-                .changed
-                .wait_timeout(st, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let st = self.shared.lock();
+        let mut st = self
+            .shared
+            .wait_until(st, deadline, |st| {
+                remote.iter().any(|d| st.failed[*d].is_some())
+                    || st.held == 0
+                    || st.held + add <= limit
+            })
+            .map_err(|held| {
+                self.timed_out(
+                    Op::SendObject,
+                    format!(
+                        "waited {:?} (RANKMESH_TIMEOUT) for members to take {held} bytes of \
+                         earlier objects (send buffer {limit} bytes)",
+                        self.timeout.unwrap_or_default()
+                    ),
+                )
+            })?;
+        if let Some(why) = st.failure(remote.iter().copied()) {
+            return Err(self.connection(why));
         }
         for d in remote {
             st.queues[d].push_back((header, Arc::clone(&payload)));
@@ -625,38 +647,21 @@ impl Links for TcpLinks {
 
     fn flush(&self) -> Result<()> {
         let deadline = self.timeout.map(|t| Instant::now() + t);
-        let mut st = self.shared.lock();
-        while st.held > 0 {
-            let wait = match deadline {
-                Some(d) if Instant::now() >= d => {
-                    return Err(self.timed_out(
-                        Op::SendObject,
-                        format!(
-                            "waited {:?} (RANKMESH_TIMEOUT) for members to take {} bytes",
-                            self.timeout.unwrap_or_default(),
-                            st.held
-                        ),
-                    ))
-                }
-                Some(d) => d - Instant::now(),
-                None => Duration::from_secs(3600),
-            };
-            st = self
-                .shared
-                .changed
-                .wait_timeout(st, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        match st
-            .failed
-            .iter()
-            .enumerate()
-            .find_map(|(r, f)| f.as_ref().map(|f| (r, f)))
-        {
-            Some((r, why)) => {
-                Err(self.connection(format!("the connection to rank {r} failed: {why}")))
-            }
+        let st = self.shared.lock();
+        let st = self
+            .shared
+            .wait_until(st, deadline, |st| st.held == 0)
+            .map_err(|held| {
+                self.timed_out(
+                    Op::SendObject,
+                    format!(
+                        "waited {:?} (RANKMESH_TIMEOUT) for members to take {held} bytes",
+                        self.timeout.unwrap_or_default()
+                    ),
+                )
+            })?;
+        match st.failure(0..self.size) {
+            Some(why) => Err(self.connection(why)),
             None => Ok(()),
         }
     }
