@@ -93,6 +93,18 @@ fn exchange(g: &mut StatelessGroup<'_>, job: &str) -> rankmesh::Result<()> {
     assert_eq!(g.recv_tensor(prev)?, weights(prev, &[4], DType::I64));
     g.set_send_buffer(rankmesh::stateless::DEFAULT_SEND_BUFFER_BYTES);
 
+    // Bad ranks are errors naming the value, before anything is sent.
+    let e = g
+        .send_tensor(&weights(me, &[4], DType::I64), n)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("dst {n} is not a rank of this group of size {n}")),
+        "{e}"
+    );
+    let e = g.broadcast_obj(Some(&1u8), n + 3).unwrap_err().to_string();
+    assert!(e.contains(&format!("src {} is not a rank", n + 3)), "{e}");
+
     // A kind mismatch is an error naming both calls, and the next message is intact.
     if me == 0 {
         g.send_obj(&1u8, 1)?;
@@ -116,6 +128,16 @@ fn member() -> i32 {
     let world: usize = var("RANKMESH_2J_WORLD").parse().unwrap();
     let addr = var("RANKMESH_2J_ADDR");
     let role = var("RANKMESH_2J_ROLE");
+    // A rank outside the group is refused at once, before any connection.
+    let e = StatelessGroup::connect(&rt, &addr, world, world)
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        e.as_deref().is_some_and(|m| m.contains(&format!(
+            "rank {world} is not a rank of a group of size {world}"
+        ))),
+        "{e:?}"
+    );
     let outcome = (|| -> rankmesh::Result<()> {
         let mut g = StatelessGroup::connect(&rt, &addr, rank, world)?;
         match role.as_str() {
@@ -336,7 +358,7 @@ fn main() {
             two_jobs_exchange(2, 2)
         }),
         Trial::test(
-            "two jobs 1+2: bad peers are refused, the group forms",
+            "five jobs: bad peers are refused, the group forms",
             bad_peers_are_refused,
         ),
         Trial::test(
