@@ -210,6 +210,10 @@ pub(crate) enum Fault {
         /// Bytes the piece should have had.
         want: usize,
     },
+    /// The shared-memory executor's first synchronisation found the ranks'
+    /// descriptors different (or an output unusable); the dispatch path
+    /// replaces this with the named error it makes from every descriptor.
+    Disagreed,
 }
 
 impl From<Error> for Fault {
@@ -237,6 +241,11 @@ impl Fault {
                     "group rank {peer} sent {got} bytes in a piece that should hold {want}: \
                      its payload does not match the header it sent"
                 ),
+            },
+            Fault::Disagreed => Error::Mismatch {
+                op,
+                group: group.to_string(),
+                msg: "the members passed different calls".into(),
             },
         }
     }

@@ -5,15 +5,17 @@ use crate::collectives::PlaneTensor;
 use crate::dispatch::{agree, agree_peers, Descriptor, MAX_DIMS};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
+use crate::plane::executor::{HostExec, HostPlaneChoice};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
 use crate::plane::nccl::comm::Communicator as NcclComm;
+use crate::plane::shm::{ShmCall, ShmPlane, ShmWindow};
 use crate::tensor::{DType, Tensor};
 use crate::watch::{Call, GroupWatch};
 use crate::world::Runtime;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use std::cell::{Cell, Ref, RefCell};
+use std::cell::{Cell, OnceCell, Ref, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -49,6 +51,11 @@ struct Inner<'rt> {
     scratch_tensor: RefCell<Option<Tensor>>,
     /// Sub-groups made for rank lists (by world ranks), reused by later calls.
     subgroups: RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>,
+    /// Whether host collectives run on shared memory (decided, alike on
+    /// every member, when the group is made).
+    shm_wanted: bool,
+    /// The shared-memory executor, made at the group's first collective.
+    shm: OnceCell<ShmPlane>,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -64,9 +71,14 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Call it under a watched creation step (it waits for every member).
     pub(crate) fn new(rt: &'rt Runtime, comm: SimpleCommunicator, name: String) -> Result<Self> {
         let size = comm.size() as usize;
-        let mut ranks = vec![0u64; size];
-        comm.all_gather_into(&(rt.rank() as u64), &mut ranks[..]);
-        let ranks: Vec<usize> = ranks.into_iter().map(|r| r as usize).collect();
+        let choice = rt.options().host_plane;
+        let mut facts = vec![[0u64; 2]; size];
+        comm.all_gather_into(
+            &[rt.rank() as u64, choice.code()][..],
+            bytemuck::cast_slice_mut::<_, u64>(&mut facts[..]),
+        );
+        let ranks: Vec<usize> = facts.iter().map(|f| f[0] as usize).collect();
+        let shm_wanted = choose_shm(rt, &name, choice, &facts)?;
         let watch = rt.watchdog().register(Arc::from(name), &ranks);
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {
@@ -81,8 +93,51 @@ impl<'rt> GroupCoordinator<'rt> {
                 scratch: RefCell::new([Vec::new(), Vec::new()]),
                 scratch_tensor: RefCell::new(None),
                 subgroups: RefCell::new(HashMap::new()),
+                shm_wanted,
+                shm: OnceCell::new(),
             }),
         })
+    }
+
+    /// Which executor the group's host collectives use: `"shm"` (a
+    /// shared-memory window on the members' node), `"mpi"`, or `"local"`
+    /// (a group of one: every op is a copy).
+    pub fn host_executor(&self) -> &'static str {
+        if self.size() == 1 {
+            "local"
+        } else if self.inner.shm_wanted {
+            "shm"
+        } else {
+            "mpi"
+        }
+    }
+
+    /// The shared-memory executor, its window made on first use. Collective
+    /// the first time: only the dispatch path calls it, where every member does.
+    fn shm(&self) -> Option<&ShmPlane> {
+        if !self.inner.shm_wanted {
+            return None;
+        }
+        Some(self.inner.shm.get_or_init(|| {
+            let rt = self.inner.rt;
+            let window = Rc::new(ShmWindow::allocate(
+                &self.inner.comm,
+                rt.options().shm_chunk_bytes,
+            ));
+            rt.keep_window(window.clone());
+            ShmPlane::new(window, self.rank_in_group())
+        }))
+    }
+
+    /// The executor of a host call's bytes (inside the dispatch path).
+    pub(crate) fn host(&self) -> HostExec<'_> {
+        match self.shm() {
+            Some(plane) => HostExec::Shm(ShmCall {
+                plane,
+                pulse: self.inner.rt.watchdog().pulse(),
+            }),
+            None => HostExec::Mpi(self.plane()),
+        }
     }
 
     /// Unique name, e.g. `tp:1` (kind and index of the group in its layout).
@@ -296,6 +351,18 @@ impl<'rt> GroupCoordinator<'rt> {
     /// [needs them all](Descriptor::needs_all), otherwise this rank's only.
     pub(crate) fn collective<R>(
         &self,
+        desc: Descriptor,
+        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        self.collective_on(false, desc, check, body)
+    }
+
+    /// [`collective`](Self::collective); `fused`: the body's first move is
+    /// a host executor call, which on shared memory carries the agreement.
+    fn collective_on<R>(
+        &self,
+        fused: bool,
         mut desc: Descriptor,
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
@@ -316,12 +383,13 @@ impl<'rt> GroupCoordinator<'rt> {
         // The whole call, agreement and data, is watched: a peer that never
         // enters it or stops inside it is named instead of waited for.
         let call = self.inner.watch.call(&desc);
-        call.finish(self.agree_then(desc, check, body))
+        call.finish(self.agree_then(fused, desc, check, body))
     }
 
     /// The agreement step of [`collective`](Self::collective), then `body`.
     fn agree_then<R>(
         &self,
+        fused: bool,
         desc: Descriptor,
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
@@ -331,6 +399,9 @@ impl<'rt> GroupCoordinator<'rt> {
             agree(std::slice::from_ref(&desc), 0, &check)
                 .map_err(|r| Error::rejected(op, self.name(), r))?;
             return body(std::slice::from_ref(&desc));
+        }
+        if let Some(shm) = self.shm() {
+            return self.agree_on_shm(shm, fused, desc, check, body);
         }
         // Every call, whatever its kind, starts with the same all-reduce (max)
         // of [digest, !digest, flags]: it proves that every rank passed the
@@ -361,6 +432,52 @@ impl<'rt> GroupCoordinator<'rt> {
         body(&descs)
     }
 
+    /// The agreement on shared memory. A fused call whose op's checks pass
+    /// here publishes its descriptor with the body's first data phase and
+    /// runs on; the executor stops at that synchronisation when any rank's
+    /// differs, and every rank makes the same error from all of them. Other
+    /// calls publish descriptors in a phase of their own, then proceed as
+    /// the MPI agreement does.
+    fn agree_on_shm<R>(
+        &self,
+        shm: &ShmPlane,
+        fused: bool,
+        desc: Descriptor,
+        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        let op = desc.op().expect("descriptors are built from an Op");
+        let me = self.rank_in_group();
+        let one = std::slice::from_ref(&desc);
+        if fused && !desc.needs_all() && agree(one, 0, &check).is_ok() {
+            shm.stage(desc);
+            let moved = body(one);
+            if let Some(descs) = shm.take_disagreement() {
+                return Err(match agree(&descs, me, &check) {
+                    Err(r) => Error::rejected(op, self.name(), r),
+                    Ok(()) => {
+                        Error::mismatch(op, self.name(), "the members passed different calls")
+                    }
+                });
+            }
+            if shm.unstage() {
+                return Err(Error::invalid(
+                    op,
+                    self.name(),
+                    "internal: the shared-memory body moved nothing (please report)",
+                ));
+            }
+            return moved;
+        }
+        let descs = shm.exchange_descriptors(&desc, &self.inner.rt.watchdog().pulse());
+        if descs.iter().all(|d| *d == desc) && !desc.bad_output() && !desc.needs_all() {
+            agree(one, 0, &check).map_err(|r| Error::rejected(op, self.name(), r))?;
+            return body(one);
+        }
+        agree(&descs, me, &check).map_err(|r| Error::rejected(op, self.name(), r))?;
+        body(&descs)
+    }
+
     /// The dispatch path with the op's rules applied: `desc` names the op,
     /// the input and the parameters; `output` is the caller's output (dtype
     /// and shape), checked against the op's
@@ -374,6 +491,27 @@ impl<'rt> GroupCoordinator<'rt> {
         output: Option<Output>,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
+        self.run_op_on(false, desc, output, body)
+    }
+
+    /// [`run_op`](Self::run_op) of a host op, whose body's first move is a
+    /// call to the [host executor](Self::host) (the agreement rides on it).
+    pub(crate) fn run_host_op<R>(
+        &self,
+        desc: Descriptor,
+        output: Option<Output>,
+        body: impl FnOnce() -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        self.run_op_on(true, desc, output, body)
+    }
+
+    fn run_op_on<R>(
+        &self,
+        fused: bool,
+        desc: Descriptor,
+        output: Option<Output>,
+        body: impl FnOnce() -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let size = self.size();
         let output = output.filter(|_| op.output_used_on(self.rank_in_group(), &desc.params));
@@ -381,7 +519,8 @@ impl<'rt> GroupCoordinator<'rt> {
             let dims_fit = op.output_fits(desc.dims(), &desc.params, size, o.shape());
             dims_fit.map(|f| f && Some(o.dtype) == desc.dtype() && !o.too_many_dims)
         });
-        self.collective(
+        self.collective_on(
+            fused,
             desc.with_bad_output(fits == Some(false)),
             |d| op.check(d, size),
             |_| body().map_err(|f| f.into_error(op, self.name())),
@@ -508,6 +647,34 @@ impl GroupCoordinator<'_> {
                 .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))
                 .and_then(|()| moved.map_err(|f| f.into_error(Op::SendRecv, self.name()))),
         )
+    }
+}
+
+/// Whether a group whose members gave `facts` (world rank, choice code)
+/// runs host collectives on shared memory: every member must have asked the
+/// same, and `shm` is refused for a group spanning nodes.
+fn choose_shm(
+    rt: &Runtime,
+    name: &str,
+    choice: HostPlaneChoice,
+    facts: &[[u64; 2]],
+) -> Result<bool> {
+    if let Some(other) = facts.iter().find(|f| f[1] != choice.code()) {
+        return Err(Error::Launch(format!(
+            "RANKMESH_HOST_PLANE differs among the members of {name}: {} here, another value on world rank {} (set it alike on every rank)",
+            choice.name(),
+            other[0]
+        )));
+    }
+    let node_of = |f: &[u64; 2]| rt.world().ranks[f[0] as usize].node;
+    let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
+    match choice {
+        HostPlaneChoice::Mpi => Ok(false),
+        HostPlaneChoice::Auto => Ok(one_node && facts.len() > 1),
+        HostPlaneChoice::Shm if one_node => Ok(facts.len() > 1),
+        HostPlaneChoice::Shm => Err(Error::Launch(format!(
+            "RANKMESH_HOST_PLANE=shm: {name} spans nodes, and the shared-memory executor runs within one node (use auto or mpi)"
+        ))),
     }
 }
 

@@ -1,16 +1,18 @@
-//! The host executor: [`Collectives`] for [`GroupCoordinator`] on host
-//! [`Tensor`]s. Each op names its descriptor and moves bytes through
-//! [`HostPlane`](crate::plane::host::HostPlane) (MPI); checks, output shapes
+//! The host op list: [`Collectives`] for [`GroupCoordinator`] on host
+//! [`Tensor`]s. Each op names its descriptor and moves bytes through the
+//! group's [host executor](crate::plane::executor::HostMoves) (MPI, or
+//! shared memory on one node); checks, output shapes
 //! and errors come from the op's rules through the dispatch path. Packing
 //! for non-leading dims uses the same `layout_ops` plans as the device plane,
 //! into scratch buffers the group keeps (no allocation per call once warm).
 
 use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
 use crate::layout_ops::{concat_dim_into, is_contiguous_split, normalize_dim, split_dim_into};
 use crate::op::Op;
+use crate::plane::executor::{HostExec, HostMoves};
 use crate::plane::host::BlockLayout;
 use crate::reduce::ReduceOp;
 use crate::tensor::{DType, Tensor};
@@ -32,16 +34,16 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.run_op(Descriptor::new(Op::Barrier, &[]), None, || {
+        self.run_host_op(Descriptor::new(Op::Barrier, &[]), None, || {
             if self.size() > 1 {
-                mpi::collective::CommunicatorCollectives::barrier(self.raw_comm());
+                self.host().barrier()?;
             }
             Ok(())
         })
     }
 
     fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
             Some(output_of(out)),
             || {
@@ -49,7 +51,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     // Every operator maps one value to itself (avg of one is the value).
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
-                    self.plane().all_reduce_into(t, out, reduce_op);
+                    self.host().all_reduce_into(t, out, reduce_op)?;
                 }
                 Ok(())
             },
@@ -59,16 +61,15 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
     /// the group keeps (reused while shape and dtype stay the same).
     fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
             None,
-            || {
-                if self.size() > 1 {
-                    self.with_scratch_tensor(t, |input, t| {
-                        self.plane().all_reduce_into(input, t, reduce_op)
-                    });
-                }
-                Ok(())
+            || match self.host() {
+                _ if self.size() == 1 => Ok(()),
+                HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
+                HostExec::Mpi(mpi) => self.with_scratch_tensor(t, |input, t| {
+                    HostMoves::all_reduce_into(&mpi, input, t, reduce_op)
+                }),
             },
         )
     }
@@ -80,14 +81,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
             Some(output_of(out)),
             || {
                 if self.size() == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
-                    self.plane().reduce_into_root(t, out, dst, reduce_op);
+                    self.host().reduce_into_root(t, out, dst, reduce_op)?;
                 }
                 Ok(())
             },
@@ -96,7 +97,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
         let size = self.size();
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::AllGather, t, &[dim as i64]),
             Some(output_of(out)),
             || {
@@ -104,13 +105,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 if size == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else if is_contiguous_split(t.shape(), d) {
-                    self.plane().all_gather_into(t.bytes(), out.bytes_mut());
+                    self.host().all_gather_into(t.bytes(), out.bytes_mut())?;
                 } else {
                     self.with_scratch(out.nbytes(), 0, |blocks, _| {
-                        self.plane().all_gather_into(t.bytes(), blocks);
+                        self.host().all_gather_into(t.bytes(), blocks)?;
                         let elem = t.dtype().size();
                         concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
-                    });
+                        Ok::<_, Fault>(())
+                    })?;
                 }
                 Ok(())
             },
@@ -120,7 +122,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     fn gather_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, dim: isize) -> Result<()> {
         let size = self.size();
         let params = [dst as i64, dim as i64];
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::Gather, t, &params),
             Some(output_of(out)),
             || {
@@ -129,7 +131,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     out.bytes_mut().copy_from_slice(t.bytes());
                     return Ok(());
                 }
-                if let Some(blocks) = self.plane().gather(t.bytes(), dst) {
+                if let Some(blocks) = self.host().gather(t.bytes(), dst)? {
                     let elem = t.dtype().size();
                     concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
                 }
@@ -141,7 +143,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     fn scatter_into(&self, t: &Tensor, out: &mut Tensor, src: usize, dim: isize) -> Result<()> {
         let size = self.size();
         let params = [src as i64, dim as i64];
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::Scatter, t, &params),
             Some(output_of(out)),
             || {
@@ -149,14 +151,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 if size == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else if self.rank_in_group() != src {
-                    self.plane().scatter(None, out.bytes_mut(), src);
+                    self.host().scatter(None, out.bytes_mut(), src)?;
                 } else if is_contiguous_split(t.shape(), d) {
-                    self.plane().scatter(Some(t.bytes()), out.bytes_mut(), src);
+                    self.host().scatter(Some(t.bytes()), out.bytes_mut(), src)?;
                 } else {
                     self.with_scratch(t.nbytes(), 0, |packed, _| {
                         split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
-                        self.plane().scatter(Some(packed), out.bytes_mut(), src);
-                    });
+                        self.host().scatter(Some(packed), out.bytes_mut(), src)
+                    })?;
                 }
                 Ok(())
             },
@@ -172,7 +174,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     ) -> Result<()> {
         let size = self.size();
         let params = [dim as i64, reduce_op.code()];
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::ReduceScatter, t, &params),
             Some(output_of(out)),
             || {
@@ -180,14 +182,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 if size == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else if is_contiguous_split(t.shape(), d) {
-                    self.plane().reduce_scatter_block_into(t, out, reduce_op);
+                    self.host().reduce_scatter_block_into(t, out, reduce_op)?;
                 } else {
                     // Packed straight into a typed tensor: the reduction needs one.
                     let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
                     let elem = t.dtype().size();
                     split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
-                    self.plane()
-                        .reduce_scatter_block_into(&packed, out, reduce_op);
+                    self.host()
+                        .reduce_scatter_block_into(&packed, out, reduce_op)?;
                 }
                 Ok(())
             },
@@ -195,23 +197,23 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
-        self.run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
+        self.run_host_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
             if self.size() > 1 {
-                self.plane().broadcast(t.bytes_mut(), src);
+                self.host().broadcast(t.bytes_mut(), src)?;
             }
             Ok(())
         })
     }
 
     fn all_to_all_into(&self, t: &Tensor, out: &mut Tensor) -> Result<()> {
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::AllToAll, t, &[]),
             Some(output_of(out)),
             || {
                 if self.size() == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
-                    self.plane().all_to_all_into(t.bytes(), out.bytes_mut());
+                    self.host().all_to_all_into(t.bytes(), out.bytes_mut())?;
                 }
                 Ok(())
             },
@@ -227,7 +229,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     ) -> Result<()> {
         let size = self.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.run_op(
+        self.run_host_op(
             tensor_desc(Op::AllToAll4d, t, &params),
             Some(output_of(out)),
             || {
@@ -241,14 +243,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 let send = BlockLayout::along(t.shape(), scatter_dim, size, elem);
                 let recv = BlockLayout::along(out.shape(), gather_dim, size, elem);
                 if self
-                    .plane()
-                    .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)
+                    .host()
+                    .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)?
                 {
                     return Ok(());
                 }
                 self.with_scratch(n, n, |packed, received| {
                     split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
-                    self.plane().all_to_all_into(packed, received);
+                    self.host().all_to_all_into(packed, received)?;
                     let mut block_shape = t.shape().to_vec();
                     block_shape[scatter_dim] /= size;
                     concat_dim_into(
@@ -259,7 +261,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                         elem,
                         out.bytes_mut(),
                     );
-                });
+                    Ok::<_, Fault>(())
+                })?;
                 Ok(())
             },
         )

@@ -8,14 +8,17 @@ use crate::launcher::{self, MpiView};
 use crate::layout::validate_group_lists;
 use crate::op::Op;
 use crate::placement::{self, BindPolicy, Placement};
+use crate::plane::executor::HostPlaneChoice;
+use crate::plane::shm::ShmWindow;
 use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
-use std::cell::{Cell, OnceCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
+use std::rc::Rc;
 
 /// Bytes of a host name carried in the start-up exchange.
 const HOST_BYTES: usize = 256;
@@ -77,6 +80,14 @@ pub struct Options {
     /// Directory where a rank the watchdog stops writes its flight record
     /// (`RANKMESH_TRACE_DIR`); it goes to stderr either way.
     pub trace_dir: Option<PathBuf>,
+    /// Which executor host collectives use (`RANKMESH_HOST_PLANE`:
+    /// `auto`, the default, picks shared memory for groups on one node).
+    /// Set it the same on every rank: a group's members check it.
+    pub host_plane: HostPlaneChoice,
+    /// Bytes of each of the two data areas a rank owns in a group's
+    /// shared-memory window (`RANKMESH_SHM_CHUNK_BYTES`, default 256 KiB,
+    /// rounded up to whole pages).
+    pub shm_chunk_bytes: usize,
 }
 
 impl Default for Options {
@@ -87,6 +98,8 @@ impl Default for Options {
             timeout: Some(std::time::Duration::from_secs(600)),
             max_object_bytes: 1 << 32,
             trace_dir: None,
+            host_plane: HostPlaneChoice::Auto,
+            shm_chunk_bytes: crate::plane::shm::DEFAULT_CHUNK,
         }
     }
 }
@@ -132,12 +145,30 @@ impl Options {
             })?;
             o.trace_dir = Some(PathBuf::from(v));
         }
+        if let Ok(v) = std::env::var("RANKMESH_HOST_PLANE") {
+            o.host_plane = v.parse()?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_SHM_CHUNK_BYTES") {
+            o.shm_chunk_bytes = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (4096..=MAX_SHM_CHUNK).contains(n))
+                .ok_or_else(|| {
+                    Error::Launch(format!(
+                        "RANKMESH_SHM_CHUNK_BYTES={v:?} is not a byte count in 4096..={MAX_SHM_CHUNK}"
+                    ))
+                })?;
+        }
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);
         }
         Ok(o)
     }
 }
+
+/// Largest `RANKMESH_SHM_CHUNK_BYTES` (1 GiB): two of them per rank and group.
+const MAX_SHM_CHUNK: usize = 1 << 30;
 
 /// Highest `RANKMESH_MAX_OBJECT_BYTES` (1 TiB): the bound exists to stop
 /// a forged header, so it cannot be lifted altogether.
@@ -172,6 +203,9 @@ pub struct Runtime {
     /// Opened at the first device call; the error is kept so every later
     /// call reports the same thing.
     gpu: OnceCell<std::result::Result<Gpu, String>>,
+    /// Every group's shared-memory window, in creation order: freed here,
+    /// before MPI finalisation (see `plane::shm`).
+    shm_windows: RefCell<Vec<Rc<ShmWindow>>>,
     world_comm: SimpleCommunicator,
     info: WorldInfo,
     options: Options,
@@ -242,6 +276,7 @@ impl Runtime {
         let creation = watchdog.register("world".into(), &everyone);
         Ok(Runtime {
             gpu: OnceCell::new(),
+            shm_windows: RefCell::new(Vec::new()),
             world_comm,
             info,
             options,
@@ -303,6 +338,11 @@ impl Runtime {
 
     pub(crate) fn watchdog(&self) -> &Watchdog {
         &self.watchdog
+    }
+
+    /// Keeps a group's shared window until the runtime frees every window.
+    pub(crate) fn keep_window(&self, window: Rc<ShmWindow>) {
+        self.shm_windows.borrow_mut().push(window);
     }
 
     /// This rank's flight record: its last calls (group, call number, op,

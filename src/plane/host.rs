@@ -167,6 +167,11 @@ impl<'c> HostPlane<'c> {
         (self.max_bytes / self.size()).max(1)
     }
 
+    /// Returns once every member has entered.
+    pub fn barrier(&self) {
+        self.comm.barrier();
+    }
+
     /// Every rank's `block` (same length everywhere) into `out`, in rank order.
     pub fn all_gather_into(&self, block: &[u8], out: &mut [u8]) {
         let (n, p) = (block.len(), self.size());

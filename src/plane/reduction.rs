@@ -41,7 +41,7 @@ thread_local! {
 }
 
 /// A narrow float type widened to f32 for reducing.
-trait Widen: Copy {
+pub(super) trait Widen: Copy {
     fn widen(src: &[Self], dst: &mut [f32]);
     fn narrow(src: &[f32], dst: &mut [Self]);
 }

@@ -4,10 +4,30 @@ use super::reference::{assert_tensor, concat, defined, input, reduced, slice, va
 use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor};
 
+/// Multiplies the last dim of every shape (`RANKMESH_TEST_SCALE`), so a
+/// run can push each call through many pieces of an executor.
+fn scale() -> usize {
+    std::env::var("RANKMESH_TEST_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
 pub fn run(rt: &Runtime) {
     let g = rt.world_group().unwrap();
     let (p, me) = (g.size(), g.rank_in_group());
-    let shapes: [&[usize]; 3] = [&[5], &[2, 3, 4], &[1, 2, 1, 3]];
+    let k = scale();
+    let forced = std::env::var("RANKMESH_HOST_PLANE").unwrap_or_default();
+    let one_node = g.same_node_ranks(0).unwrap().len() == p;
+    let executor = match (p, forced.as_str()) {
+        (1, _) => "local",
+        (_, "mpi") => "mpi",
+        _ if one_node => "shm",
+        _ => "mpi",
+    };
+    assert_eq!(g.host_executor(), executor, "the executor of {}", g.name());
+    let (a, b, c) = ([5 * k], [2, 3, 4 * k], [1, 2, 1, 3 * k]);
+    let shapes: [&[usize]; 3] = [&a, &b, &c];
 
     for dtype in DType::ALL {
         for op in ReduceOp::ALL.into_iter().filter(|op| defined(dtype, *op)) {
@@ -71,7 +91,7 @@ pub fn run(rt: &Runtime) {
 
         for op in ReduceOp::ALL.into_iter().filter(|op| defined(dtype, *op)) {
             for dim in 0..3usize {
-                let mut shape = vec![2, 3, 2];
+                let mut shape = vec![2, 3, 2 * k];
                 shape[dim] *= p;
                 let x = input(me, &shape, dtype, op);
                 let full = reduced(p, x.numel(), dtype, op);
@@ -247,7 +267,7 @@ fn first_mismatch<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], ctx: &s
 fn scatter(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     let (p, me) = (g.size(), g.rank_in_group());
     for dim in 0..3usize {
-        let mut shape = vec![2, 3, 2];
+        let mut shape = vec![2, 3, 2 * scale()];
         shape[dim] *= p;
         let x = input(me, &shape, dtype, ReduceOp::Sum);
         for src in 0..p {
@@ -288,7 +308,7 @@ fn scatter(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
 /// Both FastVideo modes, element by element from the definition.
 fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     let (p, me) = (g.size(), g.rank_in_group());
-    let (b, s, h, d) = (2, 3, 2, 2);
+    let (b, s, h, d) = (2, 3, 2, 2 * scale());
     let sum = ReduceOp::Sum;
 
     // (2, 1): [B, S/P, H, D] -> [B, S, H/P, D] with S/P = s, H = h·P.
@@ -296,12 +316,14 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     let x = input(me, &in_shape, dtype, sum);
     let got = g.all_to_all_4d(&x, 2, 1).unwrap();
     let out_shape = [b, s * p, h, d];
+    let every: Vec<Vec<f64>> = (0..p)
+        .map(|r| values(r, in_shape.iter().product(), dtype, sum))
+        .collect();
     let want: Vec<f64> = (0..out_shape.iter().product())
         .map(|f| {
             let i = super::reference::unflat(&out_shape, f);
             let (src, seq) = (i[1] / s, i[1] % s);
-            let v = values(src, in_shape.iter().product(), dtype, sum);
-            v[super::reference::flat(&in_shape, &[i[0], seq, me * h + i[2], i[3]])]
+            every[src][super::reference::flat(&in_shape, &[i[0], seq, me * h + i[2], i[3]])]
         })
         .collect();
     assert_tensor(
@@ -317,12 +339,14 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     let x = input(me, &in_shape, dtype, sum);
     let got = g.all_to_all_4d(&x, 1, 2).unwrap();
     let out_shape = [b, s, h * p, d];
+    let every: Vec<Vec<f64>> = (0..p)
+        .map(|r| values(r, in_shape.iter().product(), dtype, sum))
+        .collect();
     let want: Vec<f64> = (0..out_shape.iter().product())
         .map(|f| {
             let i = super::reference::unflat(&out_shape, f);
             let (src, head) = (i[2] / h, i[2] % h);
-            let v = values(src, in_shape.iter().product(), dtype, sum);
-            v[super::reference::flat(&in_shape, &[i[0], me * s + i[1], head, i[3]])]
+            every[src][super::reference::flat(&in_shape, &[i[0], me * s + i[1], head, i[3]])]
         })
         .collect();
     assert_tensor(

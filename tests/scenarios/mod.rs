@@ -34,6 +34,14 @@ const ALL_SIZES: &[usize] = &[1, 2, 3, 4];
 /// Forces every transfer through the chunked paths (pieces of a few bytes).
 const TINY_CHUNKS: &[(&str, &str)] = &[("RANKMESH_MAX_MESSAGE_BYTES", "7")];
 
+/// Larger tensors in the smallest shared-memory areas: every call crosses
+/// many pieces, and all-reduces take the split path (shares of a piece).
+const SHM_PIECES: &[(&str, &str)] = &[
+    ("RANKMESH_HOST_PLANE", "shm"),
+    ("RANKMESH_SHM_CHUNK_BYTES", "12288"),
+    ("RANKMESH_TEST_SCALE", "600"),
+];
+
 /// The plane scenarios on the host plane (the world group).
 fn planes_host(rt: &Runtime) {
     planes::check_all(&rt.world_group().unwrap()).unwrap();
@@ -52,6 +60,20 @@ pub const ALL: &[Scenario] = &[
         nodes: &[],
         sizes: &[2, 3],
         env: TINY_CHUNKS,
+        run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_shm_pieces",
+        nodes: &[],
+        sizes: &[2, 3, 4],
+        env: SHM_PIECES,
+        run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_mpi",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[("RANKMESH_HOST_PLANE", "mpi")],
         run: collectives::run,
     },
     Scenario {

@@ -1,0 +1,188 @@
+//! Element-wise reductions computed in this process, over byte slices that
+//! hold one rank's values each (the shared-memory executor reads its peers'
+//! values directly, so no MPI operation combines them).
+//!
+//! The arithmetic is the host plane's: integers wrap (as the wrapping MPI
+//! user operations do), narrow floats are reduced in f32 and rounded once,
+//! `Avg` divides the sum by the group size (truncating for integers), bools
+//! are OR (sum, max) and AND (prod, min) of bytes, and min/max keep Open
+//! MPI's comparison order (`a < b ? a : b`, the running value on the left).
+
+use super::reduction::Widen;
+use crate::reduce::ReduceOp;
+use crate::tensor::DType;
+use float8::{F8E4M3, F8E5M2};
+use half::{bf16, f16};
+
+thread_local! {
+    /// f32 accumulator and one widened source, reused across calls.
+    static WIDE: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// Arithmetic of one element type.
+trait Arith: Copy + bytemuck::Pod {
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn less(self, o: Self) -> bool;
+    fn div_n(self, n: usize) -> Self;
+}
+
+macro_rules! int_arith {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            fn less(self, o: Self) -> bool { self < o }
+            fn div_n(self, n: usize) -> Self { self / (n as $t) }
+        }
+    )*};
+}
+int_arith!(i8, u8, i16, u16, i32, u32, i64, u64);
+
+macro_rules! float_arith {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            fn add(self, o: Self) -> Self { self + o }
+            fn mul(self, o: Self) -> Self { self * o }
+            fn less(self, o: Self) -> bool { self < o }
+            fn div_n(self, n: usize) -> Self { self / (n as $t) }
+        }
+    )*};
+}
+float_arith!(f32, f64);
+
+/// `acc = acc op src`, element-wise.
+fn fold_into<T: Arith>(acc: &mut [T], src: &[T], op: ReduceOp) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.add(*s)),
+        ReduceOp::Prod => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.mul(*s)),
+        ReduceOp::Min => acc
+            .iter_mut()
+            .zip(src)
+            .for_each(|(a, s)| *a = if a.less(*s) { *a } else { *s }),
+        ReduceOp::Max => acc
+            .iter_mut()
+            .zip(src)
+            .for_each(|(a, s)| *a = if s.less(*a) { *a } else { *s }),
+    }
+}
+
+/// `dst` = the reduction of `srcs` (in order) with `op`, then `Avg`'s division.
+fn native<T: Arith>(srcs: &[&[u8]], dst: &mut [u8], op: ReduceOp, n: usize) {
+    let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
+    dst.copy_from_slice(bytemuck::cast_slice(srcs[0]));
+    for s in &srcs[1..] {
+        fold_into(dst, bytemuck::cast_slice(s), op);
+    }
+    if op == ReduceOp::Avg {
+        dst.iter_mut().for_each(|x| *x = x.div_n(n));
+    }
+}
+
+/// Narrow floats: every source widened into f32, reduced there, rounded once.
+fn widened<T: Widen + bytemuck::Pod>(srcs: &[&[u8]], dst: &mut [u8], op: ReduceOp, n: usize) {
+    let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
+    WIDE.with(|wide| {
+        let mut wide = wide.borrow_mut();
+        let (acc, tmp) = &mut *wide;
+        acc.resize(dst.len(), 0.0);
+        tmp.resize(dst.len(), 0.0);
+        T::widen(bytemuck::cast_slice(srcs[0]), acc);
+        for s in &srcs[1..] {
+            T::widen(bytemuck::cast_slice(s), tmp);
+            fold_into(acc, tmp, op);
+        }
+        if op == ReduceOp::Avg {
+            acc.iter_mut().for_each(|x| *x /= n as f32);
+        }
+        T::narrow(acc, dst);
+    });
+}
+
+/// Writes the reduction of `srcs` (one slice per rank, in rank order, each
+/// as long as `dst`) with `op` into `dst`; `n` is the group size `Avg`
+/// divides by. Slices must be aligned for `dtype`.
+pub(crate) fn combine(dtype: DType, op: ReduceOp, srcs: &[&[u8]], dst: &mut [u8], n: usize) {
+    if dst.is_empty() {
+        return;
+    }
+    match dtype {
+        DType::F32 => native::<f32>(srcs, dst, op, n),
+        DType::F64 => native::<f64>(srcs, dst, op, n),
+        DType::I8 => native::<i8>(srcs, dst, op, n),
+        DType::U8 => native::<u8>(srcs, dst, op, n),
+        DType::I16 => native::<i16>(srcs, dst, op, n),
+        DType::U16 => native::<u16>(srcs, dst, op, n),
+        DType::I32 => native::<i32>(srcs, dst, op, n),
+        DType::U32 => native::<u32>(srcs, dst, op, n),
+        DType::I64 => native::<i64>(srcs, dst, op, n),
+        DType::U64 => native::<u64>(srcs, dst, op, n),
+        DType::F16 => widened::<f16>(srcs, dst, op, n),
+        DType::BF16 => widened::<bf16>(srcs, dst, op, n),
+        DType::F8E4M3 => widened::<F8E4M3>(srcs, dst, op, n),
+        DType::F8E5M2 => widened::<F8E5M2>(srcs, dst, op, n),
+        DType::Bool => {
+            let logic = match op {
+                ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg => ReduceOp::Max,
+                ReduceOp::Prod | ReduceOp::Min => ReduceOp::Min,
+            };
+            native::<u8>(srcs, dst, logic, n)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+        bytemuck::cast_slice(v).to_vec()
+    }
+
+    #[test]
+    fn integers_wrap_and_avg_truncates() {
+        let (a, b) = (bytes(&[200u8, 7]), bytes(&[100u8, 2]));
+        let mut out = vec![0u8; 2];
+        combine(DType::U8, ReduceOp::Sum, &[&a, &b], &mut out, 2);
+        assert_eq!(out, [44, 9]);
+        combine(DType::U8, ReduceOp::Avg, &[&a, &b], &mut out, 2);
+        assert_eq!(out, [22, 4]);
+        combine(DType::U8, ReduceOp::Prod, &[&a, &b], &mut out, 2);
+        assert_eq!(out, [(200u32 * 100 % 256) as u8, 14]);
+    }
+
+    #[test]
+    fn narrow_floats_round_once() {
+        // 1 + 2^-11 + 2^-11 is exact in f32 but not in f16 after each step.
+        let one = bytes(&[f16::from_f32(1.0)]);
+        let tiny = bytes(&[f16::from_f32(2f32.powi(-11))]);
+        let mut out = vec![0u8; 2];
+        combine(
+            DType::F16,
+            ReduceOp::Sum,
+            &[&one, &tiny, &tiny],
+            &mut out,
+            3,
+        );
+        let got: &[f16] = bytemuck::cast_slice(&out);
+        assert_eq!(got[0].to_f32(), 1.0 + 2f32.powi(-10));
+    }
+
+    #[test]
+    fn min_max_bool_and_float() {
+        let (a, b) = (bytes(&[1.5f32, -2.0]), bytes(&[0.5f32, 3.0]));
+        let mut out = vec![0u8; 8];
+        combine(DType::F32, ReduceOp::Min, &[&a, &b], &mut out, 2);
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&out), [0.5, -2.0]);
+        combine(DType::F32, ReduceOp::Max, &[&a, &b], &mut out, 2);
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&out), [1.5, 3.0]);
+        let (x, y) = (vec![1u8, 0, 1], vec![0u8, 0, 1]);
+        let mut out = vec![9u8; 3];
+        combine(DType::Bool, ReduceOp::Sum, &[&x, &y], &mut out, 2);
+        assert_eq!(out, [1, 0, 1]);
+        combine(DType::Bool, ReduceOp::Prod, &[&x, &y], &mut out, 2);
+        assert_eq!(out, [0, 0, 1]);
+    }
+}

@@ -1,0 +1,190 @@
+//! What a host executor supplies: the byte movements of every host
+//! collective, once the dispatch path has checked the call. Two executors
+//! implement it — MPI ([`HostPlane`]) and node-local shared memory
+//! ([`ShmCall`](super::shm::ShmCall)) — and the host op list in
+//! `host_ops.rs` is written once against it.
+
+use super::host::{BlockLayout, HostPlane};
+use super::shm::ShmCall;
+use crate::error::{Error, Fault, Result};
+use crate::reduce::ReduceOp;
+use crate::tensor::Tensor;
+
+/// The byte movements of the host collectives. Sizes were agreed before
+/// any of these is called; an `Err` is a fault of the transfer itself.
+pub(crate) trait HostMoves {
+    /// Returns once every member has entered.
+    fn barrier(&self) -> Result<(), Fault>;
+    /// Element-wise reduction of `input` into every rank's `out`.
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault>;
+    /// Element-wise reduction onto `root`'s `out` (ignored elsewhere).
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault>;
+    /// `packed` holds `P` equal blocks; rank `r` gets the reduction of
+    /// every rank's block `r`.
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault>;
+    /// Every rank's `block` (same length everywhere) into `out`, in rank order.
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    /// Every rank's `block` concatenated on `root`; `None` elsewhere.
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault>;
+    /// Block `r` of `root`'s `send` into rank `r`'s `recv`.
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault>;
+    /// `root`'s `buf` into every rank's `buf`.
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault>;
+    /// Block `r` of every rank's `send` into block `sender` of rank `r`'s `out`.
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    /// [`all_to_all_into`](Self::all_to_all_into) with blocks laid out by
+    /// `send_layout` and `recv_layout`; `Ok(false)` when the executor cannot
+    /// express the layouts (the caller packs instead).
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        out: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault>;
+}
+
+/// The executor a host call runs on.
+pub(crate) enum HostExec<'a> {
+    /// MPI collectives on the group's communicator.
+    Mpi(HostPlane<'a>),
+    /// The group's shared-memory window.
+    Shm(ShmCall<'a>),
+}
+
+impl<'a> std::ops::Deref for HostExec<'a> {
+    type Target = dyn HostMoves + 'a;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            HostExec::Mpi(p) => p,
+            HostExec::Shm(s) => s,
+        }
+    }
+}
+
+/// `RANKMESH_HOST_PLANE`: which executor host collectives use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostPlaneChoice {
+    /// Shared memory for groups whose members share one node, MPI otherwise.
+    #[default]
+    Auto,
+    /// MPI for every group.
+    Mpi,
+    /// Shared memory; a group spanning nodes is an error at its creation.
+    Shm,
+}
+
+impl HostPlaneChoice {
+    /// The value's name, as `RANKMESH_HOST_PLANE` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostPlaneChoice::Auto => "auto",
+            HostPlaneChoice::Mpi => "mpi",
+            HostPlaneChoice::Shm => "shm",
+        }
+    }
+
+    pub(crate) fn code(self) -> u64 {
+        self as u64
+    }
+}
+
+impl std::str::FromStr for HostPlaneChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "auto" => Ok(HostPlaneChoice::Auto),
+            "mpi" => Ok(HostPlaneChoice::Mpi),
+            "shm" => Ok(HostPlaneChoice::Shm),
+            _ => Err(Error::Launch(format!(
+                "RANKMESH_HOST_PLANE={s:?} is not one of mpi, shm, auto"
+            ))),
+        }
+    }
+}
+
+impl HostMoves for HostPlane<'_> {
+    fn barrier(&self) -> Result<(), Fault> {
+        HostPlane::barrier(self);
+        Ok(())
+    }
+
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
+        HostPlane::all_reduce_into(self, input, out, op);
+        Ok(())
+    }
+
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        HostPlane::reduce_into_root(self, input, out, root, op);
+        Ok(())
+    }
+
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        HostPlane::reduce_scatter_block_into(self, packed, out, op);
+        Ok(())
+    }
+
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        HostPlane::all_gather_into(self, block, out);
+        Ok(())
+    }
+
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+        Ok(HostPlane::gather(self, block, root))
+    }
+
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+        HostPlane::scatter(self, send, recv, root);
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+        HostPlane::broadcast(self, buf, root);
+        Ok(())
+    }
+
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        HostPlane::all_to_all_into(self, send, out);
+        Ok(())
+    }
+
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        out: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault> {
+        Ok(HostPlane::all_to_all_strided(
+            self,
+            send,
+            send_layout,
+            out,
+            recv_layout,
+        ))
+    }
+}

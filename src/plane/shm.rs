@@ -1,0 +1,631 @@
+//! The shared-memory executor: host collectives among the ranks of one node
+//! through one MPI shared window per group, synchronised by per-rank step
+//! counters (a release store and acquire loads: no system call while peers
+//! keep up).
+//!
+//! Each rank owns a slot: a cache line with its step counter, two
+//! descriptor areas and two data areas of `chunk` bytes. A call runs in
+//! *phases*; in each, every rank writes only its own slot, publishes its
+//! next step, waits for every peer's, then reads the slots it needs. Phases
+//! alternate between the two areas, so a rank may write a phase's area as
+//! soon as it has passed the previous phase's synchronisation: every peer
+//! that got there had finished reading the area two phases back.
+//!
+//! **Agreement for free.** The first synchronisation of a call also
+//! publishes the caller's full descriptor; every rank compares all of them
+//! before using any peer's data, so a disagreement is seen by every rank
+//! at the same step and becomes the same named error everywhere (the
+//! dispatch path makes it), with no extra round trip.
+//!
+//! MPI owns the segment, so nothing is named in `/dev/shm` and a killed
+//! rank leaves nothing behind. Windows are freed by the runtime, in creation
+//! order, before MPI finalisation: freeing one is collective (Open MPI's
+//! `osc/sm` synchronises inside `MPI_Win_free`), and groups are dropped in
+//! whatever order each rank's program drops them.
+
+use super::combine::combine;
+use super::executor::HostMoves;
+use super::host::BlockLayout;
+use crate::dispatch::Descriptor;
+use crate::error::Fault;
+use crate::reduce::ReduceOp;
+use crate::tensor::{DType, Tensor};
+use crate::watch::Pulse;
+use mpi::ffi;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use std::cell::{Cell, RefCell};
+use std::os::raw::{c_int, c_void};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of one descriptor area (whole cache lines).
+const DESC_AREA: usize = std::mem::size_of::<Descriptor>().next_multiple_of(64);
+/// Where the data areas start in a slot (page-aligned).
+const DATA_AT: usize = (64 + 2 * DESC_AREA).next_multiple_of(4096);
+/// All-reduces up to this size are combined whole by every rank after one
+/// synchronisation; larger ones are split so each rank reduces a share
+/// and the shares are exchanged after a second one.
+const SPLIT_BYTES: usize = 8 << 10;
+/// Page size the slots are aligned to.
+const PAGE: usize = 4096;
+/// Spins before a waiting rank starts yielding its core to others.
+const SPINS: u32 = 4096;
+
+/// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`).
+pub const DEFAULT_CHUNK: usize = 256 << 10;
+
+/// A group's shared window: one slot per rank.
+pub(crate) struct ShmWindow {
+    win: ffi::MPI_Win,
+    slots: Vec<*mut u8>,
+    chunk: usize,
+}
+
+impl ShmWindow {
+    /// Collective over `comm` (ranks of one node): a slot with two data
+    /// areas of about `chunk` bytes per rank.
+    pub(crate) fn allocate(comm: &SimpleCommunicator, chunk: usize) -> ShmWindow {
+        let size = comm.size() as usize;
+        // Every rank's share of a per-block piece must hold a cache line.
+        let chunk = chunk.max(64 * size).next_multiple_of(4096);
+        let slot = DATA_AT + 2 * chunk;
+        let mut base: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a zeroed handle is written by MPI before use.
+        let mut win: ffi::MPI_Win = unsafe { std::mem::zeroed() };
+        // SAFETY: out-pointers are valid; every member of `comm` calls this
+        // at the same point (a group's first collective); errors abort.
+        // A page more than the slot: Open MPI puts its own header before
+        // the first segment, so slots are aligned here, not by MPI.
+        unsafe {
+            ffi::MPI_Win_allocate_shared(
+                (slot + PAGE) as ffi::MPI_Aint,
+                1,
+                ffi::RSMPI_INFO_NULL,
+                comm.as_raw(),
+                &mut base as *mut *mut c_void as *mut c_void,
+                &mut win,
+            );
+        }
+        let slots: Vec<*mut u8> = (0..size)
+            .map(|r| {
+                let (mut bytes, mut disp): (ffi::MPI_Aint, c_int) = (0, 0);
+                let mut p: *mut c_void = std::ptr::null_mut();
+                // SAFETY: `r` is a rank of the window's communicator.
+                unsafe {
+                    ffi::MPI_Win_shared_query(
+                        win,
+                        r as c_int,
+                        &mut bytes,
+                        &mut disp,
+                        &mut p as *mut *mut c_void as *mut c_void,
+                    )
+                };
+                // Mappings are page-aligned in every process, so the same
+                // offset into the segment is chosen everywhere.
+                let p = p as *mut u8;
+                // SAFETY: at most PAGE - 1 bytes in, inside the segment.
+                unsafe { p.add(p.align_offset(PAGE)) }
+            })
+            .collect();
+        // MPI does not promise zeroed memory: every counter starts at 0
+        // before any rank can wait on it.
+        // SAFETY: this rank's slot begins with its 8-byte counter.
+        unsafe { (*(slots[comm.rank() as usize] as *const AtomicU64)).store(0, Ordering::Release) };
+        comm.barrier();
+        ShmWindow { win, slots, chunk }
+    }
+}
+
+impl Drop for ShmWindow {
+    /// Collective: only the runtime drops windows, all in creation order.
+    fn drop(&mut self) {
+        // SAFETY: a valid window, freed once, with no call using it.
+        unsafe { ffi::MPI_Win_free(&mut self.win) };
+    }
+}
+
+/// The executor state of one group: its window and where the group's
+/// calls stand in it.
+pub(crate) struct ShmPlane {
+    window: Rc<ShmWindow>,
+    me: usize,
+    size: usize,
+    /// Synchronisations done (the value last published).
+    step: Cell<u64>,
+    /// Phases begun (selects the area a phase writes).
+    phase: Cell<u64>,
+    /// The descriptor the next synchronisation publishes and checks.
+    staged: Cell<Option<Descriptor>>,
+    /// Every rank's descriptor, when the last check found them different.
+    disagreement: RefCell<Option<Vec<Descriptor>>>,
+    /// A reduce's share on ranks whose output is not used (8-aligned).
+    scratch: RefCell<Vec<u64>>,
+}
+
+impl ShmPlane {
+    /// The plane of group rank `me` over `window`.
+    pub(crate) fn new(window: Rc<ShmWindow>, me: usize) -> ShmPlane {
+        let size = window.slots.len();
+        ShmPlane {
+            window,
+            me,
+            size,
+            step: Cell::new(0),
+            phase: Cell::new(0),
+            staged: Cell::new(None),
+            disagreement: RefCell::new(None),
+            scratch: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Bytes of one data area.
+    pub(crate) fn chunk(&self) -> usize {
+        self.window.chunk
+    }
+
+    fn flag(&self, r: usize) -> &AtomicU64 {
+        // SAFETY: the slot starts with an 8-byte-aligned counter that lives
+        // as long as the window; only atomics touch it.
+        unsafe { &*(self.window.slots[r] as *const AtomicU64) }
+    }
+
+    fn desc_at(&self, r: usize, area: usize) -> *mut Descriptor {
+        // SAFETY: inside slot `r` (64 + 2 areas < DATA_AT), 64-aligned.
+        unsafe { self.window.slots[r].add(64 + area * DESC_AREA) as *mut Descriptor }
+    }
+
+    fn data_at(&self, r: usize, area: usize) -> *mut u8 {
+        // SAFETY: inside slot `r`: DATA_AT + 2 * chunk bytes were allocated.
+        unsafe { self.window.slots[r].add(DATA_AT + area * self.window.chunk) }
+    }
+
+    /// Rank `r`'s data area `area`, bytes `at..at + len`, to read.
+    ///
+    /// Only after a synchronisation that followed `r`'s writes to it, and
+    /// before the next phase's (the protocol of the module docs).
+    fn peer(&self, r: usize, area: usize, at: usize, len: usize) -> &[u8] {
+        assert!(at + len <= self.window.chunk, "inside the data area");
+        // SAFETY: in bounds (checked); no one writes it during this phase.
+        unsafe { std::slice::from_raw_parts(self.data_at(r, area).add(at), len) }
+    }
+
+    /// This rank's data area `area`, bytes `at..at + len`, to write.
+    #[allow(clippy::mut_from_ref)]
+    fn own(&self, area: usize, at: usize, len: usize) -> &mut [u8] {
+        assert!(at + len <= self.window.chunk, "inside the data area");
+        // SAFETY: in bounds; only this rank writes its own slot, and no
+        // peer reads this range in the phase that writes it.
+        unsafe { std::slice::from_raw_parts_mut(self.data_at(self.me, area).add(at), len) }
+    }
+
+    /// Starts a phase; returns the area it uses.
+    fn begin_phase(&self) -> usize {
+        let p = self.phase.get();
+        self.phase.set(p + 1);
+        (p % 2) as usize
+    }
+
+    /// Makes `desc` the descriptor the next synchronisation publishes and checks.
+    pub(crate) fn stage(&self, desc: Descriptor) {
+        self.staged.set(Some(desc));
+    }
+
+    /// Whether a staged descriptor was never published (a body that did not
+    /// synchronise; a bug the dispatch path reports).
+    pub(crate) fn unstage(&self) -> bool {
+        self.staged.take().is_some()
+    }
+
+    /// Every rank's descriptor, if the last check found a difference.
+    pub(crate) fn take_disagreement(&self) -> Option<Vec<Descriptor>> {
+        self.disagreement.borrow_mut().take()
+    }
+
+    /// Publishes `desc` in a phase of its own and returns every rank's
+    /// (the agreement of calls whose body does not run here).
+    pub(crate) fn exchange_descriptors(&self, desc: &Descriptor, pulse: &Pulse) -> Vec<Descriptor> {
+        let area = self.begin_phase();
+        // SAFETY: this rank's own descriptor area, not read in this phase
+        // before the synchronisation below.
+        unsafe { self.desc_at(self.me, area).write(*desc) };
+        self.publish_and_wait(pulse);
+        (0..self.size)
+            // SAFETY: written by `r` before the synchronisation above.
+            .map(|r| unsafe { self.desc_at(r, area).read() })
+            .collect()
+    }
+
+    /// The synchronisation of a phase using `area`; the first of a call
+    /// publishes the staged descriptor and fails with
+    /// [`Fault::Disagreed`] unless every rank's is the same and usable.
+    fn sync(&self, area: usize, pulse: &Pulse) -> Result<(), Fault> {
+        let staged = self.staged.take();
+        if let Some(desc) = staged {
+            // SAFETY: this rank's own descriptor area (see exchange_descriptors).
+            unsafe { self.desc_at(self.me, area).write(desc) };
+        }
+        self.publish_and_wait(pulse);
+        let Some(mine) = staged else { return Ok(()) };
+        // SAFETY: written by every rank before the synchronisation above.
+        let agreed = !mine.bad_output()
+            && (0..self.size).all(|r| unsafe { self.desc_at(r, area).read() } == mine);
+        if agreed {
+            return Ok(());
+        }
+        let all = (0..self.size)
+            // SAFETY: as above.
+            .map(|r| unsafe { self.desc_at(r, area).read() })
+            .collect();
+        *self.disagreement.borrow_mut() = Some(all);
+        Err(Fault::Disagreed)
+    }
+
+    /// Publishes the next step and waits until every peer has published it.
+    fn publish_and_wait(&self, pulse: &Pulse) {
+        let step = self.step.get() + 1;
+        self.step.set(step);
+        self.flag(self.me).store(step, Ordering::Release);
+        for r in (0..self.size).filter(|r| *r != self.me) {
+            let flag = self.flag(r);
+            let mut spins = 0u32;
+            while flag.load(Ordering::Acquire) < step {
+                if spins < SPINS {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    // Ranks may outnumber cores; a missing peer is the
+                    // watchdog's to name, and it sees this call as open.
+                    std::thread::yield_now();
+                }
+            }
+        }
+        pulse.beat();
+    }
+
+    /// Bytes of each block's piece when every rank's piece of each of `P`
+    /// blocks shares one data area (whole cache lines).
+    fn block_piece(&self) -> usize {
+        (self.window.chunk / self.size) & !63
+    }
+
+    /// Rank `r`'s share `[lo, hi)` of an `m`-byte piece of `elem`-byte
+    /// elements (cache-line multiples, the last share shorter).
+    fn share(&self, m: usize, elem: usize, r: usize) -> (usize, usize) {
+        let part = m.div_ceil(self.size).next_multiple_of(64.max(elem));
+        ((r * part).min(m), ((r + 1) * part).min(m))
+    }
+
+    /// Reduces the piece `off..off + m` of `input` (or of `out`, in place)
+    /// into `out` on the ranks where `gathers` holds; phases as in the
+    /// module docs.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_pieces(
+        &self,
+        pulse: &Pulse,
+        input: Option<&[u8]>,
+        out: &mut [u8],
+        n: usize,
+        dtype: DType,
+        op: ReduceOp,
+        gathers: bool,
+    ) -> Result<(), Fault> {
+        let (p, elem) = (self.size, dtype.size());
+        let mut srcs: Vec<&[u8]> = Vec::with_capacity(p);
+        for (off, m) in pieces(n, self.window.chunk) {
+            let area = self.begin_phase();
+            let from = input.unwrap_or(&*out);
+            self.own(area, 0, m).copy_from_slice(&from[off..off + m]);
+            self.sync(area, pulse)?;
+            if m <= SPLIT_BYTES {
+                if gathers {
+                    srcs.clear();
+                    srcs.extend((0..p).map(|r| self.peer(r, area, 0, m)));
+                    combine(dtype, op, &srcs, &mut out[off..off + m], p);
+                }
+                continue;
+            }
+            let (lo, hi) = self.share(m, elem, self.me);
+            srcs.clear();
+            srcs.extend((0..p).map(|r| self.peer(r, area, lo, hi - lo)));
+            if gathers {
+                combine(dtype, op, &srcs, &mut out[off + lo..off + hi], p);
+                self.own(area, lo, hi - lo)
+                    .copy_from_slice(&out[off + lo..off + hi]);
+            } else {
+                let mut scratch = self.scratch.borrow_mut();
+                scratch.resize((hi - lo).div_ceil(8), 0);
+                let share = &mut bytemuck::cast_slice_mut(&mut scratch[..])[..hi - lo];
+                combine(dtype, op, &srcs, share, p);
+                self.own(area, lo, hi - lo).copy_from_slice(share);
+            }
+            self.sync(area, pulse)?;
+            if gathers {
+                for r in (0..p).filter(|r| *r != self.me) {
+                    let (lo, hi) = self.share(m, elem, r);
+                    out[off + lo..off + hi].copy_from_slice(self.peer(r, area, lo, hi - lo));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// All-reduce of `t` in place (no scratch copy: the input is read into
+    /// the window before the result is written back).
+    pub(crate) fn all_reduce_in_place(
+        &self,
+        pulse: &Pulse,
+        t: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let (n, dtype) = (t.nbytes(), t.dtype());
+        self.reduce_pieces(pulse, None, t.bytes_mut(), n, dtype, op, true)
+    }
+
+    /// Moves `P` blocks per rank: block `r` of this rank's `send` (laid out
+    /// by `sl`) to rank `r`, whose block `me` of `out` (laid out by `rl`)
+    /// receives it. `from`/`to` narrow it to a scatter or a gather.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange_blocks(
+        &self,
+        pulse: &Pulse,
+        send: Option<(&[u8], BlockLayout)>,
+        out: Option<(&mut [u8], BlockLayout)>,
+        block: usize,
+        sender: Option<usize>,
+    ) -> Result<(), Fault> {
+        let p = self.size;
+        let mut out = out;
+        for (off, m) in pieces(block, self.block_piece()) {
+            let area = self.begin_phase();
+            if let Some((buf, layout)) = send {
+                for r in 0..p {
+                    read_block(buf, layout, r, off, self.own(area, r * m, m));
+                }
+            }
+            self.sync(area, pulse)?;
+            if let Some((buf, layout)) = out.as_mut() {
+                let senders: Vec<usize> = match sender {
+                    Some(s) => vec![s],
+                    None => (0..p).collect(),
+                };
+                for s in senders {
+                    let piece = self.peer(s, area, self.me * m, m);
+                    let at = if sender.is_some() { 0 } else { s };
+                    write_block(buf, *layout, at, off, piece);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(offset, length)` of the pieces of `total` bytes, at most `step` each;
+/// one empty piece when `total` is 0 (a call always synchronises once).
+fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = total.div_ceil(step).max(1);
+    (0..count).map(move |i| {
+        let off = i * step;
+        (off, step.min(total - off))
+    })
+}
+
+/// Bytes `off..off + dst.len()` of block `r` of `buf` (laid out by `l`) into `dst`.
+fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) {
+    let mut done = 0;
+    while done < dst.len() {
+        let pos = off + done;
+        let (row, col) = (pos / l.run, pos % l.run);
+        let len = (l.run - col).min(dst.len() - done);
+        let at = r * l.extent + row * l.stride + col;
+        dst[done..done + len].copy_from_slice(&buf[at..at + len]);
+        done += len;
+    }
+}
+
+/// `src` into bytes `off..off + src.len()` of block `r` of `buf` (laid out by `l`).
+fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
+    let mut done = 0;
+    while done < src.len() {
+        let pos = off + done;
+        let (row, col) = (pos / l.run, pos % l.run);
+        let len = (l.run - col).min(src.len() - done);
+        let at = r * l.extent + row * l.stride + col;
+        buf[at..at + len].copy_from_slice(&src[done..done + len]);
+        done += len;
+    }
+}
+
+/// Contiguous blocks of `block` bytes.
+fn contiguous(block: usize) -> BlockLayout {
+    BlockLayout {
+        count: 1,
+        run: block,
+        stride: block,
+        extent: block,
+    }
+}
+
+/// One call's view of a group's [`ShmPlane`]: the plane and the watchdog's pulse.
+pub(crate) struct ShmCall<'a> {
+    pub(crate) plane: &'a ShmPlane,
+    pub(crate) pulse: Pulse<'a>,
+}
+
+impl HostMoves for ShmCall<'_> {
+    fn barrier(&self) -> Result<(), Fault> {
+        let area = self.plane.begin_phase();
+        self.plane.sync(area, &self.pulse)
+    }
+
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
+        let (n, dtype) = (input.nbytes(), input.dtype());
+        self.plane.reduce_pieces(
+            &self.pulse,
+            Some(input.bytes()),
+            out.bytes_mut(),
+            n,
+            dtype,
+            op,
+            true,
+        )
+    }
+
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let (n, dtype) = (input.nbytes(), input.dtype());
+        let gathers = self.plane.me == root;
+        self.plane.reduce_pieces(
+            &self.pulse,
+            Some(input.bytes()),
+            out.bytes_mut(),
+            n,
+            dtype,
+            op,
+            gathers,
+        )
+    }
+
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let plane = self.plane;
+        let (p, me, dtype) = (plane.size, plane.me, packed.dtype());
+        let block = out.nbytes();
+        let (input, out) = (packed.bytes(), out.bytes_mut());
+        let mut srcs: Vec<&[u8]> = Vec::with_capacity(p);
+        for (off, m) in pieces(block, plane.block_piece()) {
+            let area = plane.begin_phase();
+            for r in 0..p {
+                plane
+                    .own(area, r * m, m)
+                    .copy_from_slice(&input[r * block + off..r * block + off + m]);
+            }
+            plane.sync(area, &self.pulse)?;
+            srcs.clear();
+            srcs.extend((0..p).map(|q| plane.peer(q, area, me * m, m)));
+            combine(dtype, op, &srcs, &mut out[off..off + m], p);
+        }
+        Ok(())
+    }
+
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let plane = self.plane;
+        let n = block.len();
+        for (off, m) in pieces(n, plane.chunk()) {
+            let area = plane.begin_phase();
+            plane.own(area, 0, m).copy_from_slice(&block[off..off + m]);
+            plane.sync(area, &self.pulse)?;
+            for r in 0..plane.size {
+                out[r * n + off..r * n + off + m].copy_from_slice(plane.peer(r, area, 0, m));
+            }
+        }
+        Ok(())
+    }
+
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+        let plane = self.plane;
+        let n = block.len();
+        let mut out = (plane.me == root).then(|| vec![0u8; n * plane.size]);
+        for (off, m) in pieces(n, plane.chunk()) {
+            let area = plane.begin_phase();
+            plane.own(area, 0, m).copy_from_slice(&block[off..off + m]);
+            plane.sync(area, &self.pulse)?;
+            if let Some(out) = out.as_mut() {
+                for r in 0..plane.size {
+                    out[r * n + off..r * n + off + m].copy_from_slice(plane.peer(r, area, 0, m));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+        let block = recv.len();
+        let send = send
+            .filter(|_| self.plane.me == root)
+            .map(|s| (s, contiguous(block)));
+        self.plane.exchange_blocks(
+            &self.pulse,
+            send,
+            Some((recv, contiguous(block))),
+            block,
+            Some(root),
+        )
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+        let plane = self.plane;
+        for (off, m) in pieces(buf.len(), plane.chunk()) {
+            let area = plane.begin_phase();
+            if plane.me == root {
+                plane.own(area, 0, m).copy_from_slice(&buf[off..off + m]);
+            }
+            plane.sync(area, &self.pulse)?;
+            if plane.me != root {
+                buf[off..off + m].copy_from_slice(plane.peer(root, area, 0, m));
+            }
+        }
+        Ok(())
+    }
+
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let block = send.len() / self.plane.size;
+        let layout = contiguous(block);
+        self.all_to_all_strided(send, layout, out, layout)
+            .map(|_| ())
+    }
+
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        out: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault> {
+        let block = send_layout.count * send_layout.run;
+        self.plane.exchange_blocks(
+            &self.pulse,
+            Some((send, send_layout)),
+            Some((out, recv_layout)),
+            block,
+            None,
+        )?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_total_and_an_empty_call_has_one() {
+        assert_eq!(pieces(0, 8).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(pieces(20, 8).collect::<Vec<_>>(), [(0, 8), (8, 8), (16, 4)]);
+    }
+
+    #[test]
+    fn strided_blocks_round_trip() {
+        // A [2, 4] tensor of bytes, split into 2 blocks along dim 1.
+        let buf: Vec<u8> = (0..8).collect();
+        let l = BlockLayout::along(&[2, 4], 1, 2, 1);
+        let mut got = vec![0u8; 4];
+        read_block(&buf, l, 1, 0, &mut got);
+        assert_eq!(got, [2, 3, 6, 7]);
+        let mut part = vec![0u8; 3];
+        read_block(&buf, l, 1, 1, &mut part);
+        assert_eq!(part, [3, 6, 7]);
+        let mut back = vec![0u8; 8];
+        write_block(&mut back, l, 1, 0, &got);
+        assert_eq!(back, [0, 0, 2, 3, 0, 0, 6, 7]);
+    }
+}
