@@ -133,7 +133,9 @@ impl GroupCoordinator<'_> {
             let mut bytes = bytes.expect("checked by dispatch");
             if size > 1 {
                 bytes.resize(descs[src].len as usize, 0);
-                self.plane().broadcast(&mut bytes, src);
+                self.host()
+                    .broadcast(&mut bytes, src)
+                    .map_err(|f| f.into_error(op, self.name()))?;
             }
             decode_owned(self.name(), op, src, bytes)
         })
@@ -173,7 +175,10 @@ impl GroupCoordinator<'_> {
                 let all = if self.size() == 1 {
                     vec![bytes]
                 } else {
-                    self.plane().all_gather_varcount(&bytes, &lens)
+                    self.host()
+                        .gather_varcount(&bytes, &lens, None)
+                        .map_err(|f| f.into_error(op, self.name()))?
+                        .expect("every rank gets an all-gather")
                 };
                 all.iter()
                     .enumerate()
@@ -207,7 +212,9 @@ impl GroupCoordinator<'_> {
                 let all = if size == 1 {
                     Some(vec![bytes])
                 } else {
-                    self.plane().gather_varcount(&bytes, &lens, dst)
+                    self.host()
+                        .gather_varcount(&bytes, &lens, Some(dst))
+                        .map_err(|f| f.into_error(op, self.name()))?
                 };
                 all.map(|all| {
                     all.iter()

@@ -358,7 +358,9 @@ fn a_forged_huge_object_length_is_refused_before_allocating() {
     }
     let job = run_fault("forged-huge");
     assert_has(&job, &["rank 0: error: send_object/recv_object on world: group rank 1 sends an object of 1099511627776 bytes but group rank 0 accepts at most 4294967296 (RANKMESH_MAX_OBJECT_BYTES)"]);
-    let job = run_fault("forged-huge-broadcast");
+    // The forger speaks the MPI executor's agreement (the shared-memory
+    // one reads descriptors from the window, with the same checks).
+    let (job, _) = run_fault_with("forged-huge-broadcast", &[("RANKMESH_HOST_PLANE", "mpi")]);
     assert_has(&job, &["rank 0: error: broadcast_object on world: group rank 1: an object of 1099511627776 bytes exceeds RANKMESH_MAX_OBJECT_BYTES=4294967296"]);
 }
 

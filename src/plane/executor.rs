@@ -37,6 +37,14 @@ pub(crate) trait HostMoves {
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault>;
     /// Every rank's `block` concatenated on `root`; `None` elsewhere.
     fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault>;
+    /// Each rank's `mine` (lengths `lens`, known to all) on `root`, or on
+    /// every rank when `root` is `None`; `None` on ranks that get nothing.
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault>;
     /// Block `r` of `root`'s `send` into rank `r`'s `recv`.
     fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault>;
     /// `root`'s `buf` into every rank's `buf`.
@@ -155,6 +163,18 @@ impl HostMoves for HostPlane<'_> {
 
     fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
         Ok(HostPlane::gather(self, block, root))
+    }
+
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
+        Ok(match root {
+            Some(root) => HostPlane::gather_varcount(self, mine, lens, root),
+            None => Some(HostPlane::all_gather_varcount(self, mine, lens)),
+        })
     }
 
     fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {

@@ -548,6 +548,32 @@ impl HostMoves for ShmCall<'_> {
         Ok(out)
     }
 
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
+        let plane = self.plane;
+        let gets = root.is_none_or(|r| r == plane.me);
+        let mut out: Option<Vec<Vec<u8>>> =
+            gets.then(|| lens.iter().map(|n| Vec::with_capacity(*n)).collect());
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        for (off, m) in pieces(longest, plane.chunk()) {
+            let area = plane.begin_phase();
+            let own = mine.len().saturating_sub(off).min(m);
+            plane
+                .own(area, 0, own)
+                .copy_from_slice(&mine[off..off + own]);
+            plane.sync(area, &self.pulse)?;
+            for (r, got) in out.iter_mut().flatten().enumerate() {
+                let len = lens[r].saturating_sub(off).min(m);
+                got.extend_from_slice(plane.peer(r, area, 0, len));
+            }
+        }
+        Ok(out)
+    }
+
     fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
         let block = recv.len();
         let send = send
