@@ -447,8 +447,10 @@ fn choose_plane(rt: &Runtime, backend: Backend) -> rankmesh::Result<bool> {
             if rt.rank() == 0 {
                 let first = m.lines().next().unwrap_or_default();
                 let _ = std::io::stderr().write_all(
-                    format!("rankmesh bench: --backend auto: rank {r}: {first}; using the host plane (MPI)\n")
-                        .as_bytes(),
+                    format!(
+                        "rankmesh bench: --backend auto: rank {r}: {first}; using the host plane\n"
+                    )
+                    .as_bytes(),
                 );
             }
             Ok(false)

@@ -42,6 +42,21 @@ pub struct RankGroups {
     pub sp: Vec<usize>,
     /// Data-parallel group.
     pub dp: Vec<usize>,
+    /// The host executor of each group, as
+    /// [`GroupCoordinator::host_executor`](crate::GroupCoordinator::host_executor)
+    /// names it.
+    pub host: HostExecutors,
+}
+
+/// Which executor runs a rank's host collectives, per group.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct HostExecutors {
+    /// Tensor-parallel group: `shm`, `mpi` or `local`.
+    pub tp: String,
+    /// Sequence-parallel group.
+    pub sp: String,
+    /// Data-parallel group.
+    pub dp: String,
 }
 
 /// The whole report; its JSON form is the CLI's `--json` output (placement
@@ -89,12 +104,17 @@ impl TopoReport {
             Some(p) => p.clone(),
             None => crate::placement::describe(me.local_rank, device.as_ref())?,
         };
-        let placements = ps.world().all_gather_object(&(mine, device))?;
+        let host = HostExecutors {
+            tp: ps.tp()?.host_executor().to_string(),
+            sp: ps.sp()?.host_executor().to_string(),
+            dp: ps.dp()?.host_executor().to_string(),
+        };
+        let placements = ps.world().all_gather_object(&(mine, device, host))?;
         let ranks = world
             .ranks
             .iter()
             .zip(placements)
-            .map(|(r, (p, device))| RankEntry {
+            .map(|(r, (p, device, host))| RankEntry {
                 rank: r.rank,
                 host: r.host.clone(),
                 node: r.node,
@@ -104,6 +124,7 @@ impl TopoReport {
                     tp: layout.group_of(GroupKind::Tp, r.rank),
                     sp: layout.group_of(GroupKind::Sp, r.rank),
                     dp: layout.group_of(GroupKind::Dp, r.rank),
+                    host,
                 },
                 cpus: p.cpus,
                 numa: p.numa,
@@ -182,19 +203,30 @@ impl TopoReport {
             .max()
             .unwrap_or(3)
             .max(3);
+        let exec = |r: &RankEntry| {
+            let h = &r.groups.host;
+            format!("{}/{}/{}", h.tp, h.sp, h.dp)
+        };
+        let ew = self
+            .ranks
+            .iter()
+            .map(|r| exec(r).len())
+            .max()
+            .unwrap_or(0)
+            .max("host tp/sp/dp".len());
         let mut out = format!(
-            "{} ranks on {} node(s): tp={} sp={} dp={}; {}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
+            "{} ranks on {} node(s): tp={} sp={} dp={}; {}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<ew$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
             self.world_size,
             self.nodes,
             self.tp,
             self.sp,
             self.dp,
             self.nccl.as_ref().map_or("NCCL not found".to_string(), |n| format!("NCCL {} ({})", n.version, n.path)),
-            "rank", "host", "node", "local", "tp", "sp", "dp", "cpus", "numa", "gpu", "bound"
+            "rank", "host", "node", "local", "tp", "sp", "dp", "host tp/sp/dp", "cpus", "numa", "gpu", "bound"
         );
         for r in &self.ranks {
             out += &format!(
-                "{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
+                "{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<ew$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
                 r.rank,
                 r.host,
                 r.node,
@@ -202,6 +234,7 @@ impl TopoReport {
                 fmt_group(&r.groups.tp),
                 fmt_group(&r.groups.sp),
                 fmt_group(&r.groups.dp),
+                exec(r),
                 r.cpus,
                 numa(r),
                 gpu(r),

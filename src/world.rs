@@ -85,7 +85,7 @@ pub struct Options {
     /// Set it the same on every rank: a group's members check it.
     pub host_plane: HostPlaneChoice,
     /// Bytes of each of the two data areas a rank owns in a group's
-    /// shared-memory window (`RANKMESH_SHM_CHUNK_BYTES`, default 256 KiB,
+    /// shared-memory window (`RANKMESH_SHM_CHUNK_BYTES`, default 1 MiB,
     /// rounded up to whole pages).
     pub shm_chunk_bytes: usize,
 }

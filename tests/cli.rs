@@ -328,7 +328,7 @@ fn nccl_library_is_discovered_and_reported() {
             .lines()
             .filter(
                 |l| l.starts_with("rankmesh bench: --backend auto: rank 0: ")
-                    && l.ends_with("; using the host plane (MPI)")
+                    && l.ends_with("; using the host plane")
             )
             .count(),
         1,

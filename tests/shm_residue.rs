@@ -6,6 +6,7 @@
 
 mod support;
 
+use rankmesh::Collectives as _;
 use rankmesh::{DType, Runtime, Tensor};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -41,7 +42,8 @@ fn shared_memory_files() -> BTreeSet<String> {
 }
 
 /// Run by each rank: rank 1 aborts (no unwinding, no MPI_Finalize) while the
-/// ranks loop over 64 MiB gathers, each of which lives in a shared window.
+/// ranks loop over 64 MiB gathers, each of which lives in a shared window,
+/// and all-reduces on the shared-memory executor (the group's window).
 #[test]
 fn worker() {
     if std::env::var(WORKER).is_err() {
@@ -51,6 +53,8 @@ fn worker() {
     let g = rt.world_group().unwrap();
     let all: Vec<usize> = (0..g.size()).collect();
     let t = Tensor::zeros([16 << 20], DType::F32).unwrap();
+    let mut u = Tensor::zeros([1 << 20], DType::F32).unwrap();
+    assert_eq!(g.host_executor(), "shm");
     if g.rank_in_group() == 1 {
         std::thread::spawn(|| {
             std::thread::sleep(std::time::Duration::from_millis(400));
@@ -59,6 +63,8 @@ fn worker() {
     }
     for _ in 0..1000 {
         g.gather_tensors(&t, rankmesh::gather::Ranks::Group(&all))
+            .unwrap();
+        g.all_reduce_in_place(&mut u, rankmesh::ReduceOp::Sum)
             .unwrap();
     }
     panic!("rank 1 should have aborted long before 1000 gathers");

@@ -154,7 +154,14 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             let i = dg.gpu().info();
             (i.ordinal as i32, i.bus_id.clone(), i.name.clone())
         }
-        None => (-1, "0000:00:00".into(), "host memory (MPI)".into()),
+        None => {
+            let executor = match group.host_executor() {
+                "shm" => "shared memory",
+                "mpi" => "MPI",
+                other => other,
+            };
+            (-1, "0000:00:00".into(), format!("host memory ({executor})"))
+        }
     };
     let device = json::Device {
         rank: rt.rank(),
