@@ -125,7 +125,9 @@ impl<'rt> GroupCoordinator<'rt> {
                 rt.options().shm_chunk_bytes,
             ));
             rt.keep_window(window.clone());
-            ShmPlane::new(window, self.rank_in_group())
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let oversubscribed = rt.world().me().local_size > cores;
+            ShmPlane::new(window, self.rank_in_group(), oversubscribed)
         }))
     }
 

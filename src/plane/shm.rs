@@ -49,8 +49,12 @@ const DATA_AT: usize = (64 + 2 * DESC_AREA).next_multiple_of(4096);
 const SPLIT_BYTES: usize = 8 << 10;
 /// Page size the slots are aligned to.
 const PAGE: usize = 4096;
-/// Spins before a waiting rank starts yielding its core to others.
+/// Spins before a waiting rank yields its core, when every rank of the
+/// node has a core of its own.
 const SPINS: u32 = 4096;
+/// Spins before yielding when the node's ranks outnumber its cores: the
+/// peer being waited for may be waiting for this core.
+const SPINS_OVERSUBSCRIBED: u32 = 16;
 
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
 /// fastest for 64 MiB all-reduces on 2 ranks here (256 KiB took twice as long).
@@ -142,11 +146,14 @@ pub(crate) struct ShmPlane {
     disagreement: RefCell<Option<Vec<Descriptor>>>,
     /// This rank's share of a reduced piece (8-aligned; stays in cache).
     scratch: RefCell<Vec<u64>>,
+    /// Spins before a waiting rank yields.
+    spins: u32,
 }
 
 impl ShmPlane {
-    /// The plane of group rank `me` over `window`.
-    pub(crate) fn new(window: Rc<ShmWindow>, me: usize) -> ShmPlane {
+    /// The plane of group rank `me` over `window`; `oversubscribed`: the
+    /// node runs more ranks than this rank has cores.
+    pub(crate) fn new(window: Rc<ShmWindow>, me: usize, oversubscribed: bool) -> ShmPlane {
         let size = window.slots.len();
         ShmPlane {
             window,
@@ -157,6 +164,11 @@ impl ShmPlane {
             staged: Cell::new(None),
             disagreement: RefCell::new(None),
             scratch: RefCell::new(Vec::new()),
+            spins: if oversubscribed {
+                SPINS_OVERSUBSCRIBED
+            } else {
+                SPINS
+            },
         }
     }
 
@@ -271,7 +283,7 @@ impl ShmPlane {
             let flag = self.flag(r);
             let mut spins = 0u32;
             while flag.load(Ordering::Acquire) < step {
-                if spins < SPINS {
+                if spins < self.spins {
                     spins += 1;
                     std::hint::spin_loop();
                 } else {
