@@ -397,10 +397,9 @@ impl<'rt> GroupCoordinator<'rt> {
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
+        let one = std::slice::from_ref(&desc);
         if self.size() == 1 {
-            agree(std::slice::from_ref(&desc), 0, &check)
-                .map_err(|r| Error::rejected(op, self.name(), r))?;
-            return body(std::slice::from_ref(&desc));
+            return self.checked(op, one, 0, &check, body);
         }
         if let Some(shm) = self.shm() {
             return self.agree_on_shm(shm, fused, desc, check, body);
@@ -418,20 +417,30 @@ impl<'rt> GroupCoordinator<'rt> {
             .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
         if max == [key, !key, 0] && !desc.needs_all() {
             // Identical everywhere: the op's own check gives every rank the same verdict.
-            agree(std::slice::from_ref(&desc), 0, &check)
-                .map_err(|r| Error::rejected(op, self.name(), r))?;
-            tracing::trace!("agreed");
-            return body(std::slice::from_ref(&desc));
+            return self.checked(op, one, 0, &check, body);
         }
         let mut descs = vec![Descriptor::new(op, &[]); self.size()];
         self.inner.comm.all_gather_into(
             bytemuck::bytes_of(&desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
-        agree(&descs, self.rank_in_group(), &check)
-            .map_err(|r| Error::rejected(op, self.name(), r))?;
+        self.checked(op, &descs, self.rank_in_group(), &check, body)
+    }
+
+    /// Applies the agreement rules and the op's `check` to `descs` (this
+    /// rank's alone when every rank's is the same, `me` being 0 then) and
+    /// runs `body` on them when they allow the call.
+    fn checked<R>(
+        &self,
+        op: Op,
+        descs: &[Descriptor],
+        me: usize,
+        check: &dyn Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        agree(descs, me, check).map_err(|r| Error::rejected(op, self.name(), r))?;
         tracing::trace!("agreed");
-        body(&descs)
+        body(descs)
     }
 
     /// The agreement on shared memory. A fused call whose op's checks pass
@@ -457,9 +466,7 @@ impl<'rt> GroupCoordinator<'rt> {
             if let Some(descs) = shm.take_disagreement() {
                 return Err(match agree(&descs, me, &check) {
                     Err(r) => Error::rejected(op, self.name(), r),
-                    Ok(()) => {
-                        Error::mismatch(op, self.name(), "the members passed different calls")
-                    }
+                    Ok(()) => Fault::Disagreed.into_error(op, self.name()),
                 });
             }
             if shm.unstage() {
@@ -473,11 +480,9 @@ impl<'rt> GroupCoordinator<'rt> {
         }
         let descs = shm.exchange_descriptors(&desc, &self.inner.rt.watchdog().pulse());
         if descs.iter().all(|d| *d == desc) && !desc.bad_output() && !desc.needs_all() {
-            agree(one, 0, &check).map_err(|r| Error::rejected(op, self.name(), r))?;
-            return body(one);
+            return self.checked(op, one, 0, &check, body);
         }
-        agree(&descs, me, &check).map_err(|r| Error::rejected(op, self.name(), r))?;
-        body(&descs)
+        self.checked(op, &descs, me, &check, body)
     }
 
     /// The dispatch path with the op's rules applied: `desc` names the op,

@@ -153,20 +153,13 @@ impl TopoReport {
     /// A fixed-width table for terminals and logs.
     pub fn table(&self) -> String {
         let fmt_group = |g: &[usize]| format!("{g:?}");
-        let host_w = self
-            .ranks
-            .iter()
-            .map(|r| r.host.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
+        // A column as wide as its widest cell, and at least `min`.
+        let width = |cell: &dyn Fn(&RankEntry) -> usize, min: usize| {
+            self.ranks.iter().map(cell).max().unwrap_or(0).max(min)
+        };
+        let host_w = width(&|r| r.host.len(), 4);
         let group_w = |k: fn(&RankGroups) -> &Vec<usize>| {
-            self.ranks
-                .iter()
-                .map(|r| fmt_group(k(&r.groups)).len())
-                .max()
-                .unwrap_or(2)
-                .max(2)
+            width(&|r: &RankEntry| fmt_group(k(&r.groups)).len(), 2)
         };
         let (tw, sw, dw) = (group_w(|g| &g.tp), group_w(|g| &g.sp), group_w(|g| &g.dp));
         let numa = |r: &RankEntry| {
@@ -182,38 +175,14 @@ impl TopoReport {
             (None, Some(g)) => g.bus_id.clone(),
             (None, None) => "-".to_string(),
         };
-        let cw = self
-            .ranks
-            .iter()
-            .map(|r| r.cpus.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
-        let nw = self
-            .ranks
-            .iter()
-            .map(|r| numa(r).len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
-        let gw = self
-            .ranks
-            .iter()
-            .map(|r| gpu(r).len())
-            .max()
-            .unwrap_or(3)
-            .max(3);
         let exec = |r: &RankEntry| {
             let h = &r.groups.host;
             format!("{}/{}/{}", h.tp, h.sp, h.dp)
         };
-        let ew = self
-            .ranks
-            .iter()
-            .map(|r| exec(r).len())
-            .max()
-            .unwrap_or(0)
-            .max("host tp/sp/dp".len());
+        let cw = width(&|r| r.cpus.len(), 4);
+        let nw = width(&|r| numa(r).len(), 4);
+        let gw = width(&|r| gpu(r).len(), 3);
+        let ew = width(&|r| exec(r).len(), "host tp/sp/dp".len());
         let mut out = format!(
             "{} ranks on {} node(s): tp={} sp={} dp={}; {}\n{:>4}  {:<host_w$}  {:>4}  {:>5}  {:<tw$}  {:<sw$}  {:<dw$}  {:<ew$}  {:<cw$}  {:<nw$}  {:<gw$}  {}\n",
             self.world_size,

@@ -109,29 +109,12 @@ impl Options {
     pub fn from_env() -> Result<Options> {
         let mut o = Options::default();
         if let Ok(v) = std::env::var("RANKMESH_MAX_MESSAGE_BYTES") {
-            o.max_message_bytes = v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=i32::MAX as usize).contains(n))
-                .ok_or_else(|| {
-                    Error::Launch(format!(
-                        "RANKMESH_MAX_MESSAGE_BYTES={v:?} is not a byte count in 1..={}",
-                        i32::MAX
-                    ))
-                })?;
+            o.max_message_bytes =
+                byte_count("RANKMESH_MAX_MESSAGE_BYTES", &v, 1, i32::MAX as u64)? as usize;
         }
         if let Ok(v) = std::env::var("RANKMESH_MAX_OBJECT_BYTES") {
-            o.max_object_bytes = v
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|n| (1..=MAX_OBJECT_BYTES_LIMIT).contains(n))
-                .ok_or_else(|| {
-                    Error::Launch(format!(
-                        "RANKMESH_MAX_OBJECT_BYTES={v:?} is not a byte count in 1..={MAX_OBJECT_BYTES_LIMIT}"
-                    ))
-                })?;
+            o.max_object_bytes =
+                byte_count("RANKMESH_MAX_OBJECT_BYTES", &v, 1, MAX_OBJECT_BYTES_LIMIT)?;
         }
         if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
             o.timeout = parse_timeout(&v)?;
@@ -149,22 +132,23 @@ impl Options {
             o.host_plane = v.parse()?;
         }
         if let Ok(v) = std::env::var("RANKMESH_SHM_CHUNK_BYTES") {
-            o.shm_chunk_bytes = v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (4096..=MAX_SHM_CHUNK).contains(n))
-                .ok_or_else(|| {
-                    Error::Launch(format!(
-                        "RANKMESH_SHM_CHUNK_BYTES={v:?} is not a byte count in 4096..={MAX_SHM_CHUNK}"
-                    ))
-                })?;
+            o.shm_chunk_bytes =
+                byte_count("RANKMESH_SHM_CHUNK_BYTES", &v, 4096, MAX_SHM_CHUNK as u64)? as usize;
         }
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);
         }
         Ok(o)
     }
+}
+
+/// Environment variable `name`'s value `v` as a byte count in `lo..=hi`.
+fn byte_count(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (lo..=hi).contains(n))
+        .ok_or_else(|| Error::Launch(format!("{name}={v:?} is not a byte count in {lo}..={hi}")))
 }
 
 /// Largest `RANKMESH_SHM_CHUNK_BYTES` (1 GiB): two of them per rank and group.

@@ -199,6 +199,8 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_TIMEOUT", "-1", "RANKMESH_TIMEOUT=\"-1\" is out of range"),
         ("RANKMESH_MAX_OBJECT_BYTES", "0", "RANKMESH_MAX_OBJECT_BYTES=\"0\" is not a byte count in 1..=1099511627776"),
         ("RANKMESH_TRACE_DIR", "", "RANKMESH_TRACE_DIR is set but empty"),
+        ("RANKMESH_HOST_PLANE", "fast", "RANKMESH_HOST_PLANE=\"fast\" is not one of mpi, shm, auto"),
+        ("RANKMESH_SHM_CHUNK_BYTES", "100", "RANKMESH_SHM_CHUNK_BYTES=\"100\" is not a byte count in 4096..=1073741824"),
     ] {
         let job = support::mpirun(2, exe(), &["topo"], &[(var, value)]);
         assert!(!job.ok(), "{var}={value}: {}", job.describe());
@@ -213,6 +215,21 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         "{}",
         job.describe()
     );
+}
+
+/// `RANKMESH_HOST_PLANE=shm` on a world spanning nodes is refused at its
+/// creation, with the same message on every rank.
+#[test]
+fn forced_shared_memory_across_nodes_is_an_error_on_every_rank() {
+    if !support::fake_nodes_available() {
+        eprintln!("SKIPPED: `unshare --uts` is not permitted here");
+        return;
+    }
+    let job = support::fake_nodes("1,2", exe(), &["topo"], &[("RANKMESH_HOST_PLANE", "shm")]);
+    assert!(!job.ok(), "{}", job.describe());
+    let msg = "RANKMESH_HOST_PLANE=shm: world spans nodes, and the shared-memory executor runs within one node (use auto or mpi)";
+    assert_eq!(job.stderr.matches(msg).count(), 3, "{}", job.describe());
+    assert!(!job.stderr.contains("panicked"), "{}", job.describe());
 }
 
 #[test]

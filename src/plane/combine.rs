@@ -69,29 +69,33 @@ fn fold_into<T: Arith>(acc: &mut [T], src: &[T], op: ReduceOp) {
     }
 }
 
-/// `dst` = the reduction of `srcs` (in order) with `op`, then `Avg`'s division.
-fn native<T: Arith>(srcs: &[&[u8]], dst: &mut [u8], op: ReduceOp, n: usize) {
+/// One rank's values by group rank.
+type Source<'s, 'a> = &'s dyn Fn(usize) -> &'a [u8];
+
+/// `dst` = the reduction of the `n` ranks' values (in rank order) with
+/// `op`, then `Avg`'s division.
+fn native<T: Arith>(n: usize, src: Source, dst: &mut [u8], op: ReduceOp) {
     let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
-    dst.copy_from_slice(bytemuck::cast_slice(srcs[0]));
-    for s in &srcs[1..] {
-        fold_into(dst, bytemuck::cast_slice(s), op);
+    dst.copy_from_slice(bytemuck::cast_slice(src(0)));
+    for r in 1..n {
+        fold_into(dst, bytemuck::cast_slice(src(r)), op);
     }
     if op == ReduceOp::Avg {
         dst.iter_mut().for_each(|x| *x = x.div_n(n));
     }
 }
 
-/// Narrow floats: every source widened into f32, reduced there, rounded once.
-fn widened<T: Widen + bytemuck::Pod>(srcs: &[&[u8]], dst: &mut [u8], op: ReduceOp, n: usize) {
+/// Narrow floats: every rank's values widened into f32, reduced there, rounded once.
+fn widened<T: Widen + bytemuck::Pod>(n: usize, src: Source, dst: &mut [u8], op: ReduceOp) {
     let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
     WIDE.with(|wide| {
         let mut wide = wide.borrow_mut();
         let (acc, tmp) = &mut *wide;
         acc.resize(dst.len(), 0.0);
         tmp.resize(dst.len(), 0.0);
-        T::widen(bytemuck::cast_slice(srcs[0]), acc);
-        for s in &srcs[1..] {
-            T::widen(bytemuck::cast_slice(s), tmp);
+        T::widen(bytemuck::cast_slice(src(0)), acc);
+        for r in 1..n {
+            T::widen(bytemuck::cast_slice(src(r)), tmp);
             fold_into(acc, tmp, op);
         }
         if op == ReduceOp::Avg {
@@ -101,34 +105,42 @@ fn widened<T: Widen + bytemuck::Pod>(srcs: &[&[u8]], dst: &mut [u8], op: ReduceO
     });
 }
 
-/// Writes the reduction of `srcs` (one slice per rank, in rank order, each
-/// as long as `dst`) with `op` into `dst`; `n` is the group size `Avg`
-/// divides by. Slices must be aligned for `dtype`.
-pub(crate) fn combine(dtype: DType, op: ReduceOp, srcs: &[&[u8]], dst: &mut [u8], n: usize) {
+/// Writes the reduction with `op` of the values of the `n` ranks of a
+/// group into `dst`; `src(r)` is rank `r`'s slice (as long as `dst`,
+/// aligned for `dtype`), and `Avg` divides by `n`. Taking a function
+/// keeps the hot path free of a per-call list of slices.
+pub(crate) fn combine<'a>(
+    dtype: DType,
+    op: ReduceOp,
+    n: usize,
+    src: impl Fn(usize) -> &'a [u8],
+    dst: &mut [u8],
+) {
+    let src: Source<'_, 'a> = &src;
     if dst.is_empty() {
         return;
     }
     match dtype {
-        DType::F32 => native::<f32>(srcs, dst, op, n),
-        DType::F64 => native::<f64>(srcs, dst, op, n),
-        DType::I8 => native::<i8>(srcs, dst, op, n),
-        DType::U8 => native::<u8>(srcs, dst, op, n),
-        DType::I16 => native::<i16>(srcs, dst, op, n),
-        DType::U16 => native::<u16>(srcs, dst, op, n),
-        DType::I32 => native::<i32>(srcs, dst, op, n),
-        DType::U32 => native::<u32>(srcs, dst, op, n),
-        DType::I64 => native::<i64>(srcs, dst, op, n),
-        DType::U64 => native::<u64>(srcs, dst, op, n),
-        DType::F16 => widened::<f16>(srcs, dst, op, n),
-        DType::BF16 => widened::<bf16>(srcs, dst, op, n),
-        DType::F8E4M3 => widened::<F8E4M3>(srcs, dst, op, n),
-        DType::F8E5M2 => widened::<F8E5M2>(srcs, dst, op, n),
+        DType::F32 => native::<f32>(n, src, dst, op),
+        DType::F64 => native::<f64>(n, src, dst, op),
+        DType::I8 => native::<i8>(n, src, dst, op),
+        DType::U8 => native::<u8>(n, src, dst, op),
+        DType::I16 => native::<i16>(n, src, dst, op),
+        DType::U16 => native::<u16>(n, src, dst, op),
+        DType::I32 => native::<i32>(n, src, dst, op),
+        DType::U32 => native::<u32>(n, src, dst, op),
+        DType::I64 => native::<i64>(n, src, dst, op),
+        DType::U64 => native::<u64>(n, src, dst, op),
+        DType::F16 => widened::<f16>(n, src, dst, op),
+        DType::BF16 => widened::<bf16>(n, src, dst, op),
+        DType::F8E4M3 => widened::<F8E4M3>(n, src, dst, op),
+        DType::F8E5M2 => widened::<F8E5M2>(n, src, dst, op),
         DType::Bool => {
             let logic = match op {
                 ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg => ReduceOp::Max,
                 ReduceOp::Prod | ReduceOp::Min => ReduceOp::Min,
             };
-            native::<u8>(srcs, dst, logic, n)
+            native::<u8>(n, src, dst, logic)
         }
     }
 }
@@ -145,11 +157,11 @@ mod tests {
     fn integers_wrap_and_avg_truncates() {
         let (a, b) = (bytes(&[200u8, 7]), bytes(&[100u8, 2]));
         let mut out = vec![0u8; 2];
-        combine(DType::U8, ReduceOp::Sum, &[&a, &b], &mut out, 2);
+        combine(DType::U8, ReduceOp::Sum, 2, |r| [&a, &b][r], &mut out);
         assert_eq!(out, [44, 9]);
-        combine(DType::U8, ReduceOp::Avg, &[&a, &b], &mut out, 2);
+        combine(DType::U8, ReduceOp::Avg, 2, |r| [&a, &b][r], &mut out);
         assert_eq!(out, [22, 4]);
-        combine(DType::U8, ReduceOp::Prod, &[&a, &b], &mut out, 2);
+        combine(DType::U8, ReduceOp::Prod, 2, |r| [&a, &b][r], &mut out);
         assert_eq!(out, [(200u32 * 100 % 256) as u8, 14]);
     }
 
@@ -162,9 +174,9 @@ mod tests {
         combine(
             DType::F16,
             ReduceOp::Sum,
-            &[&one, &tiny, &tiny],
-            &mut out,
             3,
+            |r| [&one, &tiny, &tiny][r],
+            &mut out,
         );
         let got: &[f16] = bytemuck::cast_slice(&out);
         assert_eq!(got[0].to_f32(), 1.0 + 2f32.powi(-10));
@@ -174,15 +186,15 @@ mod tests {
     fn min_max_bool_and_float() {
         let (a, b) = (bytes(&[1.5f32, -2.0]), bytes(&[0.5f32, 3.0]));
         let mut out = vec![0u8; 8];
-        combine(DType::F32, ReduceOp::Min, &[&a, &b], &mut out, 2);
+        combine(DType::F32, ReduceOp::Min, 2, |r| [&a, &b][r], &mut out);
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&out), [0.5, -2.0]);
-        combine(DType::F32, ReduceOp::Max, &[&a, &b], &mut out, 2);
+        combine(DType::F32, ReduceOp::Max, 2, |r| [&a, &b][r], &mut out);
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&out), [1.5, 3.0]);
         let (x, y) = (vec![1u8, 0, 1], vec![0u8, 0, 1]);
         let mut out = vec![9u8; 3];
-        combine(DType::Bool, ReduceOp::Sum, &[&x, &y], &mut out, 2);
+        combine(DType::Bool, ReduceOp::Sum, 2, |r| [&x, &y][r], &mut out);
         assert_eq!(out, [1, 0, 1]);
-        combine(DType::Bool, ReduceOp::Prod, &[&x, &y], &mut out, 2);
+        combine(DType::Bool, ReduceOp::Prod, 2, |r| [&x, &y][r], &mut out);
         assert_eq!(out, [0, 0, 1]);
     }
 }

@@ -26,6 +26,7 @@
 use super::combine::combine;
 use super::executor::HostMoves;
 use super::host::BlockLayout;
+use super::shm_window::allocate_shared;
 use crate::dispatch::Descriptor;
 use crate::error::Fault;
 use crate::reduce::ReduceOp;
@@ -35,7 +36,6 @@ use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use std::cell::{Cell, RefCell};
-use std::os::raw::{c_int, c_void};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -74,45 +74,7 @@ impl ShmWindow {
         let size = comm.size() as usize;
         // Every rank's share of a per-block piece must hold a cache line.
         let chunk = chunk.max(64 * size).next_multiple_of(4096);
-        let slot = DATA_AT + 2 * chunk;
-        let mut base: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a zeroed handle is written by MPI before use.
-        let mut win: ffi::MPI_Win = unsafe { std::mem::zeroed() };
-        // SAFETY: out-pointers are valid; every member of `comm` calls this
-        // at the same point (a group's first collective); errors abort.
-        // A page more than the slot: Open MPI puts its own header before
-        // the first segment, so slots are aligned here, not by MPI.
-        unsafe {
-            ffi::MPI_Win_allocate_shared(
-                (slot + PAGE) as ffi::MPI_Aint,
-                1,
-                ffi::RSMPI_INFO_NULL,
-                comm.as_raw(),
-                &mut base as *mut *mut c_void as *mut c_void,
-                &mut win,
-            );
-        }
-        let slots: Vec<*mut u8> = (0..size)
-            .map(|r| {
-                let (mut bytes, mut disp): (ffi::MPI_Aint, c_int) = (0, 0);
-                let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: `r` is a rank of the window's communicator.
-                unsafe {
-                    ffi::MPI_Win_shared_query(
-                        win,
-                        r as c_int,
-                        &mut bytes,
-                        &mut disp,
-                        &mut p as *mut *mut c_void as *mut c_void,
-                    )
-                };
-                // Mappings are page-aligned in every process, so the same
-                // offset into the segment is chosen everywhere.
-                let p = p as *mut u8;
-                // SAFETY: at most PAGE - 1 bytes in, inside the segment.
-                unsafe { p.add(p.align_offset(PAGE)) }
-            })
-            .collect();
+        let (win, slots) = allocate_shared(comm, DATA_AT + 2 * chunk, PAGE);
         // MPI does not promise zeroed memory: every counter starts at 0
         // before any rank can wait on it.
         // SAFETY: this rank's slot begins with its 8-byte counter.
@@ -239,14 +201,28 @@ impl ShmPlane {
     /// (the agreement of calls whose body does not run here).
     pub(crate) fn exchange_descriptors(&self, desc: &Descriptor, pulse: &Pulse) -> Vec<Descriptor> {
         let area = self.begin_phase();
-        // SAFETY: this rank's own descriptor area, not read in this phase
-        // before the synchronisation below.
-        unsafe { self.desc_at(self.me, area).write(*desc) };
+        self.write_descriptor(area, *desc);
         self.publish_and_wait(pulse);
-        (0..self.size)
-            // SAFETY: written by `r` before the synchronisation above.
-            .map(|r| unsafe { self.desc_at(r, area).read() })
-            .collect()
+        self.descriptors(area)
+    }
+
+    /// Writes this rank's descriptor area `area` (before the phase's
+    /// synchronisation; no one reads it until then).
+    fn write_descriptor(&self, area: usize, desc: Descriptor) {
+        // SAFETY: this rank's own area, 64-aligned, inside its slot.
+        unsafe { self.desc_at(self.me, area).write(desc) };
+    }
+
+    /// Rank `r`'s descriptor in `area` (after the phase's synchronisation).
+    fn descriptor(&self, r: usize, area: usize) -> Descriptor {
+        // SAFETY: written by `r` before the synchronisation that preceded
+        // this read, and not rewritten before the next phase's.
+        unsafe { self.desc_at(r, area).read() }
+    }
+
+    /// Every rank's descriptor in `area`, by group rank.
+    fn descriptors(&self, area: usize) -> Vec<Descriptor> {
+        (0..self.size).map(|r| self.descriptor(r, area)).collect()
     }
 
     /// The synchronisation of a phase using `area`; the first of a call
@@ -255,22 +231,14 @@ impl ShmPlane {
     fn sync(&self, area: usize, pulse: &Pulse) -> Result<(), Fault> {
         let staged = self.staged.take();
         if let Some(desc) = staged {
-            // SAFETY: this rank's own descriptor area (see exchange_descriptors).
-            unsafe { self.desc_at(self.me, area).write(desc) };
+            self.write_descriptor(area, desc);
         }
         self.publish_and_wait(pulse);
         let Some(mine) = staged else { return Ok(()) };
-        // SAFETY: written by every rank before the synchronisation above.
-        let agreed = !mine.bad_output()
-            && (0..self.size).all(|r| unsafe { self.desc_at(r, area).read() } == mine);
-        if agreed {
+        if !mine.bad_output() && (0..self.size).all(|r| self.descriptor(r, area) == mine) {
             return Ok(());
         }
-        let all = (0..self.size)
-            // SAFETY: as above.
-            .map(|r| unsafe { self.desc_at(r, area).read() })
-            .collect();
-        *self.disagreement.borrow_mut() = Some(all);
+        *self.disagreement.borrow_mut() = Some(self.descriptors(area));
         Err(Fault::Disagreed)
     }
 
@@ -343,8 +311,8 @@ impl ShmPlane {
             self.sync(area, pulse)?;
             if !split {
                 if gathers {
-                    let srcs: Vec<&[u8]> = (0..p).map(|r| self.peer(r, area, 0, m)).collect();
-                    combine(dtype, op, &srcs, &mut out[off..off + m], p);
+                    let piece = |r| self.peer(r, area, 0, m);
+                    combine(dtype, op, p, piece, &mut out[off..off + m]);
                 }
                 continue;
             }
@@ -353,14 +321,11 @@ impl ShmPlane {
             scratch.resize((hi - lo).div_ceil(8), 0);
             let share = &mut bytemuck::cast_slice_mut(&mut scratch[..])[..hi - lo];
             let from = input.unwrap_or(&*out);
-            let srcs: Vec<&[u8]> = (0..p)
-                .map(|r| match r == me {
-                    true => &from[off + lo..off + hi],
-                    false => self.peer(r, area, lo, hi - lo),
-                })
-                .collect();
-            combine(dtype, op, &srcs, share, p);
-            drop(srcs);
+            let values = |r| match r == me {
+                true => &from[off + lo..off + hi],
+                false => self.peer(r, area, lo, hi - lo),
+            };
+            combine(dtype, op, p, values, share);
             self.own(area, lo, hi - lo).copy_from_slice(share);
             if gathers {
                 out[off + lo..off + hi].copy_from_slice(share);
@@ -389,6 +354,28 @@ impl ShmPlane {
         self.reduce_pieces(pulse, None, t.bytes_mut(), n, dtype, op, true)
     }
 
+    /// Every rank's `block` into `out` in rank order, on the ranks that
+    /// pass one (an all-gather, or a gather to the rank that does).
+    fn gather_pieces(
+        &self,
+        pulse: &Pulse,
+        block: &[u8],
+        mut out: Option<&mut [u8]>,
+    ) -> Result<(), Fault> {
+        let n = block.len();
+        for (off, m) in pieces(n, self.window.chunk) {
+            let area = self.begin_phase();
+            self.own(area, 0, m).copy_from_slice(&block[off..off + m]);
+            self.sync(area, pulse)?;
+            if let Some(out) = out.as_deref_mut() {
+                for r in 0..self.size {
+                    out[r * n + off..r * n + off + m].copy_from_slice(self.peer(r, area, 0, m));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Moves `P` blocks per rank: block `r` of this rank's `send` (laid out
     /// by `sl`) to rank `r`, whose block `me` of `out` (laid out by `rl`)
     /// receives it. `from`/`to` narrow it to a scatter or a gather.
@@ -397,12 +384,15 @@ impl ShmPlane {
         &self,
         pulse: &Pulse,
         send: Option<(&[u8], BlockLayout)>,
-        out: Option<(&mut [u8], BlockLayout)>,
+        mut out: Option<(&mut [u8], BlockLayout)>,
         block: usize,
         sender: Option<usize>,
     ) -> Result<(), Fault> {
         let p = self.size;
-        let mut out = out;
+        let senders = match sender {
+            Some(s) => s..s + 1,
+            None => 0..p,
+        };
         for (off, m) in pieces(block, self.block_piece()) {
             let area = self.begin_phase();
             if let Some((buf, layout)) = send {
@@ -412,11 +402,7 @@ impl ShmPlane {
             }
             self.sync(area, pulse)?;
             if let Some((buf, layout)) = out.as_mut() {
-                let senders: Vec<usize> = match sender {
-                    Some(s) => vec![s],
-                    None => (0..p).collect(),
-                };
-                for s in senders {
+                for s in senders.clone() {
                     let piece = self.peer(s, area, self.me * m, m);
                     let at = if sender.is_some() { 0 } else { s };
                     write_block(buf, *layout, at, off, piece);
@@ -437,29 +423,38 @@ fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
+/// The runs of bytes `off..off + len` of block `r` of a buffer laid out
+/// by `l`: `(position in the buffer, position in the range, length)`.
+fn block_runs(
+    l: BlockLayout,
+    r: usize,
+    off: usize,
+    len: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        (done < len).then(|| {
+            let pos = off + done;
+            let (row, col) = (pos / l.run, pos % l.run);
+            let run = (l.run - col).min(len - done);
+            let item = (r * l.extent + row * l.stride + col, done, run);
+            done += run;
+            item
+        })
+    })
+}
+
 /// Bytes `off..off + dst.len()` of block `r` of `buf` (laid out by `l`) into `dst`.
 fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) {
-    let mut done = 0;
-    while done < dst.len() {
-        let pos = off + done;
-        let (row, col) = (pos / l.run, pos % l.run);
-        let len = (l.run - col).min(dst.len() - done);
-        let at = r * l.extent + row * l.stride + col;
-        dst[done..done + len].copy_from_slice(&buf[at..at + len]);
-        done += len;
+    for (at, to, len) in block_runs(l, r, off, dst.len()) {
+        dst[to..to + len].copy_from_slice(&buf[at..at + len]);
     }
 }
 
 /// `src` into bytes `off..off + src.len()` of block `r` of `buf` (laid out by `l`).
 fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
-    let mut done = 0;
-    while done < src.len() {
-        let pos = off + done;
-        let (row, col) = (pos / l.run, pos % l.run);
-        let len = (l.run - col).min(src.len() - done);
-        let at = r * l.extent + row * l.stride + col;
-        buf[at..at + len].copy_from_slice(&src[done..done + len]);
-        done += len;
+    for (at, from, len) in block_runs(l, r, off, src.len()) {
+        buf[at..at + len].copy_from_slice(&src[from..from + len]);
     }
 }
 
@@ -528,7 +523,6 @@ impl HostMoves for ShmCall<'_> {
         let (p, me, dtype) = (plane.size, plane.me, packed.dtype());
         let block = out.nbytes();
         let (input, out) = (packed.bytes(), out.bytes_mut());
-        let mut srcs: Vec<&[u8]> = Vec::with_capacity(p);
         for (off, m) in pieces(block, plane.block_piece()) {
             let area = plane.begin_phase();
             for r in 0..p {
@@ -537,41 +531,20 @@ impl HostMoves for ShmCall<'_> {
                     .copy_from_slice(&input[r * block + off..r * block + off + m]);
             }
             plane.sync(area, &self.pulse)?;
-            srcs.clear();
-            srcs.extend((0..p).map(|q| plane.peer(q, area, me * m, m)));
-            combine(dtype, op, &srcs, &mut out[off..off + m], p);
+            let piece_of = |q| plane.peer(q, area, me * m, m);
+            combine(dtype, op, p, piece_of, &mut out[off..off + m]);
         }
         Ok(())
     }
 
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
-        let plane = self.plane;
-        let n = block.len();
-        for (off, m) in pieces(n, plane.chunk()) {
-            let area = plane.begin_phase();
-            plane.own(area, 0, m).copy_from_slice(&block[off..off + m]);
-            plane.sync(area, &self.pulse)?;
-            for r in 0..plane.size {
-                out[r * n + off..r * n + off + m].copy_from_slice(plane.peer(r, area, 0, m));
-            }
-        }
-        Ok(())
+        self.plane.gather_pieces(&self.pulse, block, Some(out))
     }
 
     fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
         let plane = self.plane;
-        let n = block.len();
-        let mut out = (plane.me == root).then(|| vec![0u8; n * plane.size]);
-        for (off, m) in pieces(n, plane.chunk()) {
-            let area = plane.begin_phase();
-            plane.own(area, 0, m).copy_from_slice(&block[off..off + m]);
-            plane.sync(area, &self.pulse)?;
-            if let Some(out) = out.as_mut() {
-                for r in 0..plane.size {
-                    out[r * n + off..r * n + off + m].copy_from_slice(plane.peer(r, area, 0, m));
-                }
-            }
-        }
+        let mut out = (plane.me == root).then(|| vec![0u8; block.len() * plane.size]);
+        plane.gather_pieces(&self.pulse, block, out.as_deref_mut())?;
         Ok(out)
     }
 

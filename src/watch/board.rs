@@ -7,11 +7,11 @@
 //! in `/dev/shm`.
 
 use super::clock::now_ns;
+use crate::plane::shm_window::allocate_shared;
 use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use serde::{Deserialize, Serialize};
-use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes of a group name a slot keeps (longer names are cut).
@@ -230,42 +230,9 @@ impl Board {
     /// Allocates one slot per rank of `node_comm` and fills this rank's.
     pub fn create(node_comm: SimpleCommunicator, world_rank: usize) -> Board {
         let size = std::mem::size_of::<Slot>();
-        // MPI does not promise cache-line alignment: room to align up.
-        let room = size + std::mem::align_of::<Slot>();
-        let mut base: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a zeroed handle is written by MPI before use.
-        let mut win: ffi::MPI_Win = unsafe { std::mem::zeroed() };
-        // SAFETY: out-pointers are valid; the call is collective over the
-        // node communicator, which every rank of the node passes.
-        unsafe {
-            ffi::MPI_Win_allocate_shared(
-                room as ffi::MPI_Aint,
-                1,
-                ffi::RSMPI_INFO_NULL,
-                node_comm.as_raw(),
-                &mut base as *mut *mut c_void as *mut c_void,
-                &mut win,
-            );
-        }
         let me = node_comm.rank() as usize;
-        let slot = |r: usize| {
-            let (mut sz, mut disp): (ffi::MPI_Aint, c_int) = (0, 0);
-            let mut p: *mut c_void = std::ptr::null_mut();
-            // SAFETY: `r` is a rank of the window's communicator.
-            unsafe {
-                ffi::MPI_Win_shared_query(
-                    win,
-                    r as c_int,
-                    &mut sz,
-                    &mut disp,
-                    &mut p as *mut *mut c_void as *mut c_void,
-                )
-            };
-            let p = p as *mut u8;
-            // SAFETY: the offset is below the alignment, inside the `room` bytes.
-            unsafe { p.add(p.align_offset(std::mem::align_of::<Slot>())) as *const Slot }
-        };
-        let slots: Vec<*const Slot> = (0..node_comm.size() as usize).map(slot).collect();
+        let (win, slots) = allocate_shared(&node_comm, size, std::mem::align_of::<Slot>());
+        let slots: Vec<*const Slot> = slots.into_iter().map(|p| p as *const Slot).collect();
         // SAFETY: this rank's own slot, `size` bytes, not yet read by anyone.
         unsafe { std::ptr::write_bytes(slots[me] as *mut u8, 0, size) };
         let view = BoardView {
