@@ -47,19 +47,29 @@ echo "== topo"
 "$bin" topo
 
 # RANKMESH_GPU_WORKER=1: the test binary runs the checks as a rank (without
-# it, it is cargo's driver that also runs the CI emulator trials).
+# it, it is cargo's driver that also runs the CI emulator trials). They
+# include caller-owned cudarc buffers as views on a caller stream, in each
+# check mode (deferred is the default).
 export RANKMESH_GPU_WORKER=1
-echo "== device tests, 1 rank"
-"$gpu_test"
-if (( ngpu >= 2 )); then
-    echo "== device tests, $ngpu ranks (one per GPU)"
-    run_np "$ngpu" -x RANKMESH_GPU_WORKER "$gpu_test"
-fi
+for mode in deferred strict off; do
+    echo "== device tests, 1 rank, RANKMESH_CHECK=$mode"
+    RANKMESH_CHECK=$mode "$gpu_test"
+    if (( ngpu >= 2 )); then
+        echo "== device tests, $ngpu ranks (one per GPU), RANKMESH_CHECK=$mode"
+        RANKMESH_CHECK=$mode run_np "$ngpu" -x RANKMESH_GPU_WORKER -x RANKMESH_CHECK "$gpu_test"
+    fi
+done
 unset RANKMESH_GPU_WORKER
+if (( ngpu >= 2 )); then
+    echo "== deferred agreement: a mismatch is the same error at synchronize on every rank"
+    run_np 2 -x RANKMESH_GPU_DEFERRED_MISMATCH=1 "$gpu_test"
+fi
 
 np=$(( ngpu >= 2 ? ngpu : 1 ))
-echo "== bench: all_reduce latency, $np rank(s), vs raw NCCL"
-run_np "$np" "$bin" bench all_reduce -b 8 -e 1K -f 4 -n 2000 -w 200 -c 1 --backend nccl --baseline nccl
+for mode in strict deferred off strict deferred off strict deferred off; do
+    echo "== bench: all_reduce latency, $np rank(s), vs raw NCCL, RANKMESH_CHECK=$mode"
+    RANKMESH_CHECK=$mode run_np "$np" -x RANKMESH_CHECK "$bin" bench all_reduce -b 8 -e 4K -f 8 -n 2000 -w 200 -c 1 --backend nccl --baseline nccl
+done
 echo "== bench: all_reduce bandwidth, $np rank(s), vs raw NCCL"
 run_np "$np" "$bin" bench all_reduce -b 64M -e 512M -f 2 -n 50 -w 5 -c 1 --backend nccl --baseline nccl
 for op in all_gather reduce_scatter broadcast alltoall sendrecv all_to_all_4d; do

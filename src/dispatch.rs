@@ -150,6 +150,10 @@ impl Descriptor {
             parts.push(match *name {
                 "op" => format!("op {}", ReduceOp::from_code(v).map_or("?", ReduceOp::name)),
                 "type" => format!("type #{:016x}", v as u64),
+                "mode" => format!(
+                    "mode {}",
+                    crate::CheckMode::from_code(v).map_or("?", crate::CheckMode::name)
+                ),
                 _ => format!("{name} {v}"),
             });
         }

@@ -1,6 +1,7 @@
 //! `GroupCoordinator`: one MPI communicator, its members, and the one dispatch
 //! path every operation on it goes through.
 
+use crate::check::{CheckMode, Deferred};
 use crate::collectives::PlaneTensor;
 use crate::dispatch::{agree, agree_peers, Descriptor, MAX_DIMS};
 use crate::error::{Error, Fault, Result};
@@ -31,6 +32,10 @@ pub struct GroupCoordinator<'rt> {
 }
 
 struct Inner<'rt> {
+    /// Posted device agreements (check mode `deferred`), made at the first
+    /// such call. First field: dropped (its agreements completed) before
+    /// the communicator they run on.
+    deferred: OnceCell<Rc<Deferred>>,
     rt: &'rt Runtime,
     comm: SimpleCommunicator,
     ranks: Vec<usize>,
@@ -56,6 +61,8 @@ struct Inner<'rt> {
     shm_wanted: bool,
     /// The shared-memory executor, made at the group's first collective.
     shm: OnceCell<ShmPlane>,
+    /// When device calls agree (alike on every member).
+    check: Cell<CheckMode>,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -72,12 +79,20 @@ impl<'rt> GroupCoordinator<'rt> {
     pub(crate) fn new(rt: &'rt Runtime, comm: SimpleCommunicator, name: String) -> Result<Self> {
         let size = comm.size() as usize;
         let choice = rt.options().host_plane;
-        let mut facts = vec![[0u64; 2]; size];
+        let check = rt.options().check;
+        let mut facts = vec![[0u64; 3]; size];
         comm.all_gather_into(
-            &[rt.rank() as u64, choice.code()][..],
+            &[rt.rank() as u64, choice.code(), check.code()][..],
             bytemuck::cast_slice_mut::<_, u64>(&mut facts[..]),
         );
         let ranks: Vec<usize> = facts.iter().map(|f| f[0] as usize).collect();
+        if let Some(other) = facts.iter().find(|f| f[2] != check.code()) {
+            return Err(Error::Launch(format!(
+                "RANKMESH_CHECK differs among the members of {name}: {} here, another value on world rank {} (set it alike on every rank)",
+                check.name(),
+                other[0]
+            )));
+        }
         let shm_wanted = choose_shm(rt, &name, choice, &facts)?;
         let watch = rt.watchdog().register(Arc::from(name), &ranks);
         Ok(GroupCoordinator {
@@ -95,6 +110,8 @@ impl<'rt> GroupCoordinator<'rt> {
                 subgroups: RefCell::new(HashMap::new()),
                 shm_wanted,
                 shm: OnceCell::new(),
+                check: Cell::new(check),
+                deferred: OnceCell::new(),
             }),
         })
     }
@@ -398,8 +415,18 @@ impl<'rt> GroupCoordinator<'rt> {
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let one = std::slice::from_ref(&desc);
+        if let Some(d) = self.inner.deferred.get() {
+            d.check_usable(op)?;
+        }
         if self.size() == 1 {
             return self.checked(op, one, 0, &check, body);
+        }
+        if desc.is_device() {
+            match self.inner.check.get() {
+                CheckMode::Strict => {}
+                CheckMode::Deferred => return self.agree_deferred(desc, check, body),
+                CheckMode::Off => return self.checked(op, one, 0, &check, body),
+            }
         }
         if let Some(shm) = self.shm() {
             return self.agree_on_shm(shm, fused, desc, check, body);
@@ -425,6 +452,64 @@ impl<'rt> GroupCoordinator<'rt> {
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
         self.checked(op, &descs, self.rank_in_group(), &check, body)
+    }
+
+    /// The agreement of a device call in `deferred` mode (see `check`):
+    /// posted, and the work enqueued at once. A rank whose own checks refuse
+    /// the call enqueues nothing and completes the agreement now, so its
+    /// error is the one every member gets.
+    fn agree_deferred<R>(
+        &self,
+        desc: Descriptor,
+        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        let op = desc.op().expect("descriptors are built from an Op");
+        let gpu = self.inner.rt.gpu()?;
+        let deferred = self.inner.deferred.get_or_init(|| {
+            let d = Rc::new(Deferred::new(
+                self.name(),
+                self.inner.comm.as_raw(),
+                self.rank_in_group(),
+                self.inner.rt.options().timeout,
+            ));
+            gpu.register_deferred(&d);
+            d
+        });
+        gpu.settle_ready()?;
+        if deferred.over_bound() {
+            gpu.settle()?;
+        }
+        deferred.post(&desc, self.size())?;
+        let one = std::slice::from_ref(&desc);
+        if agree(one, 0, &check).is_err() {
+            gpu.settle()?;
+        }
+        self.checked(op, one, 0, &check, body)
+    }
+
+    /// When this group's device calls agree (see [`CheckMode`]).
+    pub fn check_mode(&self) -> CheckMode {
+        self.inner.check.get()
+    }
+
+    /// Sets when this group's device calls agree. Collective: every member
+    /// calls it with the same mode at the same point (agreed like any call,
+    /// so a member passing another mode is an error on all of them).
+    /// Deferred agreements already posted are completed first.
+    pub fn set_check_mode(&self, mode: CheckMode) -> Result<()> {
+        let desc = Descriptor::new(Op::SetCheckMode, &[mode.code() as i64]);
+        self.collective(
+            desc,
+            |_| Ok(()),
+            |_| {
+                if let Ok(gpu) = self.inner.rt.gpu() {
+                    gpu.settle()?;
+                }
+                self.inner.check.set(mode);
+                Ok(())
+            },
+        )
     }
 
     /// Applies the agreement rules and the op's `check` to `descs` (this
@@ -664,7 +749,7 @@ fn choose_shm(
     rt: &Runtime,
     name: &str,
     choice: HostPlaneChoice,
-    facts: &[[u64; 2]],
+    facts: &[[u64; 3]],
 ) -> Result<bool> {
     if let Some(other) = facts.iter().find(|f| f[1] != choice.code()) {
         return Err(Error::Launch(format!(
@@ -673,7 +758,7 @@ fn choose_shm(
             other[0]
         )));
     }
-    let node_of = |f: &[u64; 2]| rt.world().ranks[f[0] as usize].node;
+    let node_of = |f: &[u64; 3]| rt.world().ranks[f[0] as usize].node;
     let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
     match choice {
         HostPlaneChoice::Mpi => Ok(false),

@@ -26,6 +26,7 @@
 
 pub mod autograd;
 pub mod bench;
+mod check;
 pub mod collectives;
 mod depth;
 pub mod device;
@@ -56,8 +57,9 @@ pub mod workspace;
 pub mod world;
 
 pub use autograd::Differentiable;
+pub use check::CheckMode;
 pub use collectives::{Collectives, PlaneTensor};
-pub use device::{DeviceGroup, DeviceTensor, Gpu};
+pub use device::{DeviceEvent, DeviceGroup, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 pub use error::{Error, NcclError, Result};
 pub use group::GroupCoordinator;
 pub use layout::{GroupKind, Layout};

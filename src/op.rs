@@ -4,6 +4,7 @@
 //! rules itself ([`GroupCoordinator::run_op`](crate::GroupCoordinator)), so an
 //! executor only says which op, which tensors, and how to move the bytes.
 
+use crate::check::CheckMode;
 use crate::dispatch::Descriptor;
 use crate::layout_ops::normalize_dim;
 use crate::reduce::ReduceOp;
@@ -57,10 +58,12 @@ pub enum Op {
     Synchronize,
     /// Creating a group (collective over its parent or its members).
     CreateGroup,
+    /// Setting a group's check mode (agreed like a collective).
+    SetCheckMode,
 }
 
 impl Op {
-    const ALL: [Op; 19] = [
+    const ALL: [Op; 20] = [
         Op::Barrier,
         Op::AllReduce,
         Op::AllGather,
@@ -80,6 +83,7 @@ impl Op {
         Op::SendRecv,
         Op::Synchronize,
         Op::CreateGroup,
+        Op::SetCheckMode,
     ];
 
     /// Public name of the operation.
@@ -104,6 +108,7 @@ impl Op {
             Op::SendRecv => "send_recv",
             Op::Synchronize => "synchronize",
             Op::CreateGroup => "create_group",
+            Op::SetCheckMode => "set_check_mode",
         }
     }
 
@@ -132,6 +137,7 @@ impl Op {
             Op::BroadcastObject => &["src", "type"],
             Op::AllGatherObject | Op::SendObject => &["type"],
             Op::GatherObject => &["dst", "type"],
+            Op::SetCheckMode => &["mode"],
         }
     }
 
@@ -193,6 +199,9 @@ impl Op {
                 }
                 divisible(d, p[0] as usize, size, "scatter dim")
             }
+            Op::SetCheckMode => CheckMode::from_code(p[0])
+                .map(|_| ())
+                .ok_or_else(|| format!("mode {} is not a check mode", p[0])),
             _ => Ok(()),
         }
     }

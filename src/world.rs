@@ -1,5 +1,6 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
+use crate::check::CheckMode;
 use crate::device::Gpu;
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Result};
@@ -88,6 +89,10 @@ pub struct Options {
     /// shared-memory window (`RANKMESH_SHM_CHUNK_BYTES`, default 1 MiB,
     /// rounded up to whole pages).
     pub shm_chunk_bytes: usize,
+    /// When device calls agree on their descriptors (`RANKMESH_CHECK`:
+    /// `strict`, `deferred` — the default — or `off`). Set it the same on
+    /// every rank: a group's members check it.
+    pub check: CheckMode,
 }
 
 impl Default for Options {
@@ -100,6 +105,7 @@ impl Default for Options {
             trace_dir: None,
             host_plane: HostPlaneChoice::Auto,
             shm_chunk_bytes: crate::plane::shm::DEFAULT_CHUNK,
+            check: CheckMode::Deferred,
         }
     }
 }
@@ -134,6 +140,9 @@ impl Options {
         if let Ok(v) = std::env::var("RANKMESH_SHM_CHUNK_BYTES") {
             o.shm_chunk_bytes =
                 byte_count("RANKMESH_SHM_CHUNK_BYTES", &v, 4096, MAX_SHM_CHUNK as u64)? as usize;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_CHECK") {
+            o.check = v.parse()?;
         }
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);

@@ -21,9 +21,14 @@ mod planes;
 mod reference;
 mod support;
 
+use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 use rankmesh::Collectives as _;
 use rankmesh::TensorDicts as _;
-use rankmesh::{DType, DeviceGroup, Error, GroupCoordinator, ReduceOp, Runtime, Tensor};
+use rankmesh::{
+    CheckMode, DType, DeviceGroup, DeviceTensor, Element, Error, GroupCoordinator, ReduceOp,
+    Runtime, Tensor,
+};
+use std::sync::Arc;
 
 type Check = Result<(), String>;
 type CheckFn = fn(&GroupCoordinator<'_>, &DeviceGroup<'_, '_>) -> Check;
@@ -578,8 +583,18 @@ fn check_autograd(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     Ok(())
 }
 
-/// Bad calls fail on every rank with a message, and the group stays usable.
+/// Bad calls fail on every rank with a message, and the group stays usable
+/// (strict mode: the error at the call itself; `deferred_mismatch` covers
+/// the deferred mode's error at the next synchronization).
 fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let mode = g.check_mode();
+    g.set_check_mode(CheckMode::Strict).map_err(e)?;
+    let checked = strict_errors(g, dg);
+    g.set_check_mode(mode).map_err(e)?;
+    checked
+}
+
+fn strict_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
     let gpu = dg.gpu();
     let me = g.rank_in_group();
     let x = gpu.upload(&input(&[4, 3], DType::F32, me)).map_err(e)?;
@@ -636,6 +651,204 @@ fn check_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
             .map_err(e)?,
         None,
     )
+}
+
+/// Every device op with the caller's memory (cudarc buffers, as candle's)
+/// in and out, enqueued on the caller's stream (a context of the test's own,
+/// with cudarc's event tracking on), waited for through an event.
+fn check_views(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let cu = |x: cudarc::driver::DriverError| x.to_string();
+    let ctx = CudaContext::new(dg.gpu().info().ordinal).map_err(cu)?;
+    let stream = ctx.new_stream().map_err(cu)?;
+    let on = dg.on_stream(&stream).map_err(e)?;
+    views_of::<f32>(g, &on, &stream)?;
+    views_of::<half::f16>(g, &on, &stream)?;
+    views_of::<half::bf16>(g, &on, &stream)?;
+    across_streams(g, &on)?;
+    misused_views(&on, dg, &stream)
+}
+
+/// rankmesh's tensors moving between its stream and the caller's: made on
+/// one, used on the other, dropped at once. Only rankmesh's one order of
+/// work (and frees after it) makes these right on an asynchronous device.
+fn across_streams(g: &GroupCoordinator<'_>, on: &DeviceGroup<'_, '_>) -> Check {
+    let gpu = on.gpu();
+    let me = g.rank_in_group();
+    let x = input(&[6, 5], DType::F32, me);
+    for round in 0..16 {
+        let uploaded = gpu.upload(&x).map_err(e)?;
+        let gathered = on.all_gather(&uploaded, 1).map_err(e)?;
+        drop(uploaded);
+        let summed = on.all_reduce(&gathered, ReduceOp::Sum).map_err(e)?;
+        drop(gathered);
+        let want = g
+            .all_reduce(&g.all_gather(&x, 1).map_err(e)?, ReduceOp::Sum)
+            .map_err(e)?;
+        let what =
+            format!("made on rankmesh's stream, used on the caller's, read back (round {round})");
+        same(&what, &gpu.download(&summed).map_err(e)?, &want, None)?;
+    }
+    Ok(())
+}
+
+type ViewOp<'a> = Box<dyn Fn(&DeviceTensor, &mut DeviceTensor) -> rankmesh::Result<()> + 'a>;
+
+fn views_of<T: Element + DeviceRepr + ValidAsZeroBits>(
+    g: &GroupCoordinator<'_>,
+    on: &DeviceGroup<'_, '_>,
+    stream: &Arc<CudaStream>,
+) -> Check {
+    let cu = |x: cudarc::driver::DriverError| x.to_string();
+    let (n, me) = (g.size(), g.rank_in_group());
+    let dt = T::DTYPE;
+    let shape = vec![2 * n, 3, n, 2];
+    let x = input(&shape, dt, me);
+    let xb = stream
+        .clone_htod(x.as_slice::<T>().map_err(e)?)
+        .map_err(cu)?;
+    let zeros = |s: &[usize]| Tensor::zeros(s.to_vec(), dt).unwrap();
+    let on_root = |t: Tensor| if me == 0 { t } else { zeros(t.shape()) };
+    let cases: Vec<(&str, Tensor, ViewOp<'_>)> = vec![
+        (
+            "all_reduce_into",
+            g.all_reduce(&x, ReduceOp::Sum).map_err(e)?,
+            Box::new(|i, o| on.all_reduce_into(i, o, ReduceOp::Sum)),
+        ),
+        (
+            "reduce_into",
+            on_root(g.all_reduce(&x, ReduceOp::Sum).map_err(e)?),
+            Box::new(|i, o| on.reduce_into(i, o, 0, ReduceOp::Sum)),
+        ),
+        (
+            "all_gather_into (dim 1, packed through scratch)",
+            g.all_gather(&x, 1).map_err(e)?,
+            Box::new(|i, o| on.all_gather_into(i, o, 1)),
+        ),
+        (
+            "gather_into",
+            on_root(g.all_gather(&x, 1).map_err(e)?),
+            Box::new(|i, o| on.gather_into(i, o, 0, 1)),
+        ),
+        (
+            "scatter_into",
+            g.scatter(&x, 0, 0).map_err(e)?,
+            Box::new(|i, o| on.scatter_into(i, o, 0, 0)),
+        ),
+        (
+            "reduce_scatter_into",
+            g.reduce_scatter(&x, 0, ReduceOp::Sum).map_err(e)?,
+            Box::new(|i, o| on.reduce_scatter_into(i, o, 0, ReduceOp::Sum)),
+        ),
+        (
+            "all_to_all_into",
+            g.all_to_all(&x).map_err(e)?,
+            Box::new(|i, o| on.all_to_all_into(i, o)),
+        ),
+        (
+            "all_to_all_4d_into",
+            g.all_to_all_4d(&x, 2, 1).map_err(e)?,
+            Box::new(|i, o| on.all_to_all_4d_into(i, o, 2, 1)),
+        ),
+        (
+            "send_recv_into",
+            input(&shape, dt, (me + n - 1) % n),
+            Box::new(|i, o| on.send_recv_into(i, o, None, None)),
+        ),
+    ];
+    for (name, want, run) in cases {
+        let mut out = stream.alloc_zeros::<T>(want.numel()).map_err(cu)?;
+        {
+            let xv = on.view(&xb, shape.clone()).map_err(e)?;
+            let mut ov = on.view_mut(&mut out, want.shape().to_vec()).map_err(e)?;
+            run(&xv, &mut ov).map_err(|x| format!("{name}: {x}"))?;
+        }
+        on.record_event().map_err(e)?.synchronize().map_err(e)?;
+        let got = Tensor::from_vec(want.shape().to_vec(), stream.clone_dtoh(&out).map_err(cu)?);
+        same(&format!("{name} {dt}"), &got.map_err(e)?, &want, None)?;
+    }
+    // In place: broadcast and an all-reduce on one borrowed buffer.
+    let mut buf = stream
+        .clone_htod(x.as_slice::<T>().map_err(e)?)
+        .map_err(cu)?;
+    {
+        let mut v = on.view_mut(&mut buf, shape.clone()).map_err(e)?;
+        on.broadcast(&mut v, 0).map_err(e)?;
+        on.all_reduce_in_place(&mut v, ReduceOp::Max).map_err(e)?;
+    }
+    let event = on.record_event().map_err(e)?;
+    event.synchronize().map_err(e)?;
+    if !event.query().map_err(e)? {
+        return Err("an event waited for is not complete".into());
+    }
+    let mut want = x.clone();
+    g.broadcast(&mut want, 0).map_err(e)?;
+    let got = Tensor::from_vec(shape.clone(), stream.clone_dtoh(&buf).map_err(cu)?).map_err(e)?;
+    same(
+        &format!("broadcast + all_reduce_in_place {dt}"),
+        &got,
+        &want,
+        None,
+    )?;
+    Ok(())
+}
+
+/// Views refused where they would touch the wrong memory: on another
+/// stream than the one they were made for, and moved out of their borrow.
+fn misused_views(
+    on: &DeviceGroup<'_, '_>,
+    dg: &DeviceGroup<'_, '_>,
+    stream: &Arc<CudaStream>,
+) -> Check {
+    let mut buf = stream.alloc_zeros::<f32>(6).map_err(|x| x.to_string())?;
+    {
+        let v = on.view(&buf, vec![2, 3]).map_err(e)?;
+        match dg.all_reduce(&v, ReduceOp::Sum) {
+            Err(err) if err.to_string().contains("made for stream") => {}
+            other => return Err(format!("a view on another stream: {other:?}")),
+        }
+    }
+    let escaped = {
+        let mut v = on.view_mut(&mut buf, vec![2, 3]).map_err(e)?;
+        let other = on.empty(vec![2, 3], DType::F32).map_err(e)?;
+        std::mem::replace(&mut *v, other)
+    };
+    match on.all_reduce(&escaped, ReduceOp::Sum) {
+        Err(err) if err.to_string().contains("after its borrow ended") => Ok(()),
+        other => Err(format!("a view moved out of its borrow: {other:?}")),
+    }
+}
+
+/// Deferred agreement (its own job: a disagreement aborts the rank's NCCL
+/// communicators). A call every rank refuses fails at once and leaves the
+/// group usable; a shape mismatch is enqueued, and the next synchronize is
+/// the same error on every rank, naming who passed what, with no hang.
+fn deferred_mismatch() {
+    let rt = Runtime::init().expect("MPI init");
+    let world = rt.world_group().expect("world group");
+    let dg = world.device().expect("device plane");
+    let gpu = dg.gpu();
+    let me = world.rank_in_group();
+    let mode = world.check_mode();
+    let x = gpu.upload(&input(&[4, 3], DType::F32, me)).unwrap();
+    let refused = dg.all_gather(&x, 2).map(|_| ()).map_err(e);
+    let sum = dg.all_reduce(&x, ReduceOp::Sum).map_err(e).and_then(|t| {
+        let want = world.all_reduce(&input(&[4, 3], DType::F32, me), ReduceOp::Sum);
+        same(
+            "all_reduce",
+            &gpu.download(&t).map_err(e)?,
+            &want.map_err(e)?,
+            None,
+        )
+    });
+    let shape: &[usize] = if me == 1 { &[4, 4] } else { &[4, 3] };
+    let y = gpu.upload(&input(shape, DType::F32, me)).unwrap();
+    let enqueued = dg.all_reduce(&y, ReduceOp::Sum).map(|_| ()).map_err(e);
+    let synced = dg.synchronize().map_err(e);
+    println!("rank {me}: mode {}", mode.name());
+    println!("rank {me}: refused everywhere: {refused:?}");
+    println!("rank {me}: all_reduce after: {sum:?}");
+    println!("rank {me}: mismatched call: {enqueued:?}");
+    println!("rank {me}: synchronize: {synced:?}");
 }
 
 /// A member of a stateless group formed by two separately launched jobs
@@ -731,6 +944,11 @@ fn two_jobs_member() {
 fn main() {
     if std::env::var_os("RANKMESH_2J_ROLE").is_some() {
         two_jobs_member();
+    } else if let Some(dir) = std::env::var_os("RANKMESH_EMU_BUILD") {
+        // For scripts (bench-check-modes.sh): build the emulators into `dir` only.
+        emulator::build(std::path::Path::new(&dir)).expect("building the emulators");
+    } else if std::env::var_os("RANKMESH_GPU_DEFERRED_MISMATCH").is_some() {
+        deferred_mismatch();
     } else if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
         worker();
     } else {
@@ -762,7 +980,7 @@ fn worker() {
             groups.push(g);
         }
     }
-    let checks: [(&str, CheckFn); 10] = [
+    let checks: [(&str, CheckFn); 11] = [
         ("plane scenarios vs the serial reference", |_, dg| {
             planes::check_all(dg)
         }),
@@ -772,6 +990,7 @@ fn worker() {
         ("layout ops", check_layout_ops),
         ("point to point", check_point_to_point),
         ("errors", check_errors),
+        ("caller memory and streams", check_views),
         ("bool, 16-bit integer and fp8 dtypes", check_narrow_dtypes),
         ("numerics on random data", check_numerics),
         (

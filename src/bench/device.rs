@@ -47,9 +47,10 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
         let dg = &self.0;
         let g = dg.group();
         let comm = dg.comm()?;
-        let stream = dg.gpu().stream();
+        let stream = dg.stream();
+        dg.gpu().order_on(stream)?;
         let raw = stream.cu_stream() as *mut c_void;
-        let (src, dst) = (input.read_ptr(stream), output.write_ptr(stream));
+        let (src, dst) = (input.ptr_on(stream)?, output.ptr_on(stream)?);
         let dt = input.dtype();
         let (n, me) = (g.size(), g.rank_in_group());
         let (count, out_count) = (input.numel(), output.numel());

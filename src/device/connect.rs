@@ -152,9 +152,8 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     gpu.register(nccl.state());
 
     // (4) Warm-up: NCCL connects lazily; pay that cost here, not in the first op.
-    let mut one = gpu.zeros([1], crate::DType::F32)?;
-    let stream = gpu.stream();
-    let p = one.write_ptr(stream);
+    let one = gpu.zeros([1], crate::DType::F32)?;
+    let p = one.ptr_on(gpu.enqueue_own()?)?;
     // SAFETY: one f32 on this device, alive until the synchronize below.
     unsafe {
         nccl.all_reduce(
@@ -163,7 +162,7 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
             1,
             crate::DType::F32,
             ReduceOp::Sum,
-            stream.cu_stream() as _,
+            gpu.stream().cu_stream() as _,
         )
     }
     .map_err(nccl_fail)?;

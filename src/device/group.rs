@@ -2,17 +2,20 @@
 //! [`DeviceTensor`]s, with NCCL moving the bytes.
 //!
 //! Each call agrees on its descriptor over MPI (flagged as a device call, so
-//! a host call meeting a device call is an error), creates the group's NCCL
-//! communicator on first use, and *enqueues* the work on the rank's stream:
-//! results are ready after [`DeviceGroup::synchronize`] (or a
-//! [`Gpu::download`]). No call waits for the device in between. Checks,
+//! a host call meeting a device call is an error; when, is the group's
+//! [check mode](crate::CheckMode)), creates the group's NCCL communicator on
+//! first use, and *enqueues* the work on the group's stream (rankmesh's, or
+//! the caller's: [`DeviceGroup::on_stream`]): results are ready after
+//! [`DeviceGroup::synchronize`], a [`DeviceEvent`], or a [`Gpu::download`].
+//! No call waits for the device in between. Inputs and outputs are
+//! rankmesh's tensors or the caller's memory borrowed as views. Checks,
 //! output shapes and errors come from the op's rules through the dispatch
 //! path; non-leading dims are packed and unpacked with the `Copy2d` plans the
 //! host plane uses too.
 
 use super::connect::{connect, connect_pair};
 use super::copy::run_copies;
-use super::{DeviceTensor, Gpu};
+use super::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Fault, Result};
@@ -25,25 +28,73 @@ use crate::plane::nccl::comm::Communicator;
 use crate::plane::nccl::result::reduced_as;
 use crate::plane::nccl::sys::RawStream;
 use crate::reduce::ReduceOp;
-use crate::tensor::DType;
+use crate::tensor::{numel, DType, Element};
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
 use std::cell::Ref;
 use std::os::raw::c_void;
+use std::sync::Arc;
 
-/// A group's device-plane view: `tp.device()?.all_reduce(&x, ReduceOp::Sum)`.
+/// A group's device plane: `tp.device()?.all_reduce(&x, ReduceOp::Sum)`,
+/// enqueued on rankmesh's stream, or on yours with
+/// `tp.device()?.on_stream(&stream)?`.
 #[derive(Clone, Copy)]
 pub struct DeviceGroup<'g, 'rt> {
     group: &'g GroupCoordinator<'rt>,
     gpu: &'rt Gpu,
+    stream: &'g Arc<CudaStream>,
 }
 
 impl<'rt> GroupCoordinator<'rt> {
     /// The device plane of this group. Fails on this rank alone when it has
     /// no usable GPU stack (see [`Runtime::gpu`](crate::Runtime::gpu)).
     pub fn device(&self) -> Result<DeviceGroup<'_, 'rt>> {
+        let gpu = self.runtime().gpu()?;
         Ok(DeviceGroup {
             group: self,
-            gpu: self.runtime().gpu()?,
+            gpu,
+            stream: gpu.stream(),
         })
+    }
+}
+
+/// Work enqueued on a group's stream up to a point, as a CUDA event: make
+/// your stream wait for it ([`wait_on`](Self::wait_on)), or ask or wait on
+/// the host. Asking and waiting settle deferred agreements first, so a
+/// disagreement is an error there rather than a hang.
+pub struct DeviceEvent<'rt> {
+    event: CudaEvent,
+    gpu: &'rt Gpu,
+}
+
+impl DeviceEvent<'_> {
+    /// Makes `stream` wait (on the GPU) until the recorded work is done.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<()> {
+        stream
+            .wait(&self.event)
+            .map_err(|e| Error::Gpu(format!("cuStreamWaitEvent: {e}")))
+    }
+
+    /// Whether the recorded work is done (after settling deferred agreements
+    /// and polling the NCCL communicators for asynchronous errors).
+    pub fn query(&self) -> Result<bool> {
+        self.gpu.settle()?;
+        self.gpu.poll_comms()?;
+        Ok(self.event.is_complete())
+    }
+
+    /// Waits on the host until the recorded work is done, as
+    /// [`Gpu::synchronize`] does for the whole device (same errors, same
+    /// `RANKMESH_TIMEOUT`).
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.wait_until_done(|| {
+            // SAFETY: our own live event.
+            unsafe { cudarc::driver::sys::cuEventQuery(self.event.cu_event()) }
+        })
+    }
+
+    /// The event, for CUDA calls of your own.
+    pub fn event(&self) -> &CudaEvent {
+        &self.event
     }
 }
 
@@ -61,8 +112,116 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         self.gpu
     }
 
-    fn stream(&self) -> RawStream {
-        self.gpu.stream().cu_stream() as RawStream
+    /// The same group enqueuing on `stream` (a stream of this rank's device,
+    /// e.g. candle's `CudaDevice::cuda_stream()`, or one wrapped with
+    /// [`Gpu::wrap_stream`]). Tensors the calls allocate live on it;
+    /// rankmesh's work stays in one order across streams (module docs of
+    /// [`Gpu`]).
+    pub fn on_stream(self, stream: &'g Arc<CudaStream>) -> Result<DeviceGroup<'g, 'rt>> {
+        if stream.context().cu_ctx() != self.gpu.context().cu_ctx() {
+            return Err(Error::Gpu(format!(
+                "on_stream: the stream belongs to another CUDA context (device {}), not \
+                 the primary context of device {} that rankmesh uses",
+                stream.context().ordinal(),
+                self.gpu.info().ordinal
+            )));
+        }
+        Ok(DeviceGroup { stream, ..self })
+    }
+
+    /// The stream this group enqueues on.
+    pub fn stream(&self) -> &'g Arc<CudaStream> {
+        self.stream
+    }
+
+    /// Borrows `src` (cudarc's `CudaSlice` or `CudaView`, so candle's CUDA
+    /// storage) as an input tensor of `shape`, without a copy, for calls of
+    /// this group on its stream. The stream first waits for the buffer's last
+    /// write when its context tracks events (cudarc's default), and the read
+    /// is recorded when the view is dropped.
+    pub fn view<'a, T: Element>(
+        &self,
+        src: &'a impl DevicePtr<T>,
+        shape: impl Into<Vec<usize>>,
+    ) -> Result<DeviceView<'a>>
+    where
+        'g: 'a,
+    {
+        let shape = shape.into();
+        self.check_view::<T>(src.len(), src.stream(), &shape)?;
+        self.gpu.order_on(self.stream)?;
+        let (ptr, sync) = src.device_ptr(self.stream);
+        Ok(DeviceView::new(T::DTYPE, shape, ptr, self.stream, sync))
+    }
+
+    /// Borrows `dst` (a `CudaSlice` or `CudaViewMut`) as an output (or
+    /// input) tensor of `shape`, without a copy; see [`view`](Self::view).
+    pub fn view_mut<'a, T: Element>(
+        &self,
+        dst: &'a mut impl DevicePtrMut<T>,
+        shape: impl Into<Vec<usize>>,
+    ) -> Result<DeviceViewMut<'a>>
+    where
+        'g: 'a,
+    {
+        let shape = shape.into();
+        self.check_view::<T>(dst.len(), dst.stream(), &shape)?;
+        self.gpu.order_on(self.stream)?;
+        let (ptr, sync) = dst.device_ptr_mut(self.stream);
+        Ok(DeviceViewMut::new(T::DTYPE, shape, ptr, self.stream, sync))
+    }
+
+    fn check_view<T: Element>(
+        &self,
+        len: usize,
+        owner: &CudaStream,
+        shape: &[usize],
+    ) -> Result<()> {
+        if std::mem::size_of::<T>() != T::DTYPE.size() {
+            return Err(Error::Tensor(format!(
+                "{} elements are {} bytes on the device, the Rust type has {}",
+                T::DTYPE,
+                T::DTYPE.size(),
+                std::mem::size_of::<T>()
+            )));
+        }
+        if owner.context().cu_ctx() != self.gpu.context().cu_ctx() {
+            return Err(Error::Tensor(
+                "a device view of memory from another CUDA context or device".into(),
+            ));
+        }
+        let n = numel(shape);
+        if n > len {
+            return Err(Error::Tensor(format!(
+                "a device view of shape {shape:?} needs {n} elements, the buffer has {len}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// An event recorded now on the group's stream: the point after every
+    /// call enqueued so far (see [`DeviceEvent`]).
+    pub fn record_event(&self) -> Result<DeviceEvent<'rt>> {
+        self.gpu.order_on(self.stream)?;
+        let event = self
+            .stream
+            .record_event(None)
+            .map_err(|e| Error::Gpu(format!("recording an event: {e}")))?;
+        Ok(DeviceEvent {
+            event,
+            gpu: self.gpu,
+        })
+    }
+
+    /// The group's stream, put at the end of rankmesh's order: call before
+    /// enqueuing on it.
+    fn enqueue(&self) -> Result<&'g Arc<CudaStream>> {
+        self.gpu.order_on(self.stream)?;
+        Ok(self.stream)
+    }
+
+    fn raw(&self) -> RawStream {
+        self.stream.cu_stream() as RawStream
     }
 
     /// The group's communicator, created on first use (collective).
@@ -131,15 +290,15 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
 
     /// Enqueues a device-to-device copy of `src` into `dst` (same byte size).
     pub(crate) fn copy(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
-        let s = self.gpu.stream();
+        let s = self.enqueue()?;
         let n = src.nbytes().min(dst.nbytes());
         let one = Copy2d::bytes(0, 0, n);
-        run_copies(&[one], src.read_ptr(s), dst.write_ptr(s), s.cu_stream())
+        run_copies(&[one], src.ptr_on(s)?, dst.ptr_on(s)?, s.cu_stream())
     }
 
     /// A device scratch buffer of `bytes` bytes.
     fn scratch(&self, bytes: usize) -> Result<DeviceTensor> {
-        self.gpu.empty([bytes], DType::U8)
+        self.empty(vec![bytes], DType::U8)
     }
 
     /// Waits for every device operation enqueued so far (see [`Gpu::synchronize`]).
@@ -163,13 +322,13 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         for r in (0..size).filter(|r| *r != me) {
             // SAFETY: blocks `r` of both buffers hold `count` elements.
             unsafe {
-                comm.send(at(src, r * block), count, dtype, r, self.stream())?;
-                comm.recv(at_mut(dst, r * block), count, dtype, r, self.stream())?;
+                comm.send(at(src, r * block), count, dtype, r, self.raw())?;
+                comm.recv(at_mut(dst, r * block), count, dtype, r, self.raw())?;
             }
         }
         fused.end()?;
         let own = Copy2d::bytes(me * block, me * block, block);
-        Ok(run_copies(&[own], src, dst, self.gpu.stream().cu_stream())?)
+        Ok(run_copies(&[own], src, dst, self.stream.cu_stream())?)
     }
 }
 
@@ -181,15 +340,15 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     }
 
     fn empty(&self, shape: Vec<usize>, dtype: DType) -> Result<DeviceTensor> {
-        self.gpu.empty(shape, dtype)
+        self.gpu.empty_on(self.stream, shape, dtype)
     }
 
     fn copy_flat(&self, t: &DeviceTensor, start: usize, len: usize) -> Result<DeviceTensor> {
-        let mut out = self.gpu.empty([len], t.dtype())?;
+        let out = self.empty(vec![len], t.dtype())?;
         let e = t.dtype().size();
-        let s = self.gpu.stream();
+        let s = self.enqueue()?;
         let one = Copy2d::bytes(start * e, 0, len * e);
-        run_copies(&[one], t.read_ptr(s), out.write_ptr(s), s.cu_stream())?;
+        run_copies(&[one], t.ptr_on(s)?, out.ptr_on(s)?, s.cu_stream())?;
         Ok(out)
     }
 
@@ -213,11 +372,11 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
-                let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
+                let s = self.enqueue()?;
+                let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
                 // SAFETY: same shape and dtype (checked), both on this device.
                 Ok(unsafe {
-                    comm.all_reduce(src, dst, t.numel(), t.dtype(), reduce_op, self.stream())
+                    comm.all_reduce(src, dst, t.numel(), t.dtype(), reduce_op, self.raw())
                 }?)
             },
         )
@@ -232,11 +391,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, None, Some(reduce_op));
                 }
                 let comm = self.comm()?;
-                let p = t.write_ptr(self.gpu.stream());
+                let p = t.ptr_on(self.enqueue()?)?;
                 // SAFETY: one buffer used as both sides, as NCCL allows.
-                Ok(unsafe {
-                    comm.all_reduce(p, p, t.numel(), t.dtype(), reduce_op, self.stream())
-                }?)
+                Ok(unsafe { comm.all_reduce(p, p, t.numel(), t.dtype(), reduce_op, self.raw()) }?)
             },
         )
     }
@@ -256,11 +413,11 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
-                let (src, out_p) = (t.read_ptr(s), out.write_ptr(s));
+                let s = self.enqueue()?;
+                let (src, out_p) = (t.ptr_on(s)?, out.ptr_on(s)?);
                 let (n, dt) = (t.numel(), t.dtype());
                 // SAFETY: same shape and dtype (checked), both on this device.
-                Ok(unsafe { comm.reduce(src, out_p, n, dt, reduce_op, dst, self.stream()) }?)
+                Ok(unsafe { comm.reduce(src, out_p, n, dt, reduce_op, dst, self.raw()) }?)
             },
         )
     }
@@ -276,20 +433,20 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
-                let src = t.read_ptr(s);
+                let s = self.enqueue()?;
+                let src = t.ptr_on(s)?;
                 let gather = |dst: *mut c_void| {
                     // SAFETY: `dst` holds `size` blocks of `t`'s size.
-                    unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.stream()) }
+                    unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.raw()) }
                 };
                 if is_contiguous_split(t.shape(), d) {
-                    return Ok(gather(out.write_ptr(s))?);
+                    return Ok(gather(out.ptr_on(s)?)?);
                 }
-                let mut blocks = self.scratch(out.nbytes())?;
-                let bp = blocks.write_ptr(s);
+                let blocks = self.scratch(out.nbytes())?;
+                let bp = blocks.ptr_on(s)?;
                 gather(bp)?;
                 let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
-                Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
+                Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?)
             },
         )
     }
@@ -312,20 +469,20 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
-                let src = t.read_ptr(s);
+                let s = self.enqueue()?;
+                let src = t.ptr_on(s)?;
                 let (n, dt) = (t.numel(), t.dtype());
                 if me != dst {
                     // SAFETY: `t` is alive until the stream runs the send.
-                    return Ok(unsafe { comm.send(src, n, dt, dst, self.stream()) }?);
+                    return Ok(unsafe { comm.send(src, n, dt, dst, self.raw()) }?);
                 }
                 let bytes = t.nbytes();
-                let mut blocks = self.scratch(bytes * size)?;
-                let bp = blocks.write_ptr(s);
+                let blocks = self.scratch(bytes * size)?;
+                let bp = blocks.ptr_on(s)?;
                 let fused = comm.group()?;
                 for r in (0..size).filter(|r| *r != me) {
                     // SAFETY: block `r` of `blocks` holds `n` elements.
-                    unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.stream()) }?;
+                    unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.raw()) }?;
                 }
                 fused.end()?;
                 run_copies(
@@ -335,7 +492,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     s.cu_stream(),
                 )?;
                 let plan = concat_dim_copies(t.shape(), d, size, dt.size());
-                Ok(run_copies(&plan, bp, out.write_ptr(s), s.cu_stream())?)
+                Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?)
             },
         )
     }
@@ -358,17 +515,17 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
+                let s = self.enqueue()?;
                 let (n, dt) = (out.numel(), out.dtype());
-                let out_p = out.write_ptr(s);
+                let out_p = out.ptr_on(s)?;
                 if me != src {
                     // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
-                    return Ok(unsafe { comm.recv(out_p, n, dt, src, self.stream()) }?);
+                    return Ok(unsafe { comm.recv(out_p, n, dt, src, self.raw()) }?);
                 }
                 let mut packed = None;
-                let mut blocks = t.read_ptr(s);
+                let mut blocks = t.ptr_on(s)?;
                 if !is_contiguous_split(t.shape(), d) {
-                    let p = packed.insert(self.scratch(t.nbytes())?).write_ptr(s);
+                    let p = packed.insert(self.scratch(t.nbytes())?).ptr_on(s)?;
                     let plan = split_dim_copies(t.shape(), d, size, dt.size());
                     run_copies(&plan, blocks, p, s.cu_stream())?;
                     blocks = p;
@@ -377,7 +534,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 let fused = comm.group()?;
                 for r in (0..size).filter(|r| *r != me) {
                     // SAFETY: block `r` of `blocks` holds `n` elements.
-                    unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.stream()) }?;
+                    unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.raw()) }?;
                 }
                 fused.end()?;
                 Ok(run_copies(
@@ -408,20 +565,20 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
+                let s = self.enqueue()?;
                 let (n, dt) = (out.numel(), t.dtype());
                 let scatter = |src: *const c_void, dst: *mut c_void| {
                     // SAFETY: `src` holds `size` slices of `out`'s size.
-                    unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.stream()) }
+                    unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
                 };
-                let out_p = out.write_ptr(s);
+                let out_p = out.ptr_on(s)?;
                 if is_contiguous_split(t.shape(), d) {
-                    return Ok(scatter(t.read_ptr(s), out_p)?);
+                    return Ok(scatter(t.ptr_on(s)?, out_p)?);
                 }
-                let mut packed = self.scratch(t.nbytes())?;
-                let pp = packed.write_ptr(s);
+                let packed = self.scratch(t.nbytes())?;
+                let pp = packed.ptr_on(s)?;
                 let plan = split_dim_copies(t.shape(), d, size, dt.size());
-                run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
+                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
                 Ok(scatter(pp, out_p)?)
             },
         )
@@ -434,9 +591,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, None, None);
                 }
                 let comm = self.comm()?;
-                let p = t.write_ptr(self.gpu.stream());
+                let p = t.ptr_on(self.enqueue()?)?;
                 // SAFETY: in place, as NCCL allows.
-                Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.stream()) }?)
+                Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
             })
     }
 
@@ -450,8 +607,8 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
-                let (src, dst) = (t.read_ptr(s), out.write_ptr(s));
+                let s = self.enqueue()?;
+                let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
                 self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
             },
         )
@@ -476,19 +633,19 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
-                let s = self.gpu.stream();
+                let s = self.enqueue()?;
                 let elem = t.dtype().size();
-                let mut packed = self.scratch(t.nbytes())?;
-                let pp = packed.write_ptr(s);
+                let packed = self.scratch(t.nbytes())?;
+                let pp = packed.ptr_on(s)?;
                 let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
-                run_copies(&plan, t.read_ptr(s), pp, s.cu_stream())?;
-                let mut received = self.scratch(t.nbytes())?;
-                let rp = received.write_ptr(s);
+                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+                let received = self.scratch(t.nbytes())?;
+                let rp = received.ptr_on(s)?;
                 self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
                 let mut block_shape = t.shape().to_vec();
                 block_shape[scatter_dim] /= size;
                 let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
-                Ok(run_copies(&plan, rp, out.write_ptr(s), s.cu_stream())?)
+                Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
             },
         )
     }
@@ -499,9 +656,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let desc = tensor_desc(Op::Send, t, &[]);
         self.group.point_to_point(desc, Peer::To(dst), |_| {
             let (comm, peer) = self.link(dst)?;
-            let src = t.read_ptr(self.gpu.stream());
+            let src = t.ptr_on(self.enqueue()?)?;
             // SAFETY: `t` holds `numel` elements of its dtype.
-            Ok(unsafe { comm.send(src, t.numel(), t.dtype(), peer, self.stream()) }?)
+            Ok(unsafe { comm.send(src, t.numel(), t.dtype(), peer, self.raw()) }?)
         })
     }
 
@@ -510,9 +667,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let desc = tensor_desc(Op::Send, &*out, &[]);
         self.group.point_to_point(desc, Peer::From(src), |_| {
             let (comm, peer) = self.link(src)?;
-            let dst = out.write_ptr(self.gpu.stream());
+            let dst = out.ptr_on(self.enqueue()?)?;
             // SAFETY: `out` holds `numel` elements of its dtype.
-            Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), peer, self.stream()) }?)
+            Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), peer, self.raw()) }?)
         })
     }
 
@@ -531,8 +688,8 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         if self.group.send_recv_to_self(&sent, &expected, dst, src)? {
             return self.copy(t, out);
         }
-        let s = self.gpu.stream();
-        let (sp, rp) = (t.read_ptr(s), out.write_ptr(s));
+        let s = self.enqueue()?;
+        let (sp, rp) = (t.ptr_on(s)?, out.ptr_on(s)?);
         self.group
             .exchange(sent, dst, expected, src, |send_ok, recv_ok| {
                 let peers: Vec<usize> = [(send_ok, dst), (recv_ok, src)]
@@ -551,11 +708,11 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 unsafe {
                     if send_ok {
                         let (comm, peer) = links.next().expect("a link per peer");
-                        comm.send(sp, t.numel(), t.dtype(), *peer, self.stream())?;
+                        comm.send(sp, t.numel(), t.dtype(), *peer, self.raw())?;
                     }
                     if recv_ok {
                         let (comm, peer) = links.next().expect("a link per peer");
-                        comm.recv(rp, out.numel(), out.dtype(), *peer, self.stream())?;
+                        comm.recv(rp, out.numel(), out.dtype(), *peer, self.raw())?;
                     }
                 }
                 Ok(fused.end()?)
@@ -568,12 +725,13 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
     fn send_batch(&self, ts: &[&DeviceTensor], dst: usize) -> Result<()> {
         let (comm, peer) = self.link(dst)?;
-        let s = self.gpu.stream();
+        let s = self.enqueue()?;
+        let ptrs = ts.iter().map(|t| t.ptr_on(s)).collect::<Result<Vec<_>>>()?;
         let fused = || -> std::result::Result<(), crate::NcclError> {
             let fused = comm.group()?;
-            for t in ts {
+            for (t, p) in ts.iter().zip(ptrs) {
                 // SAFETY: `t` holds `numel` elements of its dtype.
-                unsafe { comm.send(t.read_ptr(s), t.numel(), t.dtype(), peer, self.stream()) }?;
+                unsafe { comm.send(p, t.numel(), t.dtype(), peer, self.raw()) }?;
             }
             fused.end()
         };
@@ -582,13 +740,16 @@ impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
 
     fn recv_batch(&self, outs: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
         let (comm, peer) = self.link(src)?;
-        let s = self.gpu.stream();
-        let mut fused = || -> std::result::Result<(), crate::NcclError> {
+        let s = self.enqueue()?;
+        let ptrs = outs
+            .iter()
+            .map(|t| t.ptr_on(s))
+            .collect::<Result<Vec<_>>>()?;
+        let fused = || -> std::result::Result<(), crate::NcclError> {
             let fused = comm.group()?;
-            for t in outs.iter_mut() {
-                let n = t.numel();
-                // SAFETY: `t` holds `n` elements of its dtype.
-                unsafe { comm.recv(t.write_ptr(s), n, t.dtype(), peer, self.stream()) }?;
+            for (t, p) in outs.iter().zip(ptrs) {
+                // SAFETY: `t` holds `numel` elements of its dtype.
+                unsafe { comm.recv(p, t.numel(), t.dtype(), peer, self.raw()) }?;
             }
             fused.end()
         };
@@ -600,14 +761,14 @@ impl<'rt> crate::tensor_dict::batch::Batch<'rt> for DeviceGroup<'_, 'rt> {
             return Ok(());
         }
         let comm = self.comm()?;
-        let s = self.gpu.stream();
-        let mut fused = || -> std::result::Result<(), crate::NcclError> {
+        let s = self.enqueue()?;
+        let ptrs = ts.iter().map(|t| t.ptr_on(s)).collect::<Result<Vec<_>>>()?;
+        let fused = || -> std::result::Result<(), crate::NcclError> {
             let fused = comm.group()?;
-            for t in ts.iter_mut() {
+            for (t, p) in ts.iter().zip(ptrs) {
                 let (n, dt) = (t.numel(), t.dtype());
-                let p = t.write_ptr(s);
                 // SAFETY: in place, as NCCL allows; `t` holds `n` elements.
-                unsafe { comm.broadcast(p, p, n, dt, src, self.stream()) }?;
+                unsafe { comm.broadcast(p, p, n, dt, src, self.raw()) }?;
             }
             fused.end()
         };

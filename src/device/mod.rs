@@ -9,24 +9,27 @@
 //! communication there too), and the first op that needs a communicator is
 //! the same error on every member, naming the ranks without NCCL.
 //!
-//! **One stream per rank.** Every group's NCCL calls go to the same stream,
-//! so they run in the order the program issued them. NCCL kernels of
-//! different communicators on concurrent streams can deadlock when ranks
-//! issue them in different orders (a documented NCCL hazard); one stream
-//! rules that out and makes results of one group's op safe inputs for the
-//! next group's without events. cudarc's per-buffer event tracking is off for
-//! the same reason (it costs two driver calls per buffer per op).
+//! **One order.** By default every group enqueues on the rank's one stream;
+//! a group can enqueue on the caller's stream instead
+//! ([`DeviceGroup::on_stream`]). Either way rankmesh's calls run in the order
+//! the program issued them (`order`: a switch of stream waits for the
+//! previous one), which keeps NCCL's cross-communicator deadlock away and
+//! makes one op's results safe inputs for the next without events of the
+//! caller's. cudarc's per-buffer event tracking is off on rankmesh's
+//! context for the same reason (it costs two driver calls per buffer per op).
 
 mod connect;
 mod copy;
 pub mod driver;
 mod group;
+mod order;
 pub mod select;
 mod tensor;
 
-pub use group::DeviceGroup;
-pub use tensor::DeviceTensor;
+pub use group::{DeviceEvent, DeviceGroup};
+pub use tensor::{DeviceTensor, DeviceView, DeviceViewMut};
 
+use crate::check::{Deferred, Verdict};
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::plane::nccl::comm::CommState;
@@ -34,6 +37,7 @@ use crate::plane::nccl::loader::{self, Nccl};
 use crate::plane::nccl::sys::Api;
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
+use order::Tail;
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
@@ -57,8 +61,11 @@ pub struct Gpu {
     info: DeviceInfo,
     // Drop order: stream, then context, then the library.
     stream: Arc<CudaStream>,
+    tail: Arc<Tail>,
     ctx: Arc<CudaContext>,
     comms: RefCell<Vec<Weak<CommState>>>,
+    /// Groups with deferred agreements (see `check`).
+    deferred: RefCell<Vec<Weak<Deferred>>>,
     timeout: Option<Duration>,
     nccl: std::result::Result<Nccl, String>,
 }
@@ -101,9 +108,11 @@ impl Gpu {
             .map_err(|e| cuda("creating the CUDA stream", e))?;
         Ok(Gpu {
             info,
+            tail: Tail::new(stream.clone()),
             stream,
             ctx,
             comms: RefCell::new(Vec::new()),
+            deferred: RefCell::new(Vec::new()),
             timeout,
             nccl,
         })
@@ -124,10 +133,38 @@ impl Gpu {
         self.nccl()?.api()
     }
 
-    /// The stream every rankmesh device operation is enqueued on. Order your
-    /// own kernels on it (or wait for it) when they touch rankmesh tensors.
+    /// rankmesh's own stream: groups enqueue on it unless given another
+    /// ([`DeviceGroup::on_stream`]). Order your own kernels on it (or wait
+    /// for it) when they touch tensors of calls made on it.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Wraps a stream of another library (a raw `CUstream`) for
+    /// [`DeviceGroup::on_stream`]; the stream is not destroyed with the
+    /// wrapper.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this rank's device in its primary
+    /// context (the one rankmesh and candle use), and stays alive while the
+    /// wrapper, or a tensor or group using it, exists.
+    pub unsafe fn wrap_stream(&self, stream: sys::CUstream) -> Arc<CudaStream> {
+        // SAFETY: the caller's contract above is cudarc's.
+        unsafe { self.ctx.wrap_borrowed_stream(stream) }
+    }
+
+    /// rankmesh's own stream, put at the end of its order of device work.
+    pub(crate) fn enqueue_own(&self) -> Result<&Arc<CudaStream>> {
+        self.order_on(&self.stream)?;
+        Ok(&self.stream)
+    }
+
+    /// Puts `stream` at the end of rankmesh's one order of device work
+    /// (module docs); call before enqueuing on it.
+    pub(crate) fn order_on(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.tail
+            .order_on(stream)
+            .map_err(|e| cuda("ordering rankmesh's streams (event record and wait)", e))
     }
 
     /// The CUDA context (the device's primary context).
@@ -143,9 +180,9 @@ impl Gpu {
 
     /// A zero-filled device tensor.
     pub fn zeros(&self, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<DeviceTensor> {
-        let mut t = self.empty(shape.into(), dtype)?;
+        let t = self.empty(shape.into(), dtype)?;
         let s = &self.stream;
-        let p = t.write_ptr(s) as u64;
+        let p = t.ptr_on(s)? as u64;
         // SAFETY: `p` addresses at least `t.nbytes()` bytes of this device.
         unsafe { cu::memset_d8_async(p, 0, t.nbytes(), s.cu_stream()) }
             .map_err(|e| cuda("zeroing device memory", e))?;
@@ -155,12 +192,23 @@ impl Gpu {
     /// A device tensor with unspecified contents, for outputs that an
     /// operation overwrites entirely (saves the memset kernel of `zeros`).
     pub(crate) fn empty(&self, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<DeviceTensor> {
-        let shape = shape.into();
+        self.empty_on(&self.stream, shape.into(), dtype)
+    }
+
+    /// [`empty`](Self::empty) allocated (and later freed) on `stream`, the
+    /// stream of the call that uses it.
+    pub(crate) fn empty_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<DeviceTensor> {
+        self.order_on(stream)?;
         let n = crate::tensor::numel(&shape) * dtype.size();
         // SAFETY: u8 has no invalid bit patterns; callers write before reading.
-        let buf = unsafe { self.stream.alloc::<u8>(n.max(1)) }
+        let buf = unsafe { stream.alloc::<u8>(n.max(1)) }
             .map_err(|e| cuda(&format!("allocating {n} bytes"), e))?;
-        Ok(DeviceTensor::new(dtype, shape, buf))
+        Ok(DeviceTensor::owned(dtype, shape, buf, self.tail.clone()))
     }
 
     /// Copies a host tensor to the device (enqueued on [`stream`](Self::stream);
@@ -185,7 +233,8 @@ impl Gpu {
         if t.nbytes() == 0 {
             return Ok(());
         }
-        let dst = d.write_ptr(&self.stream) as u64;
+        self.order_on(&self.stream)?;
+        let dst = d.ptr_on(&self.stream)? as u64;
         // SAFETY: `dst` holds `t.nbytes()` bytes (same shape and dtype); the
         // driver stages pageable memory before returning.
         unsafe { cu::memcpy_htod_async(dst, t.bytes(), self.stream.cu_stream()) }
@@ -201,7 +250,8 @@ impl Gpu {
         // error here, not a hang inside the copy.
         self.synchronize()?;
         if t.nbytes() > 0 {
-            let src = d.read_ptr(&self.stream) as u64;
+            self.order_on(&self.stream)?;
+            let src = d.ptr_on(&self.stream)? as u64;
             // SAFETY: `t` holds exactly `d.nbytes()` bytes and outlives the
             // copy: `synchronize` below returns only once the stream is done.
             unsafe { cu::memcpy_dtoh_async(t.bytes_mut(), src, self.stream.cu_stream()) }
@@ -216,19 +266,32 @@ impl Gpu {
     /// communicator for asynchronous errors (a failed peer becomes an error,
     /// the communicator is aborted) and gives up after `RANKMESH_TIMEOUT`.
     pub fn synchronize(&self) -> Result<()> {
+        // The tail's work follows all of rankmesh's earlier work (`order`).
+        let tail = self.tail.stream();
+        self.wait_until_done(|| {
+            // SAFETY: a live stream (held above), context bound by the loop.
+            unsafe { sys::cuStreamQuery(tail.cu_stream()) }
+        })
+    }
+
+    /// The waiting loop of every host-side wait: settles deferred
+    /// agreements, then asks `query` (a stream or event query) until it
+    /// answers success, polling the NCCL communicators for asynchronous
+    /// errors and giving up after `RANKMESH_TIMEOUT`.
+    pub(crate) fn wait_until_done(&self, query: impl Fn() -> sys::CUresult) -> Result<()> {
+        self.settle()?;
         self.ctx
             .bind_to_thread()
             .map_err(|e| cuda("binding the CUDA context", e))?;
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            // SAFETY: our own live stream, context bound above.
-            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+            match query() {
                 // A communicator can hold an error even when its kernels
                 // finished (a proxy or peer failure): check before reporting success.
                 sys::CUresult::CUDA_SUCCESS => return self.poll_comms(),
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                rc => return Err(cuda("waiting for the stream", cu::DriverError(rc))),
+                rc => return Err(cuda("waiting for the device", cu::DriverError(rc))),
             }
             self.poll_comms()?;
             if let Some(limit) = self.timeout {
@@ -255,6 +318,47 @@ impl Gpu {
         }
     }
 
+    /// Completes the deferred agreements of every group (see `check`),
+    /// waiting for each at most `RANKMESH_TIMEOUT`.
+    pub(crate) fn settle(&self) -> Result<()> {
+        let limit = self.timeout.unwrap_or(Duration::from_secs(600));
+        self.complete_agreements(Some(Instant::now() + limit))
+    }
+
+    /// Completes the deferred agreements that are done already (no wait).
+    pub(crate) fn settle_ready(&self) -> Result<()> {
+        self.complete_agreements(None)
+    }
+
+    pub(crate) fn register_deferred(&self, d: &Rc<Deferred>) {
+        let mut all = self.deferred.borrow_mut();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Rc::downgrade(d));
+    }
+
+    fn complete_agreements(&self, deadline: Option<Instant>) -> Result<()> {
+        let groups: Vec<Rc<Deferred>> = self
+            .deferred
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for d in groups {
+            let verdict = d.complete(deadline).inspect_err(|e| {
+                self.abort_all(&e.to_string());
+            })?;
+            match verdict {
+                Verdict::Agreed => {}
+                Verdict::RefusedEverywhere(e) => return Err(e),
+                Verdict::Disagreed(e) => {
+                    self.abort_all(&format!("a deferred agreement on {} failed", d.group()));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The communicators still alive (collected, so no borrow is held while
     /// NCCL is called).
     fn live_comms(&self) -> Vec<Rc<CommState>> {
@@ -265,7 +369,7 @@ impl Gpu {
             .collect()
     }
 
-    fn poll_comms(&self) -> Result<()> {
+    pub(crate) fn poll_comms(&self) -> Result<()> {
         // Communicators exist only where NCCL does.
         let Ok(api) = self.api() else {
             return Ok(());

@@ -1,29 +1,88 @@
-//! `DeviceTensor`: a dtype, a shape and bytes in GPU memory.
+//! `DeviceTensor`: a dtype, a shape and bytes in GPU memory — rankmesh's own
+//! allocation, or the caller's memory borrowed without a copy.
 
+use super::order::Tail;
+use crate::error::{Error, Result};
 use crate::tensor::{numel, DType};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-/// A tensor in the memory of this rank's GPU (see [`Gpu`](super::Gpu) for
-/// creating one and copying to and from the host). Row-major and dense, like
-/// the host [`Tensor`](crate::Tensor).
+/// A tensor in the memory of this rank's GPU, row-major and dense like the
+/// host [`Tensor`](crate::Tensor).
+///
+/// Either rankmesh's own allocation ([`Gpu::zeros`](super::Gpu::zeros),
+/// [`Gpu::upload`](super::Gpu::upload), the allocating forms of the ops) or
+/// memory of the caller's, borrowed without a copy: safely through
+/// [`DeviceGroup::view`](super::DeviceGroup::view) /
+/// [`view_mut`](super::DeviceGroup::view_mut) (cudarc's `CudaSlice`,
+/// `CudaView`, `CudaViewMut`, and so candle's CUDA storage), or unsafely from
+/// a raw address with [`DeviceTensor::from_raw`]. Every device op takes
+/// either kind as input and as output.
 pub struct DeviceTensor {
     dtype: DType,
     shape: Vec<usize>,
     nbytes: usize,
+    mem: Memory,
+}
+
+enum Memory {
+    /// rankmesh's allocation, made on the stream of the call that made it
+    /// and freed there, after rankmesh's latest work (see `order`).
     // At least one byte: a zero-sized allocation is an error in CUDA.
-    buf: CudaSlice<u8>,
+    Owned { buf: CudaSlice<u8>, tail: Arc<Tail> },
+    /// The caller's memory. `live` is present for views made safely: it is
+    /// cleared when the view ends, so a tensor moved out of its view (with
+    /// `mem::replace`) is refused instead of touching freed memory.
+    Borrowed {
+        ptr: sys::CUdeviceptr,
+        live: Option<Arc<AtomicBool>>,
+        stream: Option<usize>,
+    },
 }
 
 impl DeviceTensor {
-    pub(crate) fn new(dtype: DType, shape: Vec<usize>, buf: CudaSlice<u8>) -> DeviceTensor {
+    pub(crate) fn owned(
+        dtype: DType,
+        shape: Vec<usize>,
+        buf: CudaSlice<u8>,
+        tail: Arc<Tail>,
+    ) -> DeviceTensor {
         let nbytes = numel(&shape) * dtype.size();
         debug_assert!(buf.len() >= nbytes);
         DeviceTensor {
             dtype,
             shape,
             nbytes,
-            buf,
+            mem: Memory::Owned { buf, tail },
+        }
+    }
+
+    /// Borrows `numel(shape)` elements of `dtype` at device address `ptr`,
+    /// without a copy. Nothing is freed when the tensor is dropped.
+    ///
+    /// # Safety
+    /// - `ptr` addresses at least `numel(shape) * dtype.size()` bytes of
+    ///   memory of this rank's device, in the context rankmesh uses (the
+    ///   device's primary context), suitably aligned for `dtype`;
+    /// - the memory stays allocated, and is neither read nor written by
+    ///   other work, until every device op given this tensor has *run* on
+    ///   the GPU, not merely returned: order your work with the group's
+    ///   stream ([`DeviceGroup::on_stream`](super::DeviceGroup::on_stream),
+    ///   [`DeviceGroup::record_event`](super::DeviceGroup::record_event)) or
+    ///   synchronize before freeing or reusing it.
+    pub unsafe fn from_raw(ptr: u64, dtype: DType, shape: impl Into<Vec<usize>>) -> DeviceTensor {
+        let shape = shape.into();
+        DeviceTensor {
+            dtype,
+            nbytes: numel(&shape) * dtype.size(),
+            shape,
+            mem: Memory::Borrowed {
+                ptr,
+                live: None,
+                stream: None,
+            },
         }
     }
 
@@ -52,11 +111,16 @@ impl DeviceTensor {
         self.nbytes
     }
 
+    /// Whether the memory is the caller's (a view or [`from_raw`](Self::from_raw)).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.mem, Memory::Borrowed { .. })
+    }
+
     /// The same device memory viewed with another shape of equal element count.
-    pub fn reshape(mut self, shape: impl Into<Vec<usize>>) -> crate::Result<DeviceTensor> {
+    pub fn reshape(mut self, shape: impl Into<Vec<usize>>) -> Result<DeviceTensor> {
         let shape = shape.into();
         if numel(&shape) != self.numel() {
-            return Err(crate::Error::Tensor(format!(
+            return Err(Error::Tensor(format!(
                 "cannot reshape device tensor {:?} ({} elements) to {shape:?}",
                 self.shape,
                 self.numel()
@@ -67,20 +131,162 @@ impl DeviceTensor {
     }
 
     /// The device address, for handing the tensor to kernels of your own.
-    /// Work on it must be ordered with rankmesh's stream ([`Gpu::stream`](super::Gpu::stream)).
-    pub fn device_ptr(&self, stream: &CudaStream) -> u64 {
-        let (p, _sync) = self.buf.device_ptr(stream);
-        p
+    /// Order that work with the stream rankmesh used for the tensor.
+    pub fn device_ptr(&self) -> u64 {
+        match &self.mem {
+            Memory::Owned { buf, .. } => buf_ptr(buf),
+            Memory::Borrowed { ptr, .. } => *ptr,
+        }
     }
 
-    pub(crate) fn read_ptr(&self, stream: &CudaStream) -> *const c_void {
-        let (p, _sync) = self.buf.device_ptr(stream);
-        p as usize as *const c_void
+    /// The address for a call enqueued on `stream`: refused when the tensor
+    /// is a view whose borrow has ended or that was made for another stream.
+    pub(crate) fn ptr_on(&self, stream: &CudaStream) -> Result<*mut c_void> {
+        if let Memory::Borrowed {
+            live: Some(live),
+            stream: made_for,
+            ..
+        } = &self.mem
+        {
+            if !live.load(Ordering::Acquire) {
+                return Err(Error::Tensor(
+                    "a device view was used after its borrow ended (moved out of its DeviceView)"
+                        .into(),
+                ));
+            }
+            let on = stream.cu_stream() as usize;
+            if *made_for != Some(on) {
+                return Err(Error::Tensor(format!(
+                    "a device view made for stream {:#x} is used on stream {on:#x}: make \
+                     views with the DeviceGroup (and stream) that uses them",
+                    made_for.unwrap_or(0)
+                )));
+            }
+        }
+        Ok(self.device_ptr() as usize as *mut c_void)
     }
+}
 
-    pub(crate) fn write_ptr(&mut self, stream: &CudaStream) -> *mut c_void {
-        let (p, _sync) = self.buf.device_ptr_mut(stream);
-        p as usize as *mut c_void
+fn buf_ptr(buf: &CudaSlice<u8>) -> u64 {
+    // With event tracking off (as rankmesh's context has it) this only
+    // reads the address; the guard records nothing.
+    let (p, _sync) = buf.device_ptr(buf.stream());
+    p
+}
+
+impl Drop for DeviceTensor {
+    fn drop(&mut self) {
+        if let Memory::Owned { buf, tail } = &self.mem {
+            // The free is enqueued on the buffer's stream: make it wait for
+            // rankmesh's latest work, which may use the buffer on another.
+            tail.before_free(buf.stream());
+        }
+    }
+}
+
+/// A caller's device memory borrowed as a [`DeviceTensor`] (read-only use),
+/// for as long as the borrow lasts. Made by
+/// [`DeviceGroup::view`](super::DeviceGroup::view).
+pub struct DeviceView<'a> {
+    tensor: DeviceTensor,
+    // The borrow's own flag: the tensor in the view may have been swapped.
+    live: Arc<AtomicBool>,
+    _sync: SyncOnDrop<'a>,
+}
+
+/// A caller's device memory borrowed as a writable [`DeviceTensor`]. Made by
+/// [`DeviceGroup::view_mut`](super::DeviceGroup::view_mut).
+pub struct DeviceViewMut<'a> {
+    tensor: DeviceTensor,
+    live: Arc<AtomicBool>,
+    _sync: SyncOnDrop<'a>,
+}
+
+impl<'a> DeviceView<'a> {
+    pub(crate) fn new(
+        dtype: DType,
+        shape: Vec<usize>,
+        ptr: u64,
+        stream: &CudaStream,
+        sync: SyncOnDrop<'a>,
+    ) -> DeviceView<'a> {
+        let (tensor, live) = borrowed(dtype, shape, ptr, stream);
+        DeviceView {
+            tensor,
+            live,
+            _sync: sync,
+        }
+    }
+}
+
+impl<'a> DeviceViewMut<'a> {
+    pub(crate) fn new(
+        dtype: DType,
+        shape: Vec<usize>,
+        ptr: u64,
+        stream: &CudaStream,
+        sync: SyncOnDrop<'a>,
+    ) -> DeviceViewMut<'a> {
+        let (tensor, live) = borrowed(dtype, shape, ptr, stream);
+        DeviceViewMut {
+            tensor,
+            live,
+            _sync: sync,
+        }
+    }
+}
+
+fn borrowed(
+    dtype: DType,
+    shape: Vec<usize>,
+    ptr: u64,
+    stream: &CudaStream,
+) -> (DeviceTensor, Arc<AtomicBool>) {
+    let live = Arc::new(AtomicBool::new(true));
+    let tensor = DeviceTensor {
+        dtype,
+        nbytes: numel(&shape) * dtype.size(),
+        shape,
+        mem: Memory::Borrowed {
+            ptr,
+            live: Some(live.clone()),
+            stream: Some(stream.cu_stream() as usize),
+        },
+    };
+    (tensor, live)
+}
+
+// The borrow ends before the view's guard records the read event on the
+// stream (fields drop after `drop`).
+impl Drop for DeviceView<'_> {
+    fn drop(&mut self) {
+        self.live.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for DeviceViewMut<'_> {
+    fn drop(&mut self) {
+        self.live.store(false, Ordering::Release);
+    }
+}
+
+impl std::ops::Deref for DeviceView<'_> {
+    type Target = DeviceTensor;
+    fn deref(&self) -> &DeviceTensor {
+        &self.tensor
+    }
+}
+
+impl std::ops::Deref for DeviceViewMut<'_> {
+    type Target = DeviceTensor;
+    fn deref(&self) -> &DeviceTensor {
+        &self.tensor
+    }
+}
+
+impl std::ops::DerefMut for DeviceViewMut<'_> {
+    fn deref_mut(&mut self) -> &mut DeviceTensor {
+        &mut self.tensor
     }
 }
 
@@ -89,7 +295,7 @@ impl std::fmt::Debug for DeviceTensor {
         f.debug_struct("DeviceTensor")
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
-            .field("device", &self.buf.ordinal())
+            .field("borrowed", &self.is_borrowed())
             .finish()
     }
 }

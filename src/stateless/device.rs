@@ -160,7 +160,7 @@ impl StatelessDevice<'_, '_> {
         self.agree(op, call)?;
         let src = self.group.check_rank(op, "src", src)?;
         let (n, dt) = (t.numel(), t.dtype());
-        let p = t.write_ptr(self.gpu.stream());
+        let p = t.ptr_on(self.gpu.enqueue_own()?)?;
         // SAFETY: in place, as NCCL allows; `t` holds `n` elements until the stream ran.
         unsafe { self.comm.broadcast(p, p, n, dt, src, self.stream()) }
             .map_err(|e| self.nccl(op, e))
@@ -177,7 +177,7 @@ impl StatelessDevice<'_, '_> {
         };
         self.agree(op, call)?;
         let (n, dt) = (t.numel(), t.dtype());
-        let p = t.write_ptr(self.gpu.stream());
+        let p = t.ptr_on(self.gpu.enqueue_own()?)?;
         // SAFETY: in place, as NCCL allows.
         unsafe { self.comm.all_reduce(p, p, n, dt, reduce_op, self.stream()) }
             .map_err(|e| self.nccl(op, e))
@@ -201,7 +201,7 @@ impl StatelessDevice<'_, '_> {
         // SAFETY: `t` holds `numel` elements of its dtype until the stream ran.
         unsafe {
             self.comm.send(
-                t.read_ptr(self.gpu.stream()),
+                t.ptr_on(self.gpu.enqueue_own()?)?,
                 t.numel(),
                 t.dtype(),
                 dst,
@@ -234,8 +234,13 @@ impl StatelessDevice<'_, '_> {
         let (n, dt) = (out.numel(), out.dtype());
         // SAFETY: `out` holds `n` elements of its dtype until the stream ran.
         unsafe {
-            self.comm
-                .recv(out.write_ptr(self.gpu.stream()), n, dt, src, self.stream())
+            self.comm.recv(
+                out.ptr_on(self.gpu.enqueue_own()?)?,
+                n,
+                dt,
+                src,
+                self.stream(),
+            )
         }
         .map_err(|e| self.nccl(op, e))
     }

@@ -14,7 +14,7 @@ fn rankmesh_bin() -> &'static Path {
 }
 
 /// Builds libcuda.so(.1) and libnccl.so.2 from tests/emulator into `dir`.
-fn build(dir: &Path) -> Result<(), String> {
+pub fn build(dir: &Path) -> Result<(), String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator");
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     // Every driver symbol cudarc resolves must exist; the ones the device
@@ -40,7 +40,8 @@ fn build(dir: &Path) -> Result<(), String> {
         .args(["-O1", "-shared", "-fPIC", "-o"])
         .arg(dir.join("libcuda.so"))
         .arg(src.join("cuda.c"))
-        .arg(&stub_file))?;
+        .arg(&stub_file)
+        .arg("-pthread"))?;
     let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
     std::os::unix::fs::symlink("libcuda.so", dir.join("libcuda.so.1"))
         .map_err(|e| e.to_string())?;
@@ -48,7 +49,7 @@ fn build(dir: &Path) -> Result<(), String> {
         .args(["-O1", "-shared", "-fPIC", "-o"])
         .arg(dir.join("libnccl.so.2"))
         .arg(src.join("nccl.c"))
-        .arg("-lm"))
+        .args(["-lm", "-ldl"]))
 }
 
 struct Emulator {
@@ -146,6 +147,55 @@ pub fn drive() {
                 let mut env = emu.env(&worker);
                 env.push(("RANKMESH_EMU_GPUS", &gpus));
                 checks_passed(&support::mpirun(np, &me(), &[], &env), np)
+            },
+        );
+    }
+    // The other two check modes (the runs above use the default, deferred),
+    // and the synchronous emulator (every stream operation run when enqueued).
+    for (np, extra) in [
+        (2, ("RANKMESH_CHECK", "strict")),
+        (3, ("RANKMESH_CHECK", "off")),
+        (3, ("RANKMESH_EMU_ASYNC", "0")),
+    ] {
+        let gpus = np.to_string();
+        trial(
+            &format!("emulated device checks, np {np}, {}={}", extra.0, extra.1),
+            &mut failures,
+            || {
+                let mut env = emu.env(&[worker[0], extra]);
+                env.push(("RANKMESH_EMU_GPUS", &gpus));
+                checks_passed(&support::mpirun(np, &me(), &[], &env), np)
+            },
+        );
+    }
+    for np in [2usize, 3] {
+        let gpus = np.to_string();
+        trial(
+            &format!("deferred agreement, np {np}: a mismatch is the same error at synchronize everywhere"),
+            &mut failures,
+            || {
+                let mut env = emu.env(&[("RANKMESH_GPU_DEFERRED_MISMATCH", "1")]);
+                env.push(("RANKMESH_EMU_GPUS", &gpus));
+                let job = support::mpirun(np, &me(), &[], &env);
+                let lines = |what: &str, has: &str| {
+                    (0..np)
+                        .filter(|r| {
+                            job.stdout.lines().any(|l| {
+                                l.starts_with(&format!("rank {r}: {what}")) && l.contains(has)
+                            })
+                        })
+                        .count()
+                };
+                let named = "group rank 0 passed all_reduce(device shape [4, 3] f32, op sum) \
+                             but group rank 1 passed all_reduce(device shape [4, 4] f32, op sum)";
+                let ok = job.ok()
+                    && lines("mode", "deferred") == np
+                    && lines("refused everywhere", "dim 2 out of range") == np
+                    && lines("all_reduce after", "Ok(())") == np
+                    // Rank 1's own checks pass too: every rank enqueued.
+                    && lines("mismatched call", "Ok(())") == np
+                    && lines("synchronize", named) == np;
+                ok.then_some(()).ok_or_else(|| job.describe())
             },
         );
     }

@@ -1,7 +1,12 @@
 /* An NCCL emulator for CI machines without GPUs, on top of MPI.
  *
- * NOT NCCL: buffers are the host memory that emulator/cuda.c hands out, and
- * each call runs synchronously through MPI when it is enqueued. It gives the
+ * NOT NCCL: buffers are the host memory that emulator/cuda.c hands out.
+ * Calls are checked when made and run later on the stream they were given
+ * (emulator/cuda.c's worker threads, found with dlopen), in stream order;
+ * a failure there becomes the communicator's asynchronous error, as on a
+ * GPU. The workers move data over the TCP mesh only (they must not call
+ * MPI, which rankmesh initialises for one thread). With RANKMESH_EMU_ASYNC=0
+ * each call runs synchronously when made, over MPI within a job. It gives the
  * device plane's logic (communicator creation over MPI, unique-id bytes,
  * offsets and block orders, grouped send/recv, error strings, async-error
  * polling and abort) a real multi-process peer in CI. Reductions run in rank
@@ -25,6 +30,7 @@
  * 22703, 2.27.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
  */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <mpi.h>
@@ -50,11 +56,29 @@ typedef struct Comm {
     int rank, size;
     long calls;
     int aborted;
+    int err;       /* asynchronous error of a call run on a stream */
+    long inflight; /* calls enqueued on streams and not yet run */
 } Comm;
 
 enum { SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM_ERROR = 2, INTERNAL = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE = 6 };
 
 static const char MAGIC[8] = "rkmEMU01";
+
+/* emulator/cuda.c's stream queue, when that library is loaded and asynchronous. */
+typedef int (*EnqueueFn)(void *, void (*)(void *), void *);
+static EnqueueFn stream_queue(void) {
+    static int tried;
+    static EnqueueFn f;
+    if (!tried) {
+        tried = 1;
+        const char *a = getenv("RANKMESH_EMU_ASYNC");
+        if (a && strcmp(a, "0") == 0) return NULL;
+        void *h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = (EnqueueFn)dlsym(h, "rankmesh_emu_enqueue");
+    }
+    return f;
+}
 
 static int version(void) {
     const char *v = getenv("RANKMESH_EMU_NCCL_VERSION");
@@ -264,7 +288,7 @@ ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank)
             }
             socks[h.rank] = fd;
             all[h.rank] = h;
-            tcp |= strcmp(h.job, me.job) != 0;
+            tcp |= strcmp(h.job, me.job) != 0 || stream_queue() != NULL;
         }
         close(f.listener);
         for (int i = 1; i < nranks; i++) {
@@ -328,17 +352,31 @@ static void release(Comm *c) {
     }
     free(c);
 }
+static long inflight(Comm *c) { return __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE); }
+
+/* Waits (up to 30 s) for the calls still queued on streams, as NCCL's
+ * destroy flushes them; a communicator they never release is leaked. */
 ncclResult_t ncclCommDestroy(Comm *c) {
-    release(c);
+    for (int i = 0; i < 3000000 && inflight(c); i++) usleep(10);
+    if (!inflight(c)) release(c);
     return SUCCESS;
 }
+/* Queued calls fail at once: the sockets are shut down under them. Like
+ * NCCL's abort, it returns once they are done (up to 10 s; a communicator
+ * still referenced by queued calls after that is leaked). */
 ncclResult_t ncclCommAbort(Comm *c) {
-    release(c);
+    __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE);
+    if (c->socks)
+        for (int i = 0; i < c->size; i++)
+            if (c->socks[i] >= 0) shutdown(c->socks[i], SHUT_RDWR);
+    for (int i = 0; i < 1000000 && inflight(c); i++) usleep(10);
+    if (!inflight(c)) release(c);
     return SUCCESS;
 }
 ncclResult_t ncclCommGetAsyncError(Comm *c, ncclResult_t *e) {
     const char *after = getenv("RANKMESH_EMU_FAIL_AFTER");
-    *e = (after && c->calls >= atol(after)) ? REMOTE : SUCCESS;
+    int err = __atomic_load_n(&c->err, __ATOMIC_ACQUIRE);
+    *e = err ? err : (after && c->calls >= atol(after)) ? REMOTE : SUCCESS;
     return SUCCESS;
 }
 
@@ -506,66 +544,45 @@ static ncclResult_t all_reduce_bytes(const void *s, void *r, size_t count, int t
     return rc;
 }
 
-ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, int t, int op, Comm *c, void *stream) {
-    (void)stream;
-    ncclResult_t e = enter(c, t);
-    return e ? e : all_reduce_bytes(s, r, count, t, op, c, -1);
-}
-
-ncclResult_t ncclReduce(const void *s, void *r, size_t count, int t, int op, int root, Comm *c, void *stream) {
-    (void)stream;
-    ncclResult_t e = enter(c, t);
-    if (e) return e;
-    if (root < 0 || root >= c->size) return INVALID_ARGUMENT;
-    return all_reduce_bytes(s, r, count, t, op, c, root);
-}
-
-ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, int t, int op, Comm *c, void *stream) {
-    (void)stream;
-    ncclResult_t e = enter(c, t);
-    if (e) return e;
-    size_t bytes = recvcount * elem(t);
-    char *full = malloc(bytes * (size_t)c->size + 1);
-    all_reduce_bytes(s, full, recvcount * (size_t)c->size, t, op, c, -1);
-    memcpy(r, full + (size_t)c->rank * bytes, bytes);
-    free(full);
-    return SUCCESS;
-}
-
-ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, int t, Comm *c, void *stream) {
-    (void)stream;
-    ncclResult_t e = enter(c, t);
-    if (e) return e;
-    return allgather(s, r, sendcount * elem(t), c);
-}
-
-ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
-    (void)stream;
-    ncclResult_t e = enter(c, t);
-    if (e) return e;
-    if (root < 0 || root >= c->size) return INVALID_ARGUMENT;
-    size_t bytes = count * elem(t);
-    if (c->rank == root && s != r) memmove(r, s, bytes);
-    return bcast(r, bytes, root, c);
-}
-
 /* Point-to-point calls are queued between ncclGroupStart and ncclGroupEnd. */
 typedef struct {
     int send;
     void *buf;
     int bytes, peer;
     Comm *comm;
+    void *stream;
 } P2p;
-static P2p queue[4096];
-static int queued, depth;
 
-static ncclResult_t flush(void) {
-    static MPI_Request reqs[4096];
-    static Xfer xfers[4096];
+/* One call as it runs on its stream. */
+enum { ALL_REDUCE, REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, P2P };
+typedef struct {
+    int kind;
+    const void *s;
+    void *r;
+    size_t count;
+    int t, op, root;
+    Comm *c;
+    P2p *batch;
+    int nbatch;
+} Job;
+
+static ncclResult_t run_p2p(P2p *q, int n) {
+    MPI_Request *reqs = calloc((size_t)n + 1, sizeof *reqs);
+    Xfer *xfers = calloc((size_t)n + 1, sizeof *xfers);
     int nreq = 0, nx = 0;
-    for (int i = 0; i < queued; i++) {
-        P2p *p = &queue[i];
-        if (p->comm->socks)
+    for (int i = 0; i < n; i++) {
+        P2p *p = &q[i];
+        if (p->comm->socks && p->peer == p->comm->rank) {
+            /* To itself over TCP: the k-th send meets the k-th receive. */
+            if (!p->send) continue;
+            int k = 0;
+            for (int j = 0; j < i; j++) k += q[j].send && q[j].comm == p->comm && q[j].peer == p->peer;
+            for (int j = 0; j < n; j++)
+                if (!q[j].send && q[j].comm == p->comm && q[j].peer == p->peer && k-- == 0) {
+                    memmove(q[j].buf, p->buf, (size_t)(p->bytes < q[j].bytes ? p->bytes : q[j].bytes));
+                    break;
+                }
+        } else if (p->comm->socks)
             xfers[nx++] = (Xfer){p->comm->socks[p->peer], p->send, p->buf, (size_t)p->bytes, 0};
         else if (p->send)
             MPI_Isend(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[nreq++]);
@@ -574,25 +591,111 @@ static ncclResult_t flush(void) {
     }
     ncclResult_t rc = run_xfers(xfers, nx);
     MPI_Waitall(nreq, reqs, MPI_STATUSES_IGNORE);
-    queued = 0;
+    free(reqs);
+    free(xfers);
     return rc;
 }
 
-static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer, Comm *c) {
+static ncclResult_t run_job(Job *j) {
+    Comm *c = j->c;
+    size_t bytes = j->count * elem(j->t);
+    switch (j->kind) {
+    case ALL_REDUCE:
+        return all_reduce_bytes(j->s, j->r, j->count, j->t, j->op, c, -1);
+    case REDUCE:
+        return all_reduce_bytes(j->s, j->r, j->count, j->t, j->op, c, j->root);
+    case REDUCE_SCATTER: {
+        char *full = malloc(bytes * (size_t)c->size + 1);
+        ncclResult_t rc = all_reduce_bytes(j->s, full, j->count * (size_t)c->size, j->t, j->op, c, -1);
+        if (!rc) memcpy(j->r, full + (size_t)c->rank * bytes, bytes);
+        free(full);
+        return rc;
+    }
+    case ALL_GATHER:
+        return allgather(j->s, j->r, bytes, c);
+    case BROADCAST:
+        if (c->rank == j->root && j->s != j->r) memmove(j->r, j->s, bytes);
+        return bcast(j->r, bytes, j->root, c);
+    default:
+        return run_p2p(j->batch, j->nbatch);
+    }
+}
+
+static void run_queued(void *p) {
+    Job *j = p;
+    Comm *c = j->c;
+    ncclResult_t rc = __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) ? REMOTE : run_job(j);
+    if (rc) __atomic_store_n(&c->err, rc, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&c->inflight, 1, __ATOMIC_ACQ_REL);
+    free(j->batch);
+    free(j);
+}
+
+/* Runs `j` on `stream` (asynchronously), or now when no stream queue is loaded. */
+static ncclResult_t submit(Job j, void *stream) {
+    EnqueueFn q = stream_queue();
+    if (!q) {
+        ncclResult_t rc = run_job(&j);
+        free(j.batch);
+        return rc;
+    }
+    Job *queued = malloc(sizeof *queued);
+    *queued = j;
+    __atomic_add_fetch(&j.c->inflight, 1, __ATOMIC_ACQ_REL);
+    q(stream, run_queued, queued);
+    return SUCCESS;
+}
+
+static ncclResult_t collective(int kind, const void *s, void *r, size_t count, int t, int op, int root, Comm *c,
+                               void *stream) {
+    ncclResult_t e = enter(c, t);
+    if (e) return e;
+    if ((kind == REDUCE || kind == BROADCAST) && (root < 0 || root >= c->size)) return INVALID_ARGUMENT;
+    return submit((Job){kind, s, r, count, t, op, root, c, NULL, 0}, stream);
+}
+
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, int t, int op, Comm *c, void *stream) {
+    return collective(ALL_REDUCE, s, r, count, t, op, 0, c, stream);
+}
+ncclResult_t ncclReduce(const void *s, void *r, size_t count, int t, int op, int root, Comm *c, void *stream) {
+    return collective(REDUCE, s, r, count, t, op, root, c, stream);
+}
+ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, int t, int op, Comm *c, void *stream) {
+    return collective(REDUCE_SCATTER, s, r, recvcount, t, op, 0, c, stream);
+}
+ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, int t, Comm *c, void *stream) {
+    return collective(ALL_GATHER, s, r, sendcount, t, 0, 0, c, stream);
+}
+ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
+    return collective(BROADCAST, s, r, count, t, 0, root, c, stream);
+}
+
+static P2p queue[4096];
+static int queued, depth;
+
+/* The calls queued since the group began, as one job on the first call's stream. */
+static ncclResult_t flush(void) {
+    if (!queued) return SUCCESS;
+    P2p *batch = malloc(sizeof *batch * (size_t)queued);
+    memcpy(batch, queue, sizeof *batch * (size_t)queued);
+    int n = queued;
+    queued = 0;
+    return submit((Job){P2P, NULL, NULL, 0, 0, 0, 0, batch[0].comm, batch, n}, batch[0].stream);
+}
+
+static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer, Comm *c, void *stream) {
     ncclResult_t e = enter(c, t);
     if (e) return e;
     if (peer < 0 || peer >= c->size || queued == 4096) return INVALID_ARGUMENT;
-    queue[queued++] = (P2p){send, (void *)buf, (int)(count * elem(t)), peer, c};
+    queue[queued++] = (P2p){send, (void *)buf, (int)(count * elem(t)), peer, c, stream};
     return depth ? SUCCESS : flush();
 }
 
 ncclResult_t ncclSend(const void *s, size_t count, int t, int peer, Comm *c, void *stream) {
-    (void)stream;
-    return p2p(1, s, count, t, peer, c);
+    return p2p(1, s, count, t, peer, c, stream);
 }
 ncclResult_t ncclRecv(void *r, size_t count, int t, int peer, Comm *c, void *stream) {
-    (void)stream;
-    return p2p(0, r, count, t, peer, c);
+    return p2p(0, r, count, t, peer, c, stream);
 }
 ncclResult_t ncclGroupStart(void) {
     depth++;

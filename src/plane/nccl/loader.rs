@@ -13,8 +13,10 @@ pub struct Nccl {
     path: String,
     version: i32,
     api: std::result::Result<Api, String>,
-    // Declared last: the function pointers in `api` point into it.
-    _lib: libloading::Library,
+    // Never unloaded: NCCL's own threads (proxies, and the emulator's stream
+    // workers) may still run its code after the last communicator is gone,
+    // and an unloaded library under a running thread is a crash at exit.
+    _lib: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 impl std::fmt::Debug for Nccl {
@@ -167,7 +169,7 @@ pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
                             path: cand,
                             version: v,
                             api,
-                            _lib: lib,
+                            _lib: std::mem::ManuallyDrop::new(lib),
                         });
                     }
                     Err(e) => tried.push(format!("{cand}: not NCCL ({e})")),
