@@ -14,27 +14,41 @@
 //! tail when they differ (the tensor may have been used on the tail since).
 
 use cudarc::driver::{CudaStream, DriverError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The stream carrying rankmesh's latest device work (see the module docs).
-pub(crate) struct Tail(Mutex<Arc<CudaStream>>);
+pub(crate) struct Tail {
+    stream: Mutex<Arc<CudaStream>>,
+    /// Its handle, read without the lock on every call (the common case:
+    /// the same stream again).
+    handle: AtomicUsize,
+}
 
 impl Tail {
     pub(crate) fn new(stream: Arc<CudaStream>) -> Arc<Tail> {
-        Arc::new(Tail(Mutex::new(stream)))
+        Arc::new(Tail {
+            handle: AtomicUsize::new(stream.cu_stream() as usize),
+            stream: Mutex::new(stream),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Arc<CudaStream>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.stream.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Puts `stream` at the end of the chain: it waits for the tail's work
     /// when it is another stream. Call before enqueuing anything on `stream`.
     pub(crate) fn order_on(&self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
+        if self.handle.load(Ordering::Acquire) == stream.cu_stream() as usize {
+            return Ok(());
+        }
         let mut tail = self.lock();
         if tail.cu_stream() != stream.cu_stream() {
             stream.join(&tail)?;
             *tail = stream.clone();
+            self.handle
+                .store(stream.cu_stream() as usize, Ordering::Release);
         }
         Ok(())
     }

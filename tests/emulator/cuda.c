@@ -54,14 +54,23 @@ static int gpus(void) {
     return v ? atoi(v) : 1;
 }
 
+/* Settings read once (getenv on every call would dominate small calls). */
 static int async_mode(void) {
-    const char *v = getenv("RANKMESH_EMU_ASYNC");
-    return !(v && strcmp(v, "0") == 0);
+    static int mode = -1;
+    if (mode < 0) {
+        const char *v = getenv("RANKMESH_EMU_ASYNC");
+        mode = !(v && strcmp(v, "0") == 0);
+    }
+    return mode;
 }
 
 static long max_delay_us(void) {
-    const char *v = getenv("RANKMESH_EMU_DELAY_US");
-    return v ? atol(v) : 200;
+    static long delay = -1;
+    if (delay < 0) {
+        const char *v = getenv("RANKMESH_EMU_DELAY_US");
+        delay = v ? atol(v) : 200;
+    }
+    return delay;
 }
 
 /* ---- streams: a queue and a worker thread each ---- */

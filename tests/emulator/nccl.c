@@ -374,9 +374,13 @@ ncclResult_t ncclCommAbort(Comm *c) {
     return SUCCESS;
 }
 ncclResult_t ncclCommGetAsyncError(Comm *c, ncclResult_t *e) {
-    const char *after = getenv("RANKMESH_EMU_FAIL_AFTER");
+    static long fail_after = -2;
+    if (fail_after == -2) {
+        const char *after = getenv("RANKMESH_EMU_FAIL_AFTER");
+        fail_after = after ? atol(after) : -1;
+    }
     int err = __atomic_load_n(&c->err, __ATOMIC_ACQUIRE);
-    *e = err ? err : (after && c->calls >= atol(after)) ? REMOTE : SUCCESS;
+    *e = err ? err : (fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
     return SUCCESS;
 }
 
