@@ -5,11 +5,11 @@
 //! all-gather and enqueues its NCCL work at once. The posted agreements are
 //! tested (without waiting) at every later device call of the rank and
 //! completed at the next [`Gpu::synchronize`](crate::device::Gpu::synchronize),
-//! event query or wait, or download. A disagreement found then aborts every
-//! NCCL communicator of the rank — the mismatched NCCL work may never finish
-//! — and is the error strict mode would have given for that call, on every
-//! member. Each member decides from the same all-gathered descriptors, so all
-//! of them abort and fail alike.
+//! event wait, event query that finds the work done, or download. A
+//! disagreement found then aborts every NCCL communicator of the rank — the
+//! mismatched NCCL work may never finish — and is the error strict mode
+//! would have given for that call, on every member. Each member decides from
+//! the same all-gathered descriptors, so all of them abort and fail alike.
 
 use crate::dispatch::{agree, Descriptor};
 use crate::error::{Error, Result};

@@ -74,12 +74,19 @@ impl DeviceEvent<'_> {
             .map_err(|e| Error::Gpu(format!("cuStreamWaitEvent: {e}")))
     }
 
-    /// Whether the recorded work is done (after settling deferred agreements
-    /// and polling the NCCL communicators for asynchronous errors).
+    /// Whether the recorded work is done. Never `true` before the deferred
+    /// agreements of that work are complete and agreed: a done event first
+    /// completes them (a disagreement is the error here); a pending one only
+    /// tests them. NCCL communicators are polled for asynchronous errors.
     pub fn query(&self) -> Result<bool> {
-        self.gpu.settle()?;
         self.gpu.poll_comms()?;
-        Ok(self.event.is_complete())
+        if self.event.is_complete() {
+            self.gpu.settle()?;
+            Ok(true)
+        } else {
+            self.gpu.settle_ready()?;
+            Ok(false)
+        }
     }
 
     /// Waits on the host until the recorded work is done, as

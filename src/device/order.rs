@@ -61,6 +61,9 @@ impl Tail {
     /// Orders a free enqueued on `stream` after the tail's work. A failure
     /// is recorded in the context (cudarc's way for errors in `Drop`).
     pub(crate) fn before_free(&self, stream: &Arc<CudaStream>) {
+        if self.handle.load(Ordering::Acquire) == stream.cu_stream() as usize {
+            return;
+        }
         let tail = self.lock();
         if tail.cu_stream() != stream.cu_stream() {
             stream.context().record_err(stream.join(&tail));
