@@ -851,6 +851,23 @@ fn deferred_mismatch() {
     println!("rank {me}: synchronize: {synced:?}");
 }
 
+/// Deferred agreement with a member that skips a call: its peers' extra
+/// agreement never completes, and their synchronize is a timeout error
+/// naming the call (RANKMESH_TIMEOUT), not a hang; the member's own calls
+/// all matched, so its synchronize succeeds.
+fn deferred_skipped_call() {
+    let rt = Runtime::init().expect("MPI init");
+    let world = rt.world_group().expect("world group");
+    let dg = world.device().expect("device plane");
+    let me = world.rank_in_group();
+    let x = dg.gpu().upload(&input(&[4], DType::F32, me)).unwrap();
+    let calls = if me == 0 { 2 } else { 1 };
+    for _ in 0..calls {
+        dg.all_reduce(&x, ReduceOp::Sum).expect("enqueued");
+    }
+    println!("rank {me}: synchronize: {:?}", dg.synchronize().map_err(e));
+}
+
 /// A member of a stateless group formed by two separately launched jobs
 /// (`StatelessGroup::connect`), moving device tensors over the NCCL
 /// communicator whose unique id travelled over the group.
@@ -947,6 +964,8 @@ fn main() {
     } else if let Some(dir) = std::env::var_os("RANKMESH_EMU_BUILD") {
         // For scripts (bench-check-modes.sh): build the emulators into `dir` only.
         emulator::build(std::path::Path::new(&dir)).expect("building the emulators");
+    } else if std::env::var_os("RANKMESH_GPU_DEFERRED_SKIP").is_some() {
+        deferred_skipped_call();
     } else if std::env::var_os("RANKMESH_GPU_DEFERRED_MISMATCH").is_some() {
         deferred_mismatch();
     } else if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {

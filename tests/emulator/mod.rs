@@ -199,6 +199,29 @@ pub fn drive() {
             },
         );
     }
+    trial(
+        "deferred agreement: a skipped call is a timeout error naming it, not a hang",
+        &mut failures,
+        || {
+            let mut env = emu.env(&[
+                ("RANKMESH_GPU_DEFERRED_SKIP", "1"),
+                ("RANKMESH_EMU_GPUS", "2"),
+            ]);
+            // The last value wins: a short wait for the agreement that never completes.
+            env.push(("RANKMESH_TIMEOUT", "3"));
+            let job = support::mpirun(2, &me(), &[], &env);
+            let says = |r: usize, has: &str| {
+                job.stdout
+                    .lines()
+                    .any(|l| l.starts_with(&format!("rank {r}: synchronize")) && l.contains(has))
+            };
+            let ok = says(
+                0,
+                "the deferred agreement of call #1 did not complete within RANKMESH_TIMEOUT",
+            ) && says(1, "Ok(())");
+            ok.then_some(()).ok_or_else(|| job.describe())
+        },
+    );
     for (a, b) in [(1usize, 1usize), (2, 1)] {
         trial(
             &format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),
