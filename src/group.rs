@@ -86,12 +86,18 @@ impl<'rt> GroupCoordinator<'rt> {
             bytemuck::cast_slice_mut::<_, u64>(&mut facts[..]),
         );
         let ranks: Vec<usize> = facts.iter().map(|f| f[0] as usize).collect();
-        if let Some(other) = facts.iter().find(|f| f[2] != check.code()) {
-            return Err(Error::Launch(format!(
-                "RANKMESH_CHECK differs among the members of {name}: {} here, another value on world rank {} (set it alike on every rank)",
-                check.name(),
-                other[0]
-            )));
+        // Settings every member must share, each with this rank's value.
+        let shared = [
+            (1, "RANKMESH_HOST_PLANE", choice.code(), choice.name()),
+            (2, "RANKMESH_CHECK", check.code(), check.name()),
+        ];
+        for (col, var, code, here) in shared {
+            if let Some(other) = facts.iter().find(|f| f[col] != code) {
+                return Err(Error::Launch(format!(
+                    "{var} differs among the members of {name}: {here} here, another value on world rank {} (set it alike on every rank)",
+                    other[0]
+                )));
+            }
         }
         let shm_wanted = choose_shm(rt, &name, choice, &facts)?;
         let watch = rt.watchdog().register(Arc::from(name), &ranks);
@@ -742,22 +748,15 @@ impl GroupCoordinator<'_> {
     }
 }
 
-/// Whether a group whose members gave `facts` (world rank, choice code)
-/// runs host collectives on shared memory: every member must have asked the
-/// same, and `shm` is refused for a group spanning nodes.
+/// Whether a group whose members gave `facts` (world rank, choice code,
+/// check code; the choice alike on all) runs host collectives on shared
+/// memory: `shm` is refused for a group spanning nodes.
 fn choose_shm(
     rt: &Runtime,
     name: &str,
     choice: HostPlaneChoice,
     facts: &[[u64; 3]],
 ) -> Result<bool> {
-    if let Some(other) = facts.iter().find(|f| f[1] != choice.code()) {
-        return Err(Error::Launch(format!(
-            "RANKMESH_HOST_PLANE differs among the members of {name}: {} here, another value on world rank {} (set it alike on every rank)",
-            choice.name(),
-            other[0]
-        )));
-    }
     let node_of = |f: &[u64; 3]| rt.world().ranks[f[0] as usize].node;
     let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
     match choice {

@@ -187,19 +187,53 @@ impl Drop for DeviceTensor {
 /// A caller's device memory borrowed as a [`DeviceTensor`] (read-only use),
 /// for as long as the borrow lasts. Made by
 /// [`DeviceGroup::view`](super::DeviceGroup::view).
-pub struct DeviceView<'a> {
+pub struct DeviceView<'a>(Borrow<'a>);
+
+/// A caller's device memory borrowed as a writable [`DeviceTensor`]. Made by
+/// [`DeviceGroup::view_mut`](super::DeviceGroup::view_mut).
+pub struct DeviceViewMut<'a>(Borrow<'a>);
+
+/// What both views hold: the tensor, the borrow's own liveness flag (the
+/// tensor in a mutable view may have been swapped out), and cudarc's guard.
+struct Borrow<'a> {
     tensor: DeviceTensor,
-    // The borrow's own flag: the tensor in the view may have been swapped.
     live: Arc<AtomicBool>,
     _sync: SyncOnDrop<'a>,
 }
 
-/// A caller's device memory borrowed as a writable [`DeviceTensor`]. Made by
-/// [`DeviceGroup::view_mut`](super::DeviceGroup::view_mut).
-pub struct DeviceViewMut<'a> {
-    tensor: DeviceTensor,
-    live: Arc<AtomicBool>,
-    _sync: SyncOnDrop<'a>,
+impl<'a> Borrow<'a> {
+    fn new(
+        dtype: DType,
+        shape: Vec<usize>,
+        ptr: u64,
+        stream: &CudaStream,
+        sync: SyncOnDrop<'a>,
+    ) -> Borrow<'a> {
+        let live = Arc::new(AtomicBool::new(true));
+        let tensor = DeviceTensor {
+            dtype,
+            nbytes: numel(&shape) * dtype.size(),
+            shape,
+            mem: Memory::Borrowed {
+                ptr,
+                live: Some(live.clone()),
+                stream: Some(stream.cu_stream() as usize),
+            },
+        };
+        Borrow {
+            tensor,
+            live,
+            _sync: sync,
+        }
+    }
+}
+
+// The borrow ends before cudarc's guard records the read or write on the
+// stream (fields drop after `drop`).
+impl Drop for Borrow<'_> {
+    fn drop(&mut self) {
+        self.live.store(false, Ordering::Release);
+    }
 }
 
 impl<'a> DeviceView<'a> {
@@ -210,12 +244,7 @@ impl<'a> DeviceView<'a> {
         stream: &CudaStream,
         sync: SyncOnDrop<'a>,
     ) -> DeviceView<'a> {
-        let (tensor, live) = borrowed(dtype, shape, ptr, stream);
-        DeviceView {
-            tensor,
-            live,
-            _sync: sync,
-        }
+        DeviceView(Borrow::new(dtype, shape, ptr, stream, sync))
     }
 }
 
@@ -227,66 +256,27 @@ impl<'a> DeviceViewMut<'a> {
         stream: &CudaStream,
         sync: SyncOnDrop<'a>,
     ) -> DeviceViewMut<'a> {
-        let (tensor, live) = borrowed(dtype, shape, ptr, stream);
-        DeviceViewMut {
-            tensor,
-            live,
-            _sync: sync,
-        }
-    }
-}
-
-fn borrowed(
-    dtype: DType,
-    shape: Vec<usize>,
-    ptr: u64,
-    stream: &CudaStream,
-) -> (DeviceTensor, Arc<AtomicBool>) {
-    let live = Arc::new(AtomicBool::new(true));
-    let tensor = DeviceTensor {
-        dtype,
-        nbytes: numel(&shape) * dtype.size(),
-        shape,
-        mem: Memory::Borrowed {
-            ptr,
-            live: Some(live.clone()),
-            stream: Some(stream.cu_stream() as usize),
-        },
-    };
-    (tensor, live)
-}
-
-// The borrow ends before the view's guard records the read event on the
-// stream (fields drop after `drop`).
-impl Drop for DeviceView<'_> {
-    fn drop(&mut self) {
-        self.live.store(false, Ordering::Release);
-    }
-}
-
-impl Drop for DeviceViewMut<'_> {
-    fn drop(&mut self) {
-        self.live.store(false, Ordering::Release);
+        DeviceViewMut(Borrow::new(dtype, shape, ptr, stream, sync))
     }
 }
 
 impl std::ops::Deref for DeviceView<'_> {
     type Target = DeviceTensor;
     fn deref(&self) -> &DeviceTensor {
-        &self.tensor
+        &self.0.tensor
     }
 }
 
 impl std::ops::Deref for DeviceViewMut<'_> {
     type Target = DeviceTensor;
     fn deref(&self) -> &DeviceTensor {
-        &self.tensor
+        &self.0.tensor
     }
 }
 
 impl std::ops::DerefMut for DeviceViewMut<'_> {
     fn deref_mut(&mut self) -> &mut DeviceTensor {
-        &mut self.tensor
+        &mut self.0.tensor
     }
 }
 
