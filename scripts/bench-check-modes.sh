@@ -4,8 +4,11 @@
 # nccl`), alternated: strict, deferred, off, strict, ... Prints, per size,
 # the median of each mode's time and of its +time over the raw calls.
 # Without a GPU it runs on the emulators (built from tests/emulator by the
-# gpu test binary), synchronous (RANKMESH_EMU_ASYNC=0): every call runs on
-# the host thread, so the times are host times per call.
+# gpu test binary), synchronous (RANKMESH_EMU_ASYNC=0), with NCCL calls
+# checked but moving nothing (RANKMESH_EMU_NCCL_SKIP=1): the times are the
+# host time of a call, which is what a real GPU's asynchronous NCCL leaves
+# the CPU. RANKMESH_EMU_NCCL_SKIP=0 includes the emulated transfer (an MPI
+# exchange per call, which keeps the ranks in step and adds its noise).
 # Usage: scripts/bench-check-modes.sh [RUNS] [NP] [bench flags...]
 #   e.g. scripts/bench-check-modes.sh 3 2 -b 8 -e 4K -f 8 -n 20000 -w 1000
 set -euo pipefail
@@ -22,11 +25,14 @@ if [[ -z "${RANKMESH_NCCL_LIB:-}" ]] && ! nvidia-smi -L >/dev/null 2>&1; then
   RANKMESH_EMU_BUILD="$tmp/emu" "$gpu_test" >/dev/null
   export LD_LIBRARY_PATH="$tmp/emu" RANKMESH_NCCL_LIB="$tmp/emu/libnccl.so.2"
   export RANKMESH_EMU_ASYNC=0 RANKMESH_EMU_GPUS=$np
+  export RANKMESH_EMU_NCCL_SKIP=${RANKMESH_EMU_NCCL_SKIP:-1}
+  # Nothing moves, so there is nothing to validate.
+  [[ $RANKMESH_EMU_NCCL_SKIP == 1 ]] && set -- "$@" -c 0
 fi
 for run in $(seq "$runs"); do
   for mode in strict deferred off; do
     RANKMESH_CHECK=$mode scripts/mpirun-local.sh -np "$np" \
-      -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_ASYNC -x RANKMESH_EMU_GPUS -x RANKMESH_CHECK \
+      -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_ASYNC -x RANKMESH_EMU_GPUS -x RANKMESH_EMU_NCCL_SKIP -x RANKMESH_CHECK \
       "$bin" bench all_reduce --backend nccl --baseline nccl "$@" > "$tmp/$mode.$run" 2>&1 \
       || { cat "$tmp/$mode.$run"; exit 1; }
   done

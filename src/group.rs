@@ -1,7 +1,7 @@
 //! `GroupCoordinator`: one MPI communicator, its members, and the one dispatch
 //! path every operation on it goes through.
 
-use crate::check::{CheckMode, Deferred};
+use crate::check::{CheckMode, Deferred, Posts};
 use crate::collectives::PlaneTensor;
 use crate::dispatch::{agree, agree_peers, Descriptor, MAX_DIMS};
 use crate::error::{Error, Fault, Result};
@@ -408,19 +408,19 @@ impl<'rt> GroupCoordinator<'rt> {
         // The whole call, agreement and data, is watched: a peer that never
         // enters it or stops inside it is named instead of waited for.
         let call = self.inner.watch.call(&desc);
-        call.finish(self.agree_then(fused, desc, check, body))
+        call.finish(self.agree_then(fused, &desc, check, body))
     }
 
     /// The agreement step of [`collective`](Self::collective), then `body`.
     fn agree_then<R>(
         &self,
         fused: bool,
-        desc: Descriptor,
+        desc: &Descriptor,
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
-        let one = std::slice::from_ref(&desc);
+        let one = std::slice::from_ref(desc);
         if let Some(d) = self.inner.deferred.get() {
             d.check_usable(op)?;
         }
@@ -454,7 +454,7 @@ impl<'rt> GroupCoordinator<'rt> {
         }
         let mut descs = vec![Descriptor::new(op, &[]); self.size()];
         self.inner.comm.all_gather_into(
-            bytemuck::bytes_of(&desc),
+            bytemuck::bytes_of(desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
         self.checked(op, &descs, self.rank_in_group(), &check, body)
@@ -466,29 +466,35 @@ impl<'rt> GroupCoordinator<'rt> {
     /// error is the one every member gets.
     fn agree_deferred<R>(
         &self,
-        desc: Descriptor,
+        desc: &Descriptor,
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let gpu = self.inner.rt.gpu()?;
         let deferred = self.inner.deferred.get_or_init(|| {
+            // Collective at a group's first deferred call: the shm window.
+            let posts = match self.shm() {
+                Some(shm) => Posts::ring(shm.window().clone(), self.rank_in_group()),
+                None => Posts::mpi(self.inner.comm.as_raw()),
+            };
             let d = Rc::new(Deferred::new(
                 self.name(),
-                self.inner.comm.as_raw(),
                 self.rank_in_group(),
                 self.inner.rt.options().timeout,
+                posts,
             ));
             gpu.register_deferred(&d);
             d
         });
         gpu.settle_ready()?;
-        if deferred.over_bound() {
+        if deferred.full() {
             gpu.settle()?;
         }
-        deferred.post(&desc, self.size())?;
-        let one = std::slice::from_ref(&desc);
-        if agree(one, 0, &check).is_err() {
+        let one = std::slice::from_ref(desc);
+        let refused_here = agree(one, 0, &check).is_err();
+        deferred.post(desc, self.size(), refused_here)?;
+        if refused_here {
             gpu.settle()?;
         }
         self.checked(op, one, 0, &check, body)
@@ -544,15 +550,15 @@ impl<'rt> GroupCoordinator<'rt> {
         &self,
         shm: &ShmPlane,
         fused: bool,
-        desc: Descriptor,
+        desc: &Descriptor,
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let me = self.rank_in_group();
-        let one = std::slice::from_ref(&desc);
+        let one = std::slice::from_ref(desc);
         if fused && !desc.needs_all() && agree(one, 0, &check).is_ok() {
-            shm.stage(desc);
+            shm.stage(*desc);
             let moved = body(one);
             if let Some(descs) = shm.take_disagreement() {
                 return Err(match agree(&descs, me, &check) {
@@ -569,8 +575,8 @@ impl<'rt> GroupCoordinator<'rt> {
             }
             return moved;
         }
-        let descs = shm.exchange_descriptors(&desc, &self.inner.rt.watchdog().pulse());
-        if descs.iter().all(|d| *d == desc) && !desc.bad_output() && !desc.needs_all() {
+        let descs = shm.exchange_descriptors(desc, &self.inner.rt.watchdog().pulse());
+        if descs.iter().all(|d| d == desc) && !desc.bad_output() && !desc.needs_all() {
             return self.checked(op, one, 0, &check, body);
         }
         self.checked(op, &descs, me, &check, body)

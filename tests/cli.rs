@@ -218,6 +218,27 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
     );
 }
 
+/// Settings every member of a group must share, set differently on two
+/// ranks (an MPMD launch): the group's creation is refused on both, each
+/// naming its own value and the other rank.
+#[test]
+fn settings_that_differ_among_ranks_are_an_error_on_every_rank() {
+    for (var, a, b) in [
+        ("RANKMESH_CHECK", "strict", "off"),
+        ("RANKMESH_HOST_PLANE", "mpi", "shm"),
+    ] {
+        let job = support::mpirun_each(exe(), &["topo"], &[&[(var, a)], &[(var, b)]]);
+        assert!(!job.ok(), "{var}: {}", job.describe());
+        let says = |here: &str, other: usize| {
+            job.stderr.contains(&format!(
+                "{var} differs among the members of world: {here} here, another value on world rank {other}"
+            ))
+        };
+        assert!(says(a, 1) && says(b, 0), "{var}: {}", job.describe());
+        assert!(!job.stderr.contains("panicked"), "{}", job.describe());
+    }
+}
+
 /// `RANKMESH_HOST_PLANE=shm` on a world spanning nodes is refused at its
 /// creation, with the same message on every rank.
 #[test]

@@ -840,13 +840,41 @@ fn deferred_mismatch() {
             None,
         )
     });
+    // More agreed calls than a shared-memory ring holds (128), with a call
+    // refused everywhere inside: the ring's slots are reused, the refused
+    // entry only once every member has checked it.
+    let mut m = gpu.upload(&input(&[5], DType::F32, me)).unwrap();
+    let mut long = Ok(());
+    for i in 0..400 {
+        if i == 100 {
+            long = long.and(match dg.all_gather(&m, 3) {
+                Err(_) => Ok(()),
+                Ok(_) => Err("a refused call succeeded".to_string()),
+            });
+        }
+        long = long.and(dg.all_reduce_in_place(&mut m, ReduceOp::Max).map_err(e));
+    }
+    let long = long.and_then(|()| {
+        let want = world.all_reduce(&input(&[5], DType::F32, me), ReduceOp::Max);
+        same(
+            "400 all_reduces",
+            &gpu.download(&m).map_err(e)?,
+            &want.map_err(e)?,
+            None,
+        )
+    });
     let shape: &[usize] = if me == 1 { &[4, 4] } else { &[4, 3] };
     let y = gpu.upload(&input(shape, DType::F32, me)).unwrap();
     let enqueued = dg.all_reduce(&y, ReduceOp::Sum).map(|_| ()).map_err(e);
     let synced = dg.synchronize().map_err(e);
-    println!("rank {me}: mode {}", mode.name());
+    println!(
+        "rank {me}: mode {} on {}",
+        mode.name(),
+        world.host_executor()
+    );
     println!("rank {me}: refused everywhere: {refused:?}");
     println!("rank {me}: all_reduce after: {sum:?}");
+    println!("rank {me}: 400 calls: {long:?}");
     println!("rank {me}: mismatched call: {enqueued:?}");
     println!("rank {me}: synchronize: {synced:?}");
 }

@@ -337,13 +337,12 @@ impl Gpu {
     }
 
     fn complete_agreements(&self, deadline: Option<Instant>) -> Result<()> {
-        let groups: Vec<Rc<Deferred>> = self
-            .deferred
-            .borrow()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for d in groups {
+        // By index, holding no borrow while a group completes (every device
+        // call gets here: no collecting into a new vector).
+        for i in 0.. {
+            let entry = self.deferred.borrow().get(i).map(Weak::upgrade);
+            let Some(entry) = entry else { break };
+            let Some(d) = entry else { continue };
             let verdict = d.complete(deadline).inspect_err(|e| {
                 self.abort_all(&e.to_string());
             })?;

@@ -31,7 +31,13 @@ enum Memory {
     /// rankmesh's allocation, made on the stream of the call that made it
     /// and freed there, after rankmesh's latest work (see `order`).
     // At least one byte: a zero-sized allocation is an error in CUDA.
-    Owned { buf: CudaSlice<u8>, tail: Arc<Tail> },
+    /// `ptr` is `buf`'s address, read once: asking cudarc for it on every
+    /// call costs a guard and a context query on the hot path.
+    Owned {
+        buf: CudaSlice<u8>,
+        ptr: sys::CUdeviceptr,
+        tail: Arc<Tail>,
+    },
     /// The caller's memory. `live` is present for views made safely: it is
     /// cleared when the view ends, so a tensor moved out of its view (with
     /// `mem::replace`) is refused instead of touching freed memory.
@@ -51,11 +57,12 @@ impl DeviceTensor {
     ) -> DeviceTensor {
         let nbytes = numel(&shape) * dtype.size();
         debug_assert!(buf.len() >= nbytes);
+        let ptr = buf_ptr(&buf);
         DeviceTensor {
             dtype,
             shape,
             nbytes,
-            mem: Memory::Owned { buf, tail },
+            mem: Memory::Owned { buf, ptr, tail },
         }
     }
 
@@ -134,8 +141,7 @@ impl DeviceTensor {
     /// Order that work with the stream rankmesh used for the tensor.
     pub fn device_ptr(&self) -> u64 {
         match &self.mem {
-            Memory::Owned { buf, .. } => buf_ptr(buf),
-            Memory::Borrowed { ptr, .. } => *ptr,
+            Memory::Owned { ptr, .. } | Memory::Borrowed { ptr, .. } => *ptr,
         }
     }
 
@@ -176,7 +182,7 @@ fn buf_ptr(buf: &CudaSlice<u8>) -> u64 {
 
 impl Drop for DeviceTensor {
     fn drop(&mut self) {
-        if let Memory::Owned { buf, tail } = &self.mem {
+        if let Memory::Owned { buf, tail, .. } = &self.mem {
             // The free is enqueued on the buffer's stream: make it wait for
             // rankmesh's latest work, which may use the buffer on another.
             tail.before_free(buf.stream());

@@ -4,7 +4,8 @@
 //! keep up).
 //!
 //! Each rank owns a slot: a cache line with its step counter, two
-//! descriptor areas and two data areas of `chunk` bytes. A call runs in
+//! descriptor areas, the ring of its deferred device agreements (used by
+//! `check`, apart from the phases) and two data areas of `chunk` bytes. A call runs in
 //! *phases*; in each, every rank writes only its own slot, publishes its
 //! next step, waits for every peer's, then reads the slots it needs. Phases
 //! alternate between the two areas, so a rank may write a phase's area as
@@ -27,6 +28,7 @@ use super::combine::combine;
 use super::executor::HostMoves;
 use super::host::BlockLayout;
 use super::shm_window::allocate_shared;
+use crate::check::{reset_ring, RING_BYTES};
 use crate::dispatch::Descriptor;
 use crate::error::Fault;
 use crate::reduce::ReduceOp;
@@ -41,8 +43,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of one descriptor area (whole cache lines).
 const DESC_AREA: usize = std::mem::size_of::<Descriptor>().next_multiple_of(64);
+/// Where the slot's ring of deferred device agreements starts (see `check`).
+const RING_AT: usize = 64 + 2 * DESC_AREA;
 /// Where the data areas start in a slot (page-aligned).
-const DATA_AT: usize = (64 + 2 * DESC_AREA).next_multiple_of(4096);
+const DATA_AT: usize = (RING_AT + RING_BYTES).next_multiple_of(4096);
 /// All-reduces up to this size are combined whole by every rank after one
 /// synchronisation; larger ones are split so each rank reduces a share
 /// and the shares are exchanged after a second one.
@@ -77,10 +81,27 @@ impl ShmWindow {
         let (win, slots) = allocate_shared(comm, DATA_AT + 2 * chunk, PAGE);
         // MPI does not promise zeroed memory: every counter starts at 0
         // before any rank can wait on it.
-        // SAFETY: this rank's slot begins with its 8-byte counter.
-        unsafe { (*(slots[comm.rank() as usize] as *const AtomicU64)).store(0, Ordering::Release) };
+        let own = slots[comm.rank() as usize];
+        // SAFETY: this rank's slot begins with its 8-byte counter, and its
+        // ring lies inside it, 64-aligned (RING_AT is).
+        unsafe {
+            (*(own as *const AtomicU64)).store(0, Ordering::Release);
+            reset_ring(own.add(RING_AT));
+        }
         comm.barrier();
         ShmWindow { win, slots, chunk }
+    }
+
+    /// The number of members (slots).
+    pub(crate) fn members(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Member `r`'s ring of deferred device agreements: `RING_BYTES` at a
+    /// 64-aligned address, written only by `r` (see `check`).
+    pub(crate) fn ring(&self, r: usize) -> *mut u8 {
+        // SAFETY: inside slot `r` (RING_AT + RING_BYTES <= DATA_AT).
+        unsafe { self.slots[r].add(RING_AT) }
     }
 }
 
@@ -132,6 +153,11 @@ impl ShmPlane {
                 SPINS
             },
         }
+    }
+
+    /// The group's window.
+    pub(crate) fn window(&self) -> &Rc<ShmWindow> {
+        &self.window
     }
 
     /// Bytes of one data area.

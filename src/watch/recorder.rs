@@ -2,8 +2,9 @@
 //! shape, start, duration, outcome), kept in a ring so a hang or a failure
 //! can be explained after the fact, as PyTorch's NCCL flight recorder does.
 
-use super::clock::now_ns;
+use super::clock::{now_ns, resolution_ns};
 use crate::dispatch::Descriptor;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Calls the ring keeps.
@@ -15,9 +16,6 @@ struct Entry {
     group: Arc<str>,
     desc: Descriptor,
     start: u64,
-    /// 0 while the call runs.
-    end: u64,
-    ok: bool,
 }
 
 #[derive(Default)]
@@ -27,10 +25,27 @@ struct Ring {
     total: u64,
 }
 
-/// The ring, shared with the watchdog thread (which dumps it).
-#[derive(Default)]
+/// The ring, shared with the watchdog thread (which dumps it). How each
+/// call ended is kept beside it in atomics: the owning thread records it
+/// without taking the lock again (one lock per call, not two).
 pub(crate) struct Recorder {
     ring: Mutex<Ring>,
+    /// By slot: the call number the outcome belongs to (+1; 0 for none).
+    ended_call: [AtomicU64; CAPACITY],
+    /// By slot: when the call ended (0 while it runs).
+    end: [AtomicU64; CAPACITY],
+    ok: [AtomicBool; CAPACITY],
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            ring: Mutex::default(),
+            ended_call: std::array::from_fn(|_| AtomicU64::new(0)),
+            end: std::array::from_fn(|_| AtomicU64::new(0)),
+            ok: std::array::from_fn(|_| AtomicBool::new(false)),
+        }
+    }
 }
 
 impl Recorder {
@@ -48,9 +63,10 @@ impl Recorder {
             group: group.clone(),
             desc: *desc,
             start: now,
-            end: 0,
-            ok: false,
         };
+        let slot = (number % CAPACITY as u64) as usize;
+        self.end[slot].store(0, Ordering::Relaxed);
+        self.ended_call[slot].store(number + 1, Ordering::Relaxed);
         if ring.entries.len() < CAPACITY {
             ring.entries.push(entry);
         } else {
@@ -59,14 +75,12 @@ impl Recorder {
         number
     }
 
-    /// Records how call `number` ended.
+    /// Records how call `number` ended (from the thread that began it).
     pub fn end(&self, number: u64, ok: bool, now: u64) {
-        let mut ring = self.ring();
-        if let Some(e) = ring.entries.get_mut((number % CAPACITY as u64) as usize) {
-            if e.number == number {
-                e.end = now;
-                e.ok = ok;
-            }
+        let slot = (number % CAPACITY as u64) as usize;
+        if self.ended_call[slot].load(Ordering::Relaxed) == number + 1 {
+            self.ok[slot].store(ok, Ordering::Relaxed);
+            self.end[slot].store(now, Ordering::Release);
         }
     }
 
@@ -88,17 +102,21 @@ impl Recorder {
         let mut entries: Vec<&Entry> = ring.entries.iter().collect();
         entries.sort_by_key(|e| e.number);
         let mut out = format!(
-            "{header}: flight recorder, last {} of {} calls (oldest first)\n",
+            "{header}: flight recorder, last {} of {} calls (oldest first; times to {} ms)\n",
             entries.len(),
-            ring.total
+            ring.total,
+            resolution_ns() as f64 / 1e6
         );
         for e in entries {
             let ago = (now.saturating_sub(e.start)) as f64 / 1e9;
-            let state = if e.end == 0 {
+            let slot = (e.number % CAPACITY as u64) as usize;
+            let end = self.end[slot].load(Ordering::Acquire);
+            let state = if end == 0 {
                 format!("running for {:.3} s", ago)
             } else {
-                let took = e.end.saturating_sub(e.start) as f64 / 1e6;
-                format!("{} in {took:.3} ms", if e.ok { "ok" } else { "failed" })
+                let took = end.saturating_sub(e.start) as f64 / 1e6;
+                let ok = self.ok[slot].load(Ordering::Relaxed);
+                format!("{} in {took:.3} ms", if ok { "ok" } else { "failed" })
             };
             out.push_str(&format!(
                 "  #{} {} call #{} {}: started {ago:.3} s ago, {state}\n",

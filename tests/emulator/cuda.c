@@ -50,8 +50,12 @@ static char fake_ctx;
 static __thread CUcontext current;
 
 static int gpus(void) {
-    const char *v = getenv("RANKMESH_EMU_GPUS");
-    return v ? atoi(v) : 1;
+    static int n = -1;
+    if (n < 0) {
+        const char *v = getenv("RANKMESH_EMU_GPUS");
+        n = v ? atoi(v) : 1;
+    }
+    return n;
 }
 
 /* Settings read once (getenv on every call would dominate small calls). */

@@ -150,12 +150,15 @@ pub fn drive() {
             },
         );
     }
-    // The other two check modes (the runs above use the default, deferred),
-    // and the synchronous emulator (every stream operation run when enqueued).
+    // The other two check modes (the runs above use the default, deferred,
+    // posted into shared-memory rings), the synchronous emulator (every
+    // stream operation run when enqueued), and deferred agreements posted
+    // through MPI (the MPI host executor: no shared window).
     for (np, extra) in [
         (2, ("RANKMESH_CHECK", "strict")),
         (3, ("RANKMESH_CHECK", "off")),
         (3, ("RANKMESH_EMU_ASYNC", "0")),
+        (2, ("RANKMESH_HOST_PLANE", "mpi")),
     ] {
         let gpus = np.to_string();
         trial(
@@ -168,13 +171,18 @@ pub fn drive() {
             },
         );
     }
-    for np in [2usize, 3] {
+    // Deferred agreements post into shared-memory rings on a node-local
+    // group ("shm") and through MPI all-gathers otherwise ("mpi").
+    for (np, plane) in [(2usize, "shm"), (3, "shm"), (2, "mpi")] {
         let gpus = np.to_string();
         trial(
-            &format!("deferred agreement, np {np}: a mismatch is the same error at synchronize everywhere"),
+            &format!("deferred agreement on {plane}, np {np}: a mismatch is the same error at synchronize everywhere"),
             &mut failures,
             || {
-                let mut env = emu.env(&[("RANKMESH_GPU_DEFERRED_MISMATCH", "1")]);
+                let mut env = emu.env(&[
+                    ("RANKMESH_GPU_DEFERRED_MISMATCH", "1"),
+                    ("RANKMESH_HOST_PLANE", plane),
+                ]);
                 env.push(("RANKMESH_EMU_GPUS", &gpus));
                 let job = support::mpirun(np, &me(), &[], &env);
                 let lines = |what: &str, has: &str| {
@@ -189,9 +197,10 @@ pub fn drive() {
                 let named = "group rank 0 passed all_reduce(device shape [4, 3] f32, op sum) \
                              but group rank 1 passed all_reduce(device shape [4, 4] f32, op sum)";
                 let ok = job.ok()
-                    && lines("mode", "deferred") == np
+                    && lines("mode", &format!("deferred on {plane}")) == np
                     && lines("refused everywhere", "dim 2 out of range") == np
                     && lines("all_reduce after", "Ok(())") == np
+                    && lines("400 calls", "Ok(())") == np
                     // Rank 1's own checks pass too: every rank enqueued.
                     && lines("mismatched call", "Ok(())") == np
                     && lines("synchronize", named) == np;
@@ -199,13 +208,15 @@ pub fn drive() {
             },
         );
     }
-    trial(
-        "deferred agreement: a skipped call is a timeout error naming it, not a hang",
+    for plane in ["shm", "mpi"] {
+        trial(
+        &format!("deferred agreement on {plane}: a skipped call is a timeout error naming it, not a hang"),
         &mut failures,
         || {
             let mut env = emu.env(&[
                 ("RANKMESH_GPU_DEFERRED_SKIP", "1"),
                 ("RANKMESH_EMU_GPUS", "2"),
+                ("RANKMESH_HOST_PLANE", plane),
             ]);
             // The last value wins: a short wait for the agreement that never completes.
             env.push(("RANKMESH_TIMEOUT", "3"));
@@ -222,6 +233,7 @@ pub fn drive() {
             ok.then_some(()).ok_or_else(|| job.describe())
         },
     );
+    }
     for (a, b) in [(1usize, 1usize), (2, 1)] {
         trial(
             &format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),

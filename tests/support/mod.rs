@@ -71,6 +71,33 @@ pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) ->
     )
 }
 
+/// Runs `program args` with one local rank per entry of `envs`, each with
+/// its own environment (an MPMD launch: `-np 1 -x K=V PROGRAM ARGS : ...`).
+pub fn mpirun_each(program: &Path, args: &[&str], envs: &[&[(&str, &str)]]) -> Job {
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join("mpirun-local.sh");
+    let mut cmd = Command::new("timeout");
+    cmd.args([
+        "--signal=TERM",
+        "--kill-after=10",
+        &JOB_TIMEOUT_S.to_string(),
+    ])
+    .arg("bash")
+    .arg(launcher);
+    for (i, env) in envs.iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", "1"]);
+        for (k, v) in env.iter() {
+            cmd.arg("-x").arg(format!("{k}={v}"));
+        }
+        cmd.arg(program).args(args);
+    }
+    finish(cmd.output().expect("cannot start timeout and the launcher"))
+}
+
 /// Whether this machine can give processes their own UTS namespace (root, or
 /// user namespaces allowed), which `scripts/fake-nodes.sh` needs.
 pub fn fake_nodes_available() -> bool {
