@@ -166,35 +166,35 @@ impl Descriptor {
     /// the agreement fields): equal digests everywhere mean agreement, up to
     /// a 2^-64 collision chance.
     pub fn digest(&self) -> u64 {
-        let (op, dtype, ndim, device, len, dims, params) = self.agreement_key();
-        // Multiply-xor in four independent lanes (a quarter of one chain's
-        // latency: this runs on every call), over the dims in use only.
-        let mut words = [0u64; 9 + MAX_DIMS];
-        words[..9].copy_from_slice(&[
+        // The fields of `agreement_key`, read in place (no copies: this
+        // runs on every call), hashed by multiply-xor in four independent
+        // lanes, over the dims in use only.
+        let tensor = self.op().is_some_and(Op::carries_tensor);
+        let (len, used) = if tensor {
+            (self.len, (self.ndim as usize).min(MAX_DIMS))
+        } else {
+            (0, 0)
+        };
+        let head = [
             self.magic,
             self.seq,
-            u64::from(op) << 32 | u64::from(dtype),
-            u64::from(ndim) | u64::from(device) << 32,
+            u64::from(self.op) << 32 | u64::from(self.dtype),
+            u64::from(self.ndim) | u64::from(self.is_device()) << 32,
             len,
-            params[0] as u64,
-            params[1] as u64,
-            params[2] as u64,
-            params[3] as u64,
-        ]);
-        let used = (ndim as usize).min(MAX_DIMS);
-        words[9..9 + used].copy_from_slice(&dims[..used]);
+            self.params[0] as u64,
+            self.params[1] as u64,
+            self.params[2] as u64,
+            self.params[3] as u64,
+        ];
         let mut lanes = [
             0x9e37_79b9_7f4a_7c15u64,
             0x6a09_e667_f3bc_c908,
             0xbb67_ae85_84ca_a73b,
             0x3c6e_f372_fe94_f82b,
         ];
-        for chunk in words[..9 + used].chunks(4) {
-            for (lane, w) in lanes.iter_mut().zip(chunk) {
-                *lane = (*lane ^ w)
-                    .wrapping_mul(0xff51_afd7_ed55_8ccd)
-                    .rotate_left(31);
-            }
+        for (i, w) in head.iter().chain(&self.dims[..used]).enumerate() {
+            let lane = &mut lanes[i % 4];
+            *lane = (*lane ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(31);
         }
         let mut h = lanes[0]
             ^ lanes[1].rotate_left(16)

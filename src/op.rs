@@ -62,6 +62,14 @@ pub enum Op {
     SetCheckMode,
 }
 
+const _: () = {
+    let mut i = 0;
+    while i < Op::ALL.len() {
+        assert!(Op::ALL[i] as u32 == i as u32 + 1, "Op::ALL is in code order");
+        i += 1;
+    }
+};
+
 impl Op {
     const ALL: [Op; 20] = [
         Op::Barrier,
@@ -112,8 +120,13 @@ impl Op {
         }
     }
 
+    #[inline]
     pub(crate) fn from_code(code: u32) -> Option<Op> {
-        Op::ALL.into_iter().find(|o| *o as u32 == code)
+        // Codes run from 1 in declaration order (asserted below): an index,
+        // not a search, since every descriptor read asks.
+        let op = Op::ALL.get((code as usize).wrapping_sub(1)).copied();
+        debug_assert!(op.is_none_or(|o| o as u32 == code));
+        op
     }
 
     /// Names of the parameters in a descriptor's `params`, in order.

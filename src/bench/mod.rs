@@ -478,7 +478,7 @@ fn time_calls(
     let mut excluded = 0.0;
     let start = Instant::now();
     for _ in 0..cfg.iters {
-        let it = Instant::now();
+        let it = cfg.stats.then(Instant::now);
         for _ in 0..cfg.agg {
             call()?;
             if cfg.blocking == 1 || cfg.blocking == 2 {
@@ -492,6 +492,7 @@ fn time_calls(
             settle()?;
         }
         if cfg.stats {
+            let it = it.expect("set when stats are on");
             samples.push(it.elapsed().as_secs_f64() * 1e6 / cfg.agg as f64);
         }
         if cfg.blocking == 3 {
