@@ -194,7 +194,9 @@ impl Descriptor {
         ];
         for (i, w) in head.iter().chain(&self.dims[..used]).enumerate() {
             let lane = &mut lanes[i % 4];
-            *lane = (*lane ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(31);
+            *lane = (*lane ^ w)
+                .wrapping_mul(0xff51_afd7_ed55_8ccd)
+                .rotate_left(31);
         }
         let mut h = lanes[0]
             ^ lanes[1].rotate_left(16)

@@ -65,7 +65,10 @@ pub enum Op {
 const _: () = {
     let mut i = 0;
     while i < Op::ALL.len() {
-        assert!(Op::ALL[i] as u32 == i as u32 + 1, "Op::ALL is in code order");
+        assert!(
+            Op::ALL[i] as u32 == i as u32 + 1,
+            "Op::ALL is in code order"
+        );
         i += 1;
     }
 };
