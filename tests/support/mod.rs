@@ -29,15 +29,8 @@ impl Job {
     }
 }
 
-/// Runs a launcher script from scripts/ with its own arguments, then
-/// `program args`, exporting `env` to the ranks; bounded by JOB_TIMEOUT_S.
-fn launch(
-    script: &str,
-    script_args: &[String],
-    program: &Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> Job {
+/// `bash scripts/<script>` under `timeout`, bounded by JOB_TIMEOUT_S.
+fn timed_script(script: &str) -> Command {
     let launcher = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("scripts")
         .join(script);
@@ -48,8 +41,21 @@ fn launch(
         &JOB_TIMEOUT_S.to_string(),
     ])
     .arg("bash")
-    .arg(launcher)
-    .args(script_args);
+    .arg(launcher);
+    cmd
+}
+
+/// Runs a launcher script from scripts/ with its own arguments, then
+/// `program args`, exporting `env` to the ranks; bounded by JOB_TIMEOUT_S.
+fn launch(
+    script: &str,
+    script_args: &[String],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Job {
+    let mut cmd = timed_script(script);
+    cmd.args(script_args);
     for (k, _) in env {
         cmd.args(["-x", k]);
     }
@@ -74,17 +80,7 @@ pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) ->
 /// Runs `program args` with one local rank per entry of `envs`, each with
 /// its own environment (an MPMD launch: `-np 1 -x K=V PROGRAM ARGS : ...`).
 pub fn mpirun_each(program: &Path, args: &[&str], envs: &[&[(&str, &str)]]) -> Job {
-    let launcher = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts")
-        .join("mpirun-local.sh");
-    let mut cmd = Command::new("timeout");
-    cmd.args([
-        "--signal=TERM",
-        "--kill-after=10",
-        &JOB_TIMEOUT_S.to_string(),
-    ])
-    .arg("bash")
-    .arg(launcher);
+    let mut cmd = timed_script("mpirun-local.sh");
     for (i, env) in envs.iter().enumerate() {
         if i > 0 {
             cmd.arg(":");
