@@ -15,6 +15,24 @@ use bytemuck::{Pod, Zeroable};
 
 /// Most tensor dimensions a descriptor carries.
 pub const MAX_DIMS: usize = 16;
+
+/// Per-word keys of [`Descriptor::digest`] (splitmix64 of 1..=26): no word
+/// of a descriptor field is likely to cancel its key.
+const DIGEST_KEYS: [u64; 26] = {
+    let mut k = [0u64; 26];
+    let mut x = 0u64;
+    let mut i = 0;
+    while i < 26 {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        k[i] = z ^ (z >> 31);
+        i += 1;
+    }
+    k
+};
+const _: () = assert!(9 + MAX_DIMS == 25);
 const MAGIC: u64 = 0x726b_6d65_7368_0001; // "rkmesh" + wire version 1
 const NO_DTYPE: u32 = u32::MAX;
 /// Flag: the caller's output tensor does not fit the call.
@@ -22,6 +40,22 @@ const BAD_OUTPUT: u32 = 1;
 /// Flag: the tensor lives in GPU memory (NCCL plane); part of the agreement,
 /// so a host call meeting a device call is an error, not a hang.
 const DEVICE: u32 = 2;
+/// Flag: an input or output is a device view whose borrow has ended.
+const VIEW_ENDED: u32 = 4;
+/// Flag: an input or output is a device view made for another stream.
+const VIEW_ELSEWHERE: u32 = 8;
+/// Problems one rank finds in its own arguments before the agreement: not
+/// part of the digest, but a call any member flags is refused by all.
+const LOCAL_PROBLEMS: u32 = BAD_OUTPUT | VIEW_ENDED | VIEW_ELSEWHERE;
+
+/// Why a device view cannot be used by a call (found before the agreement).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewProblem {
+    /// The view was moved out of its `DeviceView` and its borrow ended.
+    Ended,
+    /// The view was made for a stream other than the call's.
+    Elsewhere,
+}
 
 /// One rank's view of a call, exchanged before any data moves.
 #[repr(C)]
@@ -74,11 +108,45 @@ impl Descriptor {
 
     /// Marks the caller's output buffer as unfit (checked after the exchange,
     /// so the other ranks fail too instead of waiting).
-    pub fn with_bad_output(mut self, bad: bool) -> Descriptor {
+    pub fn mark_bad_output(&mut self, bad: bool) {
         if bad {
             self.flags |= BAD_OUTPUT;
         }
-        self
+    }
+
+    /// Marks one of the caller's device views as unusable here (checked
+    /// after the exchange, so the other ranks fail too instead of waiting).
+    pub fn mark_unusable_view(&mut self, problem: ViewProblem) {
+        self.flags |= match problem {
+            ViewProblem::Ended => VIEW_ENDED,
+            ViewProblem::Elsewhere => VIEW_ELSEWHERE,
+        };
+    }
+
+    /// Whether this rank flagged a problem with its own arguments (an unfit
+    /// output, an unusable view): the call is refused on every member.
+    pub fn local_problem(&self) -> bool {
+        self.local_problems() != 0
+    }
+
+    /// The flags of [`local_problem`](Self::local_problem) (members whose
+    /// flags differ must compare their full descriptors).
+    pub(crate) fn local_problems(&self) -> u32 {
+        self.flags & LOCAL_PROBLEMS
+    }
+
+    /// What this rank's flags say about an unusable device view.
+    fn view_refusal(&self) -> Option<&'static str> {
+        if self.flags & VIEW_ENDED != 0 {
+            Some("passed a device view used after its borrow ended (moved out of its DeviceView)")
+        } else if self.flags & VIEW_ELSEWHERE != 0 {
+            Some(
+                "passed a device view made for another stream than the call's: make views \
+                 with the DeviceGroup (and stream) that uses them",
+            )
+        } else {
+            None
+        }
     }
 
     /// Marks the call as one on device tensors (NCCL data plane).
@@ -92,7 +160,7 @@ impl Descriptor {
         self.flags & DEVICE != 0
     }
 
-    /// Whether [`with_bad_output`](Self::with_bad_output) flagged this rank.
+    /// Whether [`mark_bad_output`](Self::mark_bad_output) flagged this rank.
     pub fn bad_output(&self) -> bool {
         self.flags & BAD_OUTPUT != 0
     }
@@ -166,16 +234,19 @@ impl Descriptor {
     /// the agreement fields): equal digests everywhere mean agreement, up to
     /// a 2^-64 collision chance.
     pub fn digest(&self) -> u64 {
-        // The fields of `agreement_key`, read in place (no copies: this
-        // runs on every call), hashed by multiply-xor in four independent
-        // lanes, over the dims in use only.
+        // Runs on every device call in deferred mode: the fields of
+        // `agreement_key` read in place into a fixed 26-word block (dims past
+        // `ndim` masked to 0, so a peer's unused dims do not matter), hashed
+        // as 13 independent 64×64→128-bit products folded together, with no
+        // loop-carried dependency, then one final mix.
         let tensor = self.op().is_some_and(Op::carries_tensor);
         let (len, used) = if tensor {
             (self.len, (self.ndim as usize).min(MAX_DIMS))
         } else {
             (0, 0)
         };
-        let head = [
+        let mut w = [0u64; 26];
+        w[..9].copy_from_slice(&[
             self.magic,
             self.seq,
             u64::from(self.op) << 32 | u64::from(self.dtype),
@@ -185,23 +256,21 @@ impl Descriptor {
             self.params[1] as u64,
             self.params[2] as u64,
             self.params[3] as u64,
-        ];
-        let mut lanes = [
-            0x9e37_79b9_7f4a_7c15u64,
-            0x6a09_e667_f3bc_c908,
-            0xbb67_ae85_84ca_a73b,
-            0x3c6e_f372_fe94_f82b,
-        ];
-        for (i, w) in head.iter().chain(&self.dims[..used]).enumerate() {
-            let lane = &mut lanes[i % 4];
-            *lane = (*lane ^ w)
-                .wrapping_mul(0xff51_afd7_ed55_8ccd)
-                .rotate_left(31);
+        ]);
+        for (i, d) in self.dims.iter().enumerate() {
+            w[9 + i] = if i < used { *d } else { 0 };
         }
-        let mut h = lanes[0]
-            ^ lanes[1].rotate_left(16)
-            ^ lanes[2].rotate_left(32)
-            ^ lanes[3].rotate_left(48);
+        let mut h = 0u64;
+        for (i, pair) in w.chunks_exact(2).enumerate() {
+            let (a, b) = (
+                pair[0] ^ DIGEST_KEYS[2 * i],
+                pair[1] ^ DIGEST_KEYS[2 * i + 1],
+            );
+            let p = u128::from(a) * u128::from(b);
+            h = h.wrapping_add((p as u64) ^ (p >> 64) as u64);
+        }
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
         h ^= h >> 33;
         h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
         h ^ (h >> 33)
@@ -255,6 +324,13 @@ pub fn agree(
         if r != me {
             check(d).map_err(|m| Rejection::Invalid(format!("group rank {r}: {m}")))?;
         }
+    }
+    if let Some((r, why)) = descs
+        .iter()
+        .enumerate()
+        .find_map(|(r, d)| d.view_refusal().map(|why| (r, why)))
+    {
+        return Err(Rejection::Invalid(format!("group rank {r} {why}")));
     }
     if let Some(r) = descs.iter().position(Descriptor::bad_output) {
         return Err(Rejection::Invalid(format!(
@@ -331,6 +407,11 @@ pub fn agree_peers(
                 "group rank {who} sent a corrupt message header (magic {:#x})",
                 d.magic
             ));
+        }
+    }
+    for (who, d) in [(sender, sent), (receiver, expected)] {
+        if let Some(why) = d.view_refusal() {
+            return Err(format!("group rank {who} {why}"));
         }
     }
     if sent.agreement_key() != expected.agreement_key() {
@@ -443,6 +524,42 @@ mod tests {
             "group rank 0 sends send/recv(shape [4] f16) but group rank 1 expects send/recv(shape [4] f32)"
         );
         assert!(agree_peers(&s, &s, 0, 1).is_ok());
+    }
+
+    #[test]
+    fn digest_covers_every_agreed_field_and_no_unused_dim() {
+        let base = Descriptor::for_tensor(Op::AllGather, DType::F32, &[3, 5, 7], &[1]);
+        let mut changed = vec![
+            Descriptor::for_tensor(Op::AllGather, DType::F16, &[3, 5, 7], &[1]),
+            Descriptor::for_tensor(Op::AllGather, DType::F32, &[3, 5, 8], &[1]),
+            Descriptor::for_tensor(Op::AllGather, DType::F32, &[3, 7, 5], &[1]),
+            Descriptor::for_tensor(Op::AllGather, DType::F32, &[3, 5, 7, 1], &[1]),
+            Descriptor::for_tensor(Op::AllGather, DType::F32, &[3, 5, 7], &[2]),
+            Descriptor::for_tensor(Op::AllReduce, DType::F32, &[3, 5, 7], &[1]),
+            base.on_device(),
+        ];
+        let mut later = base;
+        later.seq += 1;
+        changed.push(later);
+        for (i, p) in [0, 1, 2, 3].into_iter().enumerate() {
+            let mut d = base;
+            d.params[p] ^= 1 << (i * 13);
+            changed.push(d);
+        }
+        let mut digests: Vec<u64> = changed.iter().map(Descriptor::digest).collect();
+        digests.push(base.digest());
+        let n = digests.len();
+        digests.sort_unstable();
+        digests.dedup();
+        assert_eq!(digests.len(), n, "two descriptors share a digest");
+        // A peer's garbage past its dims is not part of the call.
+        let mut padded = base;
+        padded.dims[5] = 99;
+        assert_eq!(padded.digest(), base.digest());
+        // Nor is the local bad-output flag (it travels beside the digest).
+        let mut flagged = base;
+        flagged.mark_bad_output(true);
+        assert_eq!(flagged.digest(), base.digest());
     }
 
     #[test]

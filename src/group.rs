@@ -380,7 +380,8 @@ impl<'rt> GroupCoordinator<'rt> {
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        self.collective_on(false, desc, check, body)
+        let mut desc = desc;
+        self.collective_on(false, &mut desc, check, body)
     }
 
     /// [`collective`](Self::collective); `fused`: the body's first move is
@@ -388,7 +389,7 @@ impl<'rt> GroupCoordinator<'rt> {
     fn collective_on<R>(
         &self,
         fused: bool,
-        mut desc: Descriptor,
+        desc: &mut Descriptor,
         check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
@@ -407,8 +408,8 @@ impl<'rt> GroupCoordinator<'rt> {
         let _entered = span.enter();
         // The whole call, agreement and data, is watched: a peer that never
         // enters it or stops inside it is named instead of waited for.
-        let call = self.inner.watch.call(&desc);
-        call.finish(self.agree_then(fused, &desc, check, body))
+        let call = self.inner.watch.call(desc);
+        call.finish(self.agree_then(fused, desc, check, body))
     }
 
     /// The agreement step of [`collective`](Self::collective), then `body`.
@@ -443,7 +444,7 @@ impl<'rt> GroupCoordinator<'rt> {
         // op needs every rank's descriptor (object lengths), are the full
         // descriptors gathered, and every rank takes that branch together.
         let key = desc.digest();
-        let mine = [key, !key, u64::from(desc.bad_output())];
+        let mine = [key, !key, u64::from(desc.local_problem())];
         let mut max = [0u64; 3];
         self.inner
             .comm
@@ -492,12 +493,13 @@ impl<'rt> GroupCoordinator<'rt> {
             gpu.settle()?;
         }
         let one = std::slice::from_ref(desc);
-        let refused_here = agree(one, 0, &check).is_err();
-        deferred.post(desc, self.size(), refused_here)?;
-        if refused_here {
+        let verdict = agree(one, 0, &check);
+        deferred.post(desc, self.size(), verdict.is_err())?;
+        if let Err(rejection) = verdict {
             gpu.settle()?;
+            return Err(Error::rejected(op, self.name(), rejection));
         }
-        self.checked(op, one, 0, &check, body)
+        body(one)
     }
 
     /// When this group's device calls agree (see [`CheckMode`]).
@@ -576,7 +578,7 @@ impl<'rt> GroupCoordinator<'rt> {
             return moved;
         }
         let descs = shm.exchange_descriptors(desc, &self.inner.rt.watchdog().pulse());
-        if descs.iter().all(|d| d == desc) && !desc.bad_output() && !desc.needs_all() {
+        if descs.iter().all(|d| d == desc) && !desc.local_problem() && !desc.needs_all() {
             return self.checked(op, one, 0, &check, body);
         }
         self.checked(op, &descs, me, &check, body)
@@ -612,20 +614,25 @@ impl<'rt> GroupCoordinator<'rt> {
     fn run_op_on<R>(
         &self,
         fused: bool,
-        desc: Descriptor,
+        mut desc: Descriptor,
         output: Option<Output>,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let size = self.size();
-        let output = output.filter(|_| op.output_used_on(self.rank_in_group(), &desc.params));
-        let fits = output.as_ref().and_then(|o| {
+        let output = output
+            .as_ref()
+            .filter(|_| op.output_used_on(self.rank_in_group(), &desc.params));
+        let fits = output.and_then(|o| {
             let dims_fit = op.output_fits(desc.dims(), &desc.params, size, o.shape());
             dims_fit.map(|f| f && Some(o.dtype) == desc.dtype() && !o.too_many_dims)
         });
+        // The descriptor is changed in place and passed on by reference: at
+        // 200 bytes, each copy on this path is a `memcpy` per call.
+        desc.mark_bad_output(fits == Some(false));
         self.collective_on(
             fused,
-            desc.with_bad_output(fits == Some(false)),
+            &mut desc,
             |d| op.check(d, size),
             |_| body().map_err(|f| f.into_error(op, self.name())),
         )

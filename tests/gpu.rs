@@ -628,6 +628,7 @@ fn strict_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
         let shape: &[usize] = if me == 1 { &[4, 4] } else { &[4, 3] };
         let y = gpu.upload(&input(shape, DType::F32, me)).map_err(e)?;
         expect(dg.all_reduce(&y, ReduceOp::Sum), "ranks disagree")?;
+        one_rank_misuses_a_view(g, dg)?;
         // A host call meeting a device call.
         let err = if me == 0 {
             g.all_reduce(&input(&[4, 3], DType::F32, me), ReduceOp::Sum)
@@ -651,6 +652,52 @@ fn strict_errors(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
             .map_err(e)?,
         None,
     )
+}
+
+/// A view misused on rank 1 alone (moved out of its borrow) is found before
+/// the agreement: every rank refuses the call at once, naming rank 1, and
+/// no rank waits for work rank 1 never enqueues — for a collective and for
+/// both ends of a send.
+fn one_rank_misuses_a_view(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
+    let me = g.rank_in_group();
+    let gpu = dg.gpu();
+    let mut buf = dg
+        .stream()
+        .alloc_zeros::<f32>(12)
+        .map_err(|x| x.to_string())?;
+    let escaped = {
+        let mut v = dg.view_mut(&mut buf, vec![4, 3]).map_err(e)?;
+        let other = gpu.zeros([4, 3], DType::F32).map_err(e)?;
+        std::mem::replace(&mut *v, other)
+    };
+    let fine = gpu.upload(&input(&[4, 3], DType::F32, me)).map_err(e)?;
+    let want = "group rank 1 passed a device view used after its borrow ended";
+    let here = "this rank: a device view was used after its borrow ended";
+    let judge = |what: &str, r: rankmesh::Result<()>| -> Check {
+        match r {
+            Err(err)
+                if err.to_string().contains(want)
+                    && (me != 1 || err.to_string().contains(here)) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{what} with rank 1's view misused: {other:?}")),
+        }
+    };
+    let x = if me == 1 { &escaped } else { &fine };
+    judge("all_reduce", dg.all_reduce(x, ReduceOp::Sum).map(drop))?;
+    let mut out = gpu.zeros([4, 3], DType::F32).map_err(e)?;
+    judge(
+        "all_reduce_into",
+        dg.all_reduce_into(x, &mut out, ReduceOp::Sum),
+    )?;
+    if me == 0 {
+        judge("send to rank 1", dg.send(&fine, Some(1)))?;
+    } else if me == 1 {
+        let mut into = escaped;
+        judge("recv from rank 0", dg.recv_into(&mut into, Some(0)))?;
+    }
+    Ok(())
 }
 
 /// Every device op with the caller's memory (cudarc buffers, as candle's)

@@ -5,9 +5,15 @@
 //! system call, no wait for anyone while the ring has room.
 //!
 //! Each entry has a *key* (call number, digest of the descriptor, its
-//! bad-output flag) and the full descriptor (read only when keys differ, to
-//! make the error every member gets). A member checks entry `n` when every
-//! member has posted it: equal keys, and its own checks passed, mean agreed.
+//! local-problem flags (an unfit output, an unusable view), and the running sum of the member's keys so far) and the
+//! full descriptor (read only when keys differ, to make the error every
+//! member gets). A member checks entry `n` when every member has posted it:
+//! equal keys, and its own checks passed, mean agreed. Entries are checked
+//! in batches: when each member's running sum at the batch's last entry is
+//! this rank's (plus the offset an earlier disagreement left), every entry
+//! of the batch has equal keys — one read of each peer's memory per batch
+//! instead of one per entry. A batch that does not add up is checked entry
+//! by entry, which finds the entry that differs.
 //!
 //! A slot is reused `ENTRIES` posts later. Its owner first checks the old
 //! entry itself; when that check agreed, a member that has not read the old
@@ -41,6 +47,17 @@ const DESC_BYTES: usize = 256;
 pub(crate) const RING_BYTES: usize = DESCS_AT + ENTRIES as usize * DESC_BYTES;
 /// A key's call number while its owner rewrites the entry.
 const REWRITING: u64 = u64::MAX;
+/// Words of a key after its call number: digest, local-problem flags, running sum.
+const DIGEST: usize = 8;
+const BAD: usize = 16;
+const SUM: usize = 24;
+
+/// An entry's term in its member's running sum: a different digest or flag
+/// changes it, and the digest already carries the call's number, so two
+/// entries swapped do not cancel out.
+fn term(digest: u64, problems: u64) -> u64 {
+    digest ^ problems.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
 
 /// Zeroes a member's counters. Collective allocation calls it on its own
 /// ring before the barrier that precedes any use (MPI does not promise
@@ -78,6 +95,11 @@ pub(crate) struct Ring {
     held: RefCell<VecDeque<u64>>,
     /// The post count before which no opportunistic check is made.
     next_test: Cell<u64>,
+    /// This rank's running sum of its keys (over every post).
+    sum: Cell<u64>,
+    /// By member: its running sum minus this rank's, at the last entry
+    /// checked here (not 0 only after an entry whose keys differed).
+    offsets: RefCell<Vec<u64>>,
 }
 
 impl Ring {
@@ -93,6 +115,8 @@ impl Ring {
             refused_here: Cell::new(0),
             held: RefCell::new(VecDeque::new()),
             next_test: Cell::new(0),
+            sum: Cell::new(0),
+            offsets: RefCell::new(vec![0; size]),
         }
     }
 
@@ -183,8 +207,12 @@ impl Ring {
         for (i, w) in words.iter().enumerate() {
             word(at + 8 * i).store(*w, Ordering::Relaxed);
         }
-        word(key + 8).store(desc.digest(), Ordering::Relaxed);
-        word(key + 16).store(u64::from(desc.bad_output()), Ordering::Relaxed);
+        let (digest, bad) = (desc.digest(), u64::from(desc.local_problems()));
+        let sum = self.sum.get().wrapping_add(term(digest, bad));
+        self.sum.set(sum);
+        word(key + DIGEST).store(digest, Ordering::Relaxed);
+        word(key + BAD).store(bad, Ordering::Relaxed);
+        word(key + SUM).store(sum, Ordering::Relaxed);
         word(key).store(n, Ordering::Release);
         word(0).store(n, Ordering::Release);
         self.posted.set(n);
@@ -194,28 +222,41 @@ impl Ring {
         Ok(())
     }
 
-    /// The oldest unchecked entry, when every member has posted it (waiting
-    /// until `deadline`, or not at all when `None`).
+    /// The oldest unchecked entries, when every member has posted them
+    /// (waiting until `deadline` for every member to post as far as this
+    /// rank has, or not at all when `None`): `Same` for a batch of entries
+    /// that all agreed, else the verdict of the oldest one.
     pub(super) fn next(&self, deadline: Option<Instant>) -> super::Next {
         let n = self.checked.get() + 1;
-        if n > self.posted.get() {
+        let posted = self.posted.get();
+        if n > posted {
             return super::Next::Done;
         }
-        // When waiting, wait for a batch: a waiter that rechecks after every
-        // post of a slower member takes that member's line at every post.
-        let want = match deadline {
-            None => n,
-            Some(_) => self.posted.get().min(n + ENTRIES / 8 - 1),
+        let reach = || (0..self.size).map(|r| self.posted_of(r)).min().unwrap_or(0);
+        if deadline.is_some() {
+            wait_until(deadline, || reach() >= posted);
+        }
+        let upto = reach().min(posted);
+        if upto < n {
+            return match deadline {
+                None => super::Next::Done,
+                Some(_) => super::Next::Missing(self.own_desc(n)),
+            };
+        }
+        // This rank's refused entry has keys like everyone's but is no
+        // agreement: a batch stops before it.
+        let refused = self.refused_here.get();
+        let last = if (n..=upto).contains(&refused) {
+            refused - 1
+        } else {
+            upto
         };
-        let all_posted = || (0..self.size).all(|r| self.posted_of(r) >= want);
-        if !wait_until(deadline, all_posted) && !(0..self.size).all(|r| self.posted_of(r) >= n) {
-            if deadline.is_none() {
-                return super::Next::Done;
-            }
-            return super::Next::Missing(self.own_desc(n));
+        if last >= n && self.sums_agree(last) {
+            self.checked_to(last);
+            return super::Next::Same;
         }
         match self.read(n) {
-            Entry::Same if self.refused_here.get() != n => {
+            Entry::Same if refused != n => {
                 self.settled(true);
                 super::Next::Same
             }
@@ -228,6 +269,34 @@ impl Ring {
                 all,
             },
         }
+    }
+
+    /// Whether every entry up to `last` (all posted, none checked here
+    /// disagreeing) has every member's keys: each member's running sum at
+    /// `last` is this rank's plus its offset. A member that has reused the
+    /// slot found every entry up to `last` agreed (it reuses a slot only
+    /// after checking it, and one that disagreed not before this rank has
+    /// checked it too).
+    fn sums_agree(&self, last: u64) -> bool {
+        let at = Self::key_at(last) + SUM;
+        let mine = self.word(self.me, at).load(Ordering::Relaxed);
+        let offsets = self.offsets.borrow();
+        for r in (0..self.size).filter(|r| *r != self.me) {
+            let theirs = self.consistent(r, last, || self.word(r, at).load(Ordering::Relaxed));
+            match theirs {
+                None => return true,
+                Some(s) if s.wrapping_sub(mine) != offsets[r] => return false,
+                Some(_) => {}
+            }
+        }
+        true
+    }
+
+    /// Marks every entry up to `last` checked and agreed.
+    fn checked_to(&self, last: u64) {
+        self.checked.set(last);
+        self.word(self.me, CHECKED_AT)
+            .store(last, Ordering::Release);
     }
 
     /// Marks the oldest unchecked entry checked; `agreed`: its verdict.
@@ -250,20 +319,21 @@ impl Ring {
         bytemuck::cast(words)
     }
 
-    /// Entry `n` of every member (all have posted it).
+    /// Entry `n` of every member (all have posted it). Keys that differ
+    /// move the members' running sums apart: the offsets record by how much.
     fn read(&self, n: u64) -> Entry {
         let key = Self::key_at(n);
-        let mine = [8, 16].map(|o| self.word(self.me, key + o).load(Ordering::Relaxed));
-        let mut same = true;
+        let load =
+            |r: usize| [DIGEST, BAD, SUM].map(|o| self.word(r, key + o).load(Ordering::Relaxed));
+        let mine = load(self.me);
+        let mut theirs = vec![mine; self.size];
         for r in (0..self.size).filter(|r| *r != self.me) {
-            match self.consistent(r, n, || {
-                [8, 16].map(|o| self.word(r, key + o).load(Ordering::Relaxed))
-            }) {
+            match self.consistent(r, n, || load(r)) {
                 None => return Entry::Same,
-                Some(theirs) => same &= theirs == mine,
+                Some(k) => theirs[r] = k,
             }
         }
-        if same {
+        if theirs.iter().all(|k| k[..2] == mine[..2]) {
             return Entry::Same;
         }
         let at = Self::desc_at(n);
@@ -278,6 +348,10 @@ impl Ring {
                 None => return Entry::Same,
                 Some(w) => all.push(bytemuck::cast(w)),
             }
+        }
+        let mut offsets = self.offsets.borrow_mut();
+        for (offset, k) in offsets.iter_mut().zip(&theirs) {
+            *offset = k[2].wrapping_sub(mine[2]);
         }
         Entry::Differ(all)
     }

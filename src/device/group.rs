@@ -17,9 +17,9 @@ use super::connect::{connect, connect_pair};
 use super::copy::run_copies;
 use super::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 use crate::collectives::Collectives;
-use crate::dispatch::Descriptor;
+use crate::dispatch::{Descriptor, ViewProblem};
 use crate::error::{Error, Fault, Result};
-use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
+use crate::group::{output_of, tensor_desc, GroupCoordinator, Output, Peer};
 use crate::layout_ops::{
     concat_dim_copies, is_contiguous_split, normalize_dim, split_dim_copies, Copy2d,
 };
@@ -220,6 +220,47 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         })
     }
 
+    /// This rank's arguments of a call as checked before the agreement:
+    /// the output's dtype and shape, and a view the call cannot use.
+    fn vet(&self, t: &DeviceTensor, out: Option<&DeviceTensor>) -> Vetted {
+        Vetted {
+            output: out.map(output_of),
+            view: [Some(t), out]
+                .into_iter()
+                .flatten()
+                .find_map(|x| x.view_problem(self.stream)),
+        }
+    }
+
+    /// The dispatch path of a device collective. An unusable view is
+    /// flagged in this rank's descriptor, so every member refuses the call
+    /// (the same error everywhere; this rank's adds what it found) instead
+    /// of the others enqueuing work this rank never matches.
+    fn run_op<R>(
+        &self,
+        mut desc: Descriptor,
+        vetted: Vetted,
+        body: impl FnOnce() -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        if let Some((problem, _)) = &vetted.view {
+            desc.mark_unusable_view(*problem);
+        }
+        self.group
+            .run_op(desc, vetted.output, body)
+            .map_err(|e| found_here(e, vetted.view))
+    }
+
+    /// `desc` of a point-to-point call on `t`, flagged when `t` is a view
+    /// this call cannot use (both ends then refuse it).
+    fn p2p_desc(&self, t: &DeviceTensor) -> (Descriptor, Option<(ViewProblem, String)>) {
+        let mut desc = tensor_desc(Op::Send, t, &[]);
+        let view = t.view_problem(self.stream);
+        if let Some((problem, _)) = &view {
+            desc.mark_unusable_view(*problem);
+        }
+        (desc, view)
+    }
+
     /// The group's stream, put at the end of rankmesh's order: call before
     /// enqueuing on it.
     fn enqueue(&self) -> Result<&'g Arc<CudaStream>> {
@@ -339,6 +380,12 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     }
 }
 
+/// See [`DeviceGroup::vet`].
+struct Vetted {
+    output: Option<Output>,
+    view: Option<(ViewProblem, String)>,
+}
+
 impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     type Tensor = DeviceTensor;
 
@@ -371,9 +418,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         out: &mut DeviceTensor,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 if self.group.size() == 1 {
                     return self.alone(t, Some(out), Some(reduce_op));
@@ -390,9 +437,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     }
 
     fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
-            None,
+            self.vet(&*t, None),
             || {
                 if self.group.size() == 1 {
                     return self.alone(t, None, Some(reduce_op));
@@ -412,9 +459,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 if self.group.size() == 1 {
                     return self.alone(t, Some(out), Some(reduce_op));
@@ -431,9 +478,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     fn all_gather_into(&self, t: &DeviceTensor, out: &mut DeviceTensor, dim: isize) -> Result<()> {
         let size = self.group.size();
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::AllGather, t, &[dim as i64]),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
                 if size == 1 {
@@ -467,9 +514,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [dst as i64, dim as i64];
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::Gather, t, &params),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
                 if size == 1 {
@@ -513,9 +560,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [src as i64, dim as i64];
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::Scatter, t, &params),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
                 if size == 1 {
@@ -563,9 +610,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [dim as i64, reduce_op.code()];
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::ReduceScatter, t, &params),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
                 if size == 1 {
@@ -592,8 +639,10 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     }
 
     fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
-        self.group
-            .run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
+        self.run_op(
+            tensor_desc(Op::Broadcast, &*t, &[src as i64]),
+            self.vet(&*t, None),
+            || {
                 if self.group.size() == 1 {
                     return self.alone(t, None, None);
                 }
@@ -601,14 +650,15 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 let p = t.ptr_on(self.enqueue()?)?;
                 // SAFETY: in place, as NCCL allows.
                 Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
-            })
+            },
+        )
     }
 
     fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         let size = self.group.size();
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::AllToAll, t, &[]),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 if size == 1 {
                     return self.alone(t, Some(out), None);
@@ -632,9 +682,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.group.run_op(
+        self.run_op(
             tensor_desc(Op::AllToAll4d, t, &params),
-            Some(output_of(out)),
+            self.vet(t, Some(out)),
             || {
                 if size == 1 {
                     return self.alone(t, Some(out), None);
@@ -660,24 +710,28 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     /// Shape and dtype are checked with the receiver over MPI first; then enqueued.
     fn send(&self, t: &DeviceTensor, dst: Option<usize>) -> Result<()> {
         let (dst, _) = self.group.ring_peers(dst, None);
-        let desc = tensor_desc(Op::Send, t, &[]);
-        self.group.point_to_point(desc, Peer::To(dst), |_| {
-            let (comm, peer) = self.link(dst)?;
-            let src = t.ptr_on(self.enqueue()?)?;
-            // SAFETY: `t` holds `numel` elements of its dtype.
-            Ok(unsafe { comm.send(src, t.numel(), t.dtype(), peer, self.raw()) }?)
-        })
+        let (desc, view) = self.p2p_desc(t);
+        self.group
+            .point_to_point(desc, Peer::To(dst), |_| {
+                let (comm, peer) = self.link(dst)?;
+                let src = t.ptr_on(self.enqueue()?)?;
+                // SAFETY: `t` holds `numel` elements of its dtype.
+                Ok(unsafe { comm.send(src, t.numel(), t.dtype(), peer, self.raw()) }?)
+            })
+            .map_err(|e| found_here(e, view))
     }
 
     fn recv_into(&self, out: &mut DeviceTensor, src: Option<usize>) -> Result<()> {
         let (_, src) = self.group.ring_peers(None, src);
-        let desc = tensor_desc(Op::Send, &*out, &[]);
-        self.group.point_to_point(desc, Peer::From(src), |_| {
-            let (comm, peer) = self.link(src)?;
-            let dst = out.ptr_on(self.enqueue()?)?;
-            // SAFETY: `out` holds `numel` elements of its dtype.
-            Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), peer, self.raw()) }?)
-        })
+        let (desc, view) = self.p2p_desc(out);
+        self.group
+            .point_to_point(desc, Peer::From(src), |_| {
+                let (comm, peer) = self.link(src)?;
+                let dst = out.ptr_on(self.enqueue()?)?;
+                // SAFETY: `out` holds `numel` elements of its dtype.
+                Ok(unsafe { comm.recv(dst, out.numel(), out.dtype(), peer, self.raw()) }?)
+            })
+            .map_err(|e| found_here(e, view))
     }
 
     /// Each link is checked by its two ends over MPI; only links that agree
@@ -690,15 +744,27 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         src: Option<usize>,
     ) -> Result<()> {
         let (dst, src) = self.group.ring_peers(dst, src);
-        let sent = tensor_desc(Op::Send, t, &[]);
-        let expected = tensor_desc(Op::Send, &*out, &[]);
+        let (sent, sent_view) = self.p2p_desc(t);
+        let (expected, expected_view) = self.p2p_desc(&*out);
+        let view = sent_view.or(expected_view);
         if self.group.send_recv_to_self(&sent, &expected, dst, src)? {
             return self.copy(t, out);
         }
-        let s = self.enqueue()?;
-        let (sp, rp) = (t.ptr_on(s)?, out.ptr_on(s)?);
         self.group
             .exchange(sent, dst, expected, src, |send_ok, recv_ok| {
+                // Only the links both ends agreed on: a flagged view here
+                // refused its own link, the other may still move.
+                let s = self.enqueue()?;
+                let sp = if send_ok {
+                    t.ptr_on(s)?
+                } else {
+                    std::ptr::null_mut()
+                };
+                let rp = if recv_ok {
+                    out.ptr_on(s)?
+                } else {
+                    std::ptr::null_mut()
+                };
                 let peers: Vec<usize> = [(send_ok, dst), (recv_ok, src)]
                     .into_iter()
                     .filter_map(|(ok, p)| ok.then_some(p))
@@ -724,6 +790,25 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 }
                 Ok(fused.end()?)
             })
+            .map_err(|e| found_here(e, view))
+    }
+}
+
+/// `e` with what this rank found wrong with its own view, when it did.
+fn found_here(e: Error, view: Option<(ViewProblem, String)>) -> Error {
+    let Some((_, here)) = view else { return e };
+    match e {
+        Error::InvalidArgument { op, group, msg } => Error::InvalidArgument {
+            op,
+            group,
+            msg: format!("{msg} (this rank: {here})"),
+        },
+        Error::Mismatch { op, group, msg } => Error::Mismatch {
+            op,
+            group,
+            msg: format!("{msg} (this rank: {here})"),
+        },
+        e => e,
     }
 }
 

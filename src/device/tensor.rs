@@ -2,6 +2,7 @@
 //! allocation, or the caller's memory borrowed without a copy.
 
 use super::order::Tail;
+use crate::dispatch::ViewProblem;
 use crate::error::{Error, Result};
 use crate::tensor::{numel, DType};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
@@ -148,28 +149,41 @@ impl DeviceTensor {
     /// The address for a call enqueued on `stream`: refused when the tensor
     /// is a view whose borrow has ended or that was made for another stream.
     pub(crate) fn ptr_on(&self, stream: &CudaStream) -> Result<*mut c_void> {
-        if let Memory::Borrowed {
+        match self.view_problem(stream) {
+            Some((_, why)) => Err(Error::Tensor(why)),
+            None => Ok(self.device_ptr() as usize as *mut c_void),
+        }
+    }
+
+    /// Why a call on `stream` cannot use this tensor, when it is a view
+    /// whose borrow has ended or that was made for another stream.
+    pub(crate) fn view_problem(&self, stream: &CudaStream) -> Option<(ViewProblem, String)> {
+        let Memory::Borrowed {
             live: Some(live),
             stream: made_for,
             ..
         } = &self.mem
-        {
-            if !live.load(Ordering::Acquire) {
-                return Err(Error::Tensor(
-                    "a device view was used after its borrow ended (moved out of its DeviceView)"
-                        .into(),
-                ));
-            }
-            let on = stream.cu_stream() as usize;
-            if *made_for != Some(on) {
-                return Err(Error::Tensor(format!(
+        else {
+            return None;
+        };
+        if !live.load(Ordering::Acquire) {
+            return Some((
+                ViewProblem::Ended,
+                "a device view was used after its borrow ended (moved out of its DeviceView)"
+                    .into(),
+            ));
+        }
+        let on = stream.cu_stream() as usize;
+        (*made_for != Some(on)).then(|| {
+            (
+                ViewProblem::Elsewhere,
+                format!(
                     "a device view made for stream {:#x} is used on stream {on:#x}: make \
                      views with the DeviceGroup (and stream) that uses them",
                     made_for.unwrap_or(0)
-                )));
-            }
-        }
-        Ok(self.device_ptr() as usize as *mut c_void)
+                ),
+            )
+        })
     }
 }
 

@@ -160,11 +160,16 @@ impl GroupWatch {
     pub fn call(&self, desc: &Descriptor) -> Call<'_> {
         let s = &*self.s;
         let now = now_ns();
-        let rename = s.named.swap(self.id, Ordering::Relaxed) != self.id;
+        // Only this rank's thread writes `named`: a load, and a store when
+        // it changes, instead of an atomic swap on every call.
+        let rename = s.named.load(Ordering::Relaxed) != self.id;
+        if rename {
+            s.named.store(self.id, Ordering::Relaxed);
+        }
         s.group.store(self.id, Ordering::Relaxed);
         s.board
             .enter(desc.op_code(), desc.seq, rename.then_some(&*self.name), now);
-        let number = s.recorder.begin(&self.name, desc, now);
+        let number = s.recorder.begin(self.id, &self.name, desc, now);
         Call {
             s,
             number,

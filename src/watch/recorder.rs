@@ -4,126 +4,181 @@
 
 use super::clock::{now_ns, resolution_ns};
 use crate::dispatch::Descriptor;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Calls the ring keeps.
 pub(crate) const CAPACITY: usize = 64;
+const WORDS: usize = std::mem::size_of::<Descriptor>() / 8;
+const _: () = assert!(std::mem::size_of::<Descriptor>() % 8 == 0);
 
-#[derive(Clone)]
-struct Entry {
-    number: u64,
-    group: Arc<str>,
-    desc: Descriptor,
-    start: u64,
+/// One call's record. Written only by the thread that owns the runtime,
+/// read by the watchdog thread when it dumps: the fields are atomics under
+/// a sequence lock (`version` odd while written), so recording a call
+/// takes no lock and no atomic read-modify-write.
+struct Slot {
+    version: AtomicU64,
+    /// The call's number + 1 (0: never used).
+    number: AtomicU64,
+    group: AtomicU64,
+    start: AtomicU64,
+    /// When the call ended (0 while it runs); outside the sequence lock,
+    /// read by itself.
+    end: AtomicU64,
+    ok: AtomicBool,
+    desc: [AtomicU64; WORDS],
 }
 
-#[derive(Default)]
-struct Ring {
-    entries: Vec<Entry>,
-    /// Calls recorded so far (the next call's number).
-    total: u64,
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            version: AtomicU64::new(0),
+            number: AtomicU64::new(0),
+            // No group's id: a slot's first call names its group.
+            group: AtomicU64::new(u64::MAX),
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            ok: AtomicBool::new(false),
+            desc: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
-/// The ring, shared with the watchdog thread (which dumps it). How each
-/// call ended is kept beside it in atomics: the owning thread records it
-/// without taking the lock again (one lock per call, not two).
+/// The last [`CAPACITY`] calls of this rank, shared with the watchdog
+/// thread (which dumps them).
 pub(crate) struct Recorder {
-    ring: Mutex<Ring>,
-    /// By slot: the call number the outcome belongs to (+1; 0 for none).
-    ended_call: [AtomicU64; CAPACITY],
-    /// By slot: when the call ended (0 while it runs).
-    end: [AtomicU64; CAPACITY],
-    ok: [AtomicBool; CAPACITY],
+    slots: Box<[Slot]>,
+    /// Calls recorded so far (the next call's number).
+    total: AtomicU64,
+    /// By slot: the id and name of its call's group, changed (under the
+    /// lock, before the slot's sequence lock is taken) only when the
+    /// group differs from the slot's last: a loop over a few groups
+    /// rarely takes it.
+    names: Mutex<Vec<(u64, Arc<str>)>>,
 }
 
 impl Default for Recorder {
     fn default() -> Self {
         Recorder {
-            ring: Mutex::default(),
-            ended_call: std::array::from_fn(|_| AtomicU64::new(0)),
-            end: std::array::from_fn(|_| AtomicU64::new(0)),
-            ok: std::array::from_fn(|_| AtomicBool::new(false)),
+            slots: (0..CAPACITY).map(|_| Slot::default()).collect(),
+            total: AtomicU64::new(0),
+            names: Mutex::new(vec![(u64::MAX, Arc::from("")); CAPACITY]),
         }
     }
 }
 
+/// A slot as read by the dump.
+struct Record {
+    number: u64,
+    group: u64,
+    start: u64,
+    desc: Descriptor,
+}
+
 impl Recorder {
-    fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    fn names(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Arc<str>)>> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records the start of a call; returns its number for [`end`](Self::end).
-    pub fn begin(&self, group: &Arc<str>, desc: &Descriptor, now: u64) -> u64 {
-        let mut ring = self.ring();
-        let number = ring.total;
-        ring.total += 1;
-        let entry = Entry {
-            number,
-            group: group.clone(),
-            desc: *desc,
-            start: now,
-        };
-        let slot = (number % CAPACITY as u64) as usize;
-        self.end[slot].store(0, Ordering::Relaxed);
-        self.ended_call[slot].store(number + 1, Ordering::Relaxed);
-        if ring.entries.len() < CAPACITY {
-            ring.entries.push(entry);
-        } else {
-            ring.entries[(number % CAPACITY as u64) as usize] = entry;
+    /// Records the start of a call of group `group_id` (named `group`);
+    /// returns its number for [`end`](Self::end). Only the runtime's
+    /// thread calls it.
+    pub fn begin(&self, group_id: u64, group: &Arc<str>, desc: &Descriptor, now: u64) -> u64 {
+        let number = self.total.load(Ordering::Relaxed);
+        self.total.store(number + 1, Ordering::Relaxed);
+        let s = &self.slots[(number % CAPACITY as u64) as usize];
+        if s.group.load(Ordering::Relaxed) != group_id {
+            self.names()[(number % CAPACITY as u64) as usize] = (group_id, group.clone());
         }
+        let v = s.version.load(Ordering::Relaxed);
+        s.version.store(v + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        s.end.store(0, Ordering::Relaxed);
+        s.number.store(number + 1, Ordering::Relaxed);
+        s.group.store(group_id, Ordering::Relaxed);
+        s.start.store(now, Ordering::Relaxed);
+        let words: &[u64; WORDS] = bytemuck::cast_ref(desc);
+        for (w, d) in s.desc.iter().zip(words) {
+            w.store(*d, Ordering::Relaxed);
+        }
+        s.version.store(v + 2, Ordering::Release);
         number
     }
 
     /// Records how call `number` ended (from the thread that began it).
     pub fn end(&self, number: u64, ok: bool, now: u64) {
-        let slot = (number % CAPACITY as u64) as usize;
-        if self.ended_call[slot].load(Ordering::Relaxed) == number + 1 {
-            self.ok[slot].store(ok, Ordering::Relaxed);
-            self.end[slot].store(now, Ordering::Release);
+        let s = &self.slots[(number % CAPACITY as u64) as usize];
+        if s.number.load(Ordering::Relaxed) == number + 1 {
+            s.ok.store(ok, Ordering::Relaxed);
+            s.end.store(now, Ordering::Release);
         }
+    }
+
+    /// Slot `s` consistently, or `None` when it was never used or its
+    /// owner keeps rewriting it (a stopped owner is never inside a write
+    /// for long: it takes no lock there).
+    fn read(s: &Slot) -> Option<Record> {
+        for _ in 0..1000 {
+            let v = s.version.load(Ordering::Acquire);
+            if v % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let words: [u64; WORDS] = std::array::from_fn(|i| s.desc[i].load(Ordering::Relaxed));
+            let record = Record {
+                number: s.number.load(Ordering::Relaxed),
+                group: s.group.load(Ordering::Relaxed),
+                start: s.start.load(Ordering::Relaxed),
+                desc: bytemuck::cast(words),
+            };
+            fence(Ordering::Acquire);
+            if s.version.load(Ordering::Relaxed) == v {
+                return (record.number > 0).then(|| Record {
+                    number: record.number - 1,
+                    ..record
+                });
+            }
+        }
+        None
     }
 
     /// The ring as text, oldest call first.
     pub fn dump(&self, header: &str) -> String {
         let now = now_ns();
-        // The owner may be stopped inside `begin`; never wait for it forever.
-        let ring = match self.ring.try_lock() {
-            Ok(r) => r,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                match self.ring.try_lock() {
-                    Ok(r) => r,
-                    Err(_) => return format!("{header}: flight recorder busy\n"),
-                }
-            }
-        };
-        let mut entries: Vec<&Entry> = ring.entries.iter().collect();
-        entries.sort_by_key(|e| e.number);
+        let total = self.total.load(Ordering::Relaxed);
+        let names = self.names().clone();
+        let mut records: Vec<(usize, Record)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Self::read(s).map(|r| (i, r)))
+            .collect();
+        records.sort_by_key(|(_, r)| r.number);
         let mut out = format!(
-            "{header}: flight recorder, last {} of {} calls (oldest first; times to {} ms)\n",
-            entries.len(),
-            ring.total,
+            "{header}: flight recorder, last {} of {total} calls (oldest first; times to {} ms)\n",
+            records.len(),
             resolution_ns() as f64 / 1e6
         );
-        for e in entries {
-            let ago = (now.saturating_sub(e.start)) as f64 / 1e9;
-            let slot = (e.number % CAPACITY as u64) as usize;
-            let end = self.end[slot].load(Ordering::Acquire);
+        for (i, r) in records {
+            let s = &self.slots[i];
+            let ago = (now.saturating_sub(r.start)) as f64 / 1e9;
+            let end = s.end.load(Ordering::Acquire);
             let state = if end == 0 {
                 format!("running for {:.3} s", ago)
             } else {
-                let took = end.saturating_sub(e.start) as f64 / 1e6;
-                let ok = self.ok[slot].load(Ordering::Relaxed);
+                let took = end.saturating_sub(r.start) as f64 / 1e6;
+                let ok = s.ok.load(Ordering::Relaxed);
                 format!("{} in {took:.3} ms", if ok { "ok" } else { "failed" })
             };
+            let group = match &names[i] {
+                (id, name) if *id == r.group => name.to_string(),
+                _ => format!("group #{}", r.group),
+            };
             out.push_str(&format!(
-                "  #{} {} call #{} {}: started {ago:.3} s ago, {state}\n",
-                e.number,
-                e.group,
-                e.desc.seq,
-                e.desc.describe()
+                "  #{} {group} call #{} {}: started {ago:.3} s ago, {state}\n",
+                r.number,
+                r.desc.seq,
+                r.desc.describe()
             ));
         }
         out
@@ -143,7 +198,7 @@ mod tests {
         for i in 0..(CAPACITY as u64 + 3) {
             let mut d = Descriptor::for_tensor(Op::AllReduce, DType::F32, &[4], &[0]);
             d.seq = i;
-            let n = r.begin(&g, &d, 10);
+            let n = r.begin(7, &g, &d, 10);
             if i != CAPACITY as u64 + 2 {
                 r.end(n, i % 2 == 0, 20);
             }
@@ -157,5 +212,31 @@ mod tests {
         assert!(lines[1].ends_with("ok in 0.000 ms"), "{}", lines[1]);
         assert!(lines[63].contains("#66 tp:0 call #66"));
         assert!(lines[63].contains("running for"), "{}", lines[63]);
+    }
+
+    #[test]
+    fn each_call_keeps_its_group_name() {
+        let r = Recorder::default();
+        let (tp, dp): (Arc<str>, Arc<str>) = (Arc::from("tp:0"), Arc::from("dp:1"));
+        let d = Descriptor::for_tensor(Op::AllReduce, DType::F32, &[4], &[0]);
+        // Group 0 first (a fresh slot's group must still be named), then
+        // groups alternating with a period that shifts against the ring.
+        for i in 0..(3 * CAPACITY as u64 + 5) {
+            let (id, name) = if i % 3 == 0 { (0, &tp) } else { (1, &dp) };
+            let n = r.begin(id, name, &d, 10);
+            r.end(n, true, 20);
+        }
+        let text = r.dump("rank 0");
+        for line in text.lines().skip(1) {
+            let number: u64 = line.trim_start()[1..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let want = if number % 3 == 0 { "tp:0" } else { "dp:1" };
+            assert!(line.contains(&format!(" {want} call")), "{line}");
+        }
+        assert_eq!(text.lines().count(), CAPACITY + 1);
     }
 }
