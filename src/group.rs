@@ -7,6 +7,7 @@ use crate::dispatch::{agree, agree_peers, Descriptor, MAX_DIMS};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
 use crate::plane::executor::{HostExec, HostPlaneChoice};
+use crate::plane::hier::{Hier, HierCall, NodeMap};
 use crate::plane::host::{HostPlane, TAG_ANSWER, TAG_HEADER};
 use crate::plane::nccl::comm::Communicator as NcclComm;
 use crate::plane::shm::{ShmCall, ShmPlane, ShmWindow};
@@ -61,6 +62,11 @@ struct Inner<'rt> {
     shm_wanted: bool,
     /// The shared-memory executor, made at the group's first collective.
     shm: OnceCell<ShmPlane>,
+    /// For a hierarchical group (decided, alike on every member, when the
+    /// group is made): each member's node, by group rank.
+    hier_nodes: Option<Vec<usize>>,
+    /// The hierarchical executor, made at the group's first collective.
+    hier: OnceCell<Hier>,
     /// When device calls agree (alike on every member).
     check: Cell<CheckMode>,
 }
@@ -100,6 +106,9 @@ impl<'rt> GroupCoordinator<'rt> {
             }
         }
         let shm_wanted = choose_shm(rt, &name, choice, &facts)?;
+        let nodes: Vec<usize> = ranks.iter().map(|r| rt.world().ranks[*r].node).collect();
+        let hier_nodes =
+            (choice == HostPlaneChoice::Hier && NodeMap::new(&nodes).worth_it()).then_some(nodes);
         let watch = rt.watchdog().register(Arc::from(name), &ranks);
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {
@@ -116,6 +125,8 @@ impl<'rt> GroupCoordinator<'rt> {
                 subgroups: RefCell::new(HashMap::new()),
                 shm_wanted,
                 shm: OnceCell::new(),
+                hier_nodes,
+                hier: OnceCell::new(),
                 check: Cell::new(check),
                 deferred: OnceCell::new(),
             }),
@@ -123,13 +134,16 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 
     /// Which executor the group's host collectives use: `"shm"` (a
-    /// shared-memory window on the members' node), `"mpi"`, or `"local"`
-    /// (a group of one: every op is a copy).
+    /// shared-memory window on the members' node), `"hier"` (a window per
+    /// node and MPI among the nodes' leaders), `"mpi"`, or `"local"` (a
+    /// group of one: every op is a copy).
     pub fn host_executor(&self) -> &'static str {
         if self.size() == 1 {
             "local"
         } else if self.inner.shm_wanted {
             "shm"
+        } else if self.inner.hier_nodes.is_some() {
+            "hier"
         } else {
             "mpi"
         }
@@ -148,18 +162,42 @@ impl<'rt> GroupCoordinator<'rt> {
                 rt.options().shm_chunk_bytes,
             ));
             rt.keep_window(window.clone());
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let oversubscribed = rt.world().me().local_size > cores;
-            ShmPlane::new(window, self.rank_in_group(), oversubscribed)
+            ShmPlane::new(window, self.rank_in_group(), oversubscribed(rt))
+        }))
+    }
+
+    /// The hierarchical executor, its windows and communicators made on
+    /// first use. Collective the first time, like [`shm`](Self::shm).
+    fn hier(&self) -> Option<&Hier> {
+        let nodes = self.inner.hier_nodes.as_ref()?;
+        Some(self.inner.hier.get_or_init(|| {
+            let rt = self.inner.rt;
+            Hier::new(
+                &self.inner.comm,
+                NodeMap::new(nodes),
+                self.rank_in_group(),
+                rt.options().max_message_bytes,
+                |node_comm, local| {
+                    let window =
+                        Rc::new(ShmWindow::allocate(node_comm, rt.options().shm_chunk_bytes));
+                    rt.keep_window(window.clone());
+                    ShmPlane::new(window, local, oversubscribed(rt))
+                },
+            )
         }))
     }
 
     /// The executor of a host call's bytes (inside the dispatch path).
     pub(crate) fn host(&self) -> HostExec<'_> {
-        match self.shm() {
-            Some(plane) => HostExec::Shm(ShmCall {
-                plane,
-                pulse: self.inner.rt.watchdog().pulse(),
+        let pulse = self.inner.rt.watchdog().pulse();
+        if let Some(plane) = self.shm() {
+            return HostExec::Shm(ShmCall { plane, pulse });
+        }
+        match self.hier() {
+            Some(hier) => HostExec::Hier(HierCall {
+                hier,
+                flat: self.plane(),
+                pulse,
             }),
             None => HostExec::Mpi(self.plane()),
         }
@@ -761,6 +799,12 @@ impl GroupCoordinator<'_> {
     }
 }
 
+/// Whether this node has more ranks than cores (waiting ranks then yield).
+fn oversubscribed(rt: &Runtime) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    rt.world().me().local_size > cores
+}
+
 /// Whether a group whose members gave `facts` (world rank, choice code,
 /// check code; the choice alike on all) runs host collectives on shared
 /// memory: `shm` is refused for a group spanning nodes.
@@ -774,7 +818,7 @@ fn choose_shm(
     let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
     match choice {
         HostPlaneChoice::Mpi => Ok(false),
-        HostPlaneChoice::Auto => Ok(one_node && facts.len() > 1),
+        HostPlaneChoice::Auto | HostPlaneChoice::Hier => Ok(one_node && facts.len() > 1),
         HostPlaneChoice::Shm if one_node => Ok(facts.len() > 1),
         HostPlaneChoice::Shm => Err(Error::Launch(format!(
             "RANKMESH_HOST_PLANE=shm: {name} spans nodes, and the shared-memory executor runs within one node (use auto or mpi)"

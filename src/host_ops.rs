@@ -70,6 +70,9 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 HostExec::Mpi(mpi) => self.with_scratch_tensor(t, |input, t| {
                     HostMoves::all_reduce_into(&mpi, input, t, reduce_op)
                 }),
+                HostExec::Hier(hier) => self.with_scratch_tensor(t, |input, t| {
+                    HostMoves::all_reduce_into(&hier, input, t, reduce_op)
+                }),
             },
         )
     }

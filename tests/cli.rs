@@ -199,7 +199,7 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_TIMEOUT", "-1", "RANKMESH_TIMEOUT=\"-1\" is out of range"),
         ("RANKMESH_MAX_OBJECT_BYTES", "0", "RANKMESH_MAX_OBJECT_BYTES=\"0\" is not a byte count in 1..=1099511627776"),
         ("RANKMESH_TRACE_DIR", "", "RANKMESH_TRACE_DIR is set but empty"),
-        ("RANKMESH_HOST_PLANE", "fast", "RANKMESH_HOST_PLANE=\"fast\" is not one of mpi, shm, auto"),
+        ("RANKMESH_HOST_PLANE", "fast", "RANKMESH_HOST_PLANE=\"fast\" is not one of mpi, shm, hier, auto"),
         ("RANKMESH_SHM_CHUNK_BYTES", "100", "RANKMESH_SHM_CHUNK_BYTES=\"100\" is not a byte count in 4096..=1073741824"),
         ("RANKMESH_CHECK", "lazy", "RANKMESH_CHECK=\"lazy\": expected strict, deferred or off"),
     ] {

@@ -43,7 +43,9 @@ fn shared_memory_files() -> BTreeSet<String> {
 
 /// Run by each rank: rank 1 aborts (no unwinding, no MPI_Finalize) while the
 /// ranks loop over 64 MiB gathers, each of which lives in a shared window,
-/// and all-reduces on the shared-memory executor (the group's window).
+/// and all-reduces on the shared-memory executor (the group's window), or
+/// on the hierarchical one across fake nodes (a window per node), as the
+/// worker variable says.
 #[test]
 fn worker() {
     if std::env::var(WORKER).is_err() {
@@ -54,7 +56,8 @@ fn worker() {
     let all: Vec<usize> = (0..g.size()).collect();
     let t = Tensor::zeros([16 << 20], DType::F32).unwrap();
     let mut u = Tensor::zeros([1 << 20], DType::F32).unwrap();
-    assert_eq!(g.host_executor(), "shm");
+    let executor = std::env::var(WORKER).unwrap();
+    assert_eq!(g.host_executor(), executor);
     if g.rank_in_group() == 1 {
         std::thread::spawn(|| {
             std::thread::sleep(std::time::Duration::from_millis(400));
@@ -70,19 +73,29 @@ fn worker() {
     panic!("rank 1 should have aborted long before 1000 gathers");
 }
 
+/// One test for both layouts, one after the other: a job running beside
+/// another's would leave files the other is blamed for.
 #[test]
 fn killed_rank_leaves_no_shared_memory_behind() {
     if std::env::var(WORKER).is_ok() {
         return;
     }
-    let before = shared_memory_files();
     let exe = std::env::current_exe().unwrap();
-    let job = support::mpirun(
-        3,
-        &exe,
-        &["--exact", "worker", "--nocapture"],
-        &[(WORKER, "1")],
-    );
+    let args = ["--exact", "worker", "--nocapture"];
+    let before = shared_memory_files();
+    let job = support::mpirun(3, &exe, &args, &[(WORKER, "shm")]);
+    expect_aborted_and_clean(&job, &before);
+    if !support::fake_nodes_available() {
+        eprintln!("SKIPPED the hierarchical case: fake nodes need `unshare --uts`");
+        return;
+    }
+    let before = shared_memory_files();
+    let env = [(WORKER, "hier"), ("RANKMESH_HOST_PLANE", "hier")];
+    let job = support::fake_nodes("2,2", &exe, &args, &env);
+    expect_aborted_and_clean(&job, &before);
+}
+
+fn expect_aborted_and_clean(job: &support::Job, before: &BTreeSet<String>) {
     assert!(
         !job.ok(),
         "the job must fail when a rank aborts: {}",
@@ -94,6 +107,6 @@ fn killed_rank_leaves_no_shared_memory_behind() {
         job.describe()
     );
     let after = shared_memory_files();
-    let left: Vec<&String> = after.difference(&before).collect();
+    let left: Vec<&String> = after.difference(before).collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
 }

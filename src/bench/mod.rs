@@ -158,6 +158,7 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             let executor = match group.host_executor() {
                 "shm" => "shared memory",
                 "mpi" => "MPI",
+                "hier" => "shared memory within nodes and MPI across them",
                 other => other,
             };
             (-1, "0000:00:00".into(), format!("host memory ({executor})"))

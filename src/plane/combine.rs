@@ -145,6 +145,40 @@ pub(crate) fn combine<'a>(
     }
 }
 
+/// Divides every element of `bytes` (values of `dtype`) by `n`, as `Avg`
+/// does after a sum (truncating for integers; narrow floats through f32).
+pub(crate) fn divide(dtype: DType, bytes: &mut [u8], n: usize) {
+    fn native<T: Arith>(bytes: &mut [u8], n: usize) {
+        let xs: &mut [T] = bytemuck::cast_slice_mut(bytes);
+        xs.iter_mut().for_each(|x| *x = x.div_n(n));
+    }
+    fn widened<T: Widen + bytemuck::Pod>(bytes: &mut [u8], n: usize) {
+        let xs: &mut [T] = bytemuck::cast_slice_mut(bytes);
+        let mut wide = vec![0f32; xs.len()];
+        T::widen(xs, &mut wide);
+        wide.iter_mut().for_each(|x| *x /= n as f32);
+        T::narrow(&wide, xs);
+    }
+    match dtype {
+        DType::F32 => native::<f32>(bytes, n),
+        DType::F64 => native::<f64>(bytes, n),
+        DType::I8 => native::<i8>(bytes, n),
+        DType::U8 => native::<u8>(bytes, n),
+        DType::I16 => native::<i16>(bytes, n),
+        DType::U16 => native::<u16>(bytes, n),
+        DType::I32 => native::<i32>(bytes, n),
+        DType::U32 => native::<u32>(bytes, n),
+        DType::I64 => native::<i64>(bytes, n),
+        DType::U64 => native::<u64>(bytes, n),
+        DType::F16 => widened::<f16>(bytes, n),
+        DType::BF16 => widened::<bf16>(bytes, n),
+        DType::F8E4M3 => widened::<F8E4M3>(bytes, n),
+        DType::F8E5M2 => widened::<F8E5M2>(bytes, n),
+        // Refused before any data moves (no average of bools).
+        DType::Bool => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,12 @@
-//! Data planes: where tensor bytes move. Host collectives run on one of two
-//! executors behind [`executor::HostMoves`]: MPI on host memory, or a
-//! node-local shared-memory window; the GPU plane is NCCL (loaded here)
+//! Data planes: where tensor bytes move. Host collectives run on one of three
+//! executors behind [`executor::HostMoves`]: MPI on host memory, a
+//! node-local shared-memory window, or the two in a hierarchy for groups
+//! spanning nodes; the GPU plane is NCCL (loaded here)
 //! driven by [`crate::device`].
 
 mod combine;
 pub mod executor;
+pub(crate) mod hier;
 pub mod host;
 pub mod nccl;
 mod reduction;

@@ -19,10 +19,12 @@ pub fn run(rt: &Runtime) {
     let k = scale();
     let forced = std::env::var("RANKMESH_HOST_PLANE").unwrap_or_default();
     let one_node = g.same_node_ranks(0).unwrap().len() == p;
+    let some_node_shared = (0..p).any(|r| g.same_node_ranks(r).unwrap().len() > 1);
     let executor = match (p, forced.as_str()) {
         (1, _) => "local",
         (_, "mpi") => "mpi",
         _ if one_node => "shm",
+        (_, "hier") if some_node_shared => "hier",
         _ => "mpi",
     };
     assert_eq!(g.host_executor(), executor, "the executor of {}", g.name());

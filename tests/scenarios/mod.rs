@@ -42,9 +42,43 @@ const SHM_PIECES: &[(&str, &str)] = &[
     ("RANKMESH_TEST_SCALE", "600"),
 ];
 
+/// The hierarchical executor for groups spanning (fake) nodes.
+const HIER: &[(&str, &str)] = &[("RANKMESH_HOST_PLANE", "hier")];
+
 /// The plane scenarios on the host plane (the world group).
 fn planes_host(rt: &Runtime) {
     planes::check_all(&rt.world_group().unwrap()).unwrap();
+}
+
+/// The plane scenarios on groups spanning nodes: the world, and the world
+/// with its members interleaved across nodes (group ranks 0, 1, ... on
+/// alternating nodes, so the hierarchy's order is not the group's).
+fn planes_across_nodes(rt: &Runtime) {
+    let world = rt.world_group().unwrap();
+    planes::check_all(&world).unwrap();
+    let p = rt.size();
+    let mut by_node: Vec<Vec<usize>> = Vec::new();
+    for r in 0..p {
+        let node = rt.world().ranks[r].node;
+        match by_node
+            .iter_mut()
+            .find(|n| rt.world().ranks[n[0]].node == node)
+        {
+            Some(n) => n.push(r),
+            None => by_node.push(vec![r]),
+        }
+    }
+    let mut interleaved = Vec::new();
+    for i in 0..p {
+        interleaved.extend(by_node.iter().filter_map(|n| n.get(i)));
+    }
+    assert_ne!(interleaved, (0..p).collect::<Vec<_>>(), "interleaved");
+    let g = rt
+        .split_groups("interleaved", &[interleaved.clone()])
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.host_executor(), "hier", "the executor of {interleaved:?}");
+    planes::check_all(&g).unwrap();
 }
 
 pub const ALL: &[Scenario] = &[
@@ -194,6 +228,52 @@ pub const ALL: &[Scenario] = &[
         sizes: &[],
         env: &[],
         run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_across_nodes_hier",
+        nodes: &["2,2", "2,3", "1,3"],
+        sizes: &[],
+        env: HIER,
+        run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_across_nodes_hier_pieces",
+        nodes: &["2,3"],
+        sizes: &[],
+        env: &[
+            ("RANKMESH_HOST_PLANE", "hier"),
+            ("RANKMESH_SHM_CHUNK_BYTES", "12288"),
+            ("RANKMESH_TEST_SCALE", "600"),
+        ],
+        run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_across_nodes_mpi",
+        nodes: &["2,2"],
+        sizes: &[],
+        env: &[("RANKMESH_HOST_PLANE", "mpi")],
+        run: collectives::run,
+    },
+    Scenario {
+        name: "planes_across_nodes",
+        nodes: &["2,2", "2,3"],
+        sizes: &[],
+        env: HIER,
+        run: planes_across_nodes,
+    },
+    Scenario {
+        name: "errors_across_nodes",
+        nodes: &["2,3"],
+        sizes: &[],
+        env: HIER,
+        run: errors::run,
+    },
+    Scenario {
+        name: "objects_across_nodes",
+        nodes: &["2,3"],
+        sizes: &[],
+        env: HIER,
+        run: objects::run,
     },
     Scenario {
         name: "zero_first_per_node",
