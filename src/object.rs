@@ -118,9 +118,79 @@ impl GroupCoordinator<'_> {
             (true, None) => None,
             (false, _) => Some(Vec::new()),
         };
-        let mut desc = Descriptor::new(op, &[src as i64, type_digest::<T>()]);
         // A source without a value reports length u64::MAX; every rank then fails.
-        desc.len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
+        let len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
+        self.object_broadcast::<T, _>(len, src, |n| {
+            let mut bytes = bytes.expect("checked by dispatch");
+            if self.size() > 1 {
+                bytes.resize(n, 0);
+                self.host()
+                    .broadcast(&mut bytes, src)
+                    .map_err(|f| f.into_error(op, self.name()))?;
+            }
+            decode_owned(self.name(), op, src, bytes)
+        })
+    }
+
+    /// [`broadcast_object`](Self::broadcast_object) into `obj`: on every
+    /// member `obj` becomes group rank `src`'s value. A `Vec<u8>` moves
+    /// straight between the members' own buffers — the source sends from
+    /// its vector without a copy, a receiver's vector is resized to the
+    /// source's length and received into (no allocation when its capacity
+    /// suffices) — so a loop broadcasting bytes allocates nothing. Other
+    /// types are encoded and decoded as by `broadcast_object`.
+    pub fn broadcast_object_into<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: &mut T,
+        src: usize,
+    ) -> Result<()> {
+        let op = Op::BroadcastObject;
+        let is_src = self.rank_in_group() == src;
+        let size = self.size();
+        if let Some(v) = (obj as &mut dyn Any).downcast_mut::<Vec<u8>>() {
+            let len = if is_src { v.len() as u64 } else { 0 };
+            return self.object_broadcast::<T, _>(len, src, |n| {
+                if size > 1 {
+                    if !is_src {
+                        v.resize(n, 0);
+                    }
+                    self.host()
+                        .broadcast(v, src)
+                        .map_err(|f| f.into_error(op, self.name()))?;
+                }
+                Ok(())
+            });
+        }
+        let mut bytes = if is_src {
+            encode(self.name(), op, &*obj)?
+        } else {
+            Vec::new()
+        };
+        self.object_broadcast::<T, _>(bytes.len() as u64, src, |n| {
+            if size > 1 {
+                bytes.resize(n, 0);
+                self.host()
+                    .broadcast(&mut bytes, src)
+                    .map_err(|f| f.into_error(op, self.name()))?;
+            }
+            if !is_src {
+                *obj = decode(self.name(), op, src, &bytes)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The dispatch path of an object broadcast from `src`: `len` is this
+    /// rank's encoded length (the source's value's; `u64::MAX` for a source
+    /// without one; anything elsewhere), `body` gets the source's.
+    fn object_broadcast<T: 'static, R>(
+        &self,
+        len: u64,
+        src: usize,
+        body: impl FnOnce(usize) -> Result<R>,
+    ) -> Result<R> {
+        let mut desc = Descriptor::new(Op::BroadcastObject, &[src as i64, type_digest::<T>()]);
+        desc.len = len;
         let size = self.size();
         let check = |d: &Descriptor| {
             rank_in_range("src", d.params[0], size)?;
@@ -129,17 +199,8 @@ impl GroupCoordinator<'_> {
             }
             within_bound(self.runtime().options().max_object_bytes, d.len)
         };
-        self.collective(desc, check, |descs| {
-            let mut bytes = bytes.expect("checked by dispatch");
-            if size > 1 {
-                bytes.resize(descs[src].len as usize, 0);
-                self.host()
-                    .broadcast(&mut bytes, src)
-                    .map_err(|f| f.into_error(op, self.name()))?;
-            }
-            decode_owned(self.name(), op, src, bytes)
-        })
-        .map_err(name_type::<T>)
+        self.collective(desc, check, |descs| body(descs[src].len as usize))
+            .map_err(name_type::<T>)
     }
 
     /// FastVideo's `broadcast_object_list`: `list` becomes group rank

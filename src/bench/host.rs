@@ -2,7 +2,7 @@
 //! baseline is the same data movement as direct MPI calls.
 
 use super::{BenchConfig, BenchPlane};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::op::Op;
 use crate::reduce::ReduceOp;
@@ -118,13 +118,17 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
         Ok(true)
     }
 
-    /// `broadcast_object`: the typed object broadcast of the output's bytes.
+    /// `broadcast_object`: the typed object broadcast of the output's
+    /// bytes, as a `Vec<u8>` received in place (`broadcast_object_into`:
+    /// the same buffers every iteration, as nccl-tests reuses its own).
     fn run_other(&self, cfg: &BenchConfig, _input: &Tensor, output: &mut Tensor) -> Result<()> {
-        let g = self.0;
-        let root = cfg.root;
-        let mine = (g.rank_in_group() == root).then(|| output.bytes().to_vec());
-        let got: Vec<u8> = g.broadcast_object(mine.as_ref(), root)?;
-        output.bytes_mut().copy_from_slice(&got);
-        Ok(())
+        let HostData::U8(bytes) = output.data_mut() else {
+            return Err(Error::Usage {
+                what: "bench broadcast_object",
+                group: self.0.name().to_string(),
+                msg: "it moves bytes: use -d uint8".into(),
+            });
+        };
+        self.0.broadcast_object_into(bytes, cfg.root)
     }
 }

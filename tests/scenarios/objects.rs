@@ -52,6 +52,49 @@ pub fn run(rt: &Runtime) {
         assert_eq!(s, format!("hello from {src}"));
     }
 
+    // The in-place form: every member's value becomes the source's. Bytes
+    // go straight into the receivers' vectors, shorter or longer than the
+    // source's; one with the capacity is received into, not reallocated.
+    for src in 0..p {
+        let want: Vec<u8> = (0..1000 + 37 * src).map(|i| (i * 7 + src) as u8).collect();
+        let mut v: Vec<u8> = if me == src {
+            want.clone()
+        } else {
+            vec![0xEE; (me * 911) % 2000]
+        };
+        g.broadcast_object_into(&mut v, src).unwrap();
+        assert_eq!(v, want, "broadcast_object_into bytes from {src}");
+        let mut roomy: Vec<u8> = Vec::with_capacity(4096);
+        if me == src {
+            roomy.extend_from_slice(&want);
+        }
+        let at = roomy.as_ptr();
+        g.broadcast_object_into(&mut roomy, src).unwrap();
+        assert_eq!(roomy, want);
+        assert_eq!(roomy.as_ptr(), at, "received into the vector's own buffer");
+
+        let mut c = if me == src {
+            config_of(src)
+        } else {
+            config_of(p + 3)
+        };
+        g.broadcast_object_into(&mut c, src).unwrap();
+        assert_eq!(
+            c,
+            config_of(src),
+            "broadcast_object_into a struct from {src}"
+        );
+    }
+    if p > 1 {
+        // Ranks disagreeing on the type fail alike, before bytes move.
+        let err = if me == 0 {
+            g.broadcast_object_into(&mut vec![1u8, 2], 0).unwrap_err()
+        } else {
+            g.broadcast_object_into(&mut String::new(), 0).unwrap_err()
+        };
+        assert!(err.to_string().contains("types differ"), "{err}");
+    }
+
     let all = g.all_gather_object(&config_of(me)).unwrap();
     assert_eq!(all, (0..p).map(config_of).collect::<Vec<_>>());
     let empties: Vec<Vec<u8>> = g.all_gather_object(&vec![7u8; me % 2]).unwrap();
