@@ -154,6 +154,25 @@ impl Error {
         }
     }
 
+    /// The error with `note` added, in parentheses, to the message of a
+    /// rejected call (an invalid argument or a mismatch): what this rank
+    /// alone knows about it. Other errors are returned as they are.
+    pub(crate) fn noted(self, note: impl std::fmt::Display) -> Self {
+        match self {
+            Error::InvalidArgument { op, group, msg } => Error::InvalidArgument {
+                op,
+                group,
+                msg: format!("{msg} ({note})"),
+            },
+            Error::Mismatch { op, group, msg } => Error::Mismatch {
+                op,
+                group,
+                msg: format!("{msg} ({note})"),
+            },
+            e => e,
+        }
+    }
+
     /// Ranks (or the two ends of a link) that passed different calls.
     pub(crate) fn mismatch(op: Op, group: &str, msg: impl Into<String>) -> Self {
         Error::Mismatch {

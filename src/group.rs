@@ -155,15 +155,12 @@ impl<'rt> GroupCoordinator<'rt> {
         if !self.inner.shm_wanted {
             return None;
         }
-        Some(self.inner.shm.get_or_init(|| {
-            let rt = self.inner.rt;
-            let window = Rc::new(ShmWindow::allocate(
-                &self.inner.comm,
-                rt.options().shm_chunk_bytes,
-            ));
-            rt.keep_window(window.clone());
-            ShmPlane::new(window, self.rank_in_group(), oversubscribed(rt))
-        }))
+        let (rt, comm) = (self.inner.rt, &self.inner.comm);
+        Some(
+            self.inner
+                .shm
+                .get_or_init(|| shm_plane(rt, comm, self.rank_in_group())),
+        )
     }
 
     /// The hierarchical executor, its windows and communicators made on
@@ -177,12 +174,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 NodeMap::new(nodes),
                 self.rank_in_group(),
                 rt.options().max_message_bytes,
-                |node_comm, local| {
-                    let window =
-                        Rc::new(ShmWindow::allocate(node_comm, rt.options().shm_chunk_bytes));
-                    rt.keep_window(window.clone());
-                    ShmPlane::new(window, local, oversubscribed(rt))
-                },
+                |node_comm, local| shm_plane(rt, node_comm, local),
             )
         }))
     }
@@ -799,10 +791,14 @@ impl GroupCoordinator<'_> {
     }
 }
 
-/// Whether this node has more ranks than cores (waiting ranks then yield).
-fn oversubscribed(rt: &Runtime) -> bool {
+/// The shared-memory executor over `comm` (ranks of one node; collective),
+/// as member `me`: its window, kept by the runtime to be freed in creation
+/// order; waiting ranks yield early when the node has more ranks than cores.
+fn shm_plane(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmPlane {
+    let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
+    rt.keep_window(window.clone());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    rt.world().me().local_size > cores
+    ShmPlane::new(window, me, rt.world().me().local_size > cores)
 }
 
 /// Whether a group whose members gave `facts` (world rank, choice code,
@@ -840,16 +836,10 @@ impl std::fmt::Debug for GroupCoordinator<'_> {
 /// this rank's output is the one that does not fit.
 fn explain_output(e: Error, out: (DType, &[usize]), dtype: DType, shape: &[usize]) -> Error {
     match e {
-        Error::InvalidArgument { op, group, msg } if out != (dtype, shape) => {
-            Error::InvalidArgument {
-                op,
-                group,
-                msg: format!(
-                    "{msg} (this rank: output is {:?} {}, expected {shape:?} {dtype})",
-                    out.1, out.0
-                ),
-            }
-        }
+        Error::InvalidArgument { .. } if out != (dtype, shape) => e.noted(format_args!(
+            "this rank: output is {:?} {}, expected {shape:?} {dtype}",
+            out.1, out.0
+        )),
         e => e,
     }
 }

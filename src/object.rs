@@ -91,14 +91,10 @@ pub(crate) fn within_bound(max: u64, len: u64) -> std::result::Result<(), String
 /// Adds this rank's type name to a type-digest disagreement.
 fn name_type<T>(e: Error) -> Error {
     match e {
-        Error::Mismatch { op, group, msg } if msg.contains("type #") => Error::Mismatch {
-            op,
-            group,
-            msg: format!(
-                "{msg} (types differ; this rank uses `{}`)",
-                std::any::type_name::<T>()
-            ),
-        },
+        Error::Mismatch { ref msg, .. } if msg.contains("type #") => e.noted(format_args!(
+            "types differ; this rank uses `{}`",
+            std::any::type_name::<T>()
+        )),
         e => e,
     }
 }
@@ -122,12 +118,7 @@ impl GroupCoordinator<'_> {
         let len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
         self.object_broadcast::<T, _>(len, src, |n| {
             let mut bytes = bytes.expect("checked by dispatch");
-            if self.size() > 1 {
-                bytes.resize(n, 0);
-                self.host()
-                    .broadcast(&mut bytes, src)
-                    .map_err(|f| f.into_error(op, self.name()))?;
-            }
+            self.broadcast_bytes(&mut bytes, n, src)?;
             decode_owned(self.name(), op, src, bytes)
         })
     }
@@ -146,20 +137,9 @@ impl GroupCoordinator<'_> {
     ) -> Result<()> {
         let op = Op::BroadcastObject;
         let is_src = self.rank_in_group() == src;
-        let size = self.size();
         if let Some(v) = (obj as &mut dyn Any).downcast_mut::<Vec<u8>>() {
             let len = if is_src { v.len() as u64 } else { 0 };
-            return self.object_broadcast::<T, _>(len, src, |n| {
-                if size > 1 {
-                    if !is_src {
-                        v.resize(n, 0);
-                    }
-                    self.host()
-                        .broadcast(v, src)
-                        .map_err(|f| f.into_error(op, self.name()))?;
-                }
-                Ok(())
-            });
+            return self.object_broadcast::<T, _>(len, src, |n| self.broadcast_bytes(v, n, src));
         }
         let mut bytes = if is_src {
             encode(self.name(), op, &*obj)?
@@ -167,17 +147,24 @@ impl GroupCoordinator<'_> {
             Vec::new()
         };
         self.object_broadcast::<T, _>(bytes.len() as u64, src, |n| {
-            if size > 1 {
-                bytes.resize(n, 0);
-                self.host()
-                    .broadcast(&mut bytes, src)
-                    .map_err(|f| f.into_error(op, self.name()))?;
-            }
+            self.broadcast_bytes(&mut bytes, n, src)?;
             if !is_src {
                 *obj = decode(self.name(), op, src, &bytes)?;
             }
             Ok(())
         })
+    }
+
+    /// Group rank `src`'s `n` bytes into every member's `bytes` (resized to
+    /// them; the source's already has that length).
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>, n: usize, src: usize) -> Result<()> {
+        if self.size() > 1 {
+            bytes.resize(n, 0);
+            self.host()
+                .broadcast(bytes, src)
+                .map_err(|f| f.into_error(Op::BroadcastObject, self.name()))?;
+        }
+        Ok(())
     }
 
     /// The dispatch path of an object broadcast from `src`: `len` is this

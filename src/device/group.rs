@@ -796,19 +796,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
 /// `e` with what this rank found wrong with its own view, when it did.
 fn found_here(e: Error, view: Option<(ViewProblem, String)>) -> Error {
-    let Some((_, here)) = view else { return e };
-    match e {
-        Error::InvalidArgument { op, group, msg } => Error::InvalidArgument {
-            op,
-            group,
-            msg: format!("{msg} (this rank: {here})"),
-        },
-        Error::Mismatch { op, group, msg } => Error::Mismatch {
-            op,
-            group,
-            msg: format!("{msg} (this rank: {here})"),
-        },
-        e => e,
+    match view {
+        Some((_, here)) => e.noted(format_args!("this rank: {here}")),
+        None => e,
     }
 }
 

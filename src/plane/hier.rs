@@ -118,10 +118,6 @@ impl Hier {
     fn here(&self) -> (usize, usize) {
         (self.map.node_of[self.me], self.map.local_index(self.me))
     }
-
-    fn nodes(&self) -> usize {
-        self.map.members.len()
-    }
 }
 
 /// One host call on a [`Hier`]: its three stages, and MPI over the whole
@@ -134,6 +130,11 @@ pub(crate) struct HierCall<'a> {
 }
 
 impl HierCall<'_> {
+    /// The group's size.
+    fn members(&self) -> usize {
+        self.hier.map.node_of.len()
+    }
+
     fn local(&self) -> Option<ShmCall<'_>> {
         self.hier.local.as_ref().map(|plane| ShmCall {
             plane,
@@ -196,14 +197,13 @@ impl HostMoves for HierCall<'_> {
 
     fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
         self.reduce_to_leader(input, out, staged(op))?;
+        // Every leader is in a leaders' communicator of two or more nodes.
         if let Some(leaders) = self.leaders() {
             let node_sum = out.clone();
             leaders.all_reduce_into(&node_sum, out, staged(op));
             if op == ReduceOp::Avg {
-                divide(out.dtype(), out.bytes_mut(), self.flat_size());
+                divide(out.dtype(), out.bytes_mut(), self.members());
             }
-        } else if op == ReduceOp::Avg && self.hier.here().1 == 0 {
-            divide(out.dtype(), out.bytes_mut(), self.flat_size());
         }
         self.local_broadcast(out.bytes_mut(), 0)
     }
@@ -225,7 +225,7 @@ impl HostMoves for HierCall<'_> {
                 leaders.reduce_into_root(&node_sum, &mut acc, root_node, staged(op));
             }
             if node == root_node && op == ReduceOp::Avg {
-                divide(acc.dtype(), acc.bytes_mut(), self.flat_size());
+                divide(acc.dtype(), acc.bytes_mut(), self.members());
             }
         }
         if node == root_node {
@@ -268,7 +268,6 @@ impl HostMoves for HierCall<'_> {
                 }
                 None => vec![mine],
             };
-            debug_assert_eq!(blobs.len(), self.hier.nodes());
             for (blob, ranks) in blobs.iter().zip(members) {
                 for (j, r) in ranks.iter().enumerate() {
                     out[r * b..(r + 1) * b].copy_from_slice(&blob[j * b..(j + 1) * b]);
@@ -325,12 +324,6 @@ impl HostMoves for HierCall<'_> {
         recv_layout: BlockLayout,
     ) -> Result<bool, Fault> {
         HostMoves::all_to_all_strided(&self.flat, send, send_layout, out, recv_layout)
-    }
-}
-
-impl HierCall<'_> {
-    fn flat_size(&self) -> usize {
-        self.hier.map.node_of.len()
     }
 }
 
