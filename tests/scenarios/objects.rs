@@ -85,6 +85,16 @@ pub fn run(rt: &Runtime) {
             "broadcast_object_into a struct from {src}"
         );
     }
+    // A source outside the group is the same error on every rank, and the
+    // value is left as it was.
+    let mut kept = vec![5u8; 3];
+    let err = g.broadcast_object_into(&mut kept, p).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("src {p} is not a rank of this group of size {p}")),
+        "{err}"
+    );
+    assert_eq!(kept, [5, 5, 5]);
     if p > 1 {
         // Ranks disagreeing on the type fail alike, before bytes move.
         let err = if me == 0 {
