@@ -3,7 +3,7 @@
 
 use crate::check::{CheckMode, Deferred, Posts};
 use crate::collectives::PlaneTensor;
-use crate::dispatch::{agree, agree_peers, Descriptor, MAX_DIMS};
+use crate::dispatch::{agree, agree_peers, Descriptor};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
 use crate::plane::executor::{HostExec, HostPlaneChoice};
@@ -518,7 +518,7 @@ impl<'rt> GroupCoordinator<'rt> {
             gpu.register_deferred(&d);
             d
         });
-        gpu.settle_ready()?;
+        gpu.settle_at_call()?;
         if deferred.full() {
             gpu.settle()?;
         }
@@ -615,63 +615,84 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 
     /// The dispatch path with the op's rules applied: `desc` names the op,
-    /// the input and the parameters; `output` is the caller's output (dtype
-    /// and shape), checked against the op's
-    /// [output shape](Op::output_shape) where the op uses it and flagged in
-    /// the agreement so every rank fails together; the op's own parameter
-    /// checks run on every rank's descriptor; `body` moves the bytes, and
-    /// its faults come back naming the op and the group.
+    /// the input and the parameters; `fit` says whether the caller's output
+    /// (see [`output_fit`](Self::output_fit)) fits the op's
+    /// [output shape](Op::output_shape), flagged in the agreement so every
+    /// rank fails together; the op's own parameter checks run on every
+    /// rank's descriptor; `body` moves the bytes, and its faults come back
+    /// naming the op and the group.
     pub(crate) fn run_op<R>(
         &self,
-        desc: Descriptor,
-        output: Option<Output>,
+        desc: &mut Descriptor,
+        fit: OutputFit,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        self.run_op_on(false, desc, output, body)
+        self.run_op_on(false, desc, fit, body)
     }
 
-    /// [`run_op`](Self::run_op) of a host op, whose body's first move is a
-    /// call to the [host executor](Self::host) (the agreement rides on it).
+    /// [`run_op`](Self::run_op) of a host op with no output tensor, whose
+    /// body's first move is a call to the [host executor](Self::host) (the
+    /// agreement rides on it).
     pub(crate) fn run_host_op<R>(
         &self,
-        desc: Descriptor,
-        output: Option<Output>,
+        mut desc: Descriptor,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        self.run_op_on(true, desc, output, body)
+        self.run_op_on(true, &mut desc, OutputFit::Unchecked, body)
+    }
+
+    /// [`run_host_op`](Self::run_host_op) writing into the caller's `out`,
+    /// checked first and then handed to `body`.
+    pub(crate) fn run_host_op_into<T: PlaneTensor, R>(
+        &self,
+        mut desc: Descriptor,
+        out: &mut T,
+        body: impl FnOnce(&mut T) -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        let fit = self.output_fit(&desc, &*out);
+        self.run_op_on(true, &mut desc, fit, || body(out))
+    }
+
+    /// Whether `out` fits the output of `desc`'s call on this rank. Only a
+    /// verdict travels down the dispatch path: the caller's shape is
+    /// copied only when it is wrong, for the message.
+    pub(crate) fn output_fit<T: PlaneTensor>(&self, desc: &Descriptor, out: &T) -> OutputFit {
+        let op = desc.op().expect("descriptors are built from an Op");
+        if !op.output_used_on(self.rank_in_group(), &desc.params) {
+            return OutputFit::Unchecked;
+        }
+        let fits = op.output_fits(desc.dims(), &desc.params, self.size(), out.shape());
+        match fits.map(|f| f && Some(out.dtype()) == desc.dtype()) {
+            None => OutputFit::Unchecked,
+            Some(true) => OutputFit::Fits,
+            Some(false) => OutputFit::Unfit(Box::new((out.dtype(), out.shape().to_vec()))),
+        }
     }
 
     fn run_op_on<R>(
         &self,
         fused: bool,
-        mut desc: Descriptor,
-        output: Option<Output>,
+        desc: &mut Descriptor,
+        fit: OutputFit,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
         let size = self.size();
-        let output = output
-            .as_ref()
-            .filter(|_| op.output_used_on(self.rank_in_group(), &desc.params));
-        let fits = output.and_then(|o| {
-            let dims_fit = op.output_fits(desc.dims(), &desc.params, size, o.shape());
-            dims_fit.map(|f| f && Some(o.dtype) == desc.dtype() && !o.too_many_dims)
-        });
         // The descriptor is changed in place and passed on by reference: at
         // 200 bytes, each copy on this path is a `memcpy` per call.
-        desc.mark_bad_output(fits == Some(false));
+        desc.mark_bad_output(matches!(fit, OutputFit::Unfit(_)));
         self.collective_on(
             fused,
-            &mut desc,
+            desc,
             |d| op.check(d, size),
             |_| body().map_err(|f| f.into_error(op, self.name())),
         )
-        .map_err(|e| match (output, desc.dtype()) {
-            (Some(out), Some(dt)) if fits == Some(false) => {
+        .map_err(|e| match (fit, desc.dtype()) {
+            (OutputFit::Unfit(out), Some(dt)) => {
                 let want = op
                     .output_shape(&desc.shape(), &desc.params, size)
                     .unwrap_or_default();
-                explain_output(e, (out.dtype, out.shape()), dt, &want)
+                explain_output(e, (out.0, &out.1), dt, &want)
             }
             _ => e,
         })
@@ -854,34 +875,12 @@ pub(crate) fn tensor_desc<T: PlaneTensor>(op: Op, t: &T, params: &[i64]) -> Desc
     }
 }
 
-/// A caller's output as the dispatch path checks it: dtype and shape,
-/// copied without allocating (the body then borrows the tensor mutably).
-#[derive(Clone, Copy)]
-pub(crate) struct Output {
-    dtype: DType,
-    ndim: usize,
-    dims: [usize; MAX_DIMS],
-    /// More dims than a descriptor carries: never fits.
-    too_many_dims: bool,
-}
-
-impl Output {
-    /// The shape (the first `MAX_DIMS` dims).
-    fn shape(&self) -> &[usize] {
-        &self.dims[..self.ndim]
-    }
-}
-
-/// `t` as an [`Output`] for [`GroupCoordinator::run_op`].
-pub(crate) fn output_of<T: PlaneTensor>(t: &T) -> Output {
-    let shape = t.shape();
-    let mut dims = [0; MAX_DIMS];
-    let ndim = shape.len().min(MAX_DIMS);
-    dims[..ndim].copy_from_slice(&shape[..ndim]);
-    Output {
-        dtype: t.dtype(),
-        ndim,
-        dims,
-        too_many_dims: shape.len() > MAX_DIMS,
-    }
+/// A caller's output as the dispatch path checked it (see
+/// [`GroupCoordinator::output_fit`]).
+pub(crate) enum OutputFit {
+    /// No output, or one this op does not check here.
+    Unchecked,
+    Fits,
+    /// Its dtype and shape, for the message every rank's error then carries.
+    Unfit(Box<(DType, Vec<usize>)>),
 }

@@ -9,7 +9,7 @@
 use crate::collectives::Collectives;
 use crate::dispatch::Descriptor;
 use crate::error::{Error, Fault, Result};
-use crate::group::{output_of, tensor_desc, GroupCoordinator, Peer};
+use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::layout_ops::{concat_dim_into, is_contiguous_split, normalize_dim, split_dim_into};
 use crate::op::Op;
 use crate::plane::executor::{HostExec, HostMoves};
@@ -34,7 +34,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.run_host_op(Descriptor::new(Op::Barrier, &[]), None, || {
+        self.run_host_op(Descriptor::new(Op::Barrier, &[]), || {
             if self.size() > 1 {
                 self.host().barrier()?;
             }
@@ -43,10 +43,10 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
-        self.run_host_op(
+        self.run_host_op_into(
             tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
-            Some(output_of(out)),
-            || {
+            out,
+            |out| {
                 if self.size() == 1 {
                     // Every operator maps one value to itself (avg of one is the value).
                     out.bytes_mut().copy_from_slice(t.bytes());
@@ -63,7 +63,6 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
         self.run_host_op(
             tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
-            None,
             || match self.host() {
                 _ if self.size() == 1 => Ok(()),
                 HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
@@ -84,10 +83,10 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.run_host_op(
+        self.run_host_op_into(
             tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
-            Some(output_of(out)),
-            || {
+            out,
+            |out| {
                 if self.size() == 1 {
                     out.bytes_mut().copy_from_slice(t.bytes());
                 } else {
@@ -100,72 +99,60 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
         let size = self.size();
-        self.run_host_op(
-            tensor_desc(Op::AllGather, t, &[dim as i64]),
-            Some(output_of(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                } else if is_contiguous_split(t.shape(), d) {
-                    self.host().all_gather_into(t.bytes(), out.bytes_mut())?;
-                } else {
-                    self.with_scratch(out.nbytes(), 0, |blocks, _| {
-                        self.host().all_gather_into(t.bytes(), blocks)?;
-                        let elem = t.dtype().size();
-                        concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
-                        Ok::<_, Fault>(())
-                    })?;
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Op::AllGather, t, &[dim as i64]), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host().all_gather_into(t.bytes(), out.bytes_mut())?;
+            } else {
+                self.with_scratch(out.nbytes(), 0, |blocks, _| {
+                    self.host().all_gather_into(t.bytes(), blocks)?;
+                    let elem = t.dtype().size();
+                    concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
+                    Ok::<_, Fault>(())
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn gather_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, dim: isize) -> Result<()> {
         let size = self.size();
         let params = [dst as i64, dim as i64];
-        self.run_host_op(
-            tensor_desc(Op::Gather, t, &params),
-            Some(output_of(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                    return Ok(());
-                }
-                if let Some(blocks) = self.host().gather(t.bytes(), dst)? {
-                    let elem = t.dtype().size();
-                    concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Op::Gather, t, &params), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+                return Ok(());
+            }
+            if let Some(blocks) = self.host().gather(t.bytes(), dst)? {
+                let elem = t.dtype().size();
+                concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
+            }
+            Ok(())
+        })
     }
 
     fn scatter_into(&self, t: &Tensor, out: &mut Tensor, src: usize, dim: isize) -> Result<()> {
         let size = self.size();
         let params = [src as i64, dim as i64];
-        self.run_host_op(
-            tensor_desc(Op::Scatter, t, &params),
-            Some(output_of(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                } else if self.rank_in_group() != src {
-                    self.host().scatter(None, out.bytes_mut(), src)?;
-                } else if is_contiguous_split(t.shape(), d) {
-                    self.host().scatter(Some(t.bytes()), out.bytes_mut(), src)?;
-                } else {
-                    self.with_scratch(t.nbytes(), 0, |packed, _| {
-                        split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
-                        self.host().scatter(Some(packed), out.bytes_mut(), src)
-                    })?;
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Op::Scatter, t, &params), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if self.rank_in_group() != src {
+                self.host().scatter(None, out.bytes_mut(), src)?;
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host().scatter(Some(t.bytes()), out.bytes_mut(), src)?;
+            } else {
+                self.with_scratch(t.nbytes(), 0, |packed, _| {
+                    split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
+                    self.host().scatter(Some(packed), out.bytes_mut(), src)
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn reduce_scatter_into(
@@ -177,30 +164,26 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     ) -> Result<()> {
         let size = self.size();
         let params = [dim as i64, reduce_op.code()];
-        self.run_host_op(
-            tensor_desc(Op::ReduceScatter, t, &params),
-            Some(output_of(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                } else if is_contiguous_split(t.shape(), d) {
-                    self.host().reduce_scatter_block_into(t, out, reduce_op)?;
-                } else {
-                    // Packed straight into a typed tensor: the reduction needs one.
-                    let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
-                    let elem = t.dtype().size();
-                    split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
-                    self.host()
-                        .reduce_scatter_block_into(&packed, out, reduce_op)?;
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Op::ReduceScatter, t, &params), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host().reduce_scatter_block_into(t, out, reduce_op)?;
+            } else {
+                // Packed straight into a typed tensor: the reduction needs one.
+                let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
+                let elem = t.dtype().size();
+                split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
+                self.host()
+                    .reduce_scatter_block_into(&packed, out, reduce_op)?;
+            }
+            Ok(())
+        })
     }
 
     fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
-        self.run_host_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), None, || {
+        self.run_host_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), || {
             if self.size() > 1 {
                 self.host().broadcast(t.bytes_mut(), src)?;
             }
@@ -209,18 +192,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn all_to_all_into(&self, t: &Tensor, out: &mut Tensor) -> Result<()> {
-        self.run_host_op(
-            tensor_desc(Op::AllToAll, t, &[]),
-            Some(output_of(out)),
-            || {
-                if self.size() == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                } else {
-                    self.host().all_to_all_into(t.bytes(), out.bytes_mut())?;
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Op::AllToAll, t, &[]), out, |out| {
+            if self.size() == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else {
+                self.host().all_to_all_into(t.bytes(), out.bytes_mut())?;
+            }
+            Ok(())
+        })
     }
 
     fn all_to_all_4d_into(
@@ -232,43 +211,39 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     ) -> Result<()> {
         let size = self.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.run_host_op(
-            tensor_desc(Op::AllToAll4d, t, &params),
-            Some(output_of(out)),
-            || {
-                if size == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                    return Ok(());
-                }
-                let elem = t.dtype().size();
-                let n = t.nbytes();
-                // Straight from the input's blocks into the output's places.
-                let send = BlockLayout::along(t.shape(), scatter_dim, size, elem);
-                let recv = BlockLayout::along(out.shape(), gather_dim, size, elem);
-                if self
-                    .host()
-                    .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)?
-                {
-                    return Ok(());
-                }
-                self.with_scratch(n, n, |packed, received| {
-                    split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
-                    self.host().all_to_all_into(packed, received)?;
-                    let mut block_shape = t.shape().to_vec();
-                    block_shape[scatter_dim] /= size;
-                    concat_dim_into(
-                        received,
-                        &block_shape,
-                        gather_dim,
-                        size,
-                        elem,
-                        out.bytes_mut(),
-                    );
-                    Ok::<_, Fault>(())
-                })?;
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Op::AllToAll4d, t, &params), out, |out| {
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+                return Ok(());
+            }
+            let elem = t.dtype().size();
+            let n = t.nbytes();
+            // Straight from the input's blocks into the output's places.
+            let send = BlockLayout::along(t.shape(), scatter_dim, size, elem);
+            let recv = BlockLayout::along(out.shape(), gather_dim, size, elem);
+            if self
+                .host()
+                .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)?
+            {
+                return Ok(());
+            }
+            self.with_scratch(n, n, |packed, received| {
+                split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
+                self.host().all_to_all_into(packed, received)?;
+                let mut block_shape = t.shape().to_vec();
+                block_shape[scatter_dim] /= size;
+                concat_dim_into(
+                    received,
+                    &block_shape,
+                    gather_dim,
+                    size,
+                    elem,
+                    out.bytes_mut(),
+                );
+                Ok::<_, Fault>(())
+            })?;
+            Ok(())
+        })
     }
 
     /// Synchronous: returns once the receiver has matched the call and taken

@@ -20,6 +20,10 @@ mod ring;
 
 pub(crate) use ring::{reset as reset_ring, RING_BYTES};
 
+/// How many deferred device calls pass between looks at rings for
+/// agreements to complete (a ring asks for one at most this often).
+pub(crate) const SCAN_EVERY: u64 = ring::ENTRIES / 8;
+
 use crate::dispatch::{agree, Descriptor};
 use crate::error::{Error, Result};
 use crate::op::Op;
@@ -154,6 +158,11 @@ impl Deferred {
 
     pub(crate) fn group(&self) -> &str {
         &self.group
+    }
+
+    /// Whether the group posts to shared-memory rings (not through MPI).
+    pub(crate) fn on_ring(&self) -> bool {
+        matches!(self.posts, Posts::Ring(_))
     }
 
     /// The error every call on the group gets after a disagreement.

@@ -168,7 +168,7 @@ impl Ring {
         if self.pending() < ENTRIES / 2 || posted < self.next_test.get() {
             return false;
         }
-        self.next_test.set(posted + ENTRIES / 8);
+        self.next_test.set(posted + super::SCAN_EVERY);
         true
     }
 

@@ -19,7 +19,7 @@ use super::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 use crate::collectives::Collectives;
 use crate::dispatch::{Descriptor, ViewProblem};
 use crate::error::{Error, Fault, Result};
-use crate::group::{output_of, tensor_desc, GroupCoordinator, Output, Peer};
+use crate::group::{tensor_desc, GroupCoordinator, OutputFit, Peer};
 use crate::layout_ops::{
     concat_dim_copies, is_contiguous_split, normalize_dim, split_dim_copies, Copy2d,
 };
@@ -220,34 +220,53 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         })
     }
 
-    /// This rank's arguments of a call as checked before the agreement:
-    /// the output's dtype and shape, and a view the call cannot use.
-    fn vet(&self, t: &DeviceTensor, out: Option<&DeviceTensor>) -> Vetted {
-        Vetted {
-            output: out.map(output_of),
-            view: [Some(t), out]
-                .into_iter()
-                .flatten()
-                .find_map(|x| x.view_problem(self.stream)),
-        }
-    }
-
-    /// The dispatch path of a device collective. An unusable view is
-    /// flagged in this rank's descriptor, so every member refuses the call
-    /// (the same error everywhere; this rank's adds what it found) instead
-    /// of the others enqueuing work this rank never matches.
+    /// The dispatch path of a device collective with no output tensor (in
+    /// place). An unusable view is flagged in this rank's descriptor, so
+    /// every member refuses the call (the same error everywhere; this
+    /// rank's adds what it found) instead of the others enqueuing work this
+    /// rank never matches.
+    #[inline]
     fn run_op<R>(
         &self,
-        mut desc: Descriptor,
-        vetted: Vetted,
+        desc: Descriptor,
+        t: &DeviceTensor,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        if let Some((problem, _)) = &vetted.view {
+        let view = t.view_problem(self.stream);
+        self.dispatch(desc, OutputFit::Unchecked, view, body)
+    }
+
+    /// [`run_op`](Self::run_op) writing into the caller's `out`, checked
+    /// (shape, dtype, view) and then handed to `body`.
+    #[inline]
+    fn run_op_into<R>(
+        &self,
+        desc: Descriptor,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        body: impl FnOnce(&mut DeviceTensor) -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        let view = t
+            .view_problem(self.stream)
+            .or_else(|| out.view_problem(self.stream));
+        let fit = self.group.output_fit(&desc, &*out);
+        self.dispatch(desc, fit, view, || body(out))
+    }
+
+    #[inline]
+    fn dispatch<R>(
+        &self,
+        mut desc: Descriptor,
+        fit: OutputFit,
+        view: Option<(ViewProblem, String)>,
+        body: impl FnOnce() -> std::result::Result<R, Fault>,
+    ) -> Result<R> {
+        if let Some((problem, _)) = &view {
             desc.mark_unusable_view(*problem);
         }
         self.group
-            .run_op(desc, vetted.output, body)
-            .map_err(|e| found_here(e, vetted.view))
+            .run_op(&mut desc, fit, body)
+            .map_err(|e| found_here(e, view))
     }
 
     /// `desc` of a point-to-point call on `t`, flagged when `t` is a view
@@ -380,12 +399,6 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     }
 }
 
-/// See [`DeviceGroup::vet`].
-struct Vetted {
-    output: Option<Output>,
-    view: Option<(ViewProblem, String)>,
-}
-
 impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     type Tensor = DeviceTensor;
 
@@ -418,10 +431,11 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         out: &mut DeviceTensor,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.run_op(
+        self.run_op_into(
             tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
-            self.vet(t, Some(out)),
-            || {
+            t,
+            out,
+            |out| {
                 if self.group.size() == 1 {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
@@ -439,7 +453,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
         self.run_op(
             tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
-            self.vet(&*t, None),
+            &*t,
             || {
                 if self.group.size() == 1 {
                     return self.alone(t, None, Some(reduce_op));
@@ -459,10 +473,11 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.run_op(
+        self.run_op_into(
             tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
-            self.vet(t, Some(out)),
-            || {
+            t,
+            out,
+            |out| {
                 if self.group.size() == 1 {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
@@ -478,10 +493,11 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     fn all_gather_into(&self, t: &DeviceTensor, out: &mut DeviceTensor, dim: isize) -> Result<()> {
         let size = self.group.size();
-        self.run_op(
+        self.run_op_into(
             tensor_desc(Op::AllGather, t, &[dim as i64]),
-            self.vet(t, Some(out)),
-            || {
+            t,
+            out,
+            |out| {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
                 if size == 1 {
                     return self.alone(t, Some(out), None);
@@ -514,41 +530,37 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [dst as i64, dim as i64];
-        self.run_op(
-            tensor_desc(Op::Gather, t, &params),
-            self.vet(t, Some(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    return self.alone(t, Some(out), None);
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let src = t.ptr_on(s)?;
-                let (n, dt) = (t.numel(), t.dtype());
-                if me != dst {
-                    // SAFETY: `t` is alive until the stream runs the send.
-                    return Ok(unsafe { comm.send(src, n, dt, dst, self.raw()) }?);
-                }
-                let bytes = t.nbytes();
-                let blocks = self.scratch(bytes * size)?;
-                let bp = blocks.ptr_on(s)?;
-                let fused = comm.group()?;
-                for r in (0..size).filter(|r| *r != me) {
-                    // SAFETY: block `r` of `blocks` holds `n` elements.
-                    unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.raw()) }?;
-                }
-                fused.end()?;
-                run_copies(
-                    &[Copy2d::bytes(0, me * bytes, bytes)],
-                    src,
-                    bp,
-                    s.cu_stream(),
-                )?;
-                let plan = concat_dim_copies(t.shape(), d, size, dt.size());
-                Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?)
-            },
-        )
+        self.run_op_into(tensor_desc(Op::Gather, t, &params), t, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let src = t.ptr_on(s)?;
+            let (n, dt) = (t.numel(), t.dtype());
+            if me != dst {
+                // SAFETY: `t` is alive until the stream runs the send.
+                return Ok(unsafe { comm.send(src, n, dt, dst, self.raw()) }?);
+            }
+            let bytes = t.nbytes();
+            let blocks = self.scratch(bytes * size)?;
+            let bp = blocks.ptr_on(s)?;
+            let fused = comm.group()?;
+            for r in (0..size).filter(|r| *r != me) {
+                // SAFETY: block `r` of `blocks` holds `n` elements.
+                unsafe { comm.recv(at_mut(bp, r * bytes), n, dt, r, self.raw()) }?;
+            }
+            fused.end()?;
+            run_copies(
+                &[Copy2d::bytes(0, me * bytes, bytes)],
+                src,
+                bp,
+                s.cu_stream(),
+            )?;
+            let plan = concat_dim_copies(t.shape(), d, size, dt.size());
+            Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?)
+        })
     }
 
     fn scatter_into(
@@ -560,45 +572,41 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [src as i64, dim as i64];
-        self.run_op(
-            tensor_desc(Op::Scatter, t, &params),
-            self.vet(t, Some(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    return self.alone(t, Some(out), None);
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let (n, dt) = (out.numel(), out.dtype());
-                let out_p = out.ptr_on(s)?;
-                if me != src {
-                    // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
-                    return Ok(unsafe { comm.recv(out_p, n, dt, src, self.raw()) }?);
-                }
-                let mut packed = None;
-                let mut blocks = t.ptr_on(s)?;
-                if !is_contiguous_split(t.shape(), d) {
-                    let p = packed.insert(self.scratch(t.nbytes())?).ptr_on(s)?;
-                    let plan = split_dim_copies(t.shape(), d, size, dt.size());
-                    run_copies(&plan, blocks, p, s.cu_stream())?;
-                    blocks = p;
-                }
-                let bytes = out.nbytes();
-                let fused = comm.group()?;
-                for r in (0..size).filter(|r| *r != me) {
-                    // SAFETY: block `r` of `blocks` holds `n` elements.
-                    unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.raw()) }?;
-                }
-                fused.end()?;
-                Ok(run_copies(
-                    &[Copy2d::bytes(me * bytes, 0, bytes)],
-                    blocks,
-                    out_p,
-                    s.cu_stream(),
-                )?)
-            },
-        )
+        self.run_op_into(tensor_desc(Op::Scatter, t, &params), t, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let (n, dt) = (out.numel(), out.dtype());
+            let out_p = out.ptr_on(s)?;
+            if me != src {
+                // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
+                return Ok(unsafe { comm.recv(out_p, n, dt, src, self.raw()) }?);
+            }
+            let mut packed = None;
+            let mut blocks = t.ptr_on(s)?;
+            if !is_contiguous_split(t.shape(), d) {
+                let p = packed.insert(self.scratch(t.nbytes())?).ptr_on(s)?;
+                let plan = split_dim_copies(t.shape(), d, size, dt.size());
+                run_copies(&plan, blocks, p, s.cu_stream())?;
+                blocks = p;
+            }
+            let bytes = out.nbytes();
+            let fused = comm.group()?;
+            for r in (0..size).filter(|r| *r != me) {
+                // SAFETY: block `r` of `blocks` holds `n` elements.
+                unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.raw()) }?;
+            }
+            fused.end()?;
+            Ok(run_copies(
+                &[Copy2d::bytes(me * bytes, 0, bytes)],
+                blocks,
+                out_p,
+                s.cu_stream(),
+            )?)
+        })
     }
 
     fn reduce_scatter_into(
@@ -610,65 +618,53 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [dim as i64, reduce_op.code()];
-        self.run_op(
-            tensor_desc(Op::ReduceScatter, t, &params),
-            self.vet(t, Some(out)),
-            || {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
-                    return self.alone(t, Some(out), Some(reduce_op));
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let (n, dt) = (out.numel(), t.dtype());
-                let scatter = |src: *const c_void, dst: *mut c_void| {
-                    // SAFETY: `src` holds `size` slices of `out`'s size.
-                    unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
-                };
-                let out_p = out.ptr_on(s)?;
-                if is_contiguous_split(t.shape(), d) {
-                    return Ok(scatter(t.ptr_on(s)?, out_p)?);
-                }
-                let packed = self.scratch(t.nbytes())?;
-                let pp = packed.ptr_on(s)?;
-                let plan = split_dim_copies(t.shape(), d, size, dt.size());
-                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
-                Ok(scatter(pp, out_p)?)
-            },
-        )
+        self.run_op_into(tensor_desc(Op::ReduceScatter, t, &params), t, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                return self.alone(t, Some(out), Some(reduce_op));
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let (n, dt) = (out.numel(), t.dtype());
+            let scatter = |src: *const c_void, dst: *mut c_void| {
+                // SAFETY: `src` holds `size` slices of `out`'s size.
+                unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
+            };
+            let out_p = out.ptr_on(s)?;
+            if is_contiguous_split(t.shape(), d) {
+                return Ok(scatter(t.ptr_on(s)?, out_p)?);
+            }
+            let packed = self.scratch(t.nbytes())?;
+            let pp = packed.ptr_on(s)?;
+            let plan = split_dim_copies(t.shape(), d, size, dt.size());
+            run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+            Ok(scatter(pp, out_p)?)
+        })
     }
 
     fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
-        self.run_op(
-            tensor_desc(Op::Broadcast, &*t, &[src as i64]),
-            self.vet(&*t, None),
-            || {
-                if self.group.size() == 1 {
-                    return self.alone(t, None, None);
-                }
-                let comm = self.comm()?;
-                let p = t.ptr_on(self.enqueue()?)?;
-                // SAFETY: in place, as NCCL allows.
-                Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
-            },
-        )
+        self.run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), &*t, || {
+            if self.group.size() == 1 {
+                return self.alone(t, None, None);
+            }
+            let comm = self.comm()?;
+            let p = t.ptr_on(self.enqueue()?)?;
+            // SAFETY: in place, as NCCL allows.
+            Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
+        })
     }
 
     fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         let size = self.group.size();
-        self.run_op(
-            tensor_desc(Op::AllToAll, t, &[]),
-            self.vet(t, Some(out)),
-            || {
-                if size == 1 {
-                    return self.alone(t, Some(out), None);
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
-                self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
-            },
-        )
+        self.run_op_into(tensor_desc(Op::AllToAll, t, &[]), t, out, |out| {
+            if size == 1 {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
+            self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
+        })
     }
 
     /// Packs with strided 2-D copies, exchanges with grouped send/recv,
@@ -682,29 +678,25 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.run_op(
-            tensor_desc(Op::AllToAll4d, t, &params),
-            self.vet(t, Some(out)),
-            || {
-                if size == 1 {
-                    return self.alone(t, Some(out), None);
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let elem = t.dtype().size();
-                let packed = self.scratch(t.nbytes())?;
-                let pp = packed.ptr_on(s)?;
-                let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
-                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
-                let received = self.scratch(t.nbytes())?;
-                let rp = received.ptr_on(s)?;
-                self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
-                let mut block_shape = t.shape().to_vec();
-                block_shape[scatter_dim] /= size;
-                let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
-                Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
-            },
-        )
+        self.run_op_into(tensor_desc(Op::AllToAll4d, t, &params), t, out, |out| {
+            if size == 1 {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let elem = t.dtype().size();
+            let packed = self.scratch(t.nbytes())?;
+            let pp = packed.ptr_on(s)?;
+            let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
+            run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+            let received = self.scratch(t.nbytes())?;
+            let rp = received.ptr_on(s)?;
+            self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
+            let mut block_shape = t.shape().to_vec();
+            block_shape[scatter_dim] /= size;
+            let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
+            Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
+        })
     }
 
     /// Shape and dtype are checked with the receiver over MPI first; then enqueued.

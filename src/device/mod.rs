@@ -29,7 +29,7 @@ mod tensor;
 pub use group::{DeviceEvent, DeviceGroup};
 pub use tensor::{DeviceTensor, DeviceView, DeviceViewMut};
 
-use crate::check::{Deferred, Verdict};
+use crate::check::{Deferred, Verdict, SCAN_EVERY};
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::plane::nccl::comm::CommState;
@@ -38,7 +38,7 @@ use crate::plane::nccl::sys::Api;
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use order::Tail;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,6 +66,10 @@ pub struct Gpu {
     comms: RefCell<Vec<Weak<CommState>>>,
     /// Groups with deferred agreements (see `check`).
     deferred: RefCell<Vec<Weak<Deferred>>>,
+    /// Of those, groups posting through MPI (counted when registered).
+    mpi_posting: Cell<usize>,
+    /// Deferred device calls so far (see `settle_at_call`).
+    calls: Cell<u64>,
     timeout: Option<Duration>,
     nccl: std::result::Result<Nccl, String>,
 }
@@ -113,6 +117,8 @@ impl Gpu {
             ctx,
             comms: RefCell::new(Vec::new()),
             deferred: RefCell::new(Vec::new()),
+            mpi_posting: Cell::new(0),
+            calls: Cell::new(0),
             timeout,
             nccl,
         })
@@ -330,10 +336,30 @@ impl Gpu {
         self.complete_agreements(None)
     }
 
+    /// At a deferred device call: completes the agreements that are done.
+    /// While every group posts to shared-memory rings only every
+    /// [`SCAN_EVERY`]-th call looks (a ring wants a test at most every
+    /// `ENTRIES / 8` posts, and a full ring is settled before its next post
+    /// anyway); MPI posts are tested at every call, since MPI progresses
+    /// only when called.
+    pub(crate) fn settle_at_call(&self) -> Result<()> {
+        let n = self.calls.get().wrapping_add(1);
+        self.calls.set(n);
+        if self.mpi_posting.get() == 0 && n % SCAN_EVERY != 0 {
+            return Ok(());
+        }
+        self.complete_agreements(None)
+    }
+
     pub(crate) fn register_deferred(&self, d: &Rc<Deferred>) {
         let mut all = self.deferred.borrow_mut();
         all.retain(|w| w.strong_count() > 0);
         all.push(Rc::downgrade(d));
+        let mpi = all
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|d| !d.on_ring());
+        self.mpi_posting.set(mpi.count());
     }
 
     fn complete_agreements(&self, deadline: Option<Instant>) -> Result<()> {

@@ -148,6 +148,7 @@ impl DeviceTensor {
 
     /// The address for a call enqueued on `stream`: refused when the tensor
     /// is a view whose borrow has ended or that was made for another stream.
+    #[inline]
     pub(crate) fn ptr_on(&self, stream: &CudaStream) -> Result<*mut c_void> {
         match self.view_problem(stream) {
             Some((_, why)) => Err(Error::Tensor(why)),
@@ -157,7 +158,27 @@ impl DeviceTensor {
 
     /// Why a call on `stream` cannot use this tensor, when it is a view
     /// whose borrow has ended or that was made for another stream.
+    #[inline]
     pub(crate) fn view_problem(&self, stream: &CudaStream) -> Option<(ViewProblem, String)> {
+        // Checked up to three times per call: the usual case (owned, or a
+        // live view made for this stream) decides inline, without building
+        // the message.
+        match &self.mem {
+            Memory::Borrowed {
+                live: Some(live),
+                stream: made_for,
+                ..
+            } if !live.load(Ordering::Acquire)
+                || *made_for != Some(stream.cu_stream() as usize) =>
+            {
+                self.view_problem_found(stream)
+            }
+            _ => None,
+        }
+    }
+
+    #[cold]
+    fn view_problem_found(&self, stream: &CudaStream) -> Option<(ViewProblem, String)> {
         let Memory::Borrowed {
             live: Some(live),
             stream: made_for,
