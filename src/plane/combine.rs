@@ -72,37 +72,75 @@ fn fold_into<T: Arith>(acc: &mut [T], src: &[T], op: ReduceOp) {
 /// One rank's values by group rank.
 type Source<'s, 'a> = &'s dyn Fn(usize) -> &'a [u8];
 
-/// `dst` = the reduction of the `n` ranks' values (in rank order) with
-/// `op`, then `Avg`'s division.
-fn native<T: Arith>(n: usize, src: Source, dst: &mut [u8], op: ReduceOp) {
-    let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
-    dst.copy_from_slice(bytemuck::cast_slice(src(0)));
-    for r in 1..n {
-        fold_into(dst, bytemuck::cast_slice(src(r)), op);
-    }
-    if op == ReduceOp::Avg {
-        dst.iter_mut().for_each(|x| *x = x.div_n(n));
+/// An element-wise job over bytes, run on a dtype's element type by
+/// [`by_dtype`]: in its own arithmetic, or in f32 for narrow floats.
+trait Job {
+    fn native<T: Arith>(self);
+    fn widened<T: Widen + bytemuck::Pod>(self);
+}
+
+/// Runs `job` on `dtype`'s element type; bools as bytes.
+fn by_dtype(dtype: DType, job: impl Job) {
+    match dtype {
+        DType::F32 => job.native::<f32>(),
+        DType::F64 => job.native::<f64>(),
+        DType::I8 => job.native::<i8>(),
+        DType::U8 | DType::Bool => job.native::<u8>(),
+        DType::I16 => job.native::<i16>(),
+        DType::U16 => job.native::<u16>(),
+        DType::I32 => job.native::<i32>(),
+        DType::U32 => job.native::<u32>(),
+        DType::I64 => job.native::<i64>(),
+        DType::U64 => job.native::<u64>(),
+        DType::F16 => job.widened::<f16>(),
+        DType::BF16 => job.widened::<bf16>(),
+        DType::F8E4M3 => job.widened::<F8E4M3>(),
+        DType::F8E5M2 => job.widened::<F8E5M2>(),
     }
 }
 
-/// Narrow floats: every rank's values widened into f32, reduced there, rounded once.
-fn widened<T: Widen + bytemuck::Pod>(n: usize, src: Source, dst: &mut [u8], op: ReduceOp) {
-    let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
-    WIDE.with(|wide| {
-        let mut wide = wide.borrow_mut();
-        let (acc, tmp) = &mut *wide;
-        acc.resize(dst.len(), 0.0);
-        tmp.resize(dst.len(), 0.0);
-        T::widen(bytemuck::cast_slice(src(0)), acc);
+/// `dst` = the reduction of the `n` ranks' values (in rank order) with
+/// `op`, then `Avg`'s division.
+struct Combine<'s, 'a, 'd> {
+    n: usize,
+    src: Source<'s, 'a>,
+    dst: &'d mut [u8],
+    op: ReduceOp,
+}
+
+impl Job for Combine<'_, '_, '_> {
+    fn native<T: Arith>(self) {
+        let (n, src, op) = (self.n, self.src, self.op);
+        let dst: &mut [T] = bytemuck::cast_slice_mut(self.dst);
+        dst.copy_from_slice(bytemuck::cast_slice(src(0)));
         for r in 1..n {
-            T::widen(bytemuck::cast_slice(src(r)), tmp);
-            fold_into(acc, tmp, op);
+            fold_into(dst, bytemuck::cast_slice(src(r)), op);
         }
         if op == ReduceOp::Avg {
-            acc.iter_mut().for_each(|x| *x /= n as f32);
+            dst.iter_mut().for_each(|x| *x = x.div_n(n));
         }
-        T::narrow(acc, dst);
-    });
+    }
+
+    /// Every rank's values widened into f32, reduced there, rounded once.
+    fn widened<T: Widen + bytemuck::Pod>(self) {
+        let (n, src, op) = (self.n, self.src, self.op);
+        let dst: &mut [T] = bytemuck::cast_slice_mut(self.dst);
+        WIDE.with(|wide| {
+            let mut wide = wide.borrow_mut();
+            let (acc, tmp) = &mut *wide;
+            acc.resize(dst.len(), 0.0);
+            tmp.resize(dst.len(), 0.0);
+            T::widen(bytemuck::cast_slice(src(0)), acc);
+            for r in 1..n {
+                T::widen(bytemuck::cast_slice(src(r)), tmp);
+                fold_into(acc, tmp, op);
+            }
+            if op == ReduceOp::Avg {
+                acc.iter_mut().for_each(|x| *x /= n as f32);
+            }
+            T::narrow(acc, dst);
+        });
+    }
 }
 
 /// Writes the reduction with `op` of the values of the `n` ranks of a
@@ -116,66 +154,52 @@ pub(crate) fn combine<'a>(
     src: impl Fn(usize) -> &'a [u8],
     dst: &mut [u8],
 ) {
-    let src: Source<'_, 'a> = &src;
     if dst.is_empty() {
         return;
     }
-    match dtype {
-        DType::F32 => native::<f32>(n, src, dst, op),
-        DType::F64 => native::<f64>(n, src, dst, op),
-        DType::I8 => native::<i8>(n, src, dst, op),
-        DType::U8 => native::<u8>(n, src, dst, op),
-        DType::I16 => native::<i16>(n, src, dst, op),
-        DType::U16 => native::<u16>(n, src, dst, op),
-        DType::I32 => native::<i32>(n, src, dst, op),
-        DType::U32 => native::<u32>(n, src, dst, op),
-        DType::I64 => native::<i64>(n, src, dst, op),
-        DType::U64 => native::<u64>(n, src, dst, op),
-        DType::F16 => widened::<f16>(n, src, dst, op),
-        DType::BF16 => widened::<bf16>(n, src, dst, op),
-        DType::F8E4M3 => widened::<F8E4M3>(n, src, dst, op),
-        DType::F8E5M2 => widened::<F8E5M2>(n, src, dst, op),
-        DType::Bool => {
-            let logic = match op {
-                ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg => ReduceOp::Max,
-                ReduceOp::Prod | ReduceOp::Min => ReduceOp::Min,
-            };
-            native::<u8>(n, src, dst, logic)
-        }
+    let op = match (dtype, op) {
+        (DType::Bool, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg) => ReduceOp::Max,
+        (DType::Bool, ReduceOp::Prod | ReduceOp::Min) => ReduceOp::Min,
+        (_, op) => op,
+    };
+    by_dtype(
+        dtype,
+        Combine {
+            n,
+            src: &src,
+            dst,
+            op,
+        },
+    );
+}
+
+/// Every element divided by `n`, as `Avg` does after a sum.
+struct Divide<'d> {
+    bytes: &'d mut [u8],
+    n: usize,
+}
+
+impl Job for Divide<'_> {
+    fn native<T: Arith>(self) {
+        let xs: &mut [T] = bytemuck::cast_slice_mut(self.bytes);
+        xs.iter_mut().for_each(|x| *x = x.div_n(self.n));
+    }
+
+    fn widened<T: Widen + bytemuck::Pod>(self) {
+        let xs: &mut [T] = bytemuck::cast_slice_mut(self.bytes);
+        let mut wide = vec![0f32; xs.len()];
+        T::widen(xs, &mut wide);
+        wide.iter_mut().for_each(|x| *x /= self.n as f32);
+        T::narrow(&wide, xs);
     }
 }
 
 /// Divides every element of `bytes` (values of `dtype`) by `n`, as `Avg`
 /// does after a sum (truncating for integers; narrow floats through f32).
 pub(crate) fn divide(dtype: DType, bytes: &mut [u8], n: usize) {
-    fn native<T: Arith>(bytes: &mut [u8], n: usize) {
-        let xs: &mut [T] = bytemuck::cast_slice_mut(bytes);
-        xs.iter_mut().for_each(|x| *x = x.div_n(n));
-    }
-    fn widened<T: Widen + bytemuck::Pod>(bytes: &mut [u8], n: usize) {
-        let xs: &mut [T] = bytemuck::cast_slice_mut(bytes);
-        let mut wide = vec![0f32; xs.len()];
-        T::widen(xs, &mut wide);
-        wide.iter_mut().for_each(|x| *x /= n as f32);
-        T::narrow(&wide, xs);
-    }
-    match dtype {
-        DType::F32 => native::<f32>(bytes, n),
-        DType::F64 => native::<f64>(bytes, n),
-        DType::I8 => native::<i8>(bytes, n),
-        DType::U8 => native::<u8>(bytes, n),
-        DType::I16 => native::<i16>(bytes, n),
-        DType::U16 => native::<u16>(bytes, n),
-        DType::I32 => native::<i32>(bytes, n),
-        DType::U32 => native::<u32>(bytes, n),
-        DType::I64 => native::<i64>(bytes, n),
-        DType::U64 => native::<u64>(bytes, n),
-        DType::F16 => widened::<f16>(bytes, n),
-        DType::BF16 => widened::<bf16>(bytes, n),
-        DType::F8E4M3 => widened::<F8E4M3>(bytes, n),
-        DType::F8E5M2 => widened::<F8E5M2>(bytes, n),
-        // Refused before any data moves (no average of bools).
-        DType::Bool => {}
+    // Refused before any data moves (no average of bools).
+    if dtype != DType::Bool {
+        by_dtype(dtype, Divide { bytes, n });
     }
 }
 
@@ -214,6 +238,26 @@ mod tests {
         );
         let got: &[f16] = bytemuck::cast_slice(&out);
         assert_eq!(got[0].to_f32(), 1.0 + 2f32.powi(-10));
+    }
+
+    #[test]
+    fn divide_is_avgs_division() {
+        let mut b = bytes(&[7i32, -7, 9]);
+        divide(DType::I32, &mut b, 2);
+        assert_eq!(bytemuck::cast_slice::<u8, i32>(&b), &[3, -3, 4]);
+        let mut b = bytes(&[1.0f64, 3.0]);
+        divide(DType::F64, &mut b, 4);
+        assert_eq!(bytemuck::cast_slice::<u8, f64>(&b), &[0.25, 0.75]);
+        // bf16 through f32, rounded once: 1.0 / 3 to bf16's nearest.
+        let mut b = bytes(&[bf16::from_f32(1.0)]);
+        divide(DType::BF16, &mut b, 3);
+        assert_eq!(
+            bytemuck::cast_slice::<u8, bf16>(&b),
+            &[bf16::from_f32(1.0 / 3.0)]
+        );
+        let mut b = vec![1u8, 0];
+        divide(DType::Bool, &mut b, 2);
+        assert_eq!(b, [1, 0]);
     }
 
     #[test]
