@@ -253,6 +253,8 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         self.dispatch(desc, fit, view, || body(out))
     }
 
+    /// Flags an unusable view in `desc`, then runs the group's dispatch
+    /// path; the error of a rank that found the view names it.
     #[inline]
     fn dispatch<R>(
         &self,
