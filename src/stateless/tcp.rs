@@ -67,16 +67,31 @@ fn write_msg<T: Serialize>(s: &mut TcpStream, m: &T) -> std::io::Result<()> {
     s.write_all(&bytes)
 }
 
-fn read_msg<T: DeserializeOwned>(s: &mut TcpStream) -> std::result::Result<T, String> {
+fn read_msg<T: DeserializeOwned>(s: &mut TcpStream) -> std::io::Result<T> {
+    let unreadable = |msg: String| std::io::Error::new(ErrorKind::InvalidData, msg);
     let mut len = [0u8; 4];
-    s.read_exact(&mut len).map_err(|e| e.to_string())?;
+    s.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len);
     if len > MAX_HANDSHAKE {
-        return Err(format!("a {len}-byte greeting: not a rankmesh process"));
+        return Err(unreadable(format!(
+            "a {len}-byte greeting: not a rankmesh process"
+        )));
     }
     let mut bytes = vec![0u8; len as usize];
-    s.read_exact(&mut bytes).map_err(|e| e.to_string())?;
-    postcard::from_bytes(&bytes).map_err(|_| "not a rankmesh greeting".to_string())
+    s.read_exact(&mut bytes)?;
+    postcard::from_bytes(&bytes).map_err(|_| unreadable("not a rankmesh greeting".into()))
+}
+
+/// Whether a handshake read failed because the other end went away (or
+/// gave up on a silent connection) rather than because of what it said.
+fn hung_up(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+    )
 }
 
 /// A token only this group's members learn (not a secret against someone
@@ -363,13 +378,26 @@ fn host(
         let greeting = s
             .set_nonblocking(false)
             .and_then(|()| s.set_read_timeout(Some(HANDSHAKE_WAIT)))
-            .map_err(|e| e.to_string())
             .and_then(|()| read_msg::<Hello>(&mut s));
-        let verdict = greeting.and_then(|h| admit(&h, size, &joined, addr).map(|()| h));
-        match verdict {
-            Ok(h) => {
-                let member = SocketAddr::new(peer.ip(), h.listen_port);
-                joined[h.rank as usize] = Some((s, member));
+        let hello = match greeting {
+            Ok(h) => h,
+            // Silent or gone: nothing to answer. A member that was only
+            // slow (a loaded machine) sees the connection end and dials
+            // again (see `join`).
+            Err(e) if e.kind() != ErrorKind::InvalidData => {
+                tracing::warn!("{addr}: dropped a connection from {peer} that said nothing: {e}");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("{addr}: refused a connection from {peer}: {e}");
+                let _ = write_msg(&mut s, &Answer::Refused(e.to_string()));
+                continue;
+            }
+        };
+        match admit(&hello, size, &joined, addr) {
+            Ok(()) => {
+                let member = SocketAddr::new(peer.ip(), hello.listen_port);
+                joined[hello.rank as usize] = Some((s, member));
             }
             Err(why) => {
                 tracing::warn!("{addr}: refused a connection from {peer}: {why}");
@@ -478,21 +506,35 @@ fn join(
         world_size: size as u64,
         listen_port: port,
     };
-    // Rank 0 answers once everyone has arrived: wait as long as the rendezvous may take.
-    let answer = write_msg(&mut first, &hello)
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            first
-                .set_read_timeout(time_left(deadline))
-                .map_err(|e| e.to_string())
-        })
-        .and_then(|()| read_msg::<Answer>(&mut first))
-        .map_err(|e| {
-            format!(
-                "rank 0 at {addr} did not admit rank {rank}: {e} (a group that formed without \
-                 this process closes late arrivals: is rank {rank} already taken?)"
-            )
-        })?;
+    let answer = loop {
+        // Rank 0 answers once everyone has arrived: wait as long as the
+        // rendezvous may take.
+        let reply = write_msg(&mut first, &hello)
+            .and_then(|()| first.set_read_timeout(time_left(deadline)))
+            .and_then(|()| read_msg::<Answer>(&mut first));
+        match reply {
+            Ok(answer) => break answer,
+            // Rank 0 dropped the connection before answering (it gives up
+            // on a greeting that takes longer than HANDSHAKE_WAIT, which a
+            // loaded machine can cause): greet it again on a new one.
+            Err(e) if hung_up(&e) && deadline.is_none_or(|d| Instant::now() < d) => {
+                tracing::debug!("rank 0 at {addr} closed rank {rank}'s greeting ({e}); again");
+                std::thread::sleep(POLL);
+                first = dial(addr, deadline).map_err(|e| {
+                    format!(
+                        "rank 0 at {e} (it closed rank {rank}'s first connection: a group that \
+                         formed without this process closes late arrivals)"
+                    )
+                })?;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "rank 0 at {addr} did not admit rank {rank}: {e} (a group that formed \
+                     without this process closes late arrivals: is rank {rank} already taken?)"
+                ))
+            }
+        }
+    };
     let (token, members) = match answer {
         Answer::Welcome { token, members } if members.len() == size => (token, members),
         Answer::Welcome { members, .. } => {
@@ -535,7 +577,6 @@ fn join(
         let greeting = s
             .set_nonblocking(false)
             .and_then(|()| s.set_read_timeout(Some(HANDSHAKE_WAIT)))
-            .map_err(|e| e.to_string())
             .and_then(|()| read_msg::<PeerHello>(&mut s));
         match greeting {
             Ok(p) if p.magic == HELLO_MAGIC && p.token == token => {
@@ -685,5 +726,54 @@ impl Drop for TcpLinks {
         for w in self.writers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rank 0 that drops the first greeting unanswered (as it does with
+    /// one that took longer than `HANDSHAKE_WAIT`) still admits the member
+    /// on its next connection.
+    #[test]
+    fn a_member_whose_greeting_was_dropped_greets_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let host = std::thread::spawn(move || {
+            drop(listener.accept().unwrap());
+            let (mut s, _) = listener.accept().unwrap();
+            let hello: Hello = read_msg(&mut s).unwrap();
+            assert_eq!((hello.rank, hello.world_size), (1, 2));
+            let members = vec![addr, addr];
+            write_msg(&mut s, &Answer::Welcome { token: 7, members }).unwrap();
+            s
+        });
+        let deadline = Some(Instant::now() + Duration::from_secs(20));
+        let streams = join(&addr.to_string(), 1, 2, deadline).expect("joined on the second try");
+        assert!(streams[0].is_some() && streams[1].is_none());
+        host.join().unwrap();
+    }
+
+    /// A refusal is final: the member gets rank 0's reason, not a retry.
+    #[test]
+    fn a_refused_member_does_not_retry() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let host = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _: Hello = read_msg(&mut s).unwrap();
+            write_msg(&mut s, &Answer::Refused("rank 1 has already joined".into())).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(listener.accept().is_err(), "no second connection");
+        });
+        let deadline = Some(Instant::now() + Duration::from_secs(20));
+        let err = join(&addr.to_string(), 1, 2, deadline).unwrap_err();
+        assert!(
+            err.contains("refused rank 1: rank 1 has already joined"),
+            "{err}"
+        );
+        host.join().unwrap();
     }
 }
