@@ -272,6 +272,36 @@ impl Descriptor {
         h ^ (h >> 33)
     }
 
+    /// The group rank whose `len` is the call's own (an object broadcast's
+    /// source): every rank learns it from the agreement itself, while
+    /// other ranks' lengths mean nothing.
+    pub fn length_source(&self) -> Option<usize> {
+        match self.op() {
+            Some(Op::BroadcastObject) => usize::try_from(self.params[0]).ok(),
+            _ => None,
+        }
+    }
+
+    /// What this rank (group rank `me`) adds to the agreement's maximum
+    /// to announce a [length source](Self::length_source)'s `len`: the
+    /// source `[len, !len]`, every other rank `[0, 0]`. The maximum is
+    /// `[len, !len]` exactly when no rank added more; a rank that adds to
+    /// either word breaks the pair, as raising one would need lowering the
+    /// other, so a lying peer cannot change the length the others see.
+    pub fn announcement(&self, me: usize) -> [u64; 2] {
+        match self.length_source() {
+            Some(src) if src == me => [self.len, !self.len],
+            _ => [0, 0],
+        }
+    }
+
+    /// The length every rank's [announcement](Self::announcement) says
+    /// the source has, from their elementwise maximum; `None` if a rank
+    /// added anything but its part.
+    pub fn announced(max: [u64; 2]) -> Option<u64> {
+        (max[1] == !max[0]).then_some(max[0])
+    }
+
     /// Whether every rank must see every descriptor (variable-length objects).
     pub fn needs_all(&self) -> bool {
         matches!(
@@ -498,6 +528,38 @@ mod tests {
             agree(&[d, d], 0, &check).unwrap_err(),
             Rejection::Invalid("dim 3 out of range for a 3-d tensor".into())
         );
+    }
+
+    #[test]
+    fn a_lying_rank_cannot_change_an_announced_length() {
+        let src = Descriptor::new(Op::BroadcastObject, &[0, 42]);
+        let max = |parts: &[[u64; 2]]| {
+            parts
+                .iter()
+                .fold([0, 0], |m, p| [m[0].max(p[0]), m[1].max(p[1])])
+        };
+        for len in [0, 1, 994, 1 << 40, u64::MAX] {
+            let mut source = src;
+            source.len = len;
+            let honest = [
+                source.announcement(0),
+                src.announcement(1),
+                src.announcement(2),
+            ];
+            assert_eq!(Descriptor::announced(max(&honest)), Some(len));
+            for lie in [1, 2, 993, 995, 1 << 20, 1 << 40, u64::MAX - 1, u64::MAX] {
+                for forged in [[lie, !lie], [lie, 0], [0, lie], [lie, lie]] {
+                    let got = Descriptor::announced(max(&[honest[0], forged, honest[2]]));
+                    assert!(
+                        got.is_none() || got == Some(len),
+                        "a liar adding {forged:?} to {len} made the others see {got:?}"
+                    );
+                }
+            }
+        }
+        // Ops without a length source announce nothing.
+        let barrier = Descriptor::new(Op::Barrier, &[]);
+        assert_eq!(barrier.announcement(0), [0, 0]);
     }
 
     #[test]

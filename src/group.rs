@@ -469,26 +469,41 @@ impl<'rt> GroupCoordinator<'rt> {
             return self.agree_on_shm(shm, fused, desc, check, body);
         }
         // Every call, whatever its kind, starts with the same all-reduce (max)
-        // of [digest, !digest, flags]: it proves that every rank passed the
-        // same call with a usable output. Only when it does not, or when the
-        // op needs every rank's descriptor (object lengths), are the full
-        // descriptors gathered, and every rank takes that branch together.
+        // of [digest, !digest, flags, announcement]: it proves that every
+        // rank passed the same call with a usable output, and hands every
+        // rank the length an object's source announces. Only when the call
+        // differs, or the op needs every rank's descriptor (objects of
+        // several lengths), are the full descriptors gathered, and every
+        // rank takes that branch together.
+        let me = self.rank_in_group();
         let key = desc.digest();
-        let mine = [key, !key, u64::from(desc.local_problem())];
-        let mut max = [0u64; 3];
+        let [len, not_len] = desc.announcement(me);
+        let mine = [key, !key, u64::from(desc.local_problem()), len, not_len];
+        let mut max = [0u64; 5];
         self.inner
             .comm
             .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
-        if max == [key, !key, 0] && !desc.needs_all() {
-            // Identical everywhere: the op's own check gives every rank the same verdict.
-            return self.checked(op, one, 0, &check, body);
+        if max[..3] == [key, !key, 0] {
+            if !desc.needs_all() {
+                // Identical everywhere: the op's own check gives every rank the same verdict.
+                return self.checked(op, one, 0, &check, body);
+            }
+            let announced = Descriptor::announced([max[3], max[4]]);
+            if let (Some(src), Some(len)) = (desc.length_source(), announced) {
+                // Only the source's length matters, and every rank has it.
+                let mut descs = vec![*desc; self.size()];
+                for (r, d) in descs.iter_mut().enumerate() {
+                    d.len = if r == src { len } else { 0 };
+                }
+                return self.checked(op, &descs, me, &check, body);
+            }
         }
         let mut descs = vec![Descriptor::new(op, &[]); self.size()];
         self.inner.comm.all_gather_into(
             bytemuck::bytes_of(desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
-        self.checked(op, &descs, self.rank_in_group(), &check, body)
+        self.checked(op, &descs, me, &check, body)
     }
 
     /// The agreement of a device call in `deferred` mode (see `check`):

@@ -19,6 +19,15 @@ use crate::world::fnv1a;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::any::Any;
+use std::cell::Cell;
+
+thread_local! {
+    /// Bytes of this thread's last encoded object.
+    static LAST_ENCODED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The most an encoding reserves up front from [`LAST_ENCODED`].
+const HINT_CAP: usize = 64 << 10;
 
 /// Digest of a type's name, carried in descriptors so ranks agree on types.
 pub(crate) fn type_digest<T>() -> i64 {
@@ -29,7 +38,15 @@ pub(crate) fn encode<T: Serialize + 'static>(group: &str, op: Op, v: &T) -> Resu
     if let Some(bytes) = (v as &dyn Any).downcast_ref::<Vec<u8>>() {
         return Ok(bytes.clone());
     }
-    postcard::to_stdvec(v).map_err(|e| Error::Encode {
+    // Loops send the same kind of value: start at the last length (capped,
+    // so one large object does not inflate every later small one) instead
+    // of growing from empty through several reallocations.
+    let hint = LAST_ENCODED.get().min(HINT_CAP);
+    let encoded = postcard::to_extend(v, Vec::with_capacity(hint));
+    if let Ok(bytes) = &encoded {
+        LAST_ENCODED.set(bytes.len());
+    }
+    encoded.map_err(|e| Error::Encode {
         op,
         group: group.to_string(),
         type_name: std::any::type_name::<T>(),

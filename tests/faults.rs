@@ -162,14 +162,12 @@ fn worker() {
             d.len = 1 << 40;
             let comm = g.communicator();
             let key = d.digest();
-            let mut max = [0u64; 3];
+            let mut max = [0u64; 5];
             comm.all_reduce_into(
-                &[key, !key, 0][..],
+                &[key, !key, 0, d.len, !d.len][..],
                 &mut max[..],
                 mpi::collective::SystemOperation::max(),
             );
-            let mut all = vec![0u8; 2 * std::mem::size_of::<Descriptor>()];
-            comm.all_gather_into(bytemuck::bytes_of(&d), &mut all[..]);
             std::thread::sleep(Duration::from_secs(30));
         }
         ("forged-huge-broadcast", _) => report(g.broadcast_object::<Vec<u8>>(None, 1).map(drop)),

@@ -125,6 +125,13 @@ pub const ALL: &[Scenario] = &[
         run: objects::run,
     },
     Scenario {
+        name: "objects_mpi",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[("RANKMESH_HOST_PLANE", "mpi")],
+        run: objects::run,
+    },
+    Scenario {
         name: "objects_chunked",
         nodes: &[],
         sizes: &[3],
@@ -164,6 +171,13 @@ pub const ALL: &[Scenario] = &[
         nodes: &[],
         sizes: ALL_SIZES,
         env: &[],
+        run: errors::run,
+    },
+    Scenario {
+        name: "errors_mpi",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[("RANKMESH_HOST_PLANE", "mpi")],
         run: errors::run,
     },
     Scenario {
