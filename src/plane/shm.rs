@@ -419,19 +419,30 @@ impl ShmPlane {
             Some(s) => s..s + 1,
             None => 0..p,
         };
+        let me = self.me;
+        // Where sender `s`'s block lands in `out`.
+        let slot = |s: usize| if sender.is_some() { 0 } else { s };
+        // This rank's block to itself goes straight from `send` to `out`
+        // (after the synchronisation, when `out` may be written: a failed
+        // agreement leaves it untouched), not through the window.
+        let direct = send.is_some() && out.is_some() && senders.contains(&me);
         for (off, m) in pieces(block, self.block_piece()) {
             let area = self.begin_phase();
             if let Some((buf, layout)) = send {
-                for r in 0..p {
+                for r in (0..p).filter(|r| !direct || *r != me) {
                     read_block(buf, layout, r, off, self.own(area, r * m, m));
                 }
             }
             self.sync(area, pulse)?;
             if let Some((buf, layout)) = out.as_mut() {
                 for s in senders.clone() {
-                    let piece = self.peer(s, area, self.me * m, m);
-                    let at = if sender.is_some() { 0 } else { s };
-                    write_block(buf, *layout, at, off, piece);
+                    if direct && s == me {
+                        let (src, sl) = send.expect("a direct block has a source");
+                        copy_block(src, sl, me, buf, *layout, slot(me), off, m);
+                        continue;
+                    }
+                    let piece = self.peer(s, area, me * m, m);
+                    write_block(buf, *layout, slot(s), off, piece);
                 }
             }
         }
@@ -481,6 +492,24 @@ fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) 
 fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
     for (at, from, len) in block_runs(l, r, off, src.len()) {
         buf[at..at + len].copy_from_slice(&src[from..from + len]);
+    }
+}
+
+/// Bytes `off..off + len` of block `r` of `src` (laid out by `sl`) into the
+/// same bytes of block `at` of `dst` (laid out by `dl`), with no copy between.
+#[allow(clippy::too_many_arguments)]
+fn copy_block(
+    src: &[u8],
+    sl: BlockLayout,
+    r: usize,
+    dst: &mut [u8],
+    dl: BlockLayout,
+    at: usize,
+    off: usize,
+    len: usize,
+) {
+    for (from, pos, run) in block_runs(sl, r, off, len) {
+        write_block(dst, dl, at, off + pos, &src[from..from + run]);
     }
 }
 
@@ -679,5 +708,13 @@ mod tests {
         let mut back = vec![0u8; 8];
         write_block(&mut back, l, 1, 0, &got);
         assert_eq!(back, [0, 0, 2, 3, 0, 0, 6, 7]);
+        // Block 1's bytes 1..4 straight into block 1 of contiguous blocks.
+        let mut flat = vec![0u8; 8];
+        copy_block(&buf, l, 1, &mut flat, contiguous(4), 1, 1, 3);
+        assert_eq!(flat, [0, 0, 0, 0, 0, 3, 6, 7]);
+        // And back, from contiguous blocks into the strided layout.
+        let mut strided = vec![0u8; 8];
+        copy_block(&flat, contiguous(4), 1, &mut strided, l, 1, 1, 3);
+        assert_eq!(strided, [0, 0, 0, 3, 0, 0, 6, 7]);
     }
 }
