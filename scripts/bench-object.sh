@@ -10,6 +10,14 @@ np=${2:-2}
 here=$(cd "$(dirname "$0")" && pwd)
 py=${RANKMESH_PYTHON:-/usr/bin/python3}
 bin=${RANKMESH_OBJECT_BENCH:-target/release/examples/object_bench}
+"$py" -c 'import mpi4py' 2>/dev/null || {
+  echo "bench-object: $py cannot import mpi4py (apt-get install python3-mpi4py, or set RANKMESH_PYTHON)" >&2
+  exit 1
+}
+[ -x "$bin" ] || {
+  echo "bench-object: $bin not built (cargo build --release --example object_bench)" >&2
+  exit 1
+}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for _ in $(seq "$runs"); do
