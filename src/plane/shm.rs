@@ -26,7 +26,7 @@
 
 use super::combine::combine;
 use super::executor::HostMoves;
-use super::host::BlockLayout;
+use super::host::{copy_block, read_block, write_block, BlockLayout};
 use super::shm_window::allocate_shared;
 use crate::check::{reset_ring, RING_BYTES};
 use crate::dispatch::Descriptor;
@@ -458,59 +458,6 @@ fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
         let off = i * step;
         (off, step.min(total - off))
     })
-}
-
-/// The runs of bytes `off..off + len` of block `r` of a buffer laid out
-/// by `l`: `(position in the buffer, position in the range, length)`.
-fn block_runs(
-    l: BlockLayout,
-    r: usize,
-    off: usize,
-    len: usize,
-) -> impl Iterator<Item = (usize, usize, usize)> {
-    let mut done = 0;
-    std::iter::from_fn(move || {
-        (done < len).then(|| {
-            let pos = off + done;
-            let (row, col) = (pos / l.run, pos % l.run);
-            let run = (l.run - col).min(len - done);
-            let item = (r * l.extent + row * l.stride + col, done, run);
-            done += run;
-            item
-        })
-    })
-}
-
-/// Bytes `off..off + dst.len()` of block `r` of `buf` (laid out by `l`) into `dst`.
-fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) {
-    for (at, to, len) in block_runs(l, r, off, dst.len()) {
-        dst[to..to + len].copy_from_slice(&buf[at..at + len]);
-    }
-}
-
-/// `src` into bytes `off..off + src.len()` of block `r` of `buf` (laid out by `l`).
-fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
-    for (at, from, len) in block_runs(l, r, off, src.len()) {
-        buf[at..at + len].copy_from_slice(&src[from..from + len]);
-    }
-}
-
-/// Bytes `off..off + len` of block `r` of `src` (laid out by `sl`) into the
-/// same bytes of block `at` of `dst` (laid out by `dl`), with no copy between.
-#[allow(clippy::too_many_arguments)]
-fn copy_block(
-    src: &[u8],
-    sl: BlockLayout,
-    r: usize,
-    dst: &mut [u8],
-    dl: BlockLayout,
-    at: usize,
-    off: usize,
-    len: usize,
-) {
-    for (from, pos, run) in block_runs(sl, r, off, len) {
-        write_block(dst, dl, at, off + pos, &src[from..from + run]);
-    }
 }
 
 /// Contiguous blocks of `block` bytes.
