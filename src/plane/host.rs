@@ -376,11 +376,37 @@ impl<'c> HostPlane<'c> {
         let displs = |l: BlockLayout| -> Option<Vec<c_int>> {
             (0..p).map(|r| c_int::try_from(r * l.extent).ok()).collect()
         };
-        let (Some(sdispls), Some(rdispls)) = (displs(send_layout), displs(recv_layout)) else {
+        match (displs(send_layout), displs(recv_layout)) {
+            (Some(sdispls), Some(rdispls)) => {
+                // Every peer's block through MPI; this rank's own block
+                // copied here, run by run: Open MPI's datatype engine packs
+                // and unpacks a strided self-block (about 20% of a 2-rank
+                // exchange at 1-4 MiB).
+                let counts: Vec<c_int> = (0..p).map(|r| c_int::from(r != me)).collect();
+                let (stypes, rtypes) = (vec![stype.0; p], vec![rtype.0; p]);
+                // SAFETY: both datatypes cover one block, block r of each
+                // buffer starts at its displacement (the layouts were derived
+                // from their shapes); the arrays have `p` entries.
+                unsafe {
+                    ffi::MPI_Alltoallw(
+                        send.as_ptr().cast(),
+                        counts.as_ptr(),
+                        sdispls.as_ptr(),
+                        stypes.as_ptr(),
+                        recv.as_mut_ptr().cast(),
+                        counts.as_ptr(),
+                        rdispls.as_ptr(),
+                        rtypes.as_ptr(),
+                        self.comm.as_raw(),
+                    );
+                }
+                let block = send_layout.count * send_layout.run;
+                copy_block(send, send_layout, me, recv, recv_layout, me, 0, block);
+            }
             // Beyond `int` displacements: Open MPI's alltoall moves every block.
             // SAFETY: both datatypes cover exactly `size` blocks of the
             // buffers (the layouts were derived from their shapes).
-            unsafe {
+            _ => unsafe {
                 ffi::MPI_Alltoall(
                     send.as_ptr().cast(),
                     1,
@@ -390,32 +416,8 @@ impl<'c> HostPlane<'c> {
                     rtype.0,
                     self.comm.as_raw(),
                 );
-            }
-            self.pulse.beat();
-            return true;
-        };
-        // Every peer's block through MPI; this rank's own block copied here,
-        // run by run: Open MPI's datatype engine packs and unpacks a strided
-        // self-block (about 20% of a 2-rank exchange at 1-4 MiB).
-        let counts: Vec<c_int> = (0..p).map(|r| c_int::from(r != me)).collect();
-        let (stypes, rtypes) = (vec![stype.0; p], vec![rtype.0; p]);
-        // SAFETY: as above, per block: block r of each buffer starts at its
-        // displacement and its datatype covers it; the arrays have `p` entries.
-        unsafe {
-            ffi::MPI_Alltoallw(
-                send.as_ptr().cast(),
-                counts.as_ptr(),
-                sdispls.as_ptr(),
-                stypes.as_ptr(),
-                recv.as_mut_ptr().cast(),
-                counts.as_ptr(),
-                rdispls.as_ptr(),
-                rtypes.as_ptr(),
-                self.comm.as_raw(),
-            );
+            },
         }
-        let block = send_layout.count * send_layout.run;
-        copy_block(send, send_layout, me, recv, recv_layout, me, 0, block);
         self.pulse.beat();
         true
     }

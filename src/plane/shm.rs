@@ -425,19 +425,18 @@ impl ShmPlane {
         // This rank's block to itself goes straight from `send` to `out`
         // (after the synchronisation, when `out` may be written: a failed
         // agreement leaves it untouched), not through the window.
-        let direct = send.is_some() && out.is_some() && senders.contains(&me);
+        let direct = send.filter(|_| out.is_some() && senders.contains(&me));
         for (off, m) in pieces(block, self.block_piece()) {
             let area = self.begin_phase();
             if let Some((buf, layout)) = send {
-                for r in (0..p).filter(|r| !direct || *r != me) {
+                for r in (0..p).filter(|r| direct.is_none() || *r != me) {
                     read_block(buf, layout, r, off, self.own(area, r * m, m));
                 }
             }
             self.sync(area, pulse)?;
             if let Some((buf, layout)) = out.as_mut() {
                 for s in senders.clone() {
-                    if direct && s == me {
-                        let (src, sl) = send.expect("a direct block has a source");
+                    if let Some((src, sl)) = direct.filter(|_| s == me) {
                         copy_block(src, sl, me, buf, *layout, slot(me), off, m);
                         continue;
                     }
