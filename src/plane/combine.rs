@@ -53,20 +53,60 @@ macro_rules! float_arith {
 }
 float_arith!(f32, f64);
 
+/// `a op b` for one element, `a` the running value.
+#[inline(always)]
+fn apply<T: Arith>(op: ReduceOp, a: T, b: T) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => a.add(b),
+        ReduceOp::Prod => a.mul(b),
+        ReduceOp::Min => {
+            if a.less(b) {
+                a
+            } else {
+                b
+            }
+        }
+        ReduceOp::Max => {
+            if b.less(a) {
+                a
+            } else {
+                b
+            }
+        }
+    }
+}
+
 /// `acc = acc op src`, element-wise.
 fn fold_into<T: Arith>(acc: &mut [T], src: &[T], op: ReduceOp) {
+    // One loop per op, so each vectorises without a branch inside.
     match op {
-        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.add(*s)),
-        ReduceOp::Prod => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.mul(*s)),
-        ReduceOp::Min => acc
-            .iter_mut()
-            .zip(src)
-            .for_each(|(a, s)| *a = if a.less(*s) { *a } else { *s }),
-        ReduceOp::Max => acc
-            .iter_mut()
-            .zip(src)
-            .for_each(|(a, s)| *a = if s.less(*a) { *a } else { *s }),
+        ReduceOp::Sum | ReduceOp::Avg => fold_with(acc, src, |a, b| apply(ReduceOp::Sum, a, b)),
+        ReduceOp::Prod => fold_with(acc, src, |a, b| apply(ReduceOp::Prod, a, b)),
+        ReduceOp::Min => fold_with(acc, src, |a, b| apply(ReduceOp::Min, a, b)),
+        ReduceOp::Max => fold_with(acc, src, |a, b| apply(ReduceOp::Max, a, b)),
     }
+}
+
+fn fold_with<T: Arith>(acc: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
+    acc.iter_mut().zip(src).for_each(|(a, s)| *a = f(*a, *s));
+}
+
+/// `dst = a op b`, element-wise: the first two ranks' values in one pass,
+/// without first copying rank 0's into `dst` (a copy that reads a peer's
+/// freshly written area runs at a fraction of the loop's speed here).
+fn first_two<T: Arith>(dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => pair_with(dst, a, b, |a, b| apply(ReduceOp::Sum, a, b)),
+        ReduceOp::Prod => pair_with(dst, a, b, |a, b| apply(ReduceOp::Prod, a, b)),
+        ReduceOp::Min => pair_with(dst, a, b, |a, b| apply(ReduceOp::Min, a, b)),
+        ReduceOp::Max => pair_with(dst, a, b, |a, b| apply(ReduceOp::Max, a, b)),
+    }
+}
+
+fn pair_with<T: Arith>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    dst.iter_mut()
+        .zip(a.iter().zip(b))
+        .for_each(|(d, (a, b))| *d = f(*a, *b));
 }
 
 /// One rank's values by group rank.
@@ -112,9 +152,13 @@ impl Job for Combine<'_, '_, '_> {
     fn native<T: Arith>(self) {
         let (n, src, op) = (self.n, self.src, self.op);
         let dst: &mut [T] = bytemuck::cast_slice_mut(self.dst);
-        dst.copy_from_slice(bytemuck::cast_slice(src(0)));
-        for r in 1..n {
-            fold_into(dst, bytemuck::cast_slice(src(r)), op);
+        let rank = |r| bytemuck::cast_slice::<u8, T>(src(r));
+        match n {
+            1 => dst.copy_from_slice(rank(0)),
+            _ => first_two(dst, rank(0), rank(1), op),
+        }
+        for r in 2..n {
+            fold_into(dst, rank(r), op);
         }
         if op == ReduceOp::Avg {
             dst.iter_mut().for_each(|x| *x = x.div_n(n));

@@ -127,8 +127,6 @@ pub(crate) struct ShmPlane {
     staged: Cell<Option<Descriptor>>,
     /// Every rank's descriptor, when the last check found them different.
     disagreement: RefCell<Option<Vec<Descriptor>>>,
-    /// This rank's share of a reduced piece (8-aligned; stays in cache).
-    scratch: RefCell<Vec<u64>>,
     /// Spins before a waiting rank yields.
     spins: u32,
 }
@@ -146,7 +144,6 @@ impl ShmPlane {
             phase: Cell::new(0),
             staged: Cell::new(None),
             disagreement: RefCell::new(None),
-            scratch: RefCell::new(Vec::new()),
             spins: if oversubscribed {
                 SPINS_OVERSUBSCRIBED
             } else {
@@ -342,21 +339,19 @@ impl ShmPlane {
                 }
                 continue;
             }
+            // This rank's share of its own area was left unwritten above:
+            // its result goes there, where the peers read it.
             let (lo, hi) = self.share(m, elem, me);
-            let mut scratch = self.scratch.borrow_mut();
-            scratch.resize((hi - lo).div_ceil(8), 0);
-            let share = &mut bytemuck::cast_slice_mut(&mut scratch[..])[..hi - lo];
+            let share = self.own(area, lo, hi - lo);
             let from = input.unwrap_or(&*out);
             let values = |r| match r == me {
                 true => &from[off + lo..off + hi],
                 false => self.peer(r, area, lo, hi - lo),
             };
             combine(dtype, op, p, values, share);
-            self.own(area, lo, hi - lo).copy_from_slice(share);
             if gathers {
                 out[off + lo..off + hi].copy_from_slice(share);
             }
-            drop(scratch);
             self.sync(area, pulse)?;
             if gathers {
                 for r in (0..p).filter(|r| *r != me) {
