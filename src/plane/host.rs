@@ -5,6 +5,7 @@
 //! every rank, at most `max_bytes / P` per rank). Calls here assume the ranks
 //! already agreed on sizes through the dispatch path.
 
+use super::copy::copy_bytes;
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 use crate::reduce::ReduceOp;
@@ -95,14 +96,14 @@ fn block_runs(
 /// Bytes `off..off + dst.len()` of block `r` of `buf` (laid out by `l`) into `dst`.
 pub(crate) fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) {
     for (at, to, len) in block_runs(l, r, off, dst.len()) {
-        dst[to..to + len].copy_from_slice(&buf[at..at + len]);
+        copy_bytes(&mut dst[to..to + len], &buf[at..at + len]);
     }
 }
 
 /// `src` into bytes `off..off + src.len()` of block `r` of `buf` (laid out by `l`).
 pub(crate) fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
     for (at, from, len) in block_runs(l, r, off, src.len()) {
-        buf[at..at + len].copy_from_slice(&src[from..from + len]);
+        copy_bytes(&mut buf[at..at + len], &src[from..from + len]);
     }
 }
 
@@ -244,8 +245,10 @@ impl<'c> HostPlane<'c> {
                 .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
             self.pulse.beat();
             for r in 0..p {
-                out[r * n + start..r * n + start + len]
-                    .copy_from_slice(&tmp[r * len..(r + 1) * len]);
+                copy_bytes(
+                    &mut out[r * n + start..r * n + start + len],
+                    &tmp[r * len..(r + 1) * len],
+                );
             }
         }
     }
@@ -268,8 +271,10 @@ impl<'c> HostPlane<'c> {
                 Some(out) => {
                     root_proc.gather_into_root(send, &mut tmp[..len * p]);
                     for r in 0..p {
-                        out[r * n + start..r * n + start + len]
-                            .copy_from_slice(&tmp[r * len..(r + 1) * len]);
+                        copy_bytes(
+                            &mut out[r * n + start..r * n + start + len],
+                            &tmp[r * len..(r + 1) * len],
+                        );
                     }
                 }
                 None => root_proc.gather_into(send),
@@ -302,8 +307,10 @@ impl<'c> HostPlane<'c> {
             match send {
                 Some(send) => {
                     for r in 0..p {
-                        tmp[r * len..(r + 1) * len]
-                            .copy_from_slice(&send[r * n + start..r * n + start + len]);
+                        copy_bytes(
+                            &mut tmp[r * len..(r + 1) * len],
+                            &send[r * n + start..r * n + start + len],
+                        );
                     }
                     root_proc.scatter_into_root(&tmp[..len * p], mine);
                 }
@@ -340,14 +347,18 @@ impl<'c> HostPlane<'c> {
         for start in (0..block).step_by(piece) {
             let len = piece.min(block - start);
             for q in 0..p {
-                s[q * len..(q + 1) * len]
-                    .copy_from_slice(&send[q * block + start..q * block + start + len]);
+                copy_bytes(
+                    &mut s[q * len..(q + 1) * len],
+                    &send[q * block + start..q * block + start + len],
+                );
             }
             self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
             self.pulse.beat();
             for q in 0..p {
-                out[q * block + start..q * block + start + len]
-                    .copy_from_slice(&r[q * len..(q + 1) * len]);
+                copy_bytes(
+                    &mut out[q * block + start..q * block + start + len],
+                    &r[q * len..(q + 1) * len],
+                );
             }
         }
     }

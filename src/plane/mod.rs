@@ -5,6 +5,7 @@
 //! driven by [`crate::device`].
 
 mod combine;
+mod copy;
 pub mod executor;
 pub(crate) mod hier;
 pub mod host;

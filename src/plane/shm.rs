@@ -25,6 +25,7 @@
 //! whatever order each rank's program drops them.
 
 use super::combine::combine;
+use super::copy::copy_bytes;
 use super::executor::HostMoves;
 use super::host::{copy_block, read_block, write_block, BlockLayout};
 use super::shm_window::allocate_shared;
@@ -325,11 +326,10 @@ impl ShmPlane {
             if split {
                 for r in (0..p).filter(|r| *r != me) {
                     let (lo, hi) = self.share(m, elem, r);
-                    self.own(area, lo, hi - lo)
-                        .copy_from_slice(&from[off + lo..off + hi]);
+                    copy_bytes(self.own(area, lo, hi - lo), &from[off + lo..off + hi]);
                 }
             } else {
-                self.own(area, 0, m).copy_from_slice(&from[off..off + m]);
+                copy_bytes(self.own(area, 0, m), &from[off..off + m]);
             }
             self.sync(area, pulse)?;
             if !split {
@@ -350,13 +350,16 @@ impl ShmPlane {
             };
             combine(dtype, op, p, values, share);
             if gathers {
-                out[off + lo..off + hi].copy_from_slice(share);
+                copy_bytes(&mut out[off + lo..off + hi], share);
             }
             self.sync(area, pulse)?;
             if gathers {
                 for r in (0..p).filter(|r| *r != me) {
                     let (lo, hi) = self.share(m, elem, r);
-                    out[off + lo..off + hi].copy_from_slice(self.peer(r, area, lo, hi - lo));
+                    copy_bytes(
+                        &mut out[off + lo..off + hi],
+                        self.peer(r, area, lo, hi - lo),
+                    );
                 }
             }
         }
@@ -386,11 +389,14 @@ impl ShmPlane {
         let n = block.len();
         for (off, m) in pieces(n, self.window.chunk) {
             let area = self.begin_phase();
-            self.own(area, 0, m).copy_from_slice(&block[off..off + m]);
+            copy_bytes(self.own(area, 0, m), &block[off..off + m]);
             self.sync(area, pulse)?;
             if let Some(out) = out.as_deref_mut() {
                 for r in 0..self.size {
-                    out[r * n + off..r * n + off + m].copy_from_slice(self.peer(r, area, 0, m));
+                    copy_bytes(
+                        &mut out[r * n + off..r * n + off + m],
+                        self.peer(r, area, 0, m),
+                    );
                 }
             }
         }
@@ -522,9 +528,10 @@ impl HostMoves for ShmCall<'_> {
         for (off, m) in pieces(block, plane.block_piece()) {
             let area = plane.begin_phase();
             for r in 0..p {
-                plane
-                    .own(area, r * m, m)
-                    .copy_from_slice(&input[r * block + off..r * block + off + m]);
+                copy_bytes(
+                    plane.own(area, r * m, m),
+                    &input[r * block + off..r * block + off + m],
+                );
             }
             plane.sync(area, &self.pulse)?;
             let piece_of = |q| plane.peer(q, area, me * m, m);
@@ -558,9 +565,7 @@ impl HostMoves for ShmCall<'_> {
         for (off, m) in pieces(longest, plane.chunk()) {
             let area = plane.begin_phase();
             let own = mine.len().saturating_sub(off).min(m);
-            plane
-                .own(area, 0, own)
-                .copy_from_slice(&mine[off..off + own]);
+            copy_bytes(plane.own(area, 0, own), &mine[off..off + own]);
             plane.sync(area, &self.pulse)?;
             for (r, got) in out.iter_mut().flatten().enumerate() {
                 let len = lens[r].saturating_sub(off).min(m);
@@ -589,11 +594,11 @@ impl HostMoves for ShmCall<'_> {
         for (off, m) in pieces(buf.len(), plane.chunk()) {
             let area = plane.begin_phase();
             if plane.me == root {
-                plane.own(area, 0, m).copy_from_slice(&buf[off..off + m]);
+                copy_bytes(plane.own(area, 0, m), &buf[off..off + m]);
             }
             plane.sync(area, &self.pulse)?;
             if plane.me != root {
-                buf[off..off + m].copy_from_slice(plane.peer(root, area, 0, m));
+                copy_bytes(&mut buf[off..off + m], plane.peer(root, area, 0, m));
             }
         }
         Ok(())
