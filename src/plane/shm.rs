@@ -25,7 +25,7 @@
 //! whatever order each rank's program drops them.
 
 use super::combine::combine;
-use super::copy::copy_bytes;
+use super::copy::{copy_bytes, stream_bytes};
 use super::executor::HostMoves;
 use super::host::{copy_block, read_block, write_block, BlockLayout};
 use super::shm_window::allocate_shared;
@@ -52,6 +52,11 @@ const DATA_AT: usize = (RING_AT + RING_BYTES).next_multiple_of(4096);
 /// synchronisation; larger ones are split so each rank reduces a share
 /// and the shares are exchanged after a second one.
 const SPLIT_BYTES: usize = 8 << 10;
+/// Calls of at least this many bytes write their outputs with streaming
+/// stores: the output outgrows the last-level cache (32 MiB here, shared
+/// with the window and the inputs), so reading each output line before
+/// writing it (what a plain store does) is traffic for nothing.
+const STREAM_FROM: usize = 8 << 20;
 /// Page size the slots are aligned to.
 const PAGE: usize = 4096;
 /// Spins before a waiting rank yields its core, when every rank of the
@@ -319,6 +324,7 @@ impl ShmPlane {
         gathers: bool,
     ) -> Result<(), Fault> {
         let (p, me, elem) = (self.size, self.me, dtype.size());
+        let put = output_copy(n);
         for (off, m) in pieces(n, self.window.chunk) {
             let area = self.begin_phase();
             let split = m > SPLIT_BYTES;
@@ -350,13 +356,13 @@ impl ShmPlane {
             };
             combine(dtype, op, p, values, share);
             if gathers {
-                copy_bytes(&mut out[off + lo..off + hi], share);
+                put(&mut out[off + lo..off + hi], share);
             }
             self.sync(area, pulse)?;
             if gathers {
                 for r in (0..p).filter(|r| *r != me) {
                     let (lo, hi) = self.share(m, elem, r);
-                    copy_bytes(
+                    put(
                         &mut out[off + lo..off + hi],
                         self.peer(r, area, lo, hi - lo),
                     );
@@ -387,13 +393,14 @@ impl ShmPlane {
         mut out: Option<&mut [u8]>,
     ) -> Result<(), Fault> {
         let n = block.len();
+        let put = output_copy(n * self.size);
         for (off, m) in pieces(n, self.window.chunk) {
             let area = self.begin_phase();
             copy_bytes(self.own(area, 0, m), &block[off..off + m]);
             self.sync(area, pulse)?;
             if let Some(out) = out.as_deref_mut() {
                 for r in 0..self.size {
-                    copy_bytes(
+                    put(
                         &mut out[r * n + off..r * n + off + m],
                         self.peer(r, area, 0, m),
                     );
@@ -458,6 +465,15 @@ fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
         let off = i * step;
         (off, step.min(total - off))
     })
+}
+
+/// How a call whose output is `total` bytes copies into it.
+fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
+    if total >= STREAM_FROM {
+        stream_bytes
+    } else {
+        copy_bytes
+    }
 }
 
 /// Contiguous blocks of `block` bytes.
@@ -591,6 +607,7 @@ impl HostMoves for ShmCall<'_> {
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
         let plane = self.plane;
+        let put = output_copy(buf.len());
         for (off, m) in pieces(buf.len(), plane.chunk()) {
             let area = plane.begin_phase();
             if plane.me == root {
@@ -598,7 +615,7 @@ impl HostMoves for ShmCall<'_> {
             }
             plane.sync(area, &self.pulse)?;
             if plane.me != root {
-                copy_bytes(&mut buf[off..off + m], plane.peer(root, area, 0, m));
+                put(&mut buf[off..off + m], plane.peer(root, area, 0, m));
             }
         }
         Ok(())

@@ -15,6 +15,7 @@ mod p2p;
 pub mod planes;
 pub mod reference;
 mod stateless;
+mod streamed;
 mod workspace;
 
 use rankmesh::Runtime;
@@ -302,6 +303,13 @@ pub const ALL: &[Scenario] = &[
         sizes: &[],
         env: &[],
         run: gathering::run,
+    },
+    Scenario {
+        name: "streamed_outputs",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[],
+        run: streamed::run,
     },
     Scenario {
         name: "large_buffers",
