@@ -29,31 +29,44 @@ pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
-/// 128 bytes per step in four unaligned 32-byte loads, then four stores
-/// (not a load/store pair per step, so the loop is not turned back into a
-/// `memcpy` call); the tail by `memcpy`.
+/// The whole 128-byte steps of `src[from..]` into `dst[from..]`, each as
+/// four unaligned 32-byte loads, then four stores (not a load/store pair
+/// per step, so the loop is not turned back into a `memcpy` call);
+/// streaming stores when `STREAM` (then `dst + from` must be 32-aligned).
+/// Returns where the steps end.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn avx_steps<const STREAM: bool>(dst: &mut [u8], src: &[u8], from: usize) -> usize {
+    use std::arch::x86_64::{
+        __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm256_stream_si256,
+    };
+    let end = from + (src.len() - from) / 128 * 128;
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    for i in (from..end).step_by(128) {
+        // SAFETY: i + 128 <= end <= both lengths; loads are unaligned, and
+        // streamed stores land 32-aligned (the caller's promise).
+        unsafe {
+            let v = [0, 32, 64, 96].map(|k| _mm256_loadu_si256(s.add(i + k) as *const __m256i));
+            for (k, x) in [0, 32, 64, 96].into_iter().zip(v) {
+                let at = d.add(i + k) as *mut __m256i;
+                if STREAM {
+                    _mm256_stream_si256(at, x);
+                } else {
+                    _mm256_storeu_si256(at, x);
+                }
+            }
+        }
+    }
+    end
+}
+
+/// [`avx_steps`] from the start, the tail by `memcpy`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn copy_avx(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
-    let whole = src.len() / 128 * 128;
-    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-    let mut i = 0;
-    while i < whole {
-        // SAFETY: i + 128 <= whole <= both lengths; unaligned loads/stores.
-        unsafe {
-            let a = _mm256_loadu_si256(s.add(i) as *const __m256i);
-            let b = _mm256_loadu_si256(s.add(i + 32) as *const __m256i);
-            let c = _mm256_loadu_si256(s.add(i + 64) as *const __m256i);
-            let e = _mm256_loadu_si256(s.add(i + 96) as *const __m256i);
-            _mm256_storeu_si256(d.add(i) as *mut __m256i, a);
-            _mm256_storeu_si256(d.add(i + 32) as *mut __m256i, b);
-            _mm256_storeu_si256(d.add(i + 64) as *mut __m256i, c);
-            _mm256_storeu_si256(d.add(i + 96) as *mut __m256i, e);
-        }
-        i += 128;
-    }
-    dst[whole..].copy_from_slice(&src[whole..]);
+    // SAFETY: AVX is enabled here; plain stores need no alignment.
+    let end = unsafe { avx_steps::<false>(dst, src, 0) };
+    dst[end..].copy_from_slice(&src[end..]);
 }
 
 /// `dst.copy_from_slice(src)` with non-temporal stores: for a destination
@@ -78,28 +91,12 @@ pub(crate) fn stream_bytes(dst: &mut [u8], src: &[u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn stream_avx(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
     let head = dst.as_ptr().align_offset(32).min(dst.len());
     dst[..head].copy_from_slice(&src[..head]);
-    let whole = head + (dst.len() - head) / 128 * 128;
-    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-    let mut i = head;
-    while i < whole {
-        // SAFETY: i + 128 <= whole <= both lengths; d + i is 32-aligned.
-        unsafe {
-            let a = _mm256_loadu_si256(s.add(i) as *const __m256i);
-            let b = _mm256_loadu_si256(s.add(i + 32) as *const __m256i);
-            let c = _mm256_loadu_si256(s.add(i + 64) as *const __m256i);
-            let e = _mm256_loadu_si256(s.add(i + 96) as *const __m256i);
-            _mm256_stream_si256(d.add(i) as *mut __m256i, a);
-            _mm256_stream_si256(d.add(i + 32) as *mut __m256i, b);
-            _mm256_stream_si256(d.add(i + 64) as *mut __m256i, c);
-            _mm256_stream_si256(d.add(i + 96) as *mut __m256i, e);
-        }
-        i += 128;
-    }
-    dst[whole..].copy_from_slice(&src[whole..]);
-    _mm_sfence();
+    // SAFETY: AVX is enabled here; dst + head is 32-aligned (or the end).
+    let end = unsafe { avx_steps::<true>(dst, src, head) };
+    dst[end..].copy_from_slice(&src[end..]);
+    std::arch::x86_64::_mm_sfence();
 }
 
 #[cfg(test)]
