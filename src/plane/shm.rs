@@ -3,20 +3,29 @@
 //! counters (a release store and acquire loads: no system call while peers
 //! keep up).
 //!
-//! Each rank owns a slot: a cache line with its step counter, two
-//! descriptor areas, the ring of its deferred device agreements (used by
-//! `check`, apart from the phases) and two data areas of `chunk` bytes. A call runs in
-//! *phases*; in each, every rank writes only its own slot, publishes its
-//! next step, waits for every peer's, then reads the slots it needs. Phases
-//! alternate between the two areas, so a rank may write a phase's area as
-//! soon as it has passed the previous phase's synchronisation: every peer
-//! that got there had finished reading the area two phases back.
+//! Each rank owns a slot: two step headers, two descriptor areas, the ring
+//! of its deferred device agreements (used by `check`, apart from the
+//! phases) and two data areas of `chunk` bytes. A call runs in *phases*; in
+//! each, every rank writes only its own slot, publishes its next step,
+//! waits for every peer's, then reads the slots it needs. Phases alternate
+//! between the two areas, so a rank may write a phase's area as soon as it
+//! has passed the previous phase's synchronisation: every peer that got
+//! there had finished reading the area two phases back. Steps alternate
+//! between the two headers by the same argument.
+//!
+//! A step's header is two cache lines: the step counter, the digest of the
+//! descriptor it publishes, and up to [`INLINE`] bytes of the phase's data.
+//! A small call therefore costs each rank one remote line read per peer
+//! (the line it waited on, which arrives with the data and the digest) and
+//! no system call.
 //!
 //! **Agreement for free.** The first synchronisation of a call also
-//! publishes the caller's full descriptor; every rank compares all of them
-//! before using any peer's data, so a disagreement is seen by every rank
-//! at the same step and becomes the same named error everywhere (the
-//! dispatch path makes it), with no extra round trip.
+//! publishes the caller's descriptor (its digest in the header, the full
+//! descriptor in the descriptor area); every rank compares the digests
+//! before using any peer's data, so a disagreement is seen by every rank at
+//! the same step and becomes the same named error everywhere (the dispatch
+//! path makes it from the full descriptors, read only then), with no extra
+//! round trip.
 //!
 //! MPI owns the segment, so nothing is named in `/dev/shm` and a killed
 //! rank leaves nothing behind. Windows are freed by the runtime, in creation
@@ -44,8 +53,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of one descriptor area (whole cache lines).
 const DESC_AREA: usize = std::mem::size_of::<Descriptor>().next_multiple_of(64);
+/// Bytes of one step header.
+const HEADER: usize = std::mem::size_of::<Header>();
+/// Where the descriptor areas start in a slot (after the two headers).
+const DESC_AT: usize = 2 * HEADER;
 /// Where the slot's ring of deferred device agreements starts (see `check`).
-const RING_AT: usize = 64 + 2 * DESC_AREA;
+const RING_AT: usize = DESC_AT + 2 * DESC_AREA;
 /// Where the data areas start in a slot (page-aligned).
 const DATA_AT: usize = (RING_AT + RING_BYTES).next_multiple_of(4096);
 /// All-reduces up to this size are combined whole by every rank after one
@@ -65,6 +78,37 @@ const SPINS: u32 = 4096;
 /// Spins before yielding when the node's ranks outnumber its cores: the
 /// peer being waited for may be waiting for this core.
 const SPINS_OVERSUBSCRIBED: u32 = 16;
+
+/// Bytes of a phase's data a step header carries: a phase publishing at
+/// most this much per rank leaves the data areas alone.
+const INLINE: usize = 128 - 24;
+/// Of which this many share the counter's cache line.
+const INLINE_FIRST_LINE: usize = 64 - 24;
+/// `Header::call`: the step publishes a descriptor (its digest and, in the
+/// low bits, the publisher's local problems).
+const CARRIES: u64 = 1 << 63;
+
+/// What a rank publishes with one step (two cache lines; the first holds
+/// the counter peers wait on, the digest and 40 bytes of data).
+#[repr(C, align(64))]
+struct Header {
+    /// The step this header was last published with.
+    step: AtomicU64,
+    /// [`Descriptor::digest`] of the descriptor published, if any.
+    digest: u64,
+    /// [`CARRIES`] and the descriptor's local problems, or 0.
+    call: u64,
+    /// The phase's data, when it fits.
+    inline: [u8; INLINE],
+}
+const _: () = assert!(HEADER == 128 && INLINE >= 64);
+
+/// Where a phase's data lie: a data area, or the step header.
+#[derive(Clone, Copy)]
+struct Place {
+    area: usize,
+    inline: bool,
+}
 
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
 /// fastest for 64 MiB all-reduces on 2 ranks here (256 KiB took twice as long).
@@ -88,10 +132,12 @@ impl ShmWindow {
         // MPI does not promise zeroed memory: every counter starts at 0
         // before any rank can wait on it.
         let own = slots[comm.rank() as usize];
-        // SAFETY: this rank's slot begins with its 8-byte counter, and its
-        // ring lies inside it, 64-aligned (RING_AT is).
+        // SAFETY: this rank's slot begins with its two page-aligned headers,
+        // and its ring lies inside it, 64-aligned (RING_AT is).
         unsafe {
-            (*(own as *const AtomicU64)).store(0, Ordering::Release);
+            for h in 0..2 {
+                (*(own.add(h * HEADER) as *const AtomicU64)).store(0, Ordering::Release);
+            }
             reset_ring(own.add(RING_AT));
         }
         comm.barrier();
@@ -129,8 +175,11 @@ pub(crate) struct ShmPlane {
     step: Cell<u64>,
     /// Phases begun (selects the area a phase writes).
     phase: Cell<u64>,
-    /// The descriptor the next synchronisation publishes and checks.
-    staged: Cell<Option<Descriptor>>,
+    /// The current phase's data reach its headers' second line.
+    second_line: Cell<bool>,
+    /// What the next synchronisation publishes and checks (its
+    /// descriptor already written): `Header::digest` and `Header::call`.
+    staged: Cell<Option<(u64, u64)>>,
     /// Every rank's descriptor, when the last check found them different.
     disagreement: RefCell<Option<Vec<Descriptor>>>,
     /// Spins before a waiting rank yields.
@@ -148,6 +197,7 @@ impl ShmPlane {
             size,
             step: Cell::new(0),
             phase: Cell::new(0),
+            second_line: Cell::new(false),
             staged: Cell::new(None),
             disagreement: RefCell::new(None),
             spins: if oversubscribed {
@@ -168,15 +218,23 @@ impl ShmPlane {
         self.window.chunk
     }
 
-    fn flag(&self, r: usize) -> &AtomicU64 {
-        // SAFETY: the slot starts with an 8-byte-aligned counter that lives
-        // as long as the window; only atomics touch it.
-        unsafe { &*(self.window.slots[r] as *const AtomicU64) }
+    /// Rank `r`'s header for `step`.
+    fn header(&self, r: usize, step: u64) -> *mut Header {
+        // SAFETY: the slot starts with two headers, 64-aligned.
+        unsafe { self.window.slots[r].add((step % 2) as usize * HEADER) as *mut Header }
     }
 
-    fn desc_at(&self, r: usize, area: usize) -> *mut Descriptor {
-        // SAFETY: inside slot `r` (64 + 2 areas < DATA_AT), 64-aligned.
-        unsafe { self.window.slots[r].add(64 + area * DESC_AREA) as *mut Descriptor }
+    /// The counter of rank `r`'s header for `step`.
+    fn counter(&self, r: usize, step: u64) -> &AtomicU64 {
+        // SAFETY: lives as long as the window; only atomics touch it.
+        unsafe { &(*self.header(r, step)).step }
+    }
+
+    /// Rank `r`'s descriptor area for `step` (alternating like headers).
+    fn desc_at(&self, r: usize, step: u64) -> *mut Descriptor {
+        let area = (step % 2) as usize;
+        // SAFETY: inside slot `r` (DESC_AT + 2 areas < DATA_AT), 64-aligned.
+        unsafe { self.window.slots[r].add(DESC_AT + area * DESC_AREA) as *mut Descriptor }
     }
 
     fn data_at(&self, r: usize, area: usize) -> *mut u8 {
@@ -184,35 +242,68 @@ impl ShmPlane {
         unsafe { self.window.slots[r].add(DATA_AT + area * self.window.chunk) }
     }
 
-    /// Rank `r`'s data area `area`, bytes `at..at + len`, to read.
-    ///
-    /// Only after a synchronisation that followed `r`'s writes to it, and
-    /// before the next phase's (the protocol of the module docs).
-    fn peer(&self, r: usize, area: usize, at: usize, len: usize) -> &[u8] {
-        assert!(at + len <= self.window.chunk, "inside the data area");
-        // SAFETY: in bounds (checked); no one writes it during this phase.
-        unsafe { std::slice::from_raw_parts(self.data_at(r, area).add(at), len) }
+    /// Where rank `r`'s data at `place` start: its data area, or the
+    /// header of `step` (the step that publishes them).
+    fn base(&self, r: usize, place: Place, step: u64) -> *mut u8 {
+        if place.inline {
+            // SAFETY: a field of the header, inside slot `r`.
+            unsafe { std::ptr::addr_of_mut!((*self.header(r, step)).inline) as *mut u8 }
+        } else {
+            self.data_at(r, place.area)
+        }
     }
 
-    /// This rank's data area `area`, bytes `at..at + len`, to write.
+    /// Bytes a phase's data may span at `place`.
+    fn capacity(&self, place: Place) -> usize {
+        if place.inline {
+            INLINE
+        } else {
+            self.window.chunk
+        }
+    }
+
+    /// Rank `r`'s data at `place`, bytes `at..at + len`, to read.
+    ///
+    /// Only after the synchronisation that published `r`'s writes to it,
+    /// and before this rank's next one (the protocol of the module docs).
+    fn peer(&self, r: usize, place: Place, at: usize, len: usize) -> &[u8] {
+        assert!(at + len <= self.capacity(place), "inside the data area");
+        let base = self.base(r, place, self.step.get());
+        // SAFETY: in bounds (checked); no one writes it during this phase.
+        unsafe { std::slice::from_raw_parts(base.add(at), len) }
+    }
+
+    /// This rank's data at `place`, bytes `at..at + len`, to write before
+    /// the synchronisation that publishes them.
     #[allow(clippy::mut_from_ref)]
-    fn own(&self, area: usize, at: usize, len: usize) -> &mut [u8] {
-        assert!(at + len <= self.window.chunk, "inside the data area");
+    fn own(&self, place: Place, at: usize, len: usize) -> &mut [u8] {
+        assert!(at + len <= self.capacity(place), "inside the data area");
+        let base = self.base(self.me, place, self.step.get() + 1);
         // SAFETY: in bounds; only this rank writes its own slot, and no
         // peer reads this range in the phase that writes it.
-        unsafe { std::slice::from_raw_parts_mut(self.data_at(self.me, area).add(at), len) }
+        unsafe { std::slice::from_raw_parts_mut(base.add(at), len) }
     }
 
-    /// Starts a phase; returns the area it uses.
-    fn begin_phase(&self) -> usize {
+    /// Starts a phase in which each rank publishes `published` bytes;
+    /// returns where they go.
+    fn begin_phase(&self, published: usize) -> Place {
         let p = self.phase.get();
         self.phase.set(p + 1);
-        (p % 2) as usize
+        self.second_line
+            .set(published > INLINE_FIRST_LINE && published <= INLINE);
+        Place {
+            area: (p % 2) as usize,
+            inline: published <= INLINE,
+        }
     }
 
-    /// Makes `desc` the descriptor the next synchronisation publishes and checks.
+    /// Makes `desc` the descriptor the next synchronisation publishes and
+    /// checks. It is written now, before the body touches the header that
+    /// synchronisation publishes: written after, the copy's loads wait for
+    /// the header's stores to leave the store buffer, and those wait for
+    /// the header's line to come back from the peer that read it.
     pub(crate) fn stage(&self, desc: Descriptor) {
-        self.staged.set(Some(desc));
+        self.staged.set(Some(self.write_descriptor(&desc)));
     }
 
     /// Whether a staged descriptor was never published (a body that did not
@@ -229,45 +320,76 @@ impl ShmPlane {
     /// Publishes `desc` in a phase of its own and returns every rank's
     /// (the agreement of calls whose body does not run here).
     pub(crate) fn exchange_descriptors(&self, desc: &Descriptor, pulse: &Pulse) -> Vec<Descriptor> {
-        let area = self.begin_phase();
-        self.write_descriptor(area, *desc);
+        self.begin_phase(0);
+        self.publish_header(Some(self.write_descriptor(desc)));
         self.publish_and_wait(pulse);
-        self.descriptors(area)
+        self.descriptors()
     }
 
-    /// Writes this rank's descriptor area `area` (before the phase's
-    /// synchronisation; no one reads it until then).
-    fn write_descriptor(&self, area: usize, desc: Descriptor) {
+    /// Writes `desc` to this rank's descriptor area for its next step (no
+    /// one reads it before that step); returns what the step's header says
+    /// of it.
+    fn write_descriptor(&self, desc: &Descriptor) -> (u64, u64) {
+        let at = self.desc_at(self.me, self.step.get() + 1);
         // SAFETY: this rank's own area, 64-aligned, inside its slot.
-        unsafe { self.desc_at(self.me, area).write(desc) };
+        unsafe { at.write(*desc) };
+        (desc.digest(), CARRIES | u64::from(desc.local_problems()))
     }
 
-    /// Rank `r`'s descriptor in `area` (after the phase's synchronisation).
-    fn descriptor(&self, r: usize, area: usize) -> Descriptor {
-        // SAFETY: written by `r` before the synchronisation that preceded
-        // this read, and not rewritten before the next phase's.
-        unsafe { self.desc_at(r, area).read() }
+    /// Fills the header of this rank's next step but its counter: the
+    /// descriptor's digest and problems, or none.
+    fn publish_header(&self, desc: Option<(u64, u64)>) {
+        let header = self.header(self.me, self.step.get() + 1);
+        // SAFETY: this rank's own header for its next step, which no peer
+        // reads before that step is published.
+        unsafe {
+            match desc {
+                Some((digest, call)) => {
+                    (*header).digest = digest;
+                    (*header).call = call;
+                }
+                None => (*header).call = 0,
+            }
+        }
     }
 
-    /// Every rank's descriptor in `area`, by group rank.
-    fn descriptors(&self, area: usize) -> Vec<Descriptor> {
-        (0..self.size).map(|r| self.descriptor(r, area)).collect()
+    /// Every rank's descriptor published with the last step, by group
+    /// rank (after its synchronisation).
+    fn descriptors(&self) -> Vec<Descriptor> {
+        let step = self.step.get();
+        // SAFETY: written by each rank before it published `step`, which
+        // this rank has seen, and not rewritten before its next step.
+        (0..self.size)
+            .map(|r| unsafe { self.desc_at(r, step).read() })
+            .collect()
     }
 
-    /// The synchronisation of a phase using `area`; the first of a call
+    /// The synchronisation of a phase; the first of a call
     /// publishes the staged descriptor and fails with
     /// [`Fault::Disagreed`] unless every rank's is the same and usable.
-    fn sync(&self, area: usize, pulse: &Pulse) -> Result<(), Fault> {
+    fn sync(&self, pulse: &Pulse) -> Result<(), Fault> {
         let staged = self.staged.take();
-        if let Some(desc) = staged {
-            self.write_descriptor(area, desc);
-        }
+        self.publish_header(staged);
         self.publish_and_wait(pulse);
-        let Some(mine) = staged else { return Ok(()) };
-        if !mine.local_problem() && (0..self.size).all(|r| self.descriptor(r, area) == mine) {
+        if staged.is_none() {
             return Ok(());
         }
-        *self.disagreement.borrow_mut() = Some(self.descriptors(area));
+        // A peer's header carries its local problems beside the digest:
+        // one with any, or with another digest, or publishing no
+        // descriptor at this step, differs from this rank's `CARRIES`.
+        let step = self.step.get();
+        // SAFETY: this rank's own header, written above.
+        let digest = unsafe { (*self.header(self.me, step)).digest };
+        let same = |r: usize| {
+            // SAFETY: published with `step`, which this rank has seen; not
+            // rewritten before this rank publishes its next step.
+            let h = unsafe { &*self.header(r, step) };
+            h.call == CARRIES && h.digest == digest
+        };
+        if (0..self.size).all(same) {
+            return Ok(());
+        }
+        *self.disagreement.borrow_mut() = Some(self.descriptors());
         Err(Fault::Disagreed)
     }
 
@@ -275,11 +397,22 @@ impl ShmPlane {
     fn publish_and_wait(&self, pulse: &Pulse) {
         let step = self.step.get() + 1;
         self.step.set(step);
-        self.flag(self.me).store(step, Ordering::Release);
+        self.counter(self.me, step).store(step, Ordering::Release);
+        let second_line = self.second_line.get();
         for r in (0..self.size).filter(|r| *r != self.me) {
-            let flag = self.flag(r);
+            let flag = self.counter(r, step);
             let mut spins = 0u32;
-            while flag.load(Ordering::Acquire) < step {
+            loop {
+                if second_line {
+                    // The data's second line comes with the counter's,
+                    // instead of one more miss after it.
+                    // SAFETY: inside the header (128 bytes); a prefetch
+                    // reads nothing the program sees.
+                    prefetch(unsafe { (self.header(r, step) as *const u8).add(64) });
+                }
+                if flag.load(Ordering::Acquire) >= step {
+                    break;
+                }
                 if spins < self.spins {
                     spins += 1;
                     std::hint::spin_loop();
@@ -326,21 +459,21 @@ impl ShmPlane {
         let (p, me, elem) = (self.size, self.me, dtype.size());
         let put = output_copy(n);
         for (off, m) in pieces(n, self.window.chunk) {
-            let area = self.begin_phase();
+            let place = self.begin_phase(m);
             let split = m > SPLIT_BYTES;
             let from = input.unwrap_or(&*out);
             if split {
                 for r in (0..p).filter(|r| *r != me) {
                     let (lo, hi) = self.share(m, elem, r);
-                    copy_bytes(self.own(area, lo, hi - lo), &from[off + lo..off + hi]);
+                    copy_bytes(self.own(place, lo, hi - lo), &from[off + lo..off + hi]);
                 }
             } else {
-                copy_bytes(self.own(area, 0, m), &from[off..off + m]);
+                copy_bytes(self.own(place, 0, m), &from[off..off + m]);
             }
-            self.sync(area, pulse)?;
+            self.sync(pulse)?;
             if !split {
                 if gathers {
-                    let piece = |r| self.peer(r, area, 0, m);
+                    let piece = |r| self.peer(r, place, 0, m);
                     combine(dtype, op, p, piece, &mut out[off..off + m]);
                 }
                 continue;
@@ -348,23 +481,23 @@ impl ShmPlane {
             // This rank's share of its own area was left unwritten above:
             // its result goes there, where the peers read it.
             let (lo, hi) = self.share(m, elem, me);
-            let share = self.own(area, lo, hi - lo);
+            let share = self.own(place, lo, hi - lo);
             let from = input.unwrap_or(&*out);
             let values = |r| match r == me {
                 true => &from[off + lo..off + hi],
-                false => self.peer(r, area, lo, hi - lo),
+                false => self.peer(r, place, lo, hi - lo),
             };
             combine(dtype, op, p, values, share);
             if gathers {
                 put(&mut out[off + lo..off + hi], share);
             }
-            self.sync(area, pulse)?;
+            self.sync(pulse)?;
             if gathers {
                 for r in (0..p).filter(|r| *r != me) {
                     let (lo, hi) = self.share(m, elem, r);
                     put(
                         &mut out[off + lo..off + hi],
-                        self.peer(r, area, lo, hi - lo),
+                        self.peer(r, place, lo, hi - lo),
                     );
                 }
             }
@@ -395,14 +528,14 @@ impl ShmPlane {
         let n = block.len();
         let put = output_copy(n * self.size);
         for (off, m) in pieces(n, self.window.chunk) {
-            let area = self.begin_phase();
-            copy_bytes(self.own(area, 0, m), &block[off..off + m]);
-            self.sync(area, pulse)?;
+            let place = self.begin_phase(m);
+            copy_bytes(self.own(place, 0, m), &block[off..off + m]);
+            self.sync(pulse)?;
             if let Some(out) = out.as_deref_mut() {
                 for r in 0..self.size {
                     put(
                         &mut out[r * n + off..r * n + off + m],
-                        self.peer(r, area, 0, m),
+                        self.peer(r, place, 0, m),
                     );
                 }
             }
@@ -435,26 +568,38 @@ impl ShmPlane {
         // agreement leaves it untouched), not through the window.
         let direct = send.filter(|_| out.is_some() && senders.contains(&me));
         for (off, m) in pieces(block, self.block_piece()) {
-            let area = self.begin_phase();
+            let place = self.begin_phase(p * m);
             if let Some((buf, layout)) = send {
                 for r in (0..p).filter(|r| direct.is_none() || *r != me) {
-                    read_block(buf, layout, r, off, self.own(area, r * m, m));
+                    read_block(buf, layout, r, off, self.own(place, r * m, m));
                 }
             }
-            self.sync(area, pulse)?;
+            self.sync(pulse)?;
             if let Some((buf, layout)) = out.as_mut() {
                 for s in senders.clone() {
                     if let Some((src, sl)) = direct.filter(|_| s == me) {
                         copy_block(src, sl, me, buf, *layout, slot(me), off, m);
                         continue;
                     }
-                    let piece = self.peer(s, area, me * m, m);
+                    let piece = self.peer(s, place, me * m, m);
                     write_block(buf, *layout, slot(s), off, piece);
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Asks for the cache line at `at` without waiting for it.
+#[inline(always)]
+fn prefetch(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is baseline on x86_64; a prefetch never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(at as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
 
 /// `(offset, length)` of the pieces of `total` bytes, at most `step` each;
@@ -494,8 +639,8 @@ pub(crate) struct ShmCall<'a> {
 
 impl HostMoves for ShmCall<'_> {
     fn barrier(&self) -> Result<(), Fault> {
-        let area = self.plane.begin_phase();
-        self.plane.sync(area, &self.pulse)
+        self.plane.begin_phase(0);
+        self.plane.sync(&self.pulse)
     }
 
     fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
@@ -542,15 +687,15 @@ impl HostMoves for ShmCall<'_> {
         let block = out.nbytes();
         let (input, out) = (packed.bytes(), out.bytes_mut());
         for (off, m) in pieces(block, plane.block_piece()) {
-            let area = plane.begin_phase();
+            let place = plane.begin_phase(p * m);
             for r in 0..p {
                 copy_bytes(
-                    plane.own(area, r * m, m),
+                    plane.own(place, r * m, m),
                     &input[r * block + off..r * block + off + m],
                 );
             }
-            plane.sync(area, &self.pulse)?;
-            let piece_of = |q| plane.peer(q, area, me * m, m);
+            plane.sync(&self.pulse)?;
+            let piece_of = |q| plane.peer(q, place, me * m, m);
             combine(dtype, op, p, piece_of, &mut out[off..off + m]);
         }
         Ok(())
@@ -579,13 +724,13 @@ impl HostMoves for ShmCall<'_> {
             gets.then(|| lens.iter().map(|n| Vec::with_capacity(*n)).collect());
         let longest = lens.iter().copied().max().unwrap_or(0);
         for (off, m) in pieces(longest, plane.chunk()) {
-            let area = plane.begin_phase();
+            let place = plane.begin_phase(m);
             let own = mine.len().saturating_sub(off).min(m);
-            copy_bytes(plane.own(area, 0, own), &mine[off..off + own]);
-            plane.sync(area, &self.pulse)?;
+            copy_bytes(plane.own(place, 0, own), &mine[off..off + own]);
+            plane.sync(&self.pulse)?;
             for (r, got) in out.iter_mut().flatten().enumerate() {
                 let len = lens[r].saturating_sub(off).min(m);
-                got.extend_from_slice(plane.peer(r, area, 0, len));
+                got.extend_from_slice(plane.peer(r, place, 0, len));
             }
         }
         Ok(out)
@@ -609,13 +754,13 @@ impl HostMoves for ShmCall<'_> {
         let plane = self.plane;
         let put = output_copy(buf.len());
         for (off, m) in pieces(buf.len(), plane.chunk()) {
-            let area = plane.begin_phase();
+            let place = plane.begin_phase(m);
             if plane.me == root {
-                copy_bytes(plane.own(area, 0, m), &buf[off..off + m]);
+                copy_bytes(plane.own(place, 0, m), &buf[off..off + m]);
             }
-            plane.sync(area, &self.pulse)?;
+            plane.sync(&self.pulse)?;
             if plane.me != root {
-                put(&mut buf[off..off + m], plane.peer(root, area, 0, m));
+                put(&mut buf[off..off + m], plane.peer(root, place, 0, m));
             }
         }
         Ok(())

@@ -7,6 +7,7 @@ mod dicts;
 mod errors;
 mod gathering;
 mod groups;
+mod headers;
 mod helpers;
 mod large;
 mod nodes;
@@ -303,6 +304,13 @@ pub const ALL: &[Scenario] = &[
         sizes: &[],
         env: &[],
         run: gathering::run,
+    },
+    Scenario {
+        name: "header_payloads",
+        nodes: &[],
+        sizes: &[2, 3, 4],
+        env: &[],
+        run: headers::run,
     },
     Scenario {
         name: "streamed_outputs",
