@@ -533,10 +533,12 @@ impl ShmPlane {
             self.sync(pulse)?;
             if let Some(out) = out.as_deref_mut() {
                 for r in 0..self.size {
-                    put(
-                        &mut out[r * n + off..r * n + off + m],
-                        self.peer(r, place, 0, m),
-                    );
+                    // This rank's own piece from its block, still in cache.
+                    let from = match r == self.me {
+                        true => &block[off..off + m],
+                        false => self.peer(r, place, 0, m),
+                    };
+                    put(&mut out[r * n + off..r * n + off + m], from);
                 }
             }
         }
@@ -688,14 +690,16 @@ impl HostMoves for ShmCall<'_> {
         let (input, out) = (packed.bytes(), out.bytes_mut());
         for (off, m) in pieces(block, plane.block_piece()) {
             let place = plane.begin_phase(p * m);
-            for r in 0..p {
-                copy_bytes(
-                    plane.own(place, r * m, m),
-                    &input[r * block + off..r * block + off + m],
-                );
+            let mine = |r: usize| &input[r * block + off..r * block + off + m];
+            // This rank's own block is read from its input, not published.
+            for r in (0..p).filter(|r| *r != me) {
+                copy_bytes(plane.own(place, r * m, m), mine(r));
             }
             plane.sync(&self.pulse)?;
-            let piece_of = |q| plane.peer(q, place, me * m, m);
+            let piece_of = |q| match q == me {
+                true => mine(me),
+                false => plane.peer(q, place, me * m, m),
+            };
             combine(dtype, op, p, piece_of, &mut out[off..off + m]);
         }
         Ok(())
