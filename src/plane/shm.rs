@@ -132,7 +132,7 @@ impl ShmWindow {
         // MPI does not promise zeroed memory: every counter starts at 0
         // before any rank can wait on it.
         let own = slots[comm.rank() as usize];
-        // SAFETY: this rank's slot begins with its two page-aligned headers,
+        // SAFETY: this rank's slot begins with its two 64-aligned headers,
         // and its ring lies inside it, 64-aligned (RING_AT is).
         unsafe {
             for h in 0..2 {

@@ -4,29 +4,18 @@
 //! non-integer f32 values, bit-exact against a serial reference (sums in
 //! rank order), for every collective that publishes data.
 
+use super::reference::{first_difference, random_f32};
 use rankmesh::Collectives as _;
 use rankmesh::{ReduceOp, Runtime, Tensor};
 
 /// Bytes per rank each call publishes: on both sides of 40 and 104.
 const BYTES: [usize; 7] = [4, 36, 40, 44, 64, 104, 108];
 
-/// `n` values of rank `rank` for call `call`: a deterministic stream in [-1, 1).
+/// `n` values of rank `rank` for call `call`.
 fn values(rank: usize, call: usize, n: usize) -> Vec<f32> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64
-        ^ (rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+    let seed = (rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
         ^ (call as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    random_f32(seed, n)
 }
 
 pub fn run(rt: &Runtime) {
@@ -42,11 +31,19 @@ pub fn run(rt: &Runtime) {
             .map(|i| (1..p).fold(all[0][i], |acc, r| acc + all[r][i]))
             .collect();
         let got = sum.as_slice::<f32>().unwrap();
-        assert_eq!(bits(got), bits(&want), "all_reduce of {n} f32 on {p} ranks");
+        assert_eq!(
+            first_difference(got, &want),
+            None,
+            "all_reduce of {n} f32 on {p} ranks"
+        );
 
         let gathered = g.all_gather(&mine, 0).unwrap();
         let got = gathered.as_slice::<f32>().unwrap();
-        assert_eq!(bits(got), bits(&all.concat()), "all_gather of {n} f32");
+        assert_eq!(
+            first_difference(got, &all.concat()),
+            None,
+            "all_gather of {n} f32"
+        );
 
         for (root, sent) in all.iter().enumerate() {
             let mut t = if me == root {
@@ -56,7 +53,11 @@ pub fn run(rt: &Runtime) {
             };
             g.broadcast(&mut t, root).unwrap();
             let got = t.as_slice::<f32>().unwrap();
-            assert_eq!(bits(got), bits(sent), "broadcast of {n} f32 from {root}");
+            assert_eq!(
+                first_difference(got, sent),
+                None,
+                "broadcast of {n} f32 from {root}"
+            );
         }
 
         // `bytes` per rank in all: one block of `n / p` rows (of p values)
@@ -71,13 +72,17 @@ pub fn run(rt: &Runtime) {
             .flat_map(|s| blocks[s][me * block..(me + 1) * block].to_vec())
             .collect();
         let got = swapped.as_slice::<f32>().unwrap();
-        assert_eq!(bits(got), bits(&want), "all_to_all of {m} f32");
+        assert_eq!(first_difference(got, &want), None, "all_to_all of {m} f32");
 
         let reduced = g.reduce_scatter(&t, 0, ReduceOp::Sum).unwrap();
         let want: Vec<f32> = (me * block..(me + 1) * block)
             .map(|i| (1..p).fold(blocks[0][i], |acc, r| acc + blocks[r][i]))
             .collect();
         let got = reduced.as_slice::<f32>().unwrap();
-        assert_eq!(bits(got), bits(&want), "reduce_scatter of {m} f32");
+        assert_eq!(
+            first_difference(got, &want),
+            None,
+            "reduce_scatter of {m} f32"
+        );
     }
 }

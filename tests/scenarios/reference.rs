@@ -141,3 +141,29 @@ pub fn assert_tensor(got: &Tensor, dtype: DType, shape: &[usize], want: &[f64], 
         );
     }
 }
+
+/// `n` values in [-1, 1) from `seed` (xorshift64), non-integer so that
+/// sums round: every rank can make any rank's input.
+pub fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// The first index where `got` and `want` differ bit-wise, with both values.
+pub fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+    if got.len() != want.len() {
+        return Some((got.len().min(want.len()), f32::NAN, f32::NAN));
+    }
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .find(|(_, (g, w))| g.to_bits() != w.to_bits())
+        .map(|(i, (g, w))| (i, *g, *w))
+}

@@ -3,31 +3,16 @@
 //! an odd element count, so shares and tails fall off every alignment, and
 //! bit-exact comparison with a serial f32 reference summed in rank order.
 
+use super::reference::{first_difference, random_f32};
 use rankmesh::Collectives as _;
 use rankmesh::{ReduceOp, Runtime, Tensor};
 
 /// 9 MiB and 5 elements.
 const N: usize = (9 << 20) / 4 + 5;
 
-/// Rank `rank`'s values: a deterministic stream in [-1, 1).
+/// Rank `rank`'s values.
 fn values(rank: usize) -> Vec<f32> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
-    (0..N)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .find(|(_, (g, w))| g.to_bits() != w.to_bits())
-        .map(|(i, (g, w))| (i, *g, *w))
+    random_f32((rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03), N)
 }
 
 pub fn run(rt: &Runtime) {
