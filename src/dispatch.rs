@@ -12,6 +12,7 @@ pub use crate::op::Op;
 use crate::reduce::ReduceOp;
 use crate::tensor::{DType, Tensor};
 use bytemuck::{Pod, Zeroable};
+use std::cell::RefCell;
 
 /// Most tensor dimensions a descriptor carries.
 pub const MAX_DIMS: usize = 16;
@@ -34,6 +35,12 @@ const DIGEST_KEYS: [u64; 26] = {
 };
 // The digest reads a descriptor as 25 words: 9 of fields, then the dims.
 const _: () = assert!(9 + MAX_DIMS == 25 && std::mem::size_of::<Descriptor>() == 200);
+/// One keyed 64×64→128-bit product of a word pair, folded to 64 bits.
+#[inline(always)]
+fn mum(i: usize, a: u64, b: u64) -> u64 {
+    let p = u128::from(a ^ DIGEST_KEYS[i]) * u128::from(b ^ DIGEST_KEYS[i + 1]);
+    (p as u64) ^ (p >> 64) as u64
+}
 const MAGIC: u64 = 0x726b_6d65_7368_0001; // "rkmesh" + wire version 1
 const NO_DTYPE: u32 = u32::MAX;
 /// Flag: the caller's output tensor does not fit the call.
@@ -196,6 +203,14 @@ impl Descriptor {
         self.dims[..n].iter().map(|d| *d as usize)
     }
 
+    /// How many of the descriptor's leading 8-byte words hold what it says:
+    /// every field but the dims past the tensor's (the dims come last).
+    pub(crate) fn used_words(&self) -> usize {
+        const DIMS_AT: usize = std::mem::offset_of!(Descriptor, dims) / 8;
+        const _: () = assert!(DIMS_AT + MAX_DIMS == std::mem::size_of::<Descriptor>() / 8);
+        DIMS_AT + (self.ndim as usize).min(MAX_DIMS)
+    }
+
     /// Number of dimensions as sent.
     pub fn ndim(&self) -> usize {
         self.ndim as usize
@@ -238,11 +253,29 @@ impl Descriptor {
     /// the agreement fields): equal digests everywhere mean agreement, up to
     /// a 2^-64 collision chance.
     pub fn digest(&self) -> u64 {
-        // Runs on every device call in deferred mode, so: the fields read in
-        // place, hashed as keyed 64×64→128-bit products of word pairs,
-        // summed (no loop-carried dependency), then one final mix. Only the
-        // dims the tensor has are hashed, as `agreement_key` compares only
-        // those: a 2-d tensor costs 6 products instead of 13.
+        self.digest_from(self.digest_sum())
+    }
+
+    /// The digest of this call from [`digest_sum`](Self::digest_sum) of a
+    /// call that differs from it at most in its call number.
+    fn digest_from(&self, sum: u64) -> u64 {
+        // The call number's term is the one added here, so that a repeated
+        // call (see [`Admitted`]) hashes one word pair, not all of them.
+        let mut h = sum.wrapping_add(mum(0, self.magic, self.seq));
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+
+    /// The digest's sum over every field but the magic and call number.
+    fn digest_sum(&self) -> u64 {
+        // Runs on every call the digest of a repeated one does not cover,
+        // so: the fields read in place, hashed as keyed 64×64→128-bit
+        // products of word pairs, summed (no loop-carried dependency).
+        // Only the dims the tensor has are hashed, as `agreement_key`
+        // compares only those: a 2-d tensor costs 5 products instead of 12.
         let tensor = self.op().is_some_and(Op::carries_tensor);
         let ndim = if tensor {
             (self.ndim as usize).min(MAX_DIMS)
@@ -250,26 +283,28 @@ impl Descriptor {
             0
         };
         let dim = |i: usize| if i < ndim { self.dims[i] } else { 0 };
-        let mut h = 0u64;
-        let mut mum = |i: usize, a: u64, b: u64| {
-            let p = u128::from(a ^ DIGEST_KEYS[i]) * u128::from(b ^ DIGEST_KEYS[i + 1]);
-            h = h.wrapping_add((p as u64) ^ (p >> 64) as u64);
-        };
         let [p0, p1, p2, p3] = self.params.map(|p| p as u64);
-        mum(0, self.magic, self.seq);
         let shape = u64::from(self.ndim) | u64::from(self.is_device()) << 32;
-        mum(2, u64::from(self.op) << 32 | u64::from(self.dtype), shape);
-        mum(4, if tensor { self.len } else { 0 }, p0);
-        mum(6, p1, p2);
-        mum(8, p3, dim(0));
+        let mut h = mum(2, u64::from(self.op) << 32 | u64::from(self.dtype), shape)
+            .wrapping_add(mum(4, if tensor { self.len } else { 0 }, p0))
+            .wrapping_add(mum(6, p1, p2))
+            .wrapping_add(mum(8, p3, dim(0)));
         for i in (1..ndim).step_by(2) {
-            mum(9 + i, dim(i), dim(i + 1));
+            h = h.wrapping_add(mum(9 + i, dim(i), dim(i + 1)));
         }
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
+        h
+    }
+
+    /// Whether `other` is the same call as this one but for its call
+    /// number: every field and flag, and the dims the tensor has.
+    fn same_but_seq(&self, other: &Descriptor) -> bool {
+        let a: &[u64; 25] = bytemuck::cast_ref(self);
+        let b: &[u64; 25] = bytemuck::cast_ref(other);
+        // Word 1 is `seq`; `ndim` (word 3) is compared before its dims.
+        a[0] == b[0] && a[2..9] == b[2..9] && {
+            let used = self.used_words();
+            a[9..used] == b[9..used]
+        }
     }
 
     /// The group rank whose `len` is the call's own (an object broadcast's
@@ -341,6 +376,9 @@ pub fn agree(
     me: usize,
     check: &dyn Fn(&Descriptor) -> Result<(), String>,
 ) -> Result<(), Rejection> {
+    if let [only] = descs {
+        return agree_alone(only, check);
+    }
     agree_on_call(descs)?;
     if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
         return Err(Rejection::Invalid(format!(
@@ -365,6 +403,65 @@ pub fn agree(
         return Err(Rejection::Invalid(format!(
             "group rank {r} passed an output tensor of the wrong shape or dtype"
         )));
+    }
+    Ok(())
+}
+
+/// A group's last call that passed this rank's own checks, so that a
+/// repeated call (only its call number differs: a loop's usual case) skips
+/// them and hashes one word pair of its digest. Its verdict and digest are
+/// the ones [`agree`] alone and [`Descriptor::digest`] give.
+#[derive(Default)]
+pub(crate) struct Admitted {
+    last: RefCell<Option<(Descriptor, u64)>>,
+}
+
+impl Admitted {
+    /// This rank's verdict on `desc` alone ([`agree`] with `check`) and
+    /// its digest.
+    pub fn admit(
+        &self,
+        desc: &Descriptor,
+        check: &dyn Fn(&Descriptor) -> Result<(), String>,
+    ) -> (u64, Result<(), Rejection>) {
+        if let Some((last, sum)) = &*self.last.borrow() {
+            if desc.same_but_seq(last) {
+                return (desc.digest_from(*sum), Ok(()));
+            }
+        }
+        let sum = desc.digest_sum();
+        let verdict = agree_alone(desc, check);
+        if verdict.is_ok() {
+            *self.last.borrow_mut() = Some((*desc, sum));
+        }
+        (desc.digest_from(sum), verdict)
+    }
+}
+
+/// [`agree`] on this rank's descriptor alone (a group of one, or a call
+/// whose peers' descriptors are known to equal it): the same verdicts
+/// without comparing it to itself, as it runs before every call.
+fn agree_alone(
+    d: &Descriptor,
+    check: &dyn Fn(&Descriptor) -> Result<(), String>,
+) -> Result<(), Rejection> {
+    if d.magic != MAGIC || d.op().is_none() {
+        return agree_on_call(std::slice::from_ref(d));
+    }
+    if d.op().is_some_and(Op::carries_tensor) && d.ndim() > MAX_DIMS {
+        return Err(Rejection::Invalid(format!(
+            "tensors have at most {MAX_DIMS} dimensions, got {}",
+            d.ndim()
+        )));
+    }
+    check(d).map_err(Rejection::Invalid)?;
+    if let Some(why) = d.view_refusal() {
+        return Err(Rejection::Invalid(format!("group rank 0 {why}")));
+    }
+    if d.bad_output() {
+        return Err(Rejection::Invalid(
+            "group rank 0 passed an output tensor of the wrong shape or dtype".into(),
+        ));
     }
     Ok(())
 }
@@ -608,6 +705,48 @@ mod tests {
         stray.dims[MAX_DIMS - 1] = 9;
         assert_eq!(stray.digest(), base.digest());
         assert_eq!(agree(&[base, stray], 1, &ok), Ok(()));
+    }
+
+    #[test]
+    fn admitted_gives_agree_alone_verdicts_and_digests() {
+        // `src` 2 is out of range in a group of 2: refused by the check.
+        let check = |d: &Descriptor| Op::Broadcast.check(d, 2);
+        let admitted = Admitted::default();
+        let base = Descriptor::for_tensor(Op::Broadcast, DType::F32, &[3, 5], &[1]);
+        let mut calls = Vec::new();
+        for seq in 0..3 {
+            let mut d = base;
+            d.seq = seq;
+            calls.push(d);
+        }
+        let mut bad_output = base;
+        bad_output.mark_bad_output(true);
+        let mut ended = base;
+        ended.mark_unusable_view(ViewProblem::Ended);
+        calls.extend([
+            bad_output,
+            base,
+            Descriptor::for_tensor(Op::Broadcast, DType::F32, &[3, 5], &[2]),
+            base,
+            Descriptor::for_tensor(Op::Broadcast, DType::F32, &[3, 6], &[1]),
+            Descriptor::for_tensor(Op::Broadcast, DType::F32, &[3, 5, 1], &[1]),
+            Descriptor::for_tensor(Op::Broadcast, DType::F16, &[3, 5], &[1]),
+            ended,
+            base.on_device(),
+            base,
+        ]);
+        for (i, d) in calls.iter_mut().enumerate() {
+            d.seq += i as u64;
+            let (digest, verdict) = admitted.admit(d, &check);
+            assert_eq!(digest, d.digest(), "call {i}");
+            assert_eq!(
+                verdict,
+                agree(std::slice::from_ref(d), 0, &check),
+                "call {i}"
+            );
+        }
+        assert!(admitted.admit(&calls[5], &check).1.is_err());
+        assert!(admitted.admit(&calls[3], &check).1.is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::check::{CheckMode, Deferred, Posts};
 use crate::collectives::PlaneTensor;
-use crate::dispatch::{agree, agree_peers, Descriptor};
+use crate::dispatch::{agree, agree_peers, Admitted, Descriptor};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
 use crate::plane::executor::{HostExec, HostPlaneChoice};
@@ -42,6 +42,8 @@ struct Inner<'rt> {
     ranks: Vec<usize>,
     rank_in_group: usize,
     seq: Cell<u64>,
+    /// The last call this rank's own checks passed (see [`Admitted`]).
+    admitted: Admitted,
     /// The group in the runtime's hang watchdog (holds its name).
     watch: GroupWatch,
     /// The group's NCCL communicator, created at its first device operation.
@@ -117,6 +119,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 comm,
                 ranks,
                 seq: Cell::new(0),
+                admitted: Admitted::default(),
                 watch,
                 nccl: RefCell::new(None),
                 nccl_pairs: RefCell::new(HashMap::new()),
@@ -404,6 +407,8 @@ impl<'rt> GroupCoordinator<'rt> {
     /// tracing span, agrees on descriptors, applies `check`, and only then runs
     /// `body`. `body` gets every rank's descriptor (by group rank) when the op
     /// [needs them all](Descriptor::needs_all), otherwise this rank's only.
+    /// `check` depends on the descriptor and the group alone: a repeat of
+    /// the last call it passed skips it (see [`Admitted`]).
     pub(crate) fn collective<R>(
         &self,
         desc: Descriptor,
@@ -456,7 +461,7 @@ impl<'rt> GroupCoordinator<'rt> {
             d.check_usable(op)?;
         }
         if self.size() == 1 {
-            return self.checked(op, one, 0, &check, body);
+            return self.checked_alone(op, desc, &check, body);
         }
         if desc.is_device() {
             match self.inner.check.get() {
@@ -476,7 +481,7 @@ impl<'rt> GroupCoordinator<'rt> {
         // several lengths), are the full descriptors gathered, and every
         // rank takes that branch together.
         let me = self.rank_in_group();
-        let key = desc.digest();
+        let (key, _) = self.inner.admitted.admit(desc, &check);
         let [len, not_len] = desc.announcement(me);
         let mine = [key, !key, u64::from(desc.local_problem()), len, not_len];
         let mut max = [0u64; 5];
@@ -486,7 +491,7 @@ impl<'rt> GroupCoordinator<'rt> {
         if max[..3] == [key, !key, 0] {
             if !desc.needs_all() {
                 // Identical everywhere: the op's own check gives every rank the same verdict.
-                return self.checked(op, one, 0, &check, body);
+                return self.checked_alone(op, desc, &check, body);
             }
             let announced = Descriptor::announced([max[3], max[4]]);
             if let (Some(src), Some(len)) = (desc.length_source(), announced) {
@@ -537,14 +542,13 @@ impl<'rt> GroupCoordinator<'rt> {
         if deferred.full() {
             gpu.settle()?;
         }
-        let one = std::slice::from_ref(desc);
-        let verdict = agree(one, 0, &check);
-        deferred.post(desc, self.size(), verdict.is_err())?;
+        let (digest, verdict) = self.inner.admitted.admit(desc, &check);
+        deferred.post(desc, digest, self.size(), verdict.is_err())?;
         if let Err(rejection) = verdict {
             gpu.settle()?;
             return Err(Error::rejected(op, self.name(), rejection));
         }
-        body(one)
+        body(std::slice::from_ref(desc))
     }
 
     /// When this group's device calls agree (see [`CheckMode`]).
@@ -574,6 +578,21 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Applies the agreement rules and the op's `check` to `descs` (this
     /// rank's alone when every rank's is the same, `me` being 0 then) and
     /// runs `body` on them when they allow the call.
+    /// [`checked`](Self::checked) on this rank's descriptor alone (every
+    /// rank's is the same), through the group's [`Admitted`].
+    fn checked_alone<R>(
+        &self,
+        op: Op,
+        desc: &Descriptor,
+        check: &dyn Fn(&Descriptor) -> std::result::Result<(), String>,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        let (_, verdict) = self.inner.admitted.admit(desc, check);
+        verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
+        tracing::trace!("agreed");
+        body(std::slice::from_ref(desc))
+    }
+
     fn checked<R>(
         &self,
         op: Op,
@@ -604,8 +623,9 @@ impl<'rt> GroupCoordinator<'rt> {
         let op = desc.op().expect("descriptors are built from an Op");
         let me = self.rank_in_group();
         let one = std::slice::from_ref(desc);
-        if fused && !desc.needs_all() && agree(one, 0, &check).is_ok() {
-            shm.stage(*desc);
+        let fast = fused && !desc.needs_all();
+        if let (true, (digest, Ok(()))) = (fast, self.inner.admitted.admit(desc, &check)) {
+            shm.stage(desc, digest);
             let moved = body(one);
             if let Some(descs) = shm.take_disagreement() {
                 return Err(match agree(&descs, me, &check) {
@@ -624,7 +644,7 @@ impl<'rt> GroupCoordinator<'rt> {
         }
         let descs = shm.exchange_descriptors(desc, &self.inner.rt.watchdog().pulse());
         if descs.iter().all(|d| d == desc) && !desc.local_problem() && !desc.needs_all() {
-            return self.checked(op, one, 0, &check, body);
+            return self.checked_alone(op, desc, &check, body);
         }
         self.checked(op, &descs, me, &check, body)
     }

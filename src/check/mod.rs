@@ -188,23 +188,32 @@ impl Deferred {
         }
     }
 
-    /// Posts `desc` for the group's `size` members; `refused_here`: this
-    /// rank's own checks refused the call (it enqueues nothing).
-    pub(crate) fn post(&self, desc: &Descriptor, size: usize, refused_here: bool) -> Result<()> {
+    /// Posts `desc` (of digest `digest`) for the group's `size` members;
+    /// `refused_here`: this rank's own checks refused the call (it
+    /// enqueues nothing).
+    pub(crate) fn post(
+        &self,
+        desc: &Descriptor,
+        digest: u64,
+        size: usize,
+        refused_here: bool,
+    ) -> Result<()> {
         match &self.posts {
             Posts::Mpi(m) => m.post(desc, size, &self.group),
-            Posts::Ring(r) => r.post(desc, refused_here, self.limit()).map_err(|held| {
-                self.break_with("a member did not check a refused call");
-                Error::Timeout {
-                    op: desc.op().unwrap_or(Op::Synchronize),
-                    group: self.group.clone(),
-                    msg: format!(
-                        "a member did not check the refused device call posted {} calls \
+            Posts::Ring(r) => r
+                .post(desc, digest, refused_here, self.limit())
+                .map_err(|held| {
+                    self.break_with("a member did not check a refused call");
+                    Error::Timeout {
+                        op: desc.op().unwrap_or(Op::Synchronize),
+                        group: self.group.clone(),
+                        msg: format!(
+                            "a member did not check the refused device call posted {} calls \
                          earlier within RANKMESH_TIMEOUT",
-                        r.posted() + 1 - held
-                    ),
-                }
-            }),
+                            r.posted() + 1 - held
+                        ),
+                    }
+                }),
         }
     }
 

@@ -172,13 +172,15 @@ impl Ring {
         true
     }
 
-    /// Posts `desc`; `refused_here`: this rank's own checks refused it.
+    /// Posts `desc` (of digest `digest`); `refused_here`: this rank's own
+    /// checks refused it.
     /// Call when not [`full`](Self::full). Waits (at most `limit`) only
     /// when the slot holds an entry that did not agree and some member has
     /// not checked it yet; `Err` is that entry's number then.
     pub(super) fn post(
         &self,
         desc: &Descriptor,
+        digest: u64,
         refused_here: bool,
         limit: Duration,
     ) -> Result<(), u64> {
@@ -207,7 +209,7 @@ impl Ring {
         for (i, w) in words.iter().enumerate() {
             word(at + 8 * i).store(*w, Ordering::Relaxed);
         }
-        let (digest, bad) = (desc.digest(), u64::from(desc.local_problems()));
+        let bad = u64::from(desc.local_problems());
         let sum = self.sum.get().wrapping_add(term(digest, bad));
         self.sum.set(sum);
         word(key + DIGEST).store(digest, Ordering::Relaxed);

@@ -302,8 +302,8 @@ impl ShmPlane {
     /// synchronisation publishes: written after, the copy's loads wait for
     /// the header's stores to leave the store buffer, and those wait for
     /// the header's line to come back from the peer that read it.
-    pub(crate) fn stage(&self, desc: Descriptor) {
-        self.staged.set(Some(self.write_descriptor(&desc)));
+    pub(crate) fn stage(&self, desc: &Descriptor, digest: u64) {
+        self.staged.set(Some(self.write_descriptor(desc, digest)));
     }
 
     /// Whether a staged descriptor was never published (a body that did not
@@ -321,7 +321,7 @@ impl ShmPlane {
     /// (the agreement of calls whose body does not run here).
     pub(crate) fn exchange_descriptors(&self, desc: &Descriptor, pulse: &Pulse) -> Vec<Descriptor> {
         self.begin_phase(0);
-        self.publish_header(Some(self.write_descriptor(desc)));
+        self.publish_header(Some(self.write_descriptor(desc, desc.digest())));
         self.publish_and_wait(pulse);
         self.descriptors()
     }
@@ -329,11 +329,11 @@ impl ShmPlane {
     /// Writes `desc` to this rank's descriptor area for its next step (no
     /// one reads it before that step); returns what the step's header says
     /// of it.
-    fn write_descriptor(&self, desc: &Descriptor) -> (u64, u64) {
+    fn write_descriptor(&self, desc: &Descriptor, digest: u64) -> (u64, u64) {
         let at = self.desc_at(self.me, self.step.get() + 1);
         // SAFETY: this rank's own area, 64-aligned, inside its slot.
         unsafe { at.write(*desc) };
-        (desc.digest(), CARRIES | u64::from(desc.local_problems()))
+        (digest, CARRIES | u64::from(desc.local_problems()))
     }
 
     /// Fills the header of this rank's next step but its counter: the

@@ -97,8 +97,11 @@ impl Recorder {
         s.number.store(number + 1, Ordering::Relaxed);
         s.group.store(group_id, Ordering::Relaxed);
         s.start.store(now, Ordering::Relaxed);
+        // Only the dims the tensor has: the dump describes the call, which
+        // reads no dim past `ndim`, and a 1-d call stores 10 words, not 25.
         let words: &[u64; WORDS] = bytemuck::cast_ref(desc);
-        for (w, d) in s.desc.iter().zip(words) {
+        let used = desc.used_words();
+        for (w, d) in s.desc.iter().zip(&words[..used]) {
             w.store(*d, Ordering::Relaxed);
         }
         s.version.store(v + 2, Ordering::Release);
