@@ -203,12 +203,22 @@ impl Descriptor {
         self.dims[..n].iter().map(|d| *d as usize)
     }
 
-    /// How many of the descriptor's leading 8-byte words hold what it says:
-    /// every field but the dims past the tensor's (the dims come last).
-    pub(crate) fn used_words(&self) -> usize {
+    /// The descriptor's leading 8-byte words that hold what it says: every
+    /// field but the dims past the tensor's (the dims come last). A copy
+    /// of these and [`clear_unused_dims`](Self::clear_unused_dims) is the
+    /// descriptor.
+    pub(crate) fn used_words(&self) -> &[u64] {
         const DIMS_AT: usize = std::mem::offset_of!(Descriptor, dims) / 8;
         const _: () = assert!(DIMS_AT + MAX_DIMS == std::mem::size_of::<Descriptor>() / 8);
-        DIMS_AT + (self.ndim as usize).min(MAX_DIMS)
+        let words: &[u64; DIMS_AT + MAX_DIMS] = bytemuck::cast_ref(self);
+        &words[..DIMS_AT + (self.ndim as usize).min(MAX_DIMS)]
+    }
+
+    /// Zeroes the dims past the tensor's (left over where only the
+    /// [used words](Self::used_words) were copied).
+    pub(crate) fn clear_unused_dims(&mut self) {
+        let ndim = (self.ndim as usize).min(MAX_DIMS);
+        self.dims[ndim..].fill(0);
     }
 
     /// Number of dimensions as sent.
@@ -301,10 +311,9 @@ impl Descriptor {
         let a: &[u64; 25] = bytemuck::cast_ref(self);
         let b: &[u64; 25] = bytemuck::cast_ref(other);
         // Word 1 is `seq`; `ndim` (word 3) is compared before its dims.
-        a[0] == b[0] && a[2..9] == b[2..9] && {
-            let used = self.used_words();
-            a[9..used] == b[9..used]
-        }
+        // Differences or-ed, not compared slice by slice: no `memcmp` call.
+        let differ = |words: std::ops::Range<usize>| words.fold(0, |x, i| x | (a[i] ^ b[i]));
+        a[0] == b[0] && differ(2..9) == 0 && differ(9..self.used_words().len()) == 0
     }
 
     /// The group rank whose `len` is the call's own (an object broadcast's

@@ -456,7 +456,6 @@ impl<'rt> GroupCoordinator<'rt> {
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let op = desc.op().expect("descriptors are built from an Op");
-        let one = std::slice::from_ref(desc);
         if let Some(d) = self.inner.deferred.get() {
             d.check_usable(op)?;
         }
@@ -467,7 +466,7 @@ impl<'rt> GroupCoordinator<'rt> {
             match self.inner.check.get() {
                 CheckMode::Strict => {}
                 CheckMode::Deferred => return self.agree_deferred(desc, check, body),
-                CheckMode::Off => return self.checked(op, one, 0, &check, body),
+                CheckMode::Off => return self.checked_alone(op, desc, &check, body),
             }
         }
         if let Some(shm) = self.shm() {

@@ -331,8 +331,10 @@ impl ShmPlane {
     /// of it.
     fn write_descriptor(&self, desc: &Descriptor, digest: u64) -> (u64, u64) {
         let at = self.desc_at(self.me, self.step.get() + 1);
-        // SAFETY: this rank's own area, 64-aligned, inside its slot.
-        unsafe { at.write(*desc) };
+        let words = desc.used_words();
+        // SAFETY: this rank's own area, 64-aligned, inside its slot, which
+        // holds a whole descriptor; `descriptors` clears the rest.
+        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), at as *mut u64, words.len()) };
         (digest, CARRIES | u64::from(desc.local_problems()))
     }
 
@@ -360,7 +362,11 @@ impl ShmPlane {
         // SAFETY: written by each rank before it published `step`, which
         // this rank has seen, and not rewritten before its next step.
         (0..self.size)
-            .map(|r| unsafe { self.desc_at(r, step).read() })
+            .map(|r| {
+                let mut d = unsafe { self.desc_at(r, step).read() };
+                d.clear_unused_dims();
+                d
+            })
             .collect()
     }
 

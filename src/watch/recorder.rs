@@ -97,11 +97,9 @@ impl Recorder {
         s.number.store(number + 1, Ordering::Relaxed);
         s.group.store(group_id, Ordering::Relaxed);
         s.start.store(now, Ordering::Relaxed);
-        // Only the dims the tensor has: the dump describes the call, which
-        // reads no dim past `ndim`, and a 1-d call stores 10 words, not 25.
-        let words: &[u64; WORDS] = bytemuck::cast_ref(desc);
-        let used = desc.used_words();
-        for (w, d) in s.desc.iter().zip(&words[..used]) {
+        // Only the words in use (a 1-d call's 10, not 25); `read` clears
+        // the dims left over from the slot's earlier calls.
+        for (w, d) in s.desc.iter().zip(desc.used_words()) {
             w.store(*d, Ordering::Relaxed);
         }
         s.version.store(v + 2, Ordering::Release);
@@ -132,7 +130,11 @@ impl Recorder {
                 number: s.number.load(Ordering::Relaxed),
                 group: s.group.load(Ordering::Relaxed),
                 start: s.start.load(Ordering::Relaxed),
-                desc: bytemuck::cast(words),
+                desc: {
+                    let mut d: Descriptor = bytemuck::cast(words);
+                    d.clear_unused_dims();
+                    d
+                },
             };
             fence(Ordering::Acquire);
             if s.version.load(Ordering::Relaxed) == v {

@@ -168,6 +168,36 @@ pub fn run(rt: &Runtime) {
             expect_err(g.recv_object::<String>(0), &["types differ", "String"]);
         }
     }
+    // A call repeated (its checks remembered per group) and then changed on
+    // one rank only: every rank still gets the error, and the repeat works
+    // again afterwards, with the right values.
+    if p > 1 {
+        let last = p - 1;
+        let mut t = Tensor::from_vec([3], vec![0.5f32 + me as f32; 3]).unwrap();
+        for _ in 0..3 {
+            g.broadcast(&mut t, last).unwrap();
+        }
+        let src = if me == 0 { p } else { last };
+        expect_err(g.broadcast(&mut t, src), &["broadcast on world"]);
+        let mut wider = Tensor::zeros([if me == 0 { 4 } else { 3 }], DType::F32).unwrap();
+        expect_err(
+            g.broadcast(&mut wider, last),
+            &["ranks disagree", "shape [4] f32", "shape [3] f32"],
+        );
+        let mut out = Tensor::zeros([if me == last { 4 } else { 3 }], DType::F32).unwrap();
+        let x = Tensor::from_vec([3], vec![0.25f32; 3]).unwrap();
+        let mut fits = Tensor::zeros([3], DType::F32).unwrap();
+        for _ in 0..2 {
+            g.all_reduce_into(&x, &mut fits, ReduceOp::Sum).unwrap();
+        }
+        expect_err(
+            g.all_reduce_into(&x, &mut out, ReduceOp::Sum),
+            &[&format!("group rank {last} passed an output tensor")],
+        );
+        let mut t = Tensor::from_vec([3], vec![0.5f32 + me as f32; 3]).unwrap();
+        g.broadcast(&mut t, last).unwrap();
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[0.5 + last as f32; 3]);
+    }
     // A wrong output buffer on one rank fails every rank, naming that rank.
     let input = Tensor::zeros([4], DType::F32).unwrap();
     let mut out = if me == 0 {
