@@ -622,8 +622,8 @@ impl<'rt> GroupCoordinator<'rt> {
         let op = desc.op().expect("descriptors are built from an Op");
         let me = self.rank_in_group();
         let one = std::slice::from_ref(desc);
-        let fast = fused && !desc.needs_all();
-        if let (true, (digest, Ok(()))) = (fast, self.inner.admitted.admit(desc, &check)) {
+        let (digest, verdict) = self.inner.admitted.admit(desc, &check);
+        if fused && !desc.needs_all() && verdict.is_ok() {
             shm.stage(desc, digest);
             let moved = body(one);
             if let Some(descs) = shm.take_disagreement() {
@@ -641,11 +641,15 @@ impl<'rt> GroupCoordinator<'rt> {
             }
             return moved;
         }
-        let descs = shm.exchange_descriptors(desc, &self.inner.rt.watchdog().pulse());
-        if descs.iter().all(|d| d == desc) && !desc.local_problem() && !desc.needs_all() {
-            return self.checked_alone(op, desc, &check, body);
+        let pulse = self.inner.rt.watchdog().pulse();
+        match shm.exchange_descriptors(desc, digest, desc.needs_all(), &pulse) {
+            Some(descs) => self.checked(op, &descs, me, &check, body),
+            // The same everywhere: this rank's verdict is every rank's.
+            None => {
+                verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
+                body(one)
+            }
         }
-        self.checked(op, &descs, me, &check, body)
     }
 
     /// The dispatch path with the op's rules applied: `desc` names the op,

@@ -319,11 +319,19 @@ impl ShmPlane {
 
     /// Publishes `desc` in a phase of its own and returns every rank's
     /// (the agreement of calls whose body does not run here).
-    pub(crate) fn exchange_descriptors(&self, desc: &Descriptor, pulse: &Pulse) -> Vec<Descriptor> {
+    /// `None`, unless `all` is asked for, when every rank's digest is this
+    /// one's and no rank flags a local problem (no descriptor is read then).
+    pub(crate) fn exchange_descriptors(
+        &self,
+        desc: &Descriptor,
+        digest: u64,
+        all: bool,
+        pulse: &Pulse,
+    ) -> Option<Vec<Descriptor>> {
         self.begin_phase(0);
-        self.publish_header(Some(self.write_descriptor(desc, desc.digest())));
+        self.publish_header(Some(self.write_descriptor(desc, digest)));
         self.publish_and_wait(pulse);
-        self.descriptors()
+        (all || !self.all_alike()).then(|| self.descriptors())
     }
 
     /// Writes `desc` to this rank's descriptor area for its next step (no
@@ -380,11 +388,21 @@ impl ShmPlane {
         if staged.is_none() {
             return Ok(());
         }
+        if self.all_alike() {
+            return Ok(());
+        }
+        *self.disagreement.borrow_mut() = Some(self.descriptors());
+        Err(Fault::Disagreed)
+    }
+
+    /// Whether every rank published this rank's digest at the last step,
+    /// with no local problem.
+    fn all_alike(&self) -> bool {
         // A peer's header carries its local problems beside the digest:
         // one with any, or with another digest, or publishing no
         // descriptor at this step, differs from this rank's `CARRIES`.
         let step = self.step.get();
-        // SAFETY: this rank's own header, written above.
+        // SAFETY: this rank's own header, written before it published.
         let digest = unsafe { (*self.header(self.me, step)).digest };
         let same = |r: usize| {
             // SAFETY: published with `step`, which this rank has seen; not
@@ -392,11 +410,7 @@ impl ShmPlane {
             let h = unsafe { &*self.header(r, step) };
             h.call == CARRIES && h.digest == digest
         };
-        if (0..self.size).all(same) {
-            return Ok(());
-        }
-        *self.disagreement.borrow_mut() = Some(self.descriptors());
-        Err(Fault::Disagreed)
+        (0..self.size).all(same)
     }
 
     /// Publishes the next step and waits until every peer has published it.
