@@ -480,7 +480,7 @@ impl<'rt> GroupCoordinator<'rt> {
         // several lengths), are the full descriptors gathered, and every
         // rank takes that branch together.
         let me = self.rank_in_group();
-        let (key, _) = self.inner.admitted.admit(desc, &check);
+        let (key, verdict) = self.inner.admitted.admit(desc, &check);
         let [len, not_len] = desc.announcement(me);
         let mine = [key, !key, u64::from(desc.local_problem()), len, not_len];
         let mut max = [0u64; 5];
@@ -490,7 +490,8 @@ impl<'rt> GroupCoordinator<'rt> {
         if max[..3] == [key, !key, 0] {
             if !desc.needs_all() {
                 // Identical everywhere: the op's own check gives every rank the same verdict.
-                return self.checked_alone(op, desc, &check, body);
+                verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
+                return body(std::slice::from_ref(desc));
             }
             let announced = Descriptor::announced([max[3], max[4]]);
             if let (Some(src), Some(len)) = (desc.length_source(), announced) {
