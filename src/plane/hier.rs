@@ -7,10 +7,11 @@
 //! [shared-memory executor](super::shm) on a communicator of their own);
 //! the leaders (each node's lowest group rank, ordered by it, so a leader's
 //! rank among them is its node's index) share an MPI communicator.
-//! all-reduce, reduce, broadcast, all-gather and barrier run in those three
-//! stages. Gathers, scatters, reduce-scatter and all-to-all move data
-//! between particular pairs of ranks, where staging through leaders only
-//! adds copies: they run on MPI over the whole group.
+//! all-reduce, reduce, reduce-scatter, broadcast, all-gather and barrier
+//! run in those three stages (a reduce-scatter's leaders exchange node
+//! shares: each node's members' blocks). Gathers, scatters and all-to-all
+//! move data between particular pairs of ranks, where staging through
+//! leaders only adds copies: they run on MPI over the whole group.
 //!
 //! Reductions combine each node's values first, then the nodes' results:
 //! narrow floats (f16, bf16, fp8) are rounded once per stage, as NCCL's
@@ -248,7 +249,50 @@ impl HostMoves for HierCall<'_> {
         out: &mut Tensor,
         op: ReduceOp,
     ) -> Result<(), Fault> {
-        HostMoves::reduce_scatter_block_into(&self.flat, packed, out, op)
+        // The node's sum on its leader; the leaders' reduce-scatter, node k
+        // getting its members' blocks; each leader's scatter over its
+        // node's window. Only the node shares cross the network.
+        let b = out.nbytes();
+        let (node, local) = self.hier.here();
+        let members = &self.hier.map.members;
+        let mut acc = packed.clone();
+        self.reduce_to_leader(packed, &mut acc, staged(op))?;
+        let mut share = Vec::new();
+        if local == 0 {
+            let block = |r: usize| &acc.bytes()[r * b..(r + 1) * b];
+            share = match self.leaders() {
+                Some(leaders) => {
+                    // Every node's part is `most` blocks, its members' first
+                    // (nodes may differ in size; the padding's reduction
+                    // is read by no one).
+                    let most = members.iter().map(Vec::len).max().unwrap_or(1);
+                    let elems = b / packed.dtype().size();
+                    let mut ordered =
+                        Tensor::zeros([members.len() * most * elems], packed.dtype())?;
+                    for (k, ranks) in members.iter().enumerate() {
+                        for (j, r) in ranks.iter().enumerate() {
+                            let at = (k * most + j) * b;
+                            ordered.bytes_mut()[at..at + b].copy_from_slice(block(*r));
+                        }
+                    }
+                    let mut part = Tensor::zeros([most * elems], packed.dtype())?;
+                    leaders.reduce_scatter_block_into(&ordered, &mut part, staged(op));
+                    part.bytes()[..members[node].len() * b].to_vec()
+                }
+                None => members[node]
+                    .iter()
+                    .flat_map(|r| block(*r).to_vec())
+                    .collect(),
+            };
+        }
+        match self.local() {
+            Some(n) => n.scatter((local == 0).then_some(&share[..]), out.bytes_mut(), 0)?,
+            None => out.bytes_mut().copy_from_slice(&share),
+        }
+        if op == ReduceOp::Avg {
+            divide(out.dtype(), out.bytes_mut(), self.members());
+        }
+        Ok(())
     }
 
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
