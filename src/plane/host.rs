@@ -379,6 +379,32 @@ impl<'c> HostPlane<'c> {
         if send.len() > self.max_bytes || recv.len() > self.max_bytes {
             return false;
         }
+        if let (1, 1, Ok(run)) = (
+            send_layout.count,
+            recv_layout.count,
+            c_int::try_from(send_layout.run),
+        ) {
+            if send_layout.run == recv_layout.run {
+                // Contiguous blocks both sides (a 4-d all-to-all whose outer
+                // dims are 1): the plain call on the caller's buffers, as a
+                // raw all-to-all, with no datatype to build.
+                // SAFETY: each buffer holds `size` blocks of `run` bytes
+                // (the layouts were derived from their shapes).
+                unsafe {
+                    ffi::MPI_Alltoall(
+                        send.as_ptr().cast(),
+                        run,
+                        ffi::RSMPI_UINT8_T,
+                        recv.as_mut_ptr().cast(),
+                        run,
+                        ffi::RSMPI_UINT8_T,
+                        self.comm.as_raw(),
+                    );
+                }
+                self.pulse.beat();
+                return true;
+            }
+        }
         let (Some(stype), Some(rtype)) = (send_layout.datatype(), recv_layout.datatype()) else {
             return false;
         };

@@ -309,8 +309,19 @@ fn scatter(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
 
 /// Both FastVideo modes, element by element from the definition.
 fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
+    // Strided blocks, and contiguous ones (outer dims 1: one run per block,
+    // the plain all-to-all on the caller's buffers).
+    for (b, s, h) in [(2, 3, 2), (1, 1, 3)] {
+        all_to_all_4d_shaped(g, dtype, (b, s, h, 2 * scale()));
+    }
+}
+
+fn all_to_all_4d_shaped(
+    g: &rankmesh::GroupCoordinator<'_>,
+    dtype: DType,
+    (b, s, h, d): (usize, usize, usize, usize),
+) {
     let (p, me) = (g.size(), g.rank_in_group());
-    let (b, s, h, d) = (2, 3, 2, 2 * scale());
     let sum = ReduceOp::Sum;
 
     // (2, 1): [B, S/P, H, D] -> [B, S, H/P, D] with S/P = s, H = h·P.
@@ -333,7 +344,7 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
         dtype,
         &out_shape,
         &want,
-        &format!("all_to_all_4d (2,1) {dtype} np{p}"),
+        &format!("all_to_all_4d (2,1) {dtype} np{p} {in_shape:?}"),
     );
 
     // (1, 2): [B, S, H/P, D] -> [B, S/P, H, D] with S = s·P, H/P = h.
@@ -356,7 +367,7 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
         dtype,
         &out_shape,
         &want,
-        &format!("all_to_all_4d (1,2) {dtype} np{p}"),
+        &format!("all_to_all_4d (1,2) {dtype} np{p} {in_shape:?}"),
     );
 
     // The two modes are inverses.
