@@ -265,7 +265,8 @@ struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     sp: usize,
     /// Also time direct MPI calls (`mpi`, host plane) or NCCL calls (`nccl`,
-    /// device plane) on the same buffers and print the ratio.
+    /// device plane) on the same buffers and print the ratio; each size is
+    /// then warmed (-w rounds of both) before either is timed.
     #[arg(long)]
     baseline: Option<String>,
     /// Append per-iteration min/max/avg/p50/p99 across ranks.

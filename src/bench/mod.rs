@@ -604,6 +604,18 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
     let sizing = Sizing::new(g, cfg, size);
     let mut b = Buffers::new(p, cfg, sizing.count)?;
     let who = (g.rank_in_group(), g.size());
+    if cfg.baseline {
+        // Warm the size for both loops before timing either: otherwise
+        // rankmesh's loop, timed first, pays for first touches (buffers,
+        // MPI's state for this message size) that the raw loop, timed
+        // last, does not. Without `--baseline` the run is nccl-tests'.
+        b.reset(p, cfg, false)?;
+        for _ in 0..cfg.warmup {
+            p.baseline(cfg, &b.input, &mut b.output)?;
+            run_column(p, cfg, false, &b.input, &mut b.output)?;
+        }
+        p.settle()?;
+    }
     let mut cells = Vec::new();
     let mut per_iter = Vec::new();
     for in_place in [false, true] {
