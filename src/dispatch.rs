@@ -385,9 +385,6 @@ pub fn agree(
     me: usize,
     check: &dyn Fn(&Descriptor) -> Result<(), String>,
 ) -> Result<(), Rejection> {
-    if let [only] = descs {
-        return agree_alone(only, check);
-    }
     agree_on_call(descs)?;
     if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
         return Err(Rejection::Invalid(format!(
@@ -419,7 +416,7 @@ pub fn agree(
 /// A group's last call that passed this rank's own checks, so that a
 /// repeated call (only its call number differs: a loop's usual case) skips
 /// them and hashes one word pair of its digest. Its verdict and digest are
-/// the ones [`agree`] alone and [`Descriptor::digest`] give.
+/// the ones [`agree`] on `desc` alone and [`Descriptor::digest`] give.
 #[derive(Default)]
 pub(crate) struct Admitted {
     last: RefCell<Option<(Descriptor, u64)>>,
@@ -439,40 +436,12 @@ impl Admitted {
             }
         }
         let sum = desc.digest_sum();
-        let verdict = agree_alone(desc, check);
+        let verdict = agree(std::slice::from_ref(desc), 0, check);
         if verdict.is_ok() {
             *self.last.borrow_mut() = Some((*desc, sum));
         }
         (desc.digest_from(sum), verdict)
     }
-}
-
-/// [`agree`] on this rank's descriptor alone (a group of one, or a call
-/// whose peers' descriptors are known to equal it): the same verdicts
-/// without comparing it to itself, as it runs before every call.
-fn agree_alone(
-    d: &Descriptor,
-    check: &dyn Fn(&Descriptor) -> Result<(), String>,
-) -> Result<(), Rejection> {
-    if d.magic != MAGIC || d.op().is_none() {
-        return agree_on_call(std::slice::from_ref(d));
-    }
-    if d.op().is_some_and(Op::carries_tensor) && d.ndim() > MAX_DIMS {
-        return Err(Rejection::Invalid(format!(
-            "tensors have at most {MAX_DIMS} dimensions, got {}",
-            d.ndim()
-        )));
-    }
-    check(d).map_err(Rejection::Invalid)?;
-    if let Some(why) = d.view_refusal() {
-        return Err(Rejection::Invalid(format!("group rank 0 {why}")));
-    }
-    if d.bad_output() {
-        return Err(Rejection::Invalid(
-            "group rank 0 passed an output tensor of the wrong shape or dtype".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// Why the ranks' descriptors do not allow a call.
@@ -717,7 +686,7 @@ mod tests {
     }
 
     #[test]
-    fn admitted_gives_agree_alone_verdicts_and_digests() {
+    fn admitted_gives_the_verdicts_and_digests_of_agree() {
         // `src` 2 is out of range in a group of 2: refused by the check.
         let check = |d: &Descriptor| Op::Broadcast.check(d, 2);
         let admitted = Admitted::default();
