@@ -257,37 +257,37 @@ impl HostMoves for HierCall<'_> {
         let members = &self.hier.map.members;
         let mut acc = packed.clone();
         self.reduce_to_leader(packed, &mut acc, staged(op))?;
-        let mut share = Vec::new();
+        // On the leader: every node's part, `most` blocks, its members'
+        // first (nodes may differ in size; the padding's reduction is read
+        // by no one), then the leaders' reduce-scatter leaves this node's.
+        let mut part = None;
         if local == 0 {
-            let block = |r: usize| &acc.bytes()[r * b..(r + 1) * b];
-            share = match self.leaders() {
-                Some(leaders) => {
-                    // Every node's part is `most` blocks, its members' first
-                    // (nodes may differ in size; the padding's reduction
-                    // is read by no one).
-                    let most = members.iter().map(Vec::len).max().unwrap_or(1);
-                    let elems = b / packed.dtype().size();
-                    let mut ordered =
-                        Tensor::zeros([members.len() * most * elems], packed.dtype())?;
-                    for (k, ranks) in members.iter().enumerate() {
-                        for (j, r) in ranks.iter().enumerate() {
-                            let at = (k * most + j) * b;
-                            ordered.bytes_mut()[at..at + b].copy_from_slice(block(*r));
-                        }
-                    }
-                    let mut part = Tensor::zeros([most * elems], packed.dtype())?;
-                    leaders.reduce_scatter_block_into(&ordered, &mut part, staged(op));
-                    part.bytes()[..members[node].len() * b].to_vec()
+            let most = members.iter().map(Vec::len).max().unwrap_or(1);
+            let elems = b / packed.dtype().size();
+            let mut ordered = Tensor::zeros([members.len() * most * elems], packed.dtype())?;
+            for (k, ranks) in members.iter().enumerate() {
+                for (j, r) in ranks.iter().enumerate() {
+                    let at = (k * most + j) * b;
+                    ordered.bytes_mut()[at..at + b]
+                        .copy_from_slice(&acc.bytes()[r * b..(r + 1) * b]);
                 }
-                None => members[node]
-                    .iter()
-                    .flat_map(|r| block(*r).to_vec())
-                    .collect(),
-            };
+            }
+            part = Some(match self.leaders() {
+                Some(leaders) => {
+                    let mut mine = Tensor::zeros([most * elems], packed.dtype())?;
+                    leaders.reduce_scatter_block_into(&ordered, &mut mine, staged(op));
+                    mine
+                }
+                // One node: its part is every block.
+                None => ordered,
+            });
         }
-        match self.local() {
-            Some(n) => n.scatter((local == 0).then_some(&share[..]), out.bytes_mut(), 0)?,
-            None => out.bytes_mut().copy_from_slice(&share),
+        let share = part.as_ref().map(|t| &t.bytes()[..members[node].len() * b]);
+        match (self.local(), share) {
+            (Some(n), share) => n.scatter(share, out.bytes_mut(), 0)?,
+            // A node of one: this rank is its leader.
+            (None, Some(share)) => out.bytes_mut().copy_from_slice(share),
+            (None, None) => unreachable!("a rank alone on its node leads it"),
         }
         if op == ReduceOp::Avg {
             divide(out.dtype(), out.bytes_mut(), self.members());
