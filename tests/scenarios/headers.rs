@@ -4,7 +4,7 @@
 //! non-integer f32 values, bit-exact against a serial reference (sums in
 //! rank order), for every collective that publishes data.
 
-use super::reference::{first_difference, random_f32};
+use super::reference::{first_difference, random_f32, rank_order_sum};
 use rankmesh::Collectives as _;
 use rankmesh::{ReduceOp, Runtime, Tensor};
 
@@ -27,9 +27,7 @@ pub fn run(rt: &Runtime) {
         let mine = Tensor::from_vec([n], all[me].clone()).unwrap();
 
         let sum = g.all_reduce(&mine, ReduceOp::Sum).unwrap();
-        let want: Vec<f32> = (0..n)
-            .map(|i| (1..p).fold(all[0][i], |acc, r| acc + all[r][i]))
-            .collect();
+        let want = rank_order_sum(&all, 0..n);
         let got = sum.as_slice::<f32>().unwrap();
         assert_eq!(
             first_difference(got, &want),
@@ -75,9 +73,7 @@ pub fn run(rt: &Runtime) {
         assert_eq!(first_difference(got, &want), None, "all_to_all of {m} f32");
 
         let reduced = g.reduce_scatter(&t, 0, ReduceOp::Sum).unwrap();
-        let want: Vec<f32> = (me * block..(me + 1) * block)
-            .map(|i| (1..p).fold(blocks[0][i], |acc, r| acc + blocks[r][i]))
-            .collect();
+        let want = rank_order_sum(&blocks, me * block..(me + 1) * block);
         let got = reduced.as_slice::<f32>().unwrap();
         assert_eq!(
             first_difference(got, &want),

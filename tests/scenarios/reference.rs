@@ -156,6 +156,18 @@ pub fn random_f32(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Elements `range` of the sum of every rank's `parts`, added in rank order
+/// as the executors combine: bit-identical to their f32 sums.
+pub fn rank_order_sum(parts: &[Vec<f32>], range: std::ops::Range<usize>) -> Vec<f32> {
+    range
+        .map(|i| {
+            parts[1..]
+                .iter()
+                .fold(parts[0][i], |acc, part| acc + part[i])
+        })
+        .collect()
+}
+
 /// The first index where `got` and `want` differ bit-wise, with both values.
 pub fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
     if got.len() != want.len() {

@@ -3,7 +3,7 @@
 //! an odd element count, so shares and tails fall off every alignment, and
 //! bit-exact comparison with a serial f32 reference summed in rank order.
 
-use super::reference::{first_difference, random_f32};
+use super::reference::{first_difference, random_f32, rank_order_sum};
 use rankmesh::Collectives as _;
 use rankmesh::{ReduceOp, Runtime, Tensor};
 
@@ -22,9 +22,7 @@ pub fn run(rt: &Runtime) {
     let mine = Tensor::from_vec([N], all[me].clone()).unwrap();
 
     let sum = g.all_reduce(&mine, ReduceOp::Sum).unwrap();
-    let want: Vec<f32> = (0..N)
-        .map(|i| (1..p).fold(all[0][i], |acc, r| acc + all[r][i]))
-        .collect();
+    let want = rank_order_sum(&all, 0..N);
     let got = sum.as_slice::<f32>().unwrap();
     assert_eq!(
         first_difference(got, &want),
