@@ -205,8 +205,9 @@ impl Ring {
         // Orders the rewrite mark before the new contents for a reader that
         // sees any of them (its acquire fence pairs with this).
         fence(Ordering::Release);
-        let words: &[u64; WORDS] = bytemuck::cast_ref(desc);
-        for (i, w) in words.iter().enumerate() {
+        // Only the words in use (a 1-d call's 10 of 25): readers clear the
+        // dims left over from the slot's earlier entries.
+        for (i, w) in desc.used_words().iter().enumerate() {
             word(at + 8 * i).store(*w, Ordering::Relaxed);
         }
         let bad = u64::from(desc.local_problems());
@@ -318,7 +319,7 @@ impl Ring {
         let at = Self::desc_at(n);
         let words: [u64; WORDS] =
             std::array::from_fn(|i| self.word(self.me, at + 8 * i).load(Ordering::Relaxed));
-        bytemuck::cast(words)
+        as_descriptor(words)
     }
 
     /// Entry `n` of every member (all have posted it). Keys that differ
@@ -348,7 +349,7 @@ impl Ring {
             });
             match words {
                 None => return Entry::Same,
-                Some(w) => all.push(bytemuck::cast(w)),
+                Some(w) => all.push(as_descriptor(w)),
             }
         }
         let mut offsets = self.offsets.borrow_mut();
@@ -372,6 +373,14 @@ impl Ring {
 }
 
 /// Polls `ready` until it holds or `deadline` passes (`None`: once).
+/// An entry's words as posted: the dims past its tensor's are whatever an
+/// earlier entry of the slot left there.
+fn as_descriptor(words: [u64; WORDS]) -> Descriptor {
+    let mut d: Descriptor = bytemuck::cast(words);
+    d.clear_unused_dims();
+    d
+}
+
 fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
     let mut polls = 0u32;
     loop {

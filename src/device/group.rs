@@ -228,7 +228,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     #[inline]
     fn run_op<R>(
         &self,
-        desc: Descriptor,
+        desc: &mut Descriptor,
         t: &DeviceTensor,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
@@ -241,7 +241,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     #[inline]
     fn run_op_into<R>(
         &self,
-        desc: Descriptor,
+        desc: &mut Descriptor,
         t: &DeviceTensor,
         out: &mut DeviceTensor,
         body: impl FnOnce(&mut DeviceTensor) -> std::result::Result<R, Fault>,
@@ -249,7 +249,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
         let view = t
             .view_problem(self.stream)
             .or_else(|| out.view_problem(self.stream));
-        let fit = self.group.output_fit(&desc, &*out);
+        let fit = self.group.output_fit(desc, &*out);
         self.dispatch(desc, fit, view, || body(out))
     }
 
@@ -258,7 +258,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     #[inline]
     fn dispatch<R>(
         &self,
-        mut desc: Descriptor,
+        desc: &mut Descriptor,
         fit: OutputFit,
         view: Option<(ViewProblem, String)>,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
@@ -267,7 +267,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
             desc.mark_unusable_view(*problem);
         }
         self.group
-            .run_op(&mut desc, fit, body)
+            .run_op(desc, fit, body)
             .map_err(|e| found_here(e, view))
     }
 
@@ -434,7 +434,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         reduce_op: ReduceOp,
     ) -> Result<()> {
         self.run_op_into(
-            tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
+            &mut tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
             t,
             out,
             |out| {
@@ -454,7 +454,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
         self.run_op(
-            tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
+            &mut tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
             &*t,
             || {
                 if self.group.size() == 1 {
@@ -476,7 +476,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         reduce_op: ReduceOp,
     ) -> Result<()> {
         self.run_op_into(
-            tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
+            &mut tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
             t,
             out,
             |out| {
@@ -496,7 +496,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     fn all_gather_into(&self, t: &DeviceTensor, out: &mut DeviceTensor, dim: isize) -> Result<()> {
         let size = self.group.size();
         self.run_op_into(
-            tensor_desc(Op::AllGather, t, &[dim as i64]),
+            &mut tensor_desc(Op::AllGather, t, &[dim as i64]),
             t,
             out,
             |out| {
@@ -532,7 +532,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [dst as i64, dim as i64];
-        self.run_op_into(tensor_desc(Op::Gather, t, &params), t, out, |out| {
+        self.run_op_into(&mut tensor_desc(Op::Gather, t, &params), t, out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 return self.alone(t, Some(out), None);
@@ -574,7 +574,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let params = [src as i64, dim as i64];
-        self.run_op_into(tensor_desc(Op::Scatter, t, &params), t, out, |out| {
+        self.run_op_into(&mut tensor_desc(Op::Scatter, t, &params), t, out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 return self.alone(t, Some(out), None);
@@ -620,45 +620,54 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [dim as i64, reduce_op.code()];
-        self.run_op_into(tensor_desc(Op::ReduceScatter, t, &params), t, out, |out| {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
-                return self.alone(t, Some(out), Some(reduce_op));
-            }
-            let comm = self.comm()?;
-            let s = self.enqueue()?;
-            let (n, dt) = (out.numel(), t.dtype());
-            let scatter = |src: *const c_void, dst: *mut c_void| {
-                // SAFETY: `src` holds `size` slices of `out`'s size.
-                unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
-            };
-            let out_p = out.ptr_on(s)?;
-            if is_contiguous_split(t.shape(), d) {
-                return Ok(scatter(t.ptr_on(s)?, out_p)?);
-            }
-            let packed = self.scratch(t.nbytes())?;
-            let pp = packed.ptr_on(s)?;
-            let plan = split_dim_copies(t.shape(), d, size, dt.size());
-            run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
-            Ok(scatter(pp, out_p)?)
-        })
+        self.run_op_into(
+            &mut tensor_desc(Op::ReduceScatter, t, &params),
+            t,
+            out,
+            |out| {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if size == 1 {
+                    return self.alone(t, Some(out), Some(reduce_op));
+                }
+                let comm = self.comm()?;
+                let s = self.enqueue()?;
+                let (n, dt) = (out.numel(), t.dtype());
+                let scatter = |src: *const c_void, dst: *mut c_void| {
+                    // SAFETY: `src` holds `size` slices of `out`'s size.
+                    unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
+                };
+                let out_p = out.ptr_on(s)?;
+                if is_contiguous_split(t.shape(), d) {
+                    return Ok(scatter(t.ptr_on(s)?, out_p)?);
+                }
+                let packed = self.scratch(t.nbytes())?;
+                let pp = packed.ptr_on(s)?;
+                let plan = split_dim_copies(t.shape(), d, size, dt.size());
+                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+                Ok(scatter(pp, out_p)?)
+            },
+        )
     }
 
     fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
-        self.run_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), &*t, || {
-            if self.group.size() == 1 {
-                return self.alone(t, None, None);
-            }
-            let comm = self.comm()?;
-            let p = t.ptr_on(self.enqueue()?)?;
-            // SAFETY: in place, as NCCL allows.
-            Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
-        })
+        self.run_op(
+            &mut tensor_desc(Op::Broadcast, &*t, &[src as i64]),
+            &*t,
+            || {
+                if self.group.size() == 1 {
+                    return self.alone(t, None, None);
+                }
+                let comm = self.comm()?;
+                let p = t.ptr_on(self.enqueue()?)?;
+                // SAFETY: in place, as NCCL allows.
+                Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
+            },
+        )
     }
 
     fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         let size = self.group.size();
-        self.run_op_into(tensor_desc(Op::AllToAll, t, &[]), t, out, |out| {
+        self.run_op_into(&mut tensor_desc(Op::AllToAll, t, &[]), t, out, |out| {
             if size == 1 {
                 return self.alone(t, Some(out), None);
             }
@@ -680,25 +689,30 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     ) -> Result<()> {
         let size = self.group.size();
         let params = [scatter_dim as i64, gather_dim as i64];
-        self.run_op_into(tensor_desc(Op::AllToAll4d, t, &params), t, out, |out| {
-            if size == 1 {
-                return self.alone(t, Some(out), None);
-            }
-            let comm = self.comm()?;
-            let s = self.enqueue()?;
-            let elem = t.dtype().size();
-            let packed = self.scratch(t.nbytes())?;
-            let pp = packed.ptr_on(s)?;
-            let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
-            run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
-            let received = self.scratch(t.nbytes())?;
-            let rp = received.ptr_on(s)?;
-            self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
-            let mut block_shape = t.shape().to_vec();
-            block_shape[scatter_dim] /= size;
-            let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
-            Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
-        })
+        self.run_op_into(
+            &mut tensor_desc(Op::AllToAll4d, t, &params),
+            t,
+            out,
+            |out| {
+                if size == 1 {
+                    return self.alone(t, Some(out), None);
+                }
+                let comm = self.comm()?;
+                let s = self.enqueue()?;
+                let elem = t.dtype().size();
+                let packed = self.scratch(t.nbytes())?;
+                let pp = packed.ptr_on(s)?;
+                let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
+                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+                let received = self.scratch(t.nbytes())?;
+                let rp = received.ptr_on(s)?;
+                self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
+                let mut block_shape = t.shape().to_vec();
+                block_shape[scatter_dim] /= size;
+                let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
+                Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
+            },
+        )
     }
 
     /// Shape and dtype are checked with the receiver over MPI first; then enqueued.
