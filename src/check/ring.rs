@@ -372,7 +372,6 @@ impl Ring {
     }
 }
 
-/// Polls `ready` until it holds or `deadline` passes (`None`: once).
 /// An entry's words as posted: the dims past its tensor's are whatever an
 /// earlier entry of the slot left there.
 fn as_descriptor(words: [u64; WORDS]) -> Descriptor {
@@ -381,6 +380,7 @@ fn as_descriptor(words: [u64; WORDS]) -> Descriptor {
     d
 }
 
+/// Polls `ready` until it holds or `deadline` passes (`None`: once).
 fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
     let mut polls = 0u32;
     loop {
