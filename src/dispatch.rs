@@ -205,8 +205,8 @@ impl Descriptor {
 
     /// The descriptor's leading 8-byte words that hold what it says: every
     /// field but the dims past the tensor's (the dims come last). A copy
-    /// of these and [`clear_unused_dims`](Self::clear_unused_dims) is the
-    /// descriptor.
+    /// of these, read back through
+    /// [`without_stale_dims`](Self::without_stale_dims), is the descriptor.
     pub(crate) fn used_words(&self) -> &[u64] {
         const DIMS_AT: usize = std::mem::offset_of!(Descriptor, dims) / 8;
         const _: () = assert!(DIMS_AT + MAX_DIMS == std::mem::size_of::<Descriptor>() / 8);
@@ -214,11 +214,13 @@ impl Descriptor {
         &words[..DIMS_AT + (self.ndim as usize).min(MAX_DIMS)]
     }
 
-    /// Zeroes the dims past the tensor's (left over where only the
-    /// [used words](Self::used_words) were copied).
-    pub(crate) fn clear_unused_dims(&mut self) {
+    /// This descriptor with the dims past the tensor's zeroed: what was
+    /// written where only the [used words](Self::used_words) were copied
+    /// over an earlier descriptor.
+    pub(crate) fn without_stale_dims(mut self) -> Descriptor {
         let ndim = (self.ndim as usize).min(MAX_DIMS);
         self.dims[ndim..].fill(0);
+        self
     }
 
     /// Number of dimensions as sent.

@@ -575,9 +575,6 @@ impl<'rt> GroupCoordinator<'rt> {
         )
     }
 
-    /// Applies the agreement rules and the op's `check` to `descs` (this
-    /// rank's alone when every rank's is the same, `me` being 0 then) and
-    /// runs `body` on them when they allow the call.
     /// [`checked`](Self::checked) on this rank's descriptor alone (every
     /// rank's is the same), through the group's [`Admitted`].
     fn checked_alone<R>(
@@ -593,6 +590,9 @@ impl<'rt> GroupCoordinator<'rt> {
         body(std::slice::from_ref(desc))
     }
 
+    /// Applies the agreement rules and the op's `check` to `descs` (this
+    /// rank's alone when every rank's is the same, `me` being 0 then) and
+    /// runs `body` on them when they allow the call.
     fn checked<R>(
         &self,
         op: Op,

@@ -319,7 +319,7 @@ impl Ring {
         let at = Self::desc_at(n);
         let words: [u64; WORDS] =
             std::array::from_fn(|i| self.word(self.me, at + 8 * i).load(Ordering::Relaxed));
-        as_descriptor(words)
+        bytemuck::cast::<_, Descriptor>(words).without_stale_dims()
     }
 
     /// Entry `n` of every member (all have posted it). Keys that differ
@@ -349,7 +349,7 @@ impl Ring {
             });
             match words {
                 None => return Entry::Same,
-                Some(w) => all.push(as_descriptor(w)),
+                Some(w) => all.push(bytemuck::cast::<_, Descriptor>(w).without_stale_dims()),
             }
         }
         let mut offsets = self.offsets.borrow_mut();
@@ -370,14 +370,6 @@ impl Ring {
         fence(Ordering::Acquire);
         (key.load(Ordering::Relaxed) == n).then_some(value)
     }
-}
-
-/// An entry's words as posted: the dims past its tensor's are whatever an
-/// earlier entry of the slot left there.
-fn as_descriptor(words: [u64; WORDS]) -> Descriptor {
-    let mut d: Descriptor = bytemuck::cast(words);
-    d.clear_unused_dims();
-    d
 }
 
 /// Polls `ready` until it holds or `deadline` passes (`None`: once).

@@ -370,11 +370,7 @@ impl ShmPlane {
         // SAFETY: written by each rank before it published `step`, which
         // this rank has seen, and not rewritten before its next step.
         (0..self.size)
-            .map(|r| {
-                let mut d = unsafe { self.desc_at(r, step).read() };
-                d.clear_unused_dims();
-                d
-            })
+            .map(|r| unsafe { self.desc_at(r, step).read() }.without_stale_dims())
             .collect()
     }
 

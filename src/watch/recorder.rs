@@ -130,11 +130,7 @@ impl Recorder {
                 number: s.number.load(Ordering::Relaxed),
                 group: s.group.load(Ordering::Relaxed),
                 start: s.start.load(Ordering::Relaxed),
-                desc: {
-                    let mut d: Descriptor = bytemuck::cast(words);
-                    d.clear_unused_dims();
-                    d
-                },
+                desc: bytemuck::cast::<_, Descriptor>(words).without_stale_dims(),
             };
             fence(Ordering::Acquire);
             if s.version.load(Ordering::Relaxed) == v {
