@@ -4,7 +4,7 @@
 //! non-integer f32 values, bit-exact against a serial reference (sums in
 //! rank order), for every collective that publishes data.
 
-use super::reference::{first_difference, random_f32, rank_order_sum};
+use super::reference::{assert_bits, assert_replicated_ops, random_f32, rank_order_sum};
 use rankmesh::Collectives as _;
 use rankmesh::{ReduceOp, Runtime, Tensor};
 
@@ -24,39 +24,7 @@ pub fn run(rt: &Runtime) {
     for (call, bytes) in BYTES.into_iter().enumerate() {
         let n = bytes / 4;
         let all: Vec<Vec<f32>> = (0..p).map(|r| values(r, call, n)).collect();
-        let mine = Tensor::from_vec([n], all[me].clone()).unwrap();
-
-        let sum = g.all_reduce(&mine, ReduceOp::Sum).unwrap();
-        let want = rank_order_sum(&all, 0..n);
-        let got = sum.as_slice::<f32>().unwrap();
-        assert_eq!(
-            first_difference(got, &want),
-            None,
-            "all_reduce of {n} f32 on {p} ranks"
-        );
-
-        let gathered = g.all_gather(&mine, 0).unwrap();
-        let got = gathered.as_slice::<f32>().unwrap();
-        assert_eq!(
-            first_difference(got, &all.concat()),
-            None,
-            "all_gather of {n} f32"
-        );
-
-        for (root, sent) in all.iter().enumerate() {
-            let mut t = if me == root {
-                mine.clone()
-            } else {
-                Tensor::from_vec([n], vec![0f32; n]).unwrap()
-            };
-            g.broadcast(&mut t, root).unwrap();
-            let got = t.as_slice::<f32>().unwrap();
-            assert_eq!(
-                first_difference(got, sent),
-                None,
-                "broadcast of {n} f32 from {root}"
-            );
-        }
+        assert_replicated_ops(&g, &all, 0..p);
 
         // `bytes` per rank in all: one block of `n / p` rows (of p values)
         // per destination, at least one.
@@ -69,16 +37,10 @@ pub fn run(rt: &Runtime) {
         let want: Vec<f32> = (0..p)
             .flat_map(|s| blocks[s][me * block..(me + 1) * block].to_vec())
             .collect();
-        let got = swapped.as_slice::<f32>().unwrap();
-        assert_eq!(first_difference(got, &want), None, "all_to_all of {m} f32");
+        assert_bits(&swapped, &want, &format!("all_to_all of {m} f32"));
 
         let reduced = g.reduce_scatter(&t, 0, ReduceOp::Sum).unwrap();
         let want = rank_order_sum(&blocks, me * block..(me + 1) * block);
-        let got = reduced.as_slice::<f32>().unwrap();
-        assert_eq!(
-            first_difference(got, &want),
-            None,
-            "reduce_scatter of {m} f32"
-        );
+        assert_bits(&reduced, &want, &format!("reduce_scatter of {m} f32"));
     }
 }

@@ -2,7 +2,8 @@
 //! computes the expected result of a collective by plain index arithmetic
 //! (independent of the library's packing code) and compares.
 
-use rankmesh::{DType, ReduceOp, Tensor};
+use rankmesh::Collectives as _;
+use rankmesh::{DType, GroupCoordinator, ReduceOp, Tensor};
 
 /// Deterministic input of `rank`: small integers, exact in every dtype,
 /// whose sums and products stay in range for 4 ranks (bools: their truth
@@ -178,4 +179,37 @@ pub fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> 
         .enumerate()
         .find(|(_, (g, w))| g.to_bits() != w.to_bits())
         .map(|(i, (g, w))| (i, *g, *w))
+}
+
+/// Asserts `got` holds exactly the f32 bits of `want`; `what` names the call.
+pub fn assert_bits(got: &Tensor, want: &[f32], what: &str) {
+    let got = got.as_slice::<f32>().unwrap();
+    assert_eq!(first_difference(got, want), None, "{what}");
+}
+
+/// all_reduce (sum), all_gather and a broadcast from each of `roots` of
+/// this rank's `all[me]` on `g` (`all`: every rank's values), each
+/// bit-exact against its serial reference.
+pub fn assert_replicated_ops(
+    g: &GroupCoordinator<'_>,
+    all: &[Vec<f32>],
+    roots: impl IntoIterator<Item = usize>,
+) {
+    let (p, me, n) = (g.size(), g.rank_in_group(), all[0].len());
+    let mine = Tensor::from_vec([n], all[me].clone()).unwrap();
+    let sum = g.all_reduce(&mine, ReduceOp::Sum).unwrap();
+    let what = format!("all_reduce of {n} f32 on {p} ranks");
+    assert_bits(&sum, &rank_order_sum(all, 0..n), &what);
+    let gathered = g.all_gather(&mine, 0).unwrap();
+    let what = format!("all_gather of {n} f32 on {p} ranks");
+    assert_bits(&gathered, &all.concat(), &what);
+    for root in roots {
+        let mut t = if me == root {
+            mine.clone()
+        } else {
+            Tensor::from_vec([n], vec![0f32; n]).unwrap()
+        };
+        g.broadcast(&mut t, root).unwrap();
+        assert_bits(&t, &all[root], &format!("broadcast of {n} f32 from {root}"));
+    }
 }

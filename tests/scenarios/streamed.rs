@@ -3,9 +3,8 @@
 //! an odd element count, so shares and tails fall off every alignment, and
 //! bit-exact comparison with a serial f32 reference summed in rank order.
 
-use super::reference::{first_difference, random_f32, rank_order_sum};
-use rankmesh::Collectives as _;
-use rankmesh::{ReduceOp, Runtime, Tensor};
+use super::reference::{assert_replicated_ops, random_f32};
+use rankmesh::Runtime;
 
 /// 9 MiB and 5 elements.
 const N: usize = (9 << 20) / 4 + 5;
@@ -17,39 +16,7 @@ fn values(rank: usize) -> Vec<f32> {
 
 pub fn run(rt: &Runtime) {
     let g = rt.world_group().unwrap();
-    let (p, me) = (g.size(), g.rank_in_group());
+    let p = g.size();
     let all: Vec<Vec<f32>> = (0..p).map(values).collect();
-    let mine = Tensor::from_vec([N], all[me].clone()).unwrap();
-
-    let sum = g.all_reduce(&mine, ReduceOp::Sum).unwrap();
-    let want = rank_order_sum(&all, 0..N);
-    let got = sum.as_slice::<f32>().unwrap();
-    assert_eq!(
-        first_difference(got, &want),
-        None,
-        "all_reduce of {N} f32 on {p} ranks"
-    );
-
-    let gathered = g.all_gather(&mine, 0).unwrap();
-    let want: Vec<f32> = all.concat();
-    let got = gathered.as_slice::<f32>().unwrap();
-    assert_eq!(
-        first_difference(got, &want),
-        None,
-        "all_gather of {N} f32 on {p} ranks"
-    );
-
-    let root = p - 1;
-    let mut t = if me == root {
-        mine.clone()
-    } else {
-        Tensor::from_vec([N], vec![0f32; N]).unwrap()
-    };
-    g.broadcast(&mut t, root).unwrap();
-    let got = t.as_slice::<f32>().unwrap();
-    assert_eq!(
-        first_difference(got, &all[root]),
-        None,
-        "broadcast of {N} f32 from {root}"
-    );
+    assert_replicated_ops(&g, &all, [p - 1]);
 }
