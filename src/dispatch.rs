@@ -432,9 +432,29 @@ impl Admitted {
         desc: &Descriptor,
         check: &dyn Fn(&Descriptor) -> Result<(), String>,
     ) -> (u64, Result<(), Rejection>) {
+        let (sum, verdict) = self.verdict_and_sum(desc, check);
+        (desc.digest_from(sum), verdict)
+    }
+
+    /// [`admit`](Self::admit) without the digest, for a call no other
+    /// rank checks (a group of one, `RANKMESH_CHECK=off`).
+    pub fn verdict(
+        &self,
+        desc: &Descriptor,
+        check: &dyn Fn(&Descriptor) -> Result<(), String>,
+    ) -> Result<(), Rejection> {
+        self.verdict_and_sum(desc, check).1
+    }
+
+    #[inline]
+    fn verdict_and_sum(
+        &self,
+        desc: &Descriptor,
+        check: &dyn Fn(&Descriptor) -> Result<(), String>,
+    ) -> (u64, Result<(), Rejection>) {
         if let Some((last, sum)) = &*self.last.borrow() {
             if desc.same_but_seq(last) {
-                return (desc.digest_from(*sum), Ok(()));
+                return (*sum, Ok(()));
             }
         }
         let sum = desc.digest_sum();
@@ -442,7 +462,7 @@ impl Admitted {
         if verdict.is_ok() {
             *self.last.borrow_mut() = Some((*desc, sum));
         }
-        (desc.digest_from(sum), verdict)
+        (sum, verdict)
     }
 }
 

@@ -584,8 +584,10 @@ impl<'rt> GroupCoordinator<'rt> {
         check: &dyn Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        let (_, verdict) = self.inner.admitted.admit(desc, check);
-        verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
+        self.inner
+            .admitted
+            .verdict(desc, check)
+            .map_err(|r| Error::rejected(op, self.name(), r))?;
         tracing::trace!("agreed");
         body(std::slice::from_ref(desc))
     }

@@ -265,7 +265,7 @@ fn a_rank_stopped_between_calls_is_named_as_stopped_and_not_in_the_call() {
             "rankmesh: rank 0 (host ",
             "with no progress in all_reduce on world (call #1)",
             "group rank 1 (world rank 1, host ",
-            "process stopped): has not entered this call; it is in no call for ",
+            "process stopped): has not entered this call; it is in no call, its last call began ",
             "rankmesh: rank 0: flight recorder",
         ],
     );

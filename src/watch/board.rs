@@ -32,9 +32,11 @@ pub(crate) struct Slot {
     state: AtomicU64,
     op: AtomicU64,
     seq: AtomicU64,
-    /// When the current state began (`now_ns`).
+    /// When the current or last call began (start-up before the first
+    /// call, shut-down once finished), in `now_ns`.
     since: AtomicU64,
-    /// The last sign of progress in the current call.
+    /// The last sign of progress in a call (the current one when later
+    /// than `since`).
     beat: AtomicU64,
     name_len: AtomicU64,
     name: [AtomicU64; NAME_WORDS],
@@ -49,7 +51,9 @@ pub(crate) struct Status {
     pub op: u32,
     pub seq: u64,
     pub group: String,
-    /// Nanoseconds in the current state.
+    /// Nanoseconds since `since`: in a call, how long it has been in it;
+    /// between calls, since its last call began (a call's end is not
+    /// timed); finished, since it shut down.
     pub for_ns: u64,
     /// Nanoseconds since the last progress.
     pub quiet_ns: u64,
@@ -114,8 +118,9 @@ impl BoardView {
             }
             s.op.store(u64::from(op), Ordering::Relaxed);
             s.seq.store(seq, Ordering::Relaxed);
+            // `beat` keeps the last call's progress, older than `now`:
+            // readers take the later of the two.
             s.since.store(now, Ordering::Relaxed);
-            s.beat.store(now, Ordering::Relaxed);
             s.state.store(IN_CALL, Ordering::Relaxed);
         });
     }
@@ -125,9 +130,12 @@ impl BoardView {
         self.own().beat.store(now, Ordering::Relaxed);
     }
 
-    /// Marks this rank as between calls.
-    pub fn leave(&self, now: u64) {
-        self.set_state(IDLE, now);
+    /// Marks this rank as between calls: one store, no clock read and no
+    /// sequence lock (a reader sees the call fields of the call that just
+    /// ended with either state, both true at some instant). `since` stays
+    /// the start of that call: a call's end is not timed.
+    pub fn leave(&self) {
+        self.own().state.store(IDLE, Ordering::Release);
     }
 
     fn set_state(&self, state: u64, now: u64) {

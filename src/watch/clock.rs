@@ -2,11 +2,11 @@
 //! nanoseconds, so a rank can tell how long a neighbour has been in a state
 //! from the timestamps it left on the status board.
 //!
-//! Coarse because every call reads it twice and the watchdog's limits are
+//! Coarse because every call reads it once and the watchdog's limits are
 //! seconds: it costs 6.5 ns a read on this VM against 30 ns for
 //! `CLOCK_MONOTONIC`, which was a quarter of the dispatch path of a small
 //! device call. Its resolution is the kernel tick (1–10 ms), so the flight
-//! recorder's call durations are to that resolution.
+//! recorder's start times are to that resolution.
 
 /// Nanoseconds of `CLOCK_MONOTONIC_COARSE` (never 0 on a running system).
 pub(crate) fn now_ns() -> u64 {

@@ -206,9 +206,8 @@ impl Call<'_> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        let now = now_ns();
-        self.s.board.leave(now);
-        self.s.recorder.end(self.number, self.ok, now);
+        self.s.board.leave();
+        self.s.recorder.end(self.number, self.ok);
     }
 }
 
@@ -344,7 +343,7 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
                         secs(st.for_ns)
                     ),
                     State::Idle => format!(
-                        "{who}: has not entered this call; it is in no call for {}",
+                        "{who}: has not entered this call; it is in no call, its last call began {} ago",
                         secs(st.for_ns)
                     ),
                     State::Finished => format!(
