@@ -97,7 +97,7 @@ impl Descriptor {
     }
 
     /// A descriptor for a tensor of `dtype` and `shape`.
-    #[inline]
+    #[inline(always)]
     pub fn for_tensor(op: Op, dtype: DType, shape: &[usize], params: &[i64]) -> Descriptor {
         let mut d = Descriptor::zeroed();
         d.magic = MAGIC;
@@ -161,6 +161,7 @@ impl Descriptor {
     }
 
     /// Marks the call as one on device tensors (NCCL data plane).
+    #[inline(always)]
     pub fn on_device(mut self) -> Descriptor {
         self.flags |= DEVICE;
         self

@@ -907,6 +907,7 @@ fn explain_output(e: Error, out: (DType, &[usize]), dtype: DType, shape: &[usize
 }
 
 /// The descriptor of tensor op `op` on input `t` (host or device, by its type).
+#[inline(always)]
 pub(crate) fn tensor_desc<T: PlaneTensor>(op: Op, t: &T, params: &[i64]) -> Descriptor {
     let desc = Descriptor::for_tensor(op, t.dtype(), t.shape(), params);
     if T::ON_DEVICE {
