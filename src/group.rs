@@ -3,7 +3,7 @@
 
 use crate::check::{CheckMode, Deferred, Posts};
 use crate::collectives::PlaneTensor;
-use crate::dispatch::{agree, agree_peers, Admitted, Descriptor};
+use crate::dispatch::{agree, agree_peers, Admitted, Descriptor, Rejection};
 use crate::error::{Error, Fault, Result};
 use crate::op::{rank_in_range, Op};
 use crate::plane::executor::{HostExec, HostPlaneChoice};
@@ -490,8 +490,7 @@ impl<'rt> GroupCoordinator<'rt> {
         if max[..3] == [key, !key, 0] {
             if !desc.needs_all() {
                 // Identical everywhere: the op's own check gives every rank the same verdict.
-                verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
-                return body(std::slice::from_ref(desc));
+                return self.on_verdict(op, verdict, desc, body);
             }
             let announced = Descriptor::announced([max[3], max[4]]);
             if let (Some(src), Some(len)) = (desc.length_source(), announced) {
@@ -584,10 +583,22 @@ impl<'rt> GroupCoordinator<'rt> {
         check: &dyn Fn(&Descriptor) -> std::result::Result<(), String>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        self.inner
-            .admitted
-            .verdict(desc, check)
-            .map_err(|r| Error::rejected(op, self.name(), r))?;
+        let verdict = self.inner.admitted.verdict(desc, check);
+        self.on_verdict(op, verdict, desc, body)
+    }
+
+    /// Refuses the call with this rank's `verdict` on `desc`, or runs `body`
+    /// on `desc`: for calls every rank made alike, where this rank's
+    /// verdict is every rank's.
+    #[inline]
+    fn on_verdict<R>(
+        &self,
+        op: Op,
+        verdict: std::result::Result<(), Rejection>,
+        desc: &Descriptor,
+        body: impl FnOnce(&[Descriptor]) -> Result<R>,
+    ) -> Result<R> {
+        verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
         tracing::trace!("agreed");
         body(std::slice::from_ref(desc))
     }
@@ -648,10 +659,7 @@ impl<'rt> GroupCoordinator<'rt> {
         match shm.exchange_descriptors(desc, digest, desc.needs_all(), &pulse) {
             Some(descs) => self.checked(op, &descs, me, &check, body),
             // The same everywhere: this rank's verdict is every rank's.
-            None => {
-                verdict.map_err(|r| Error::rejected(op, self.name(), r))?;
-                body(one)
-            }
+            None => self.on_verdict(op, verdict, desc, body),
         }
     }
 
