@@ -601,7 +601,7 @@ fn command(rt: &Runtime, cli: &Cli) -> rankmesh::Result<()> {
             steps,
             tokens,
         } => {
-            let r = rankmesh::workload::run(rt, *tp, *sp, *steps, *tokens)?;
+            let r = rankmesh::bench::workload::run(rt, *tp, *sp, *steps, *tokens)?;
             if rt.rank() == 0 {
                 println!(
                     "workload OK: {} ranks on {} node(s), tp={tp} sp={sp}, {} steps of {} elements, {:.1} us per step (slowest rank)",

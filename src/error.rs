@@ -3,9 +3,7 @@
 //! Every message names the operation, the group and the values involved, so a
 //! line in a 512-rank log is enough to find the culprit.
 
-use crate::dispatch::Rejection;
 use crate::op::Op;
-pub use crate::plane::nccl::result::NcclError;
 
 /// Result alias used by every fallible rankmesh function.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -266,6 +264,48 @@ impl Fault {
                 group: group.to_string(),
                 msg: "the members passed different calls".into(),
             },
+        }
+    }
+}
+
+/// Why the ranks' descriptors do not allow a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The ranks are in different calls or passed different arguments, or a
+    /// descriptor is corrupt.
+    Mismatch(String),
+    /// Every rank passed the same call, but its arguments cannot work.
+    Invalid(String),
+}
+
+impl Rejection {
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            Rejection::Mismatch(m) | Rejection::Invalid(m) => m,
+        }
+    }
+}
+
+
+/// A failed NCCL call: the code, and `"NCCL <call>: <ncclGetErrorString>
+/// (code N): <ncclGetLastError>"` as the message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{msg}")]
+pub struct NcclError {
+    /// `ncclResult_t` (0 for an error rankmesh raised, e.g. a communicator
+    /// already aborted).
+    pub code: i32,
+    /// The whole message.
+    pub msg: String,
+}
+
+impl NcclError {
+    /// An error rankmesh raises itself (no NCCL code).
+    pub(crate) fn other(msg: impl Into<String>) -> NcclError {
+        NcclError {
+            code: 0,
+            msg: msg.into(),
         }
     }
 }

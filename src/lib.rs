@@ -24,57 +24,53 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod autograd;
-pub mod bench;
-mod check;
-pub mod collectives;
-mod depth;
-pub mod device;
-pub mod dispatch;
-pub mod doctor;
-pub mod error;
-pub mod gather;
-pub mod group;
-pub mod helpers;
-mod host_ops;
-pub mod launcher;
-pub mod layout;
-pub mod layout_ops;
-mod list_check;
-mod object;
-pub mod op;
-pub mod parallel;
-pub mod placement;
-pub mod plane;
-pub mod reduce;
-pub mod stateless;
+// The layers, bottom first: a module imports only modules above it in this
+// list (tests/layers.rs enforces it; docs/ARCHITECTURE.md draws it).
+// 1. values: element types, the op list's rules, the error, host tensors
+mod dtype;
+mod op;
+mod error;
 pub mod tensor;
-pub mod tensor_dict;
-pub mod topo;
+// 2. agreement and the watch, over the MPI pieces rsmpi lacks
+mod mpi_ext;
+pub mod agree;
 mod watch;
-pub mod workload;
-pub mod workspace;
-pub mod world;
+// 3. executors and the device plane
+mod nccl;
+pub mod device;
+pub mod exec;
+mod placement;
+// 4. groups and the runtime
+mod group;
+// 5. what is built on groups
+pub mod object;
+pub mod stateless;
+pub mod parallel;
+// 6. tools
+pub mod bench;
+pub mod doctor;
+pub mod topo;
+// (7. the CLI is bin/rankmesh.rs)
+pub mod prelude;
 
-pub use autograd::Differentiable;
-pub use check::CheckMode;
-pub use collectives::{Collectives, PlaneTensor};
-pub use device::{DeviceEvent, DeviceGroup, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
-pub use error::{Error, NcclError, Result};
-pub use group::GroupCoordinator;
-pub use layout::{GroupKind, Layout};
-pub use op::Op;
-pub use parallel::{OnGroup, ParallelState};
-pub use reduce::ReduceOp;
+pub use device::{DeviceInfo, Gpu};
+pub use device::{DeviceTensor, DeviceView, DeviceViewMut};
+pub use dtype::DType;
+pub use error::{Error, NcclError, Rejection, Result};
+pub use group::{
+    Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, PlaneTensor, RankInfo,
+    Runtime, WorldInfo,
+};
+pub use object::{DictValue, Object, Ranks, TensorDict, TensorDicts, Workspace};
+pub use op::{CheckMode, Op, ReduceOp};
+pub use parallel::{Differentiable, GroupKind, Layout, OnGroup, ParallelState};
+pub use placement::{BindPolicy, GpuInfo, Placement};
 pub use stateless::{StatelessDevice, StatelessGroup};
 pub use tensor::{
     divide, ensure_divisibility, split_tensor_along_last_dim, split_views_along_last_dim, Bool,
-    DType, Element, LastDimView, Tensor, F8E4M3, F8E5M2,
+    Element, LastDimView, Tensor, F8E4M3, F8E5M2,
 };
-pub use tensor_dict::{DictValue, Object, TensorDict, TensorDicts};
 pub use watch::TIMEOUT_EXIT;
-pub use workspace::Workspace;
-pub use world::{Options, RankInfo, Runtime, WorldInfo};
 
 /// The README's examples are compiled as doc tests so they stay true.
 #[doc = include_str!("../README.md")]

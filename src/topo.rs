@@ -1,7 +1,7 @@
 //! The `rankmesh topo` report: who runs where and which groups each rank is in.
 
 use crate::error::Result;
-use crate::layout::GroupKind;
+use crate::parallel::GroupKind;
 use crate::parallel::ParallelState;
 use serde::Serialize;
 
@@ -140,7 +140,7 @@ impl TopoReport {
             sp: layout.sp,
             dp: layout.dp,
             ranks,
-            nccl: crate::plane::nccl::loader::load(&|k| std::env::var(k).ok())
+            nccl: crate::nccl::loader::load(&|k| std::env::var(k).ok())
                 .map(|n| NcclInfo {
                     version: n.version(),
                     path: n.path().to_string(),

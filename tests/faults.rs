@@ -12,8 +12,8 @@
 mod support;
 
 use mpi::traits::*;
-use rankmesh::dispatch::{Descriptor, Op};
-use rankmesh::plane::host::{TAG_DATA, TAG_HEADER};
+use rankmesh::agree::Descriptor; use rankmesh::Op;
+use rankmesh::exec::mpi::{TAG_DATA, TAG_HEADER};
 use rankmesh::{Collectives as _, DType, ReduceOp, Runtime, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;

@@ -538,7 +538,7 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
             1 => g.recv_tensor_dict(Some(0), None).err(),
             _ => return Ok(()),
         };
-        let want = "types differ; this rank uses `rankmesh::tensor_dict::DictMeta<";
+        let want = "types differ; this rank uses `rankmesh::object::dict::DictMeta<";
         match err {
             Some(x) if x.to_string().contains(want) => {}
             other => return Err(format!("device dict to a host receiver: {other:?}")),

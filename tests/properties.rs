@@ -3,7 +3,7 @@
 //! corrupt or hostile peer can send) never panics.
 
 use proptest::prelude::*;
-use rankmesh::dispatch::{agree, agree_peers, Descriptor, Op};
+use rankmesh::agree::{agree, agree_peers, Descriptor}; use rankmesh::Op;
 use rankmesh::tensor::{checked_numel, DType, Tensor};
 
 /// Dims that are usually small but sometimes huge, so products overflow.

@@ -3,8 +3,8 @@
 use super::entries::Entry;
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::reduce::ReduceOp;
-use crate::tensor::DType;
+use crate::op::ReduceOp;
+use crate::dtype::DType;
 
 /// How per-rank times are combined (nccl-tests `-a`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

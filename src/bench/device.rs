@@ -4,10 +4,11 @@
 //! the baseline.
 
 use super::{BenchConfig, BenchPlane};
-use crate::device::{DeviceGroup, DeviceTensor};
+use crate::device::DeviceTensor;
+use crate::group::DeviceGroup;
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::plane::nccl::result::NcclError;
+use crate::error::NcclError;
 use crate::tensor::Tensor;
 use crate::Collectives;
 use std::os::raw::c_void;

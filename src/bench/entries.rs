@@ -5,8 +5,9 @@
 //! [`Collectives`](crate::Collectives), so every data plane runs the same entry.
 
 use crate::op::Op;
-use crate::reduce::ReduceOp;
-use crate::tensor::{DType, Tensor};
+use crate::op::ReduceOp;
+use crate::dtype::DType;
+use crate::tensor::Tensor;
 
 /// What a data-movement entry computes for one size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

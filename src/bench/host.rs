@@ -5,7 +5,7 @@ use super::{BenchConfig, BenchPlane};
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::op::Op;
-use crate::reduce::ReduceOp;
+use crate::op::ReduceOp;
 use crate::tensor::{HostData, Tensor};
 use mpi::collective::SystemOperation;
 use mpi::traits::*;

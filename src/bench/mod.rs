@@ -16,15 +16,16 @@ mod host;
 pub mod json;
 pub mod memory;
 pub mod plot;
+pub mod workload;
 
-use crate::collectives::Collectives;
+use crate::group::Collectives;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::op::Op;
 use crate::parallel::ParallelState;
-use crate::reduce::ReduceOp;
+use crate::op::ReduceOp;
 use crate::tensor::Tensor;
-use crate::world::Runtime;
+use crate::group::Runtime;
 pub use config::{
     nccl_type_name, parse_dtype, parse_size, sizes, Average, BenchConfig, GroupChoice,
 };

@@ -3,7 +3,7 @@
 //! index math".
 
 use crate::error::{Error, Result};
-use crate::layout_ops::Copy2d;
+use crate::tensor::split::Copy2d;
 use cudarc::driver::sys;
 use std::os::raw::c_void;
 

@@ -18,24 +18,22 @@
 //! caller's. cudarc's per-buffer event tracking is off on rankmesh's
 //! context for the same reason (it costs two driver calls per buffer per op).
 
-mod connect;
-mod copy;
+pub(crate) mod copy;
 pub mod driver;
-mod group;
 mod order;
-pub mod select;
+pub(crate) mod select;
 mod tensor;
 
-pub use group::{DeviceEvent, DeviceGroup};
 pub use tensor::{DeviceTensor, DeviceView, DeviceViewMut};
 
-use crate::check::{Deferred, Verdict, SCAN_EVERY};
+use crate::agree::{Deferred, Verdict, SCAN_EVERY};
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::plane::nccl::comm::CommState;
-use crate::plane::nccl::loader::{self, Nccl};
-use crate::plane::nccl::sys::Api;
-use crate::tensor::{DType, Tensor};
+use crate::nccl::comm::CommState;
+use crate::nccl::loader::{self, Nccl};
+use crate::nccl::sys::Api;
+use crate::dtype::DType;
+use crate::tensor::Tensor;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use order::Tail;
 use std::cell::{Cell, RefCell};

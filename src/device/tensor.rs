@@ -2,9 +2,10 @@
 //! allocation, or the caller's memory borrowed without a copy.
 
 use super::order::Tail;
-use crate::dispatch::ViewProblem;
+use crate::agree::ViewProblem;
 use crate::error::{Error, Result};
-use crate::tensor::{numel, DType};
+use crate::dtype::DType;
+use crate::tensor::numel;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};

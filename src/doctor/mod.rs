@@ -18,7 +18,7 @@ pub mod report;
 pub mod verdict;
 
 use crate::error::Result;
-use crate::world::Runtime;
+use crate::group::Runtime;
 use mpi::collective::SystemOperation;
 use mpi::topology::Color;
 use mpi::traits::*;

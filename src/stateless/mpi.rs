@@ -5,7 +5,7 @@ use super::{Header, Links, TAG_OBJECT};
 use crate::error::Result;
 use crate::group::GroupCoordinator;
 use crate::op::Op;
-use crate::plane::host::isend_bytes;
+use crate::exec::mpi::isend_bytes;
 use mpi::ffi;
 use mpi::traits::*;
 use std::cell::RefCell;
@@ -101,7 +101,7 @@ impl Links for MpiLinks<'_> {
             drop(call);
         }
         let header = Box::new(header);
-        let piece = self.group.plane().max_piece();
+        let piece = self.group.mpi().max_piece();
         let comm = self.group.raw_comm().as_raw();
         let mut requests = Vec::new();
         for dst in dsts {
@@ -125,14 +125,14 @@ impl Links for MpiLinks<'_> {
         self.reap();
         let mut header = [0u64; 4];
         self.group
-            .plane()
+            .mpi()
             .recv_header(bytemuck::cast_slice_mut(&mut header[..]), src, TAG_OBJECT);
         Ok(header)
     }
 
     fn read_payload(&self, op: Op, src: usize, buf: &mut [u8]) -> Result<()> {
         self.group
-            .plane()
+            .mpi()
             .recv_tagged(buf, src, TAG_OBJECT)
             .map_err(|f| f.into_error(op, self.group.name()))
     }

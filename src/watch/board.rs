@@ -7,7 +7,7 @@
 //! in `/dev/shm`.
 
 use super::clock::now_ns;
-use crate::plane::shm_window::allocate_shared;
+use crate::mpi_ext::allocate_shared;
 use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;

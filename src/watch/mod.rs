@@ -20,7 +20,8 @@ use clock::{now_ns, secs};
 use recorder::Recorder;
 pub(crate) use service::{local_ipv4, Service, ADDRS};
 
-use crate::dispatch::{Descriptor, Op};
+use crate::agree::Descriptor;
+use crate::op::Op;
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::path::PathBuf;

@@ -6,7 +6,7 @@
 //! a small device call as much as the rest of the recorder.
 
 use super::clock::{now_ns, resolution_ns};
-use crate::dispatch::Descriptor;
+use crate::agree::Descriptor;
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -192,8 +192,8 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::Op;
-    use crate::tensor::DType;
+    use crate::op::Op;
+    use crate::dtype::DType;
 
     #[test]
     fn ring_keeps_the_newest_calls_in_order() {

@@ -1,7 +1,7 @@
 //! Config and tensor gathering to the first rank of a list, stateless groups.
 
 use super::reference::{assert_tensor, input, values};
-use rankmesh::gather::Ranks;
+use rankmesh::object::Ranks;
 use rankmesh::Collectives as _;
 use rankmesh::{DType, ReduceOp, Runtime, StatelessGroup};
 use serde_json::json;

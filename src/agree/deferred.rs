@@ -1,0 +1,267 @@
+//! A group's deferred agreements (the `deferred` [check mode](crate::CheckMode)):
+//! posted, completed later.
+//!
+//! `deferred`: a device call posts its descriptor and enqueues its NCCL work
+//! at once. A group within one node posts into its members' rings in the
+//! group's shared window (`ring`: a few stores, checked in batches); any
+//! other group posts a non-blocking MPI all-gather (`posted`: tested at
+//! every later device call, since MPI progresses only when called). The
+//! posted agreements are completed at the next
+//! [`Gpu::synchronize`](crate::device::Gpu::synchronize), event wait, event
+//! query that finds the work done, or download, and before a post that
+//! would exceed the backlog either allows. A disagreement found then aborts
+//! every NCCL communicator of the rank — the mismatched NCCL work may never
+//! finish — and is the error strict mode would have given for that call, on
+//! every member. Each member decides from the same descriptors, so all of
+//! them abort and fail alike.
+
+/// How many deferred device calls pass between looks at rings for
+/// agreements to complete (a ring asks for one at most this often).
+pub(crate) const SCAN_EVERY: u64 = ring::ENTRIES / 8;
+
+use crate::agree::{agree, Descriptor};
+use crate::error::{Error, Result};
+use crate::op::Op;
+use super::posted::MpiPosts;
+use super::ring::{self, Ring, RingArea};
+use mpi::ffi;
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+/// Where a group's agreements are posted.
+pub(crate) enum Posts {
+    /// The members' shared-memory rings (a group within one node).
+    Ring(Ring),
+    /// Non-blocking MPI all-gathers (any group).
+    Mpi(MpiPosts),
+}
+
+impl Posts {
+    /// Rings in the group's shared window, for group rank `me`.
+    pub(crate) fn ring(area: RingArea, me: usize) -> Posts {
+        Posts::Ring(Ring::new(area, me))
+    }
+
+    /// All-gathers over `comm` (kept alive by the group, which completes
+    /// its agreements before freeing it).
+    pub(crate) fn mpi(comm: ffi::MPI_Comm) -> Posts {
+        Posts::Mpi(MpiPosts::new(comm))
+    }
+}
+
+/// The oldest posted agreement, as a backend sees it.
+pub(super) enum Next {
+    /// Nothing (more) to complete now.
+    Done,
+    /// Agreed, and consumed.
+    Same,
+    /// Every member's descriptor, for the verdict.
+    Check {
+        mine: Descriptor,
+        all: Vec<Descriptor>,
+    },
+    /// A member did not post it before the deadline: this rank's descriptor.
+    Missing(Descriptor),
+}
+
+/// A group's posted agreements.
+pub(crate) struct Deferred {
+    group: String,
+    rank: usize,
+    limit: Option<Duration>,
+    posts: Posts,
+    /// Why the group can no longer be used, after a disagreement.
+    broken: RefCell<Option<String>>,
+}
+
+/// What a completed agreement says.
+pub(crate) enum Verdict {
+    Agreed,
+    /// Every member refused the call before enqueuing it: the error, and no
+    /// NCCL work to abort.
+    RefusedEverywhere(Error),
+    /// Some member enqueued work the others did not match.
+    Disagreed(Error),
+}
+
+impl Deferred {
+    /// For the group `group`, as group rank `rank`.
+    pub(crate) fn new(group: &str, rank: usize, limit: Option<Duration>, posts: Posts) -> Deferred {
+        Deferred {
+            group: group.to_string(),
+            rank,
+            limit,
+            posts,
+            broken: RefCell::new(None),
+        }
+    }
+
+    pub(crate) fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// Whether the group posts to shared-memory rings (not through MPI).
+    pub(crate) fn on_ring(&self) -> bool {
+        matches!(self.posts, Posts::Ring(_))
+    }
+
+    /// The error every call on the group gets after a disagreement.
+    pub(crate) fn check_usable(&self, op: Op) -> Result<()> {
+        match &*self.broken.borrow() {
+            None => Ok(()),
+            Some(first) => Err(Error::Mismatch {
+                op,
+                group: self.group.clone(),
+                msg: format!(
+                    "the group is unusable after an earlier device call disagreed ({first}); \
+                     its NCCL communicators were aborted"
+                ),
+            }),
+        }
+    }
+
+    /// Whether the oldest agreement must be completed before another post.
+    pub(crate) fn full(&self) -> bool {
+        match &self.posts {
+            Posts::Ring(r) => r.full(),
+            Posts::Mpi(m) => m.full(),
+        }
+    }
+
+    /// Posts `desc` (of digest `digest`) for the group's `size` members;
+    /// `refused_here`: this rank's own checks refused the call (it
+    /// enqueues nothing).
+    pub(crate) fn post(
+        &self,
+        desc: &Descriptor,
+        digest: u64,
+        size: usize,
+        refused_here: bool,
+    ) -> Result<()> {
+        match &self.posts {
+            Posts::Mpi(m) => m.post(desc, size, &self.group),
+            Posts::Ring(r) => r
+                .post(desc, digest, refused_here, self.limit())
+                .map_err(|held| {
+                    self.break_with("a member did not check a refused call");
+                    Error::Timeout {
+                        op: desc.op().unwrap_or(Op::Synchronize),
+                        group: self.group.clone(),
+                        msg: format!(
+                            "a member did not check the refused device call posted {} calls \
+                         earlier within RANKMESH_TIMEOUT",
+                            r.posted() + 1 - held
+                        ),
+                    }
+                }),
+        }
+    }
+
+    fn limit(&self) -> Duration {
+        self.limit.unwrap_or(Duration::from_secs(600))
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.limit()
+    }
+
+    /// Completes posted agreements, oldest first: those already done when
+    /// `deadline` is `None`, all of them otherwise (an agreement not done
+    /// by the deadline is an error: a member never made that call). Stops
+    /// at the first that does not agree and returns its verdict.
+    pub(crate) fn complete(&self, deadline: Option<Instant>) -> Result<Verdict> {
+        // A broken group's error was returned once; nothing it posted matters.
+        if self.broken.borrow().is_some() || deadline.is_none() && !self.wants_test() {
+            return Ok(Verdict::Agreed);
+        }
+        loop {
+            let next = match &self.posts {
+                Posts::Ring(r) => r.next(deadline),
+                Posts::Mpi(m) => m.next(deadline),
+            };
+            match next {
+                Next::Done => return Ok(Verdict::Agreed),
+                Next::Same => {}
+                Next::Missing(mine) => {
+                    self.break_with("a member did not make the call");
+                    self.abandon_rest();
+                    return Err(Error::Timeout {
+                        op: mine.op().unwrap_or(Op::Synchronize),
+                        group: self.group.clone(),
+                        msg: format!(
+                            "the deferred agreement of call #{} did not complete within \
+                             RANKMESH_TIMEOUT: a member never made that call (or is stuck before it)",
+                            mine.seq
+                        ),
+                    });
+                }
+                Next::Check { mine, all } => {
+                    let verdict = self.verdict(&mine, &all);
+                    if let Posts::Ring(r) = &self.posts {
+                        r.settled(matches!(verdict, Verdict::Agreed));
+                    }
+                    match verdict {
+                        Verdict::Agreed => {}
+                        other => return Ok(other),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether testing without waiting is worth it now.
+    fn wants_test(&self) -> bool {
+        match &self.posts {
+            Posts::Ring(r) => r.wants_test(),
+            Posts::Mpi(m) => m.wants_test(),
+        }
+    }
+
+    fn verdict(&self, mine: &Descriptor, all: &[Descriptor]) -> Verdict {
+        let size = all.len();
+        let op = mine.op().unwrap_or(Op::Synchronize);
+        let check = |d: &Descriptor| d.validate(op, size);
+        let Err(rejection) = agree(all, self.rank, &check) else {
+            return Verdict::Agreed;
+        };
+        let err = Error::rejected(op, &self.group, rejection);
+        // A member enqueued the call when its own descriptor passed its own checks.
+        let enqueued = |d: &Descriptor| agree(std::slice::from_ref(d), 0, &check).is_ok();
+        if all.iter().any(enqueued) {
+            self.break_with(&err.to_string());
+            self.abandon_rest();
+            Verdict::Disagreed(err)
+        } else {
+            Verdict::RefusedEverywhere(err)
+        }
+    }
+
+    fn break_with(&self, why: &str) {
+        self.broken
+            .borrow_mut()
+            .get_or_insert_with(|| why.to_string());
+    }
+
+    /// After a disagreement the group refuses every call; what is still
+    /// posted through MPI is leaked (see `posted`).
+    fn abandon_rest(&self) {
+        if let Posts::Mpi(m) = &self.posts {
+            m.abandon();
+        }
+    }
+}
+
+/// The group's communicator is freed next: its agreements are completed
+/// first (at most `RANKMESH_TIMEOUT`); what does not complete is leaked. A
+/// disagreement found here has no caller left to report to: it is logged.
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        match self.complete(Some(self.deadline())) {
+            Ok(Verdict::Agreed) => {}
+            Ok(Verdict::RefusedEverywhere(e) | Verdict::Disagreed(e)) | Err(e) => {
+                tracing::error!("{e} (found when the group was dropped)")
+            }
+        }
+        self.abandon_rest();
+    }
+}

@@ -1,0 +1,26 @@
+//! Agreement: every rank of a group checks every rank's call before data
+//! moves, so a bad or mismatched call is the same named error on every rank
+//! instead of a hang. Written once here for every group kind (host, device,
+//! stateless host, stateless device):
+//!
+//! - [`descriptor`]: the fixed-size call descriptor, its digest, and the
+//!   verdicts every rank reaches on the same descriptors (collectives,
+//!   point-to-point pairs), with the admitted-call memo;
+//! - `deferred`, `ring`, `posted`: the `deferred` check mode's posted
+//!   agreements (rings in a node's shared window, or MPI all-gathers);
+//! - `list`: agreement on rank lists among the listed ranks only, and the
+//!   validation of group lists.
+
+mod deferred;
+pub mod descriptor;
+mod list;
+mod posted;
+mod ring;
+
+pub(crate) use deferred::{Deferred, Posts, Verdict, SCAN_EVERY};
+pub(crate) use ring::RingArea;
+pub use descriptor::{Descriptor, ViewProblem, MAX_DIMS};
+pub(crate) use list::{agree_on_list, check_rank_list, fnv1a, validate_group_lists};
+pub(crate) use ring::{reset as reset_ring, RING_BYTES};
+pub use descriptor::{agree, agree_peers};
+pub(crate) use descriptor::Admitted;

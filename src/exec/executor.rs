@@ -1,0 +1,223 @@
+//! What a host executor supplies: the byte movements of every host
+//! collective, once the dispatch path has checked the call. Two executors
+//! implement it — MPI ([`MpiExec`]) and node-local shared memory
+//! ([`ShmCall`](super::shm::ShmCall)) — and the host op list in
+//! `host_ops.rs` is written once against it.
+
+use super::hier::HierCall;
+use super::mpi::{BlockLayout, MpiExec};
+use super::shm::ShmCall;
+use crate::error::{Error, Fault, Result};
+use crate::op::ReduceOp;
+use crate::tensor::Tensor;
+
+/// The byte movements of the host collectives. Sizes were agreed before
+/// any of these is called; an `Err` is a fault of the transfer itself.
+pub(crate) trait HostMoves {
+    /// Returns once every member has entered.
+    fn barrier(&self) -> Result<(), Fault>;
+    /// Element-wise reduction of `input` into every rank's `out`.
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault>;
+    /// Element-wise reduction onto `root`'s `out` (ignored elsewhere).
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault>;
+    /// `packed` holds `P` equal blocks; rank `r` gets the reduction of
+    /// every rank's block `r`.
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault>;
+    /// Every rank's `block` (same length everywhere) into `out`, in rank order.
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    /// Every rank's `block` concatenated on `root`; `None` elsewhere.
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault>;
+    /// Each rank's `mine` (lengths `lens`, known to all) on `root`, or on
+    /// every rank when `root` is `None`; `None` on ranks that get nothing.
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault>;
+    /// Block `r` of `root`'s `send` into rank `r`'s `recv`.
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault>;
+    /// `root`'s `buf` into every rank's `buf`.
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault>;
+    /// Block `r` of every rank's `send` into block `sender` of rank `r`'s `out`.
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    /// [`all_to_all_into`](Self::all_to_all_into) with blocks laid out by
+    /// `send_layout` and `recv_layout`; `Ok(false)` when the executor cannot
+    /// express the layouts (the caller packs instead).
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        out: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault>;
+}
+
+/// The executor a host call runs on.
+pub(crate) enum HostExec<'a> {
+    /// MPI collectives on the group's communicator.
+    Mpi(MpiExec<'a>),
+    /// The group's shared-memory window.
+    Shm(ShmCall<'a>),
+    /// Shared memory within nodes, MPI among their leaders.
+    Hier(HierCall<'a>),
+}
+
+impl<'a> std::ops::Deref for HostExec<'a> {
+    type Target = dyn HostMoves + 'a;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            HostExec::Mpi(p) => p,
+            HostExec::Shm(s) => s,
+            HostExec::Hier(h) => h,
+        }
+    }
+}
+
+/// `RANKMESH_HOST_PLANE`: which executor host collectives use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExecChoice {
+    /// Shared memory for groups whose members share one node, MPI
+    /// otherwise.
+    #[default]
+    Auto,
+    /// MPI for every group.
+    Mpi,
+    /// Shared memory; a group spanning nodes is an error at its creation.
+    Shm,
+    /// As `Auto`, but a group spanning nodes with two or more members on
+    /// some node runs hierarchically: shared memory within each node, MPI
+    /// among one leader per node. Not `Auto`'s choice (yet): on this 2-core
+    /// machine, fake nodes oversubscribed, it measured slower than Open MPI
+    /// (docs/BENCHMARKS.md); it wants a measurement on real nodes.
+    Hier,
+}
+
+impl ExecChoice {
+    /// The value's name, as `RANKMESH_HOST_PLANE` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecChoice::Auto => "auto",
+            ExecChoice::Mpi => "mpi",
+            ExecChoice::Shm => "shm",
+            ExecChoice::Hier => "hier",
+        }
+    }
+
+    pub(crate) fn code(self) -> u64 {
+        self as u64
+    }
+}
+
+impl std::str::FromStr for ExecChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "auto" => Ok(ExecChoice::Auto),
+            "mpi" => Ok(ExecChoice::Mpi),
+            "shm" => Ok(ExecChoice::Shm),
+            "hier" => Ok(ExecChoice::Hier),
+            _ => Err(Error::Launch(format!(
+                "RANKMESH_HOST_PLANE={s:?} is not one of mpi, shm, hier, auto"
+            ))),
+        }
+    }
+}
+
+impl HostMoves for MpiExec<'_> {
+    fn barrier(&self) -> Result<(), Fault> {
+        MpiExec::barrier(self);
+        Ok(())
+    }
+
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
+        MpiExec::all_reduce_into(self, input, out, op);
+        Ok(())
+    }
+
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        MpiExec::reduce_into_root(self, input, out, root, op);
+        Ok(())
+    }
+
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        MpiExec::reduce_scatter_block_into(self, packed, out, op);
+        Ok(())
+    }
+
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        MpiExec::all_gather_into(self, block, out);
+        Ok(())
+    }
+
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+        Ok(MpiExec::gather(self, block, root))
+    }
+
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
+        Ok(match root {
+            Some(root) => MpiExec::gather_varcount(self, mine, lens, root),
+            None => Some(MpiExec::all_gather_varcount(self, mine, lens)),
+        })
+    }
+
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+        MpiExec::scatter(self, send, recv, root);
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+        MpiExec::broadcast(self, buf, root);
+        Ok(())
+    }
+
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        MpiExec::all_to_all_into(self, send, out);
+        Ok(())
+    }
+
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        out: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault> {
+        Ok(MpiExec::all_to_all_strided(
+            self,
+            send,
+            send_layout,
+            out,
+            recv_layout,
+        ))
+    }
+}

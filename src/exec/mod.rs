@@ -1,0 +1,13 @@
+//! Executors: how a host group's bytes move. Three of them behind
+//! [`executor::HostMoves`]: MPI on host memory ([`mpi`]), a node-local
+//! shared-memory window (`shm`), or the two in a hierarchy for groups that
+//! span nodes (`hier`). The device plane's executor is NCCL
+//! (`crate::group`'s device group).
+
+mod combine;
+mod copy;
+pub(crate) mod executor;
+pub(crate) mod hier;
+pub mod mpi;
+mod reduction;
+pub(crate) mod shm;

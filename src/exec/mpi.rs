@@ -1,0 +1,906 @@
+//! The host data plane: MPI on host memory.
+//!
+//! rsmpi counts are `i32`, so every transfer is cut into pieces of at most
+//! `max_bytes` (and, for operations whose receive buffer holds a piece from
+//! every rank, at most `max_bytes / P` per rank). Calls here assume the ranks
+//! already agreed on sizes through the dispatch path.
+
+use super::copy::copy_bytes;
+pub(crate) use crate::mpi_ext::null_request;
+use super::reduction::{reduce_into, Reducer};
+use crate::error::Fault;
+use crate::op::ReduceOp;
+use crate::tensor::Tensor;
+use crate::watch::Pulse;
+use mpi::datatype::PartitionMut;
+use mpi::ffi;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use std::os::raw::c_int;
+
+/// Tag of point-to-point call headers.
+pub const TAG_HEADER: i32 = 0x5201;
+/// Tag of the receiver's answer to a header.
+pub const TAG_ANSWER: i32 = 0x5202;
+/// Tag of point-to-point payload pieces.
+pub const TAG_DATA: i32 = 0x5203;
+/// Tag of the payload pieces of a batch (a tensor dictionary's tensors).
+const TAG_BATCH: i32 = 0x5204;
+
+/// Where one rank's block of an all-to-all lies in a buffer: `count` runs of
+/// `run` bytes, `stride` bytes apart, and the next rank's block `extent`
+/// bytes further on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockLayout {
+    pub count: usize,
+    pub run: usize,
+    pub stride: usize,
+    pub extent: usize,
+}
+
+impl BlockLayout {
+    /// Block `r` of `parts` along `dim` of a row-major tensor of `shape`
+    /// with `elem`-byte elements.
+    pub(crate) fn along(shape: &[usize], dim: usize, parts: usize, elem: usize) -> BlockLayout {
+        let outer: usize = shape[..dim].iter().product();
+        let inner: usize = shape[dim + 1..].iter().product::<usize>() * elem;
+        let run = shape[dim] / parts * inner;
+        BlockLayout {
+            count: outer,
+            run,
+            stride: shape[dim] * inner,
+            extent: run,
+        }
+    }
+
+    /// The committed MPI datatype, `None` when a count does not fit `int`.
+    fn datatype(self) -> Option<OwnedType> {
+        let int = |v: usize| c_int::try_from(v).ok();
+        let (count, run) = (int(self.count)?, int(self.run)?);
+        let stride = ffi::MPI_Aint::try_from(self.stride).ok()?;
+        let extent = ffi::MPI_Aint::try_from(self.extent).ok()?;
+        // SAFETY: plain MPI type constructors on valid out-pointers; the
+        // intermediate type is freed once the resized one holds it.
+        unsafe {
+            let mut vector = std::mem::zeroed();
+            ffi::MPI_Type_create_hvector(count, run, stride, ffi::RSMPI_UINT8_T, &mut vector);
+            let mut resized = std::mem::zeroed();
+            ffi::MPI_Type_create_resized(vector, 0, extent, &mut resized);
+            ffi::MPI_Type_free(&mut vector);
+            ffi::MPI_Type_commit(&mut resized);
+            Some(OwnedType(resized))
+        }
+    }
+}
+
+/// The runs of bytes `off..off + len` of block `r` of a buffer laid out
+/// by `l`: `(position in the buffer, position in the range, length)`.
+fn block_runs(
+    l: BlockLayout,
+    r: usize,
+    off: usize,
+    len: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        (done < len).then(|| {
+            let pos = off + done;
+            let (row, col) = (pos / l.run, pos % l.run);
+            let run = (l.run - col).min(len - done);
+            let item = (r * l.extent + row * l.stride + col, done, run);
+            done += run;
+            item
+        })
+    })
+}
+
+/// Bytes `off..off + dst.len()` of block `r` of `buf` (laid out by `l`) into `dst`.
+pub(crate) fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) {
+    for (at, to, len) in block_runs(l, r, off, dst.len()) {
+        copy_bytes(&mut dst[to..to + len], &buf[at..at + len]);
+    }
+}
+
+/// `src` into bytes `off..off + src.len()` of block `r` of `buf` (laid out by `l`).
+pub(crate) fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
+    for (at, from, len) in block_runs(l, r, off, src.len()) {
+        copy_bytes(&mut buf[at..at + len], &src[from..from + len]);
+    }
+}
+
+/// Bytes `off..off + len` of block `r` of `src` (laid out by `sl`) into the
+/// same bytes of block `at` of `dst` (laid out by `dl`), with no copy between.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_block(
+    src: &[u8],
+    sl: BlockLayout,
+    r: usize,
+    dst: &mut [u8],
+    dl: BlockLayout,
+    at: usize,
+    off: usize,
+    len: usize,
+) {
+    for (from, pos, run) in block_runs(sl, r, off, len) {
+        write_block(dst, dl, at, off + pos, &src[from..from + run]);
+    }
+}
+
+/// A committed MPI datatype, freed on drop.
+struct OwnedType(ffi::MPI_Datatype);
+
+impl Drop for OwnedType {
+    fn drop(&mut self) {
+        // SAFETY: a type this process committed and no call still uses.
+        unsafe { ffi::MPI_Type_free(&mut self.0) };
+    }
+}
+
+/// Posts `MPI_Isend` of `buf` (at most `i32::MAX` bytes) to `dst` with `tag`.
+///
+/// # Safety
+/// `buf` must stay allocated and unchanged until the request completes.
+pub(crate) unsafe fn isend_bytes(
+    comm: ffi::MPI_Comm,
+    buf: &[u8],
+    dst: usize,
+    tag: c_int,
+) -> ffi::MPI_Request {
+    let mut req = null_request();
+    // SAFETY: the caller keeps `buf` alive until completion.
+    unsafe {
+        ffi::MPI_Isend(
+            buf.as_ptr().cast(),
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            dst as c_int,
+            tag,
+            comm,
+            &mut req,
+        )
+    };
+    req
+}
+
+/// Posts `MPI_Irecv` into `buf` (at most `i32::MAX` bytes) from `src` with `tag`.
+///
+/// # Safety
+/// `buf` must stay allocated and untouched until the request completes.
+unsafe fn irecv_bytes(
+    comm: ffi::MPI_Comm,
+    buf: &mut [u8],
+    src: usize,
+    tag: c_int,
+) -> ffi::MPI_Request {
+    let mut req = null_request();
+    // SAFETY: the caller keeps `buf` alive and unaliased until completion.
+    unsafe {
+        ffi::MPI_Irecv(
+            buf.as_mut_ptr().cast(),
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            src as c_int,
+            tag,
+            comm,
+            &mut req,
+        )
+    };
+    req
+}
+
+/// MPI over host memory for one communicator. Every piece that completes
+/// is progress for the hang watchdog, so a long transfer that still moves is
+/// never mistaken for a stuck one.
+pub struct MpiExec<'c> {
+    comm: &'c SimpleCommunicator,
+    max_bytes: usize,
+    pulse: Pulse<'c>,
+}
+
+impl<'c> MpiExec<'c> {
+    /// A plane over `comm` cutting messages at `max_bytes`.
+    pub(crate) fn new(comm: &'c SimpleCommunicator, max_bytes: usize, pulse: Pulse<'c>) -> Self {
+        MpiExec {
+            comm,
+            max_bytes: max_bytes.max(1),
+            pulse,
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size() as usize
+    }
+
+    /// Bytes one rank contributes per round when every rank's piece lands in one buffer.
+    fn per_rank_piece(&self) -> usize {
+        (self.max_bytes / self.size()).max(1)
+    }
+
+    /// Returns once every member has entered.
+    pub fn barrier(&self) {
+        self.comm.barrier();
+    }
+
+    /// Every rank's `block` (same length everywhere) into `out`, in rank order.
+    pub fn all_gather_into(&self, block: &[u8], out: &mut [u8]) {
+        let (n, p) = (block.len(), self.size());
+        // Empty Rust buffers share one dangling address, which MPI reads as aliasing.
+        if n == 0 {
+            return;
+        }
+        if n <= self.per_rank_piece() {
+            self.comm.all_gather_into(block, out);
+            return;
+        }
+        let piece = self.per_rank_piece();
+        let mut tmp = vec![0u8; piece * p];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            self.comm
+                .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
+            self.pulse.beat();
+            for r in 0..p {
+                copy_bytes(
+                    &mut out[r * n + start..r * n + start + len],
+                    &tmp[r * len..(r + 1) * len],
+                );
+            }
+        }
+    }
+
+    /// Every rank's `block` concatenated on `root`; `None` elsewhere.
+    pub fn gather(&self, block: &[u8], root: usize) -> Option<Vec<u8>> {
+        let (n, p) = (block.len(), self.size());
+        if n == 0 {
+            return (self.comm.rank() as usize == root).then(Vec::new);
+        }
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let is_root = self.comm.rank() as usize == root;
+        let mut out = is_root.then(|| vec![0u8; n * p]);
+        let piece = self.per_rank_piece();
+        let mut tmp = vec![0u8; if is_root { piece.min(n) * p } else { 0 }];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            let send = &block[start..start + len];
+            match out.as_mut() {
+                Some(out) => {
+                    root_proc.gather_into_root(send, &mut tmp[..len * p]);
+                    for r in 0..p {
+                        copy_bytes(
+                            &mut out[r * n + start..r * n + start + len],
+                            &tmp[r * len..(r + 1) * len],
+                        );
+                    }
+                }
+                None => root_proc.gather_into(send),
+            }
+            self.pulse.beat();
+        }
+        out
+    }
+
+    /// Block `r` of `root`'s `send` (`P` blocks of `recv.len()` bytes) into
+    /// `recv` on rank `r`; `send` is read on `root` only.
+    pub fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) {
+        let (n, p) = (recv.len(), self.size());
+        if n == 0 {
+            return;
+        }
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let piece = self.per_rank_piece();
+        if n <= piece {
+            match send {
+                Some(send) => root_proc.scatter_into_root(send, recv),
+                None => root_proc.scatter_into(recv),
+            }
+            return;
+        }
+        let mut tmp = vec![0u8; if send.is_some() { piece * p } else { 0 }];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            let mine = &mut recv[start..start + len];
+            match send {
+                Some(send) => {
+                    for r in 0..p {
+                        copy_bytes(
+                            &mut tmp[r * len..(r + 1) * len],
+                            &send[r * n + start..r * n + start + len],
+                        );
+                    }
+                    root_proc.scatter_into_root(&tmp[..len * p], mine);
+                }
+                None => root_proc.scatter_into(mine),
+            }
+            self.pulse.beat();
+        }
+    }
+
+    /// `buf` from `root` copied into `buf` everywhere.
+    pub fn broadcast(&self, buf: &mut [u8], root: usize) {
+        let root_proc = self.comm.process_at_rank(root as i32);
+        for piece in buf.chunks_mut(self.max_bytes) {
+            root_proc.broadcast_into(piece);
+            self.pulse.beat();
+        }
+    }
+
+    /// Rank `r` receives block `r` of every rank's `send`; `out` holds the
+    /// received blocks in source order.
+    pub fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) {
+        let p = self.size();
+        if send.is_empty() {
+            return;
+        }
+        let block = send.len() / p;
+        if block <= self.per_rank_piece() {
+            self.comm.all_to_all_into(send, out);
+            return;
+        }
+        let piece = self.per_rank_piece();
+        let mut s = vec![0u8; piece * p];
+        let mut r = vec![0u8; piece * p];
+        for start in (0..block).step_by(piece) {
+            let len = piece.min(block - start);
+            for q in 0..p {
+                copy_bytes(
+                    &mut s[q * len..(q + 1) * len],
+                    &send[q * block + start..q * block + start + len],
+                );
+            }
+            self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
+            self.pulse.beat();
+            for q in 0..p {
+                copy_bytes(
+                    &mut out[q * block + start..q * block + start + len],
+                    &r[q * len..(q + 1) * len],
+                );
+            }
+        }
+    }
+
+    /// All-to-all where rank `r`'s block is read from `send` and written to
+    /// `recv` in place, through MPI derived datatypes (`layout`s below), so
+    /// no pack or unpack copy is made: Open MPI gathers the strided block
+    /// while it copies it into shared memory anyway. Returns `false`, having
+    /// done nothing, when a count would not fit MPI's `int` or the transfer
+    /// is larger than one message (the caller then packs and cuts pieces).
+    pub(crate) fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        recv: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> bool {
+        if send.len() > self.max_bytes || recv.len() > self.max_bytes {
+            return false;
+        }
+        if let (1, 1, Ok(run)) = (
+            send_layout.count,
+            recv_layout.count,
+            c_int::try_from(send_layout.run),
+        ) {
+            if send_layout.run == recv_layout.run {
+                // Contiguous blocks both sides (a 4-d all-to-all whose outer
+                // dims are 1): the plain call on the caller's buffers, as a
+                // raw all-to-all, with no datatype to build.
+                // SAFETY: each buffer holds `size` blocks of `run` bytes
+                // (the layouts were derived from their shapes).
+                unsafe {
+                    ffi::MPI_Alltoall(
+                        send.as_ptr().cast(),
+                        run,
+                        ffi::RSMPI_UINT8_T,
+                        recv.as_mut_ptr().cast(),
+                        run,
+                        ffi::RSMPI_UINT8_T,
+                        self.comm.as_raw(),
+                    );
+                }
+                self.pulse.beat();
+                return true;
+            }
+        }
+        let (Some(stype), Some(rtype)) = (send_layout.datatype(), recv_layout.datatype()) else {
+            return false;
+        };
+        let (p, me) = (self.comm.size() as usize, self.comm.rank() as usize);
+        // Byte displacements of the blocks (`int` in MPI_Alltoallw).
+        let displs = |l: BlockLayout| -> Option<Vec<c_int>> {
+            (0..p).map(|r| c_int::try_from(r * l.extent).ok()).collect()
+        };
+        match (displs(send_layout), displs(recv_layout)) {
+            (Some(sdispls), Some(rdispls)) => {
+                // Every peer's block through MPI; this rank's own block
+                // copied here, run by run: Open MPI's datatype engine packs
+                // and unpacks a strided self-block (about 20% of a 2-rank
+                // exchange at 1-4 MiB).
+                let counts: Vec<c_int> = (0..p).map(|r| c_int::from(r != me)).collect();
+                let (stypes, rtypes) = (vec![stype.0; p], vec![rtype.0; p]);
+                // SAFETY: both datatypes cover one block, block r of each
+                // buffer starts at its displacement (the layouts were derived
+                // from their shapes); the arrays have `p` entries.
+                unsafe {
+                    ffi::MPI_Alltoallw(
+                        send.as_ptr().cast(),
+                        counts.as_ptr(),
+                        sdispls.as_ptr(),
+                        stypes.as_ptr(),
+                        recv.as_mut_ptr().cast(),
+                        counts.as_ptr(),
+                        rdispls.as_ptr(),
+                        rtypes.as_ptr(),
+                        self.comm.as_raw(),
+                    );
+                }
+                let block = send_layout.count * send_layout.run;
+                copy_block(send, send_layout, me, recv, recv_layout, me, 0, block);
+            }
+            // Beyond `int` displacements: Open MPI's alltoall moves every block.
+            // SAFETY: both datatypes cover exactly `size` blocks of the
+            // buffers (the layouts were derived from their shapes).
+            _ => unsafe {
+                ffi::MPI_Alltoall(
+                    send.as_ptr().cast(),
+                    1,
+                    stype.0,
+                    recv.as_mut_ptr().cast(),
+                    1,
+                    rtype.0,
+                    self.comm.as_raw(),
+                );
+            },
+        }
+        self.pulse.beat();
+        true
+    }
+
+    /// Sends `send` to `dst` while receiving `recv` from `src`, each only when
+    /// its flag is set (a link whose handshake failed carries nothing). Pieces
+    /// pair up by index on each link, so no ring of such calls can deadlock.
+    pub(crate) fn send_recv(
+        &self,
+        send: Option<&[u8]>,
+        dst: usize,
+        recv: Option<&mut [u8]>,
+        src: usize,
+    ) -> Result<(), Fault> {
+        let (to, from) = (
+            self.comm.process_at_rank(dst as i32),
+            self.comm.process_at_rank(src as i32),
+        );
+        let c = self.max_bytes;
+        let send_pieces: Vec<&[u8]> = send.map_or(Vec::new(), |b| b.chunks(c).collect());
+        let mut recv_pieces: Vec<&mut [u8]> =
+            recv.map_or(Vec::new(), |b| b.chunks_mut(c).collect());
+        let rounds = send_pieces.len().max(recv_pieces.len());
+        let mut recv_iter = recv_pieces.iter_mut();
+        for k in 0..rounds {
+            let status = match (send_pieces.get(k), recv_iter.next()) {
+                (Some(s), Some(r)) => Some((
+                    mpi::point_to_point::send_receive_into_with_tags(
+                        *s, &to, TAG_DATA, &mut **r, &from, TAG_DATA,
+                    ),
+                    r.len(),
+                )),
+                (Some(s), None) => {
+                    to.send_with_tag(*s, TAG_DATA);
+                    None
+                }
+                (None, Some(r)) => Some((from.receive_into_with_tag(&mut **r, TAG_DATA), r.len())),
+                (None, None) => None,
+            };
+            if let Some((status, want)) = status {
+                check_count(&status, want, src)?;
+            }
+            self.pulse.beat();
+        }
+        Ok(())
+    }
+
+    /// Exchanges fixed-size headers with `tag`: ours to `dst`, `src`'s into `theirs`.
+    pub fn exchange_headers(
+        &self,
+        ours: &[u8],
+        dst: usize,
+        theirs: &mut [u8],
+        src: usize,
+        tag: i32,
+    ) {
+        let (to, from) = (
+            self.comm.process_at_rank(dst as i32),
+            self.comm.process_at_rank(src as i32),
+        );
+        mpi::point_to_point::send_receive_into_with_tags(ours, &to, tag, theirs, &from, tag);
+    }
+
+    /// Each rank's `mine` (lengths `lens`, known to all) delivered to every rank.
+    pub fn all_gather_varcount(&self, mine: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = lens.iter().map(|n| Vec::with_capacity(*n)).collect();
+        for (start, counts) in self.varcount_rounds(lens) {
+            let displs = displacements(&counts);
+            let total = counts.iter().sum::<i32>() as usize;
+            let mut tmp = vec![0u8; total];
+            let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
+            let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
+            self.comm.all_gather_varcount_into(own, &mut part);
+            self.pulse.beat();
+            scatter_round(&mut out, &tmp, &counts, &displs);
+        }
+        out
+    }
+
+    /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`.
+    pub fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: usize,
+    ) -> Option<Vec<Vec<u8>>> {
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let is_root = self.comm.rank() as usize == root;
+        let mut out: Vec<Vec<u8>> = lens
+            .iter()
+            .map(|n| Vec::with_capacity(if is_root { *n } else { 0 }))
+            .collect();
+        for (start, counts) in self.varcount_rounds(lens) {
+            let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
+            if is_root {
+                let displs = displacements(&counts);
+                let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
+                let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
+                root_proc.gather_varcount_into_root(own, &mut part);
+                scatter_round(&mut out, &tmp, &counts, &displs);
+            } else {
+                root_proc.gather_varcount_into(own);
+            }
+            self.pulse.beat();
+        }
+        is_root.then_some(out)
+    }
+
+    /// (offset, per-rank counts) of each round of a variable-count exchange.
+    fn varcount_rounds(&self, lens: &[usize]) -> Vec<(usize, Vec<i32>)> {
+        let piece = self.per_rank_piece();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        (0..longest)
+            .step_by(piece)
+            .map(|start| {
+                let counts = lens
+                    .iter()
+                    .map(|n| n.saturating_sub(start).min(piece) as i32)
+                    .collect();
+                (start, counts)
+            })
+            .collect()
+    }
+
+    /// Sends `bytes` to `dst` in pieces with `TAG_DATA`.
+    pub fn send(&self, bytes: &[u8], dst: usize) {
+        let p = self.comm.process_at_rank(dst as i32);
+        for piece in bytes.chunks(self.max_bytes) {
+            p.send_with_tag(piece, TAG_DATA);
+            self.pulse.beat();
+        }
+    }
+
+    /// Receives exactly `buf.len()` bytes from `src` in pieces with
+    /// `TAG_DATA`; a short piece is an error (a longer one is MPI's
+    /// truncation error).
+    pub(crate) fn recv(&self, buf: &mut [u8], src: usize) -> Result<(), Fault> {
+        self.recv_tagged(buf, src, TAG_DATA)
+    }
+
+    /// [`recv`](Self::recv) with another tag.
+    pub(crate) fn recv_tagged(&self, buf: &mut [u8], src: usize, tag: i32) -> Result<(), Fault> {
+        let p = self.comm.process_at_rank(src as i32);
+        for piece in buf.chunks_mut(self.max_bytes) {
+            let status = p.receive_into_with_tag(piece, tag);
+            check_count(&status, piece.len(), src)?;
+            self.pulse.beat();
+        }
+        Ok(())
+    }
+
+    /// The largest piece a transfer is cut into.
+    pub(crate) fn max_piece(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Sends every buffer of `bufs` to `dst` at once: every piece is posted
+    /// with `TAG_BATCH` before any is waited for, so the transfers overlap
+    /// (one wait for the lot, as FastVideo's dict of async sends). Empty
+    /// buffers send nothing; the receiver posts the same list.
+    pub(crate) fn send_batch(&self, bufs: &[&[u8]], dst: usize) {
+        let comm = self.comm.as_raw();
+        let mut reqs: Vec<ffi::MPI_Request> = bufs
+            .iter()
+            .flat_map(|b| b.chunks(self.max_bytes))
+            // SAFETY: every request is completed below, before `bufs` can be released.
+            .map(|piece| unsafe { isend_bytes(comm, piece, dst, TAG_BATCH) })
+            .collect();
+        let _ = self.complete(&mut reqs, &[], dst);
+    }
+
+    /// Receives into every buffer of `bufs` from `src` at once (the
+    /// counterpart of [`send_batch`](Self::send_batch)); a short piece is an
+    /// error once every piece has arrived.
+    pub(crate) fn recv_batch(&self, bufs: &mut [&mut [u8]], src: usize) -> Result<(), Fault> {
+        let comm = self.comm.as_raw();
+        let mut reqs = Vec::new();
+        let mut want = Vec::new();
+        for piece in bufs.iter_mut().flat_map(|b| b.chunks_mut(self.max_bytes)) {
+            want.push(piece.len());
+            // SAFETY: `piece` is exclusively borrowed until every request completes below.
+            reqs.push(unsafe { irecv_bytes(comm, piece, src, TAG_BATCH) });
+        }
+        self.complete(&mut reqs, &want, src)
+    }
+
+    /// Broadcasts every buffer of `bufs` from `root` at once: one
+    /// `MPI_Ibcast` per piece, all posted before any is waited for (every
+    /// member posts the same list, which the dictionary's metadata fixed).
+    pub(crate) fn broadcast_batch(&self, bufs: &mut [&mut [u8]], root: usize) {
+        let comm = self.comm.as_raw();
+        let mut reqs: Vec<ffi::MPI_Request> = bufs
+            .iter_mut()
+            .flat_map(|b| b.chunks_mut(self.max_bytes))
+            .map(|piece| {
+                let mut req = null_request();
+                // SAFETY: `piece` is exclusively borrowed until every request
+                // completes below; its length fits a c_int (max_bytes does).
+                unsafe {
+                    ffi::MPI_Ibcast(
+                        piece.as_mut_ptr().cast(),
+                        piece.len() as c_int,
+                        ffi::RSMPI_UINT8_T,
+                        root as c_int,
+                        comm,
+                        &mut req,
+                    )
+                };
+                req
+            })
+            .collect();
+        let _ = self.complete(&mut reqs, &[], root);
+    }
+
+    /// Waits for every request, beating the pulse as each completes; with
+    /// `want` (receives), checks each piece's byte count.
+    fn complete(
+        &self,
+        reqs: &mut [ffi::MPI_Request],
+        want: &[usize],
+        peer: usize,
+    ) -> Result<(), Fault> {
+        let n = reqs.len();
+        let mut left = n;
+        let mut index: Vec<c_int> = vec![0; n];
+        // SAFETY: MPI_Status is plain data that MPI fills in.
+        let mut statuses: Vec<ffi::MPI_Status> = vec![unsafe { std::mem::zeroed() }; n];
+        let mut fault = Ok(());
+        while left > 0 {
+            let mut done: c_int = 0;
+            // SAFETY: live requests (MPI nulls completed ones and skips them).
+            unsafe {
+                ffi::MPI_Waitsome(
+                    n as c_int,
+                    reqs.as_mut_ptr(),
+                    &mut done,
+                    index.as_mut_ptr(),
+                    statuses.as_mut_ptr(),
+                );
+            }
+            // SAFETY: reading an MPI constant.
+            if done == unsafe { ffi::RSMPI_UNDEFINED } || done <= 0 {
+                break;
+            }
+            for k in 0..done as usize {
+                let i = index[k] as usize;
+                if let Some(w) = want.get(i) {
+                    let mut got: c_int = 0;
+                    // SAFETY: a status MPI just filled for a receive.
+                    unsafe { ffi::MPI_Get_count(&statuses[k], ffi::RSMPI_UINT8_T, &mut got) };
+                    let got = got.max(0) as usize;
+                    if got != *w && fault.is_ok() {
+                        fault = Err(Fault::Short {
+                            peer,
+                            got,
+                            want: *w,
+                        });
+                    }
+                }
+            }
+            left -= done as usize;
+            self.pulse.beat();
+        }
+        fault
+    }
+
+    /// Sends a fixed-size header with `tag`.
+    pub fn send_header(&self, header: &[u8], dst: usize, tag: i32) {
+        self.comm
+            .process_at_rank(dst as i32)
+            .send_with_tag(header, tag);
+    }
+
+    /// Receives a fixed-size header with `tag`.
+    pub fn recv_header(&self, header: &mut [u8], src: usize, tag: i32) {
+        self.comm
+            .process_at_rank(src as i32)
+            .receive_into_with_tag(header, tag);
+    }
+
+    /// Element-wise reduction of same-shaped tensors into `output` on every
+    /// rank. f16/bf16 are reduced in f32 and rounded once at the end.
+    pub fn all_reduce_into(&self, input: &Tensor, output: &mut Tensor, op: ReduceOp) {
+        reduce_into(
+            &AllReduce(self),
+            input.data(),
+            output.data_mut(),
+            op,
+            self.size(),
+        );
+    }
+
+    /// `packed` holds `P` equal blocks; rank `r` gets the reduction of every
+    /// rank's block `r` in `output`.
+    pub fn reduce_scatter_block_into(&self, packed: &Tensor, output: &mut Tensor, op: ReduceOp) {
+        reduce_into(
+            &ReduceScatter(self),
+            packed.data(),
+            output.data_mut(),
+            op,
+            self.size(),
+        );
+    }
+
+    /// Element-wise reduction onto `root`'s `output` (ignored elsewhere).
+    pub fn reduce_into_root(&self, input: &Tensor, output: &mut Tensor, root: usize, op: ReduceOp) {
+        reduce_into(
+            &Reduce(self, root),
+            input.data(),
+            output.data_mut(),
+            op,
+            self.size(),
+        );
+    }
+}
+
+struct AllReduce<'p, 'c>(&'p MpiExec<'c>);
+
+impl Reducer for AllReduce<'_, '_> {
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    ) {
+        let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
+        for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
+            self.0.comm.all_reduce_into(s, r, op);
+            self.0.pulse.beat();
+        }
+    }
+}
+
+struct Reduce<'p, 'c>(&'p MpiExec<'c>, usize);
+
+impl Reducer for Reduce<'_, '_> {
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    ) {
+        let root = self.0.comm.process_at_rank(self.1 as i32);
+        let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
+        if self.0.comm.rank() as usize == self.1 {
+            for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
+                root.reduce_into_root(s, r, op);
+                self.0.pulse.beat();
+            }
+        } else {
+            for s in send.chunks(piece) {
+                root.reduce_into(s, op);
+                self.0.pulse.beat();
+            }
+        }
+    }
+}
+
+struct ReduceScatter<'p, 'c>(&'p MpiExec<'c>);
+
+impl Reducer for ReduceScatter<'_, '_> {
+    fn blocks(&self) -> usize {
+        self.0.size()
+    }
+
+    fn run<T: Equivalence + Copy + Default, O: Operation + Copy>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: O,
+    ) {
+        let p = self.0.size();
+        let block = recv.len();
+        let piece = (self.0.per_rank_piece() / std::mem::size_of::<T>()).max(1);
+        if block <= piece {
+            self.0.comm.reduce_scatter_block_into(send, recv, op);
+            return;
+        }
+        let mut s = vec![T::default(); piece * p];
+        for start in (0..block).step_by(piece) {
+            let len = piece.min(block - start);
+            for q in 0..p {
+                s[q * len..(q + 1) * len]
+                    .copy_from_slice(&send[q * block + start..q * block + start + len]);
+            }
+            self.0
+                .comm
+                .reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
+            self.0.pulse.beat();
+        }
+    }
+}
+
+/// A received piece must hold the bytes the header promised.
+fn check_count(
+    status: &mpi::point_to_point::Status,
+    want: usize,
+    peer: usize,
+) -> Result<(), Fault> {
+    let got = status.count(u8::equivalent_datatype()).max(0) as usize;
+    if got == want {
+        Ok(())
+    } else {
+        Err(Fault::Short { peer, got, want })
+    }
+}
+
+/// This rank's piece of a variable-count round (empty once its data is sent).
+fn own_piece(mine: &[u8], start: usize, count: i32) -> &[u8] {
+    let start = start.min(mine.len());
+    &mine[start..start + count as usize]
+}
+
+fn displacements(counts: &[i32]) -> Vec<i32> {
+    counts
+        .iter()
+        .scan(0i32, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect()
+}
+
+/// Appends each rank's part of one variable-count round to its output.
+fn scatter_round(out: &mut [Vec<u8>], tmp: &[u8], counts: &[i32], displs: &[i32]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let d = displs[r] as usize;
+        o.extend_from_slice(&tmp[d..d + counts[r] as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BlockLayout;
+
+    #[test]
+    fn block_layouts_follow_the_dim() {
+        // [B=2, S=3, H=4, D=5] f32, 2 parts along H: 6 runs of 2·5·4 bytes, 80 apart.
+        let l = BlockLayout::along(&[2, 3, 4, 5], 2, 2, 4);
+        assert_eq!((l.count, l.run, l.stride, l.extent), (6, 40, 80, 40));
+        // Along the first dim a block is one contiguous run.
+        let l = BlockLayout::along(&[4, 3], 0, 2, 8);
+        assert_eq!((l.count, l.run, l.stride, l.extent), (1, 48, 96, 48));
+        // Counts past MPI's int are refused, not truncated.
+        let huge = BlockLayout {
+            count: 1 << 31,
+            run: 1,
+            stride: 1,
+            extent: 1,
+        };
+        assert!(huge.datatype().is_none());
+    }
+}

@@ -1,0 +1,290 @@
+//! The op list, once: the [`Collectives`] trait every data plane implements.
+//!
+//! The host group ([`GroupCoordinator`], MPI on host memory) and the device
+//! group ([`DeviceGroup`](crate::DeviceGroup), NCCL on GPU memory) are two
+//! implementations with an associated tensor type each. Everything above the
+//! planes — [`Differentiable`](crate::Differentiable), tensor dictionaries,
+//! `rankmesh bench` — is written once against this trait.
+//!
+//! Each collective has an `_into` form that writes a caller-owned output
+//! (no allocation: what a hot loop calls) and an allocating form, given here
+//! once as a default method. An output of the wrong shape or dtype is the
+//! same error on every rank (see [`Op::output_shape`] for the shapes). The
+//! rules of each op (checks, output shapes, error wording) live in
+//! [`crate::op`] and are applied by the dispatch path, not by the planes.
+
+use crate::error::Result;
+use crate::group::GroupCoordinator;
+use crate::op::Op;
+use crate::op::ReduceOp;
+use crate::dtype::DType;
+
+/// A dense, row-major tensor a data plane moves: what the dispatch path
+/// needs to know about it.
+pub trait PlaneTensor: Sized {
+    /// Whether the tensor lives in GPU memory.
+    const ON_DEVICE: bool;
+    /// Element type.
+    fn dtype(&self) -> DType;
+    /// Dimensions.
+    fn shape(&self) -> &[usize];
+    /// The same elements viewed with another shape of equal element count.
+    fn reshape(self, shape: Vec<usize>) -> Result<Self>;
+}
+
+/// Both planes' tensors have inherent methods of the same names.
+macro_rules! plane_tensor {
+    ($t:ty, $on_device:expr) => {
+        impl PlaneTensor for $t {
+            const ON_DEVICE: bool = $on_device;
+
+            fn dtype(&self) -> DType {
+                <$t>::dtype(self)
+            }
+
+            fn shape(&self) -> &[usize] {
+                <$t>::shape(self)
+            }
+
+            fn reshape(self, shape: Vec<usize>) -> Result<Self> {
+                <$t>::reshape(self, shape)
+            }
+        }
+    };
+}
+
+plane_tensor!(crate::tensor::Tensor, false);
+plane_tensor!(crate::device::DeviceTensor, true);
+
+/// The collectives of one group on one data plane. `'rt` is the runtime's
+/// lifetime (every group borrows the [`Runtime`](crate::Runtime)).
+///
+/// Ranks (`src`, `dst`) are positions inside the group; dims may be negative
+/// (counted from the end). On a device plane, calls only enqueue work on the
+/// rank's stream: results are ready after
+/// [`DeviceGroup::synchronize`](crate::DeviceGroup::synchronize).
+pub trait Collectives<'rt> {
+    /// The plane's tensor type.
+    type Tensor: PlaneTensor + 'static;
+
+    /// The group (its MPI communicator carries the agreement and the object plane).
+    fn group(&self) -> &GroupCoordinator<'rt>;
+
+    /// A tensor of `shape` and `dtype` whose contents the next op overwrites.
+    fn empty(&self, shape: Vec<usize>, dtype: DType) -> Result<Self::Tensor>;
+
+    /// A copy of elements `[start, start + len)` of `t` (row-major order) as a
+    /// 1-d tensor (local; enqueued on a device plane).
+    fn copy_flat(&self, t: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+
+    /// Blocks until every member has called it (and checks all are in the same call).
+    fn barrier(&self) -> Result<()>;
+
+    /// [`all_reduce`](Self::all_reduce) into `out` (same shape and dtype as `t`).
+    fn all_reduce_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        reduce_op: ReduceOp,
+    ) -> Result<()>;
+
+    /// [`all_reduce`](Self::all_reduce) in place: `t` becomes the result.
+    fn all_reduce_in_place(&self, t: &mut Self::Tensor, reduce_op: ReduceOp) -> Result<()>;
+
+    /// [`reduce`](Self::reduce) into `out` (same shape and dtype as `t` on
+    /// every rank; written on `dst` only).
+    fn reduce_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        dst: usize,
+        reduce_op: ReduceOp,
+    ) -> Result<()>;
+
+    /// [`all_gather`](Self::all_gather) into `out`.
+    fn all_gather_into(&self, t: &Self::Tensor, out: &mut Self::Tensor, dim: isize) -> Result<()>;
+
+    /// [`gather`](Self::gather) into `out`, which is used (and checked) on
+    /// `dst` only: other ranks may pass any tensor.
+    fn gather_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        dst: usize,
+        dim: isize,
+    ) -> Result<()>;
+
+    /// [`scatter`](Self::scatter) into `out`.
+    fn scatter_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        src: usize,
+        dim: isize,
+    ) -> Result<()>;
+
+    /// [`reduce_scatter`](Self::reduce_scatter) into `out`.
+    fn reduce_scatter_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<()>;
+
+    /// Copies group rank `src`'s tensor into `t` on every member (in place;
+    /// all members pass a tensor of the same shape and dtype).
+    fn broadcast(&self, t: &mut Self::Tensor, src: usize) -> Result<()>;
+
+    /// [`all_to_all`](Self::all_to_all) into `out` (same shape and dtype as `t`).
+    fn all_to_all_into(&self, t: &Self::Tensor, out: &mut Self::Tensor) -> Result<()>;
+
+    /// [`all_to_all_4d`](Self::all_to_all_4d) into `out`.
+    fn all_to_all_4d_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<()>;
+
+    /// Sends `t` to group rank `dst` (the next member when `None`). Shape
+    /// and dtype disagreement with the receiver is an error on both sides.
+    fn send(&self, t: &Self::Tensor, dst: Option<usize>) -> Result<()>;
+
+    /// Receives into `out` (its shape and dtype are what this rank expects)
+    /// from group rank `src` (the previous member when `None`).
+    fn recv_into(&self, out: &mut Self::Tensor, src: Option<usize>) -> Result<()>;
+
+    /// Sends `t` to `dst` while receiving `out` from `src` (defaults: next and
+    /// previous member), deadlock-free in a ring. Each link is checked by its
+    /// two ends; `dst == src == self` copies locally.
+    fn send_recv_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        dst: Option<usize>,
+        src: Option<usize>,
+    ) -> Result<()>;
+
+    /// Element-wise reduction of every member's tensor (same shape and dtype
+    /// everywhere); the result on every member.
+    fn all_reduce(&self, t: &Self::Tensor, reduce_op: ReduceOp) -> Result<Self::Tensor> {
+        let mut out = self.empty(t.shape().to_vec(), t.dtype())?;
+        self.all_reduce_into(t, &mut out, reduce_op)?;
+        Ok(out)
+    }
+
+    /// Element-wise reduction onto group rank `dst` (`Some` there, `None` elsewhere).
+    fn reduce(
+        &self,
+        t: &Self::Tensor,
+        dst: usize,
+        reduce_op: ReduceOp,
+    ) -> Result<Option<Self::Tensor>> {
+        let mut out = self.empty(t.shape().to_vec(), t.dtype())?;
+        self.reduce_into(t, &mut out, dst, reduce_op)?;
+        Ok((self.group().rank_in_group() == dst).then_some(out))
+    }
+
+    /// Concatenation of every member's tensor along `dim`, in group-rank
+    /// order; the result on every member.
+    fn all_gather(&self, t: &Self::Tensor, dim: isize) -> Result<Self::Tensor> {
+        // A bad dim still calls in, so every rank learns about it together.
+        let mut out = self.empty(
+            output_shape(self, Op::AllGather, t, &[dim as i64]),
+            t.dtype(),
+        )?;
+        self.all_gather_into(t, &mut out, dim)?;
+        Ok(out)
+    }
+
+    /// Like [`all_gather`](Self::all_gather), the result only on group rank
+    /// `dst` (`Some`); `None` on the others.
+    fn gather(&self, t: &Self::Tensor, dst: usize, dim: isize) -> Result<Option<Self::Tensor>> {
+        let mine = self.group().rank_in_group() == dst;
+        let shape = if mine {
+            output_shape(self, Op::Gather, t, &[dst as i64, dim as i64])
+        } else {
+            vec![0]
+        };
+        let mut out = self.empty(shape, t.dtype())?;
+        self.gather_into(t, &mut out, dst, dim)?;
+        Ok(mine.then_some(out))
+    }
+
+    /// Splits group rank `src`'s `t` into `size` equal slices along `dim` and
+    /// leaves slice `r` on group rank `r`: the inverse of
+    /// [`gather`](Self::gather) (torch.distributed's `scatter`). Every member
+    /// passes a tensor of the same shape and dtype, as for
+    /// [`broadcast`](Self::broadcast); only `src`'s contents are read.
+    fn scatter(&self, t: &Self::Tensor, src: usize, dim: isize) -> Result<Self::Tensor> {
+        let shape = output_shape(self, Op::Scatter, t, &[src as i64, dim as i64]);
+        let mut out = self.empty(shape, t.dtype())?;
+        self.scatter_into(t, &mut out, src, dim)?;
+        Ok(out)
+    }
+
+    /// Reduces every member's tensor with `reduce_op` and leaves slice `r` (of
+    /// `size` equal slices along `dim`) on group rank `r`. The adjoint of
+    /// [`all_gather`](Self::all_gather).
+    fn reduce_scatter(
+        &self,
+        t: &Self::Tensor,
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<Self::Tensor> {
+        let params = [dim as i64, 0];
+        let mut out = self.empty(output_shape(self, Op::ReduceScatter, t, &params), t.dtype())?;
+        self.reduce_scatter_into(t, &mut out, dim, reduce_op)?;
+        Ok(out)
+    }
+
+    /// Splits dim 0 of `t` into `size` equal blocks and sends block `r` to
+    /// group rank `r`; the result holds the received blocks in source order
+    /// (same shape as `t`). nccl-tests' `alltoall`.
+    fn all_to_all(&self, t: &Self::Tensor) -> Result<Self::Tensor> {
+        let mut out = self.empty(t.shape().to_vec(), t.dtype())?;
+        self.all_to_all_into(t, &mut out)?;
+        Ok(out)
+    }
+
+    /// FastVideo's `all_to_all_4D` on a 4-d tensor `[B, S, H, D]`.
+    ///
+    /// * `(2, 1)`: `[B, S/P, H, D] → [B, S, H/P, D]`; group rank `r` keeps heads
+    ///   `[r·H/P, (r+1)·H/P)`, the sequence assembled in source-rank order.
+    /// * `(1, 2)`: the inverse, `[B, S, H/P, D] → [B, S/P, H, D]`.
+    ///
+    /// Other dim pairs and a scattered dim not divisible by the group size are errors.
+    fn all_to_all_4d(
+        &self,
+        t: &Self::Tensor,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<Self::Tensor> {
+        let params = [scatter_dim as i64, gather_dim as i64];
+        let mut out = self.empty(output_shape(self, Op::AllToAll4d, t, &params), t.dtype())?;
+        self.all_to_all_4d_into(t, &mut out, scatter_dim, gather_dim)?;
+        Ok(out)
+    }
+
+    /// Receives a tensor of `shape` and `dtype` from group rank `src` (the
+    /// previous member when `None`).
+    fn recv(&self, shape: &[usize], dtype: DType, src: Option<usize>) -> Result<Self::Tensor> {
+        let mut out = self.empty(shape.to_vec(), dtype)?;
+        self.recv_into(&mut out, src)?;
+        Ok(out)
+    }
+}
+
+/// The output shape the allocating forms allocate; empty when the arguments
+/// name none (the `_into` call then reports why, on every rank).
+fn output_shape<'rt, C: Collectives<'rt> + ?Sized>(
+    c: &C,
+    op: Op,
+    t: &C::Tensor,
+    params: &[i64],
+) -> Vec<usize> {
+    op.output_shape(t.shape(), params, c.group().size())
+        .unwrap_or_default()
+}

@@ -1,0 +1,322 @@
+//! The host op list: [`Collectives`] for [`GroupCoordinator`] on host
+//! [`Tensor`]s. Each op names its descriptor and moves bytes through the
+//! group's [host executor](crate::exec::executor::HostMoves) (MPI, or
+//! shared memory on one node); checks, output shapes
+//! and errors come from the op's rules through the dispatch path. Packing
+//! for non-leading dims uses the same `layout_ops` plans as the device plane,
+//! into scratch buffers the group keeps (no allocation per call once warm).
+
+use crate::group::Collectives;
+use crate::agree::Descriptor;
+use crate::error::{Error, Fault, Result};
+use crate::group::{tensor_desc, GroupCoordinator, Peer};
+use crate::op::normalize_dim;
+use crate::tensor::split::{concat_dim_into, is_contiguous_split, split_dim_into};
+use crate::op::Op;
+use crate::exec::executor::{HostExec, HostMoves};
+use crate::exec::mpi::BlockLayout;
+use crate::op::ReduceOp;
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+
+impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
+    type Tensor = Tensor;
+
+    fn group(&self) -> &GroupCoordinator<'rt> {
+        self
+    }
+
+    fn empty(&self, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
+        Tensor::zeros(shape, dtype)
+    }
+
+    fn copy_flat(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let e = t.dtype().size();
+        Tensor::from_bytes([len], t.dtype(), &t.bytes()[start * e..(start + len) * e])
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.run_host_op(Descriptor::new(Op::Barrier, &[]), || {
+            if self.size() > 1 {
+                self.host().barrier()?;
+            }
+            Ok(())
+        })
+    }
+
+    fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
+        self.run_host_op_into(
+            tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
+            out,
+            |out| {
+                if self.size() == 1 {
+                    // Every operator maps one value to itself (avg of one is the value).
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else {
+                    self.host().all_reduce_into(t, out, reduce_op)?;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
+    /// the group keeps (reused while shape and dtype stay the same).
+    fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
+        self.run_host_op(
+            tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
+            || match self.host() {
+                _ if self.size() == 1 => Ok(()),
+                HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
+                HostExec::Mpi(mpi) => self.with_scratch_tensor(t, |input, t| {
+                    HostMoves::all_reduce_into(&mpi, input, t, reduce_op)
+                }),
+                HostExec::Hier(hier) => self.with_scratch_tensor(t, |input, t| {
+                    HostMoves::all_reduce_into(&hier, input, t, reduce_op)
+                }),
+            },
+        )
+    }
+
+    fn reduce_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dst: usize,
+        reduce_op: ReduceOp,
+    ) -> Result<()> {
+        self.run_host_op_into(
+            tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
+            out,
+            |out| {
+                if self.size() == 1 {
+                    out.bytes_mut().copy_from_slice(t.bytes());
+                } else {
+                    self.host().reduce_into_root(t, out, dst, reduce_op)?;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
+        let size = self.size();
+        self.run_host_op_into(tensor_desc(Op::AllGather, t, &[dim as i64]), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host().all_gather_into(t.bytes(), out.bytes_mut())?;
+            } else {
+                self.with_scratch(out.nbytes(), 0, |blocks, _| {
+                    self.host().all_gather_into(t.bytes(), blocks)?;
+                    let elem = t.dtype().size();
+                    concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
+                    Ok::<_, Fault>(())
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    fn gather_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, dim: isize) -> Result<()> {
+        let size = self.size();
+        let params = [dst as i64, dim as i64];
+        self.run_host_op_into(tensor_desc(Op::Gather, t, &params), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+                return Ok(());
+            }
+            if let Some(blocks) = self.host().gather(t.bytes(), dst)? {
+                let elem = t.dtype().size();
+                concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
+            }
+            Ok(())
+        })
+    }
+
+    fn scatter_into(&self, t: &Tensor, out: &mut Tensor, src: usize, dim: isize) -> Result<()> {
+        let size = self.size();
+        let params = [src as i64, dim as i64];
+        self.run_host_op_into(tensor_desc(Op::Scatter, t, &params), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if self.rank_in_group() != src {
+                self.host().scatter(None, out.bytes_mut(), src)?;
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host().scatter(Some(t.bytes()), out.bytes_mut(), src)?;
+            } else {
+                self.with_scratch(t.nbytes(), 0, |packed, _| {
+                    split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
+                    self.host().scatter(Some(packed), out.bytes_mut(), src)
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<()> {
+        let size = self.size();
+        let params = [dim as i64, reduce_op.code()];
+        self.run_host_op_into(tensor_desc(Op::ReduceScatter, t, &params), out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host().reduce_scatter_block_into(t, out, reduce_op)?;
+            } else {
+                // Packed straight into a typed tensor: the reduction needs one.
+                let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
+                let elem = t.dtype().size();
+                split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
+                self.host()
+                    .reduce_scatter_block_into(&packed, out, reduce_op)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
+        self.run_host_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), || {
+            if self.size() > 1 {
+                self.host().broadcast(t.bytes_mut(), src)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn all_to_all_into(&self, t: &Tensor, out: &mut Tensor) -> Result<()> {
+        self.run_host_op_into(tensor_desc(Op::AllToAll, t, &[]), out, |out| {
+            if self.size() == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else {
+                self.host().all_to_all_into(t.bytes(), out.bytes_mut())?;
+            }
+            Ok(())
+        })
+    }
+
+    fn all_to_all_4d_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> Result<()> {
+        let size = self.size();
+        let params = [scatter_dim as i64, gather_dim as i64];
+        self.run_host_op_into(tensor_desc(Op::AllToAll4d, t, &params), out, |out| {
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+                return Ok(());
+            }
+            let elem = t.dtype().size();
+            let n = t.nbytes();
+            // Straight from the input's blocks into the output's places.
+            let send = BlockLayout::along(t.shape(), scatter_dim, size, elem);
+            let recv = BlockLayout::along(out.shape(), gather_dim, size, elem);
+            if self
+                .host()
+                .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)?
+            {
+                return Ok(());
+            }
+            self.with_scratch(n, n, |packed, received| {
+                split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
+                self.host().all_to_all_into(packed, received)?;
+                let mut block_shape = t.shape().to_vec();
+                block_shape[scatter_dim] /= size;
+                concat_dim_into(
+                    received,
+                    &block_shape,
+                    gather_dim,
+                    size,
+                    elem,
+                    out.bytes_mut(),
+                );
+                Ok::<_, Fault>(())
+            })?;
+            Ok(())
+        })
+    }
+
+    /// Synchronous: returns once the receiver has matched the call and taken
+    /// the data, so a program never depends on MPI's eager buffering.
+    fn send(&self, t: &Tensor, dst: Option<usize>) -> Result<()> {
+        let (dst, _) = self.ring_peers(dst, None);
+        self.point_to_point(tensor_desc(Op::Send, t, &[]), Peer::To(dst), |_| {
+            self.mpi().send(t.bytes(), dst);
+            Ok(())
+        })
+    }
+
+    fn recv_into(&self, out: &mut Tensor, src: Option<usize>) -> Result<()> {
+        let (_, src) = self.ring_peers(None, src);
+        self.point_to_point(tensor_desc(Op::Send, &*out, &[]), Peer::From(src), |_| {
+            self.mpi().recv(out.bytes_mut(), src)
+        })
+    }
+
+    fn send_recv_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        dst: Option<usize>,
+        src: Option<usize>,
+    ) -> Result<()> {
+        let (dst, src) = self.ring_peers(dst, src);
+        let sent = tensor_desc(Op::Send, t, &[]);
+        let expected = tensor_desc(Op::Send, &*out, &[]);
+        if self.send_recv_to_self(&sent, &expected, dst, src)? {
+            out.bytes_mut().copy_from_slice(t.bytes());
+            return Ok(());
+        }
+        self.exchange(sent, dst, expected, src, |send_ok, recv_ok| {
+            let send = send_ok.then(|| t.bytes());
+            let recv = if recv_ok { Some(out.bytes_mut()) } else { None };
+            self.mpi().send_recv(send, dst, recv, src)
+        })
+    }
+}
+
+impl GroupCoordinator<'_> {
+    /// `(dst, src)` of a send/receive pair, defaulting to the next and the
+    /// previous member.
+    pub(crate) fn ring_peers(&self, dst: Option<usize>, src: Option<usize>) -> (usize, usize) {
+        let (me, n) = (self.rank_in_group(), self.size());
+        (dst.unwrap_or((me + 1) % n), src.unwrap_or((me + n - 1) % n))
+    }
+
+    /// Whether a send/receive pair is a local copy (both peers this rank,
+    /// after checking the two sides agree); an error when only one is.
+    pub(crate) fn send_recv_to_self(
+        &self,
+        sent: &Descriptor,
+        expected: &Descriptor,
+        dst: usize,
+        src: usize,
+    ) -> Result<bool> {
+        let me = self.rank_in_group();
+        if dst != me && src != me {
+            return Ok(false);
+        }
+        if dst != src {
+            return Err(Error::invalid(
+                Op::SendRecv,
+                self.name(),
+                "dst and src must both be this rank or both another",
+            ));
+        }
+        crate::agree::agree_peers(sent, expected, me, me)
+            .map_err(|m| Error::mismatch(Op::SendRecv, self.name(), m))?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,620 @@
+//! MPI start-up and the facts about the world: ranks, nodes, hosts.
+
+use crate::op::CheckMode;
+use crate::device::Gpu;
+use crate::agree::Descriptor;
+use crate::error::{Error, Result};
+use super::GroupCoordinator;
+use super::launcher::{self, MpiView};
+use crate::agree::{check_rank_list, fnv1a, validate_group_lists};
+use crate::op::Op;
+use crate::placement::{self, BindPolicy, Placement};
+use crate::exec::executor::ExecChoice;
+use crate::exec::shm::ShmWindow;
+use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
+use mpi::environment::Universe;
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use mpi::Threading;
+use std::cell::{Cell, OnceCell, RefCell};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+/// Bytes of a host name carried in the start-up exchange.
+const HOST_BYTES: usize = 256;
+
+/// Per-rank facts gathered once at start-up.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RankInfo {
+    /// World rank.
+    pub rank: usize,
+    /// Host name (`MPI_Get_processor_name`).
+    pub host: String,
+    /// Index of the rank's node, numbered by the lowest world rank on each node.
+    pub node: usize,
+    /// Rank among the processes of its node.
+    pub local_rank: usize,
+    /// Number of processes on its node.
+    pub local_size: usize,
+}
+
+/// Where every rank of the world runs. Node identity comes from
+/// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`, never from host names or env vars.
+#[derive(Clone, Debug)]
+pub struct WorldInfo {
+    /// This process's world rank.
+    pub rank: usize,
+    /// Number of ranks in the world.
+    pub size: usize,
+    /// Number of nodes.
+    pub node_count: usize,
+    /// Facts about every rank, indexed by world rank.
+    pub ranks: Vec<RankInfo>,
+}
+
+impl WorldInfo {
+    /// This rank's facts.
+    pub fn me(&self) -> &RankInfo {
+        &self.ranks[self.rank]
+    }
+}
+
+/// Start-up options.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Largest single MPI message in bytes; bigger transfers are chunked.
+    /// Defaults to 1 GiB, overridable with `RANKMESH_MAX_MESSAGE_BYTES`.
+    pub max_message_bytes: usize,
+    /// CPU binding applied at start (`RANKMESH_BIND`); `None` leaves the
+    /// launcher's binding, if any, in place.
+    pub bind: Option<BindPolicy>,
+    /// How long a rank waits for its peers to enter a call before the job is
+    /// aborted with a message naming the call (`RANKMESH_TIMEOUT` seconds,
+    /// default 600, 0 = wait forever).
+    pub timeout: Option<std::time::Duration>,
+    /// Largest serialised object a rank accepts from a peer
+    /// (`RANKMESH_MAX_OBJECT_BYTES`, default 4 GiB): a header announcing
+    /// more is an error before anything is allocated. Set it the same on
+    /// every rank.
+    pub max_object_bytes: u64,
+    /// Directory where a rank the watchdog stops writes its flight record
+    /// (`RANKMESH_TRACE_DIR`); it goes to stderr either way.
+    pub trace_dir: Option<PathBuf>,
+    /// Which executor host collectives use (`RANKMESH_HOST_PLANE`:
+    /// `auto`, the default, picks shared memory for groups on one node).
+    /// Set it the same on every rank: a group's members check it.
+    pub host_plane: ExecChoice,
+    /// Bytes of each of the two data areas a rank owns in a group's
+    /// shared-memory window (`RANKMESH_SHM_CHUNK_BYTES`, default 1 MiB,
+    /// rounded up to whole pages).
+    pub shm_chunk_bytes: usize,
+    /// When device calls agree on their descriptors (`RANKMESH_CHECK`:
+    /// `strict`, `deferred` — the default — or `off`). Set it the same on
+    /// every rank: a group's members check it.
+    pub check: CheckMode,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_message_bytes: 1 << 30,
+            bind: None,
+            timeout: Some(std::time::Duration::from_secs(600)),
+            max_object_bytes: 1 << 32,
+            trace_dir: None,
+            host_plane: ExecChoice::Auto,
+            shm_chunk_bytes: crate::exec::shm::DEFAULT_CHUNK,
+            check: CheckMode::Deferred,
+        }
+    }
+}
+
+impl Options {
+    /// Defaults overridden by the `RANKMESH_*` environment variables.
+    pub fn from_env() -> Result<Options> {
+        let mut o = Options::default();
+        if let Ok(v) = std::env::var("RANKMESH_MAX_MESSAGE_BYTES") {
+            o.max_message_bytes =
+                byte_count("RANKMESH_MAX_MESSAGE_BYTES", &v, 1, i32::MAX as u64)? as usize;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_MAX_OBJECT_BYTES") {
+            o.max_object_bytes =
+                byte_count("RANKMESH_MAX_OBJECT_BYTES", &v, 1, MAX_OBJECT_BYTES_LIMIT)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
+            o.timeout = parse_timeout(&v)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_TRACE_DIR") {
+            if v.is_empty() {
+                return Err(Error::Launch("RANKMESH_TRACE_DIR is set but empty".into()));
+            }
+            std::fs::create_dir_all(&v).map_err(|e| {
+                Error::Launch(format!("RANKMESH_TRACE_DIR={v:?} cannot be created: {e}"))
+            })?;
+            o.trace_dir = Some(PathBuf::from(v));
+        }
+        if let Ok(v) = std::env::var("RANKMESH_HOST_PLANE") {
+            o.host_plane = v.parse()?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_SHM_CHUNK_BYTES") {
+            o.shm_chunk_bytes =
+                byte_count("RANKMESH_SHM_CHUNK_BYTES", &v, 4096, MAX_SHM_CHUNK as u64)? as usize;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_CHECK") {
+            o.check = v
+                .parse()
+                .map_err(|e| Error::Launch(format!("RANKMESH_CHECK={:?}: {e}", v.trim())))?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_BIND") {
+            o.bind = Some(v.parse()?);
+        }
+        Ok(o)
+    }
+}
+
+/// Environment variable `name`'s value `v` as a byte count in `lo..=hi`.
+fn byte_count(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (lo..=hi).contains(n))
+        .ok_or_else(|| Error::Launch(format!("{name}={v:?} is not a byte count in {lo}..={hi}")))
+}
+
+/// Largest `RANKMESH_SHM_CHUNK_BYTES` (1 GiB): two of them per rank and group.
+const MAX_SHM_CHUNK: usize = 1 << 30;
+
+/// Highest `RANKMESH_MAX_OBJECT_BYTES` (1 TiB): the bound exists to stop
+/// a forged header, so it cannot be lifted altogether.
+const MAX_OBJECT_BYTES_LIMIT: u64 = 1 << 40;
+
+/// Longest `RANKMESH_TIMEOUT` (one year): longer is a typo, not a wish.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// Shortest non-zero `RANKMESH_TIMEOUT`: below it, healthy calls would be killed.
+const MIN_TIMEOUT_SECS: f64 = 0.1;
+
+/// `RANKMESH_TIMEOUT`: 0 (wait forever) or seconds in 0.1 ..= one year.
+fn parse_timeout(v: &str) -> Result<Option<std::time::Duration>> {
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds")))?;
+    if secs == 0.0 {
+        return Ok(None);
+    }
+    if !(MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&secs) {
+        return Err(Error::Launch(format!(
+            "RANKMESH_TIMEOUT={v:?} is out of range: 0 (never time out) or {MIN_TIMEOUT_SECS} ..= {MAX_TIMEOUT_SECS} seconds"
+        )));
+    }
+    Ok(Some(std::time::Duration::from_secs_f64(secs)))
+}
+
+/// Owner of MPI for the process. Every communicator borrows it, so none can
+/// outlive MPI finalisation, which happens when the `Runtime` is dropped.
+pub struct Runtime {
+    // Field order is drop order: communicators before the universe.
+    /// Opened at the first device call; the error is kept so every later
+    /// call reports the same thing.
+    gpu: OnceCell<std::result::Result<Gpu, String>>,
+    /// Every group's shared-memory window, in creation order: freed here,
+    /// before MPI finalisation (see `plane::shm`).
+    shm_windows: RefCell<Vec<Rc<ShmWindow>>>,
+    world_comm: SimpleCommunicator,
+    info: WorldInfo,
+    options: Options,
+    threading: Threading,
+    warnings: Vec<String>,
+    placement: Option<Placement>,
+    /// Watches group creation over the world (members: every rank).
+    creation: GroupWatch,
+    creations: Cell<u64>,
+    watchdog: Watchdog,
+    _universe: Universe,
+}
+
+impl Runtime {
+    /// Initialises MPI (a world of 1 when not started by a launcher) with
+    /// options from the environment.
+    pub fn init() -> Result<Runtime> {
+        Runtime::init_with(Options::from_env()?)
+    }
+
+    /// Initialises MPI with explicit options.
+    pub fn init_with(options: Options) -> Result<Runtime> {
+        // FUNNELED is the lowest level that is true of this process: it has
+        // helper threads (the watchdog, the status service, a stateless
+        // group's TCP writers), which SINGLE promises it does not, but only
+        // the main thread calls MPI — except the watchdog's MPI_Abort, which
+        // ends the job. MULTIPLE would slow every call for nothing.
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
+            .ok_or_else(|| {
+                Error::Launch("MPI is already initialised: create one Runtime per process".into())
+            })?;
+        let world_comm = universe.world().duplicate();
+        let (info, node_comm) = gather_world_info(&world_comm)?;
+        let me = info.me();
+        let view = MpiView {
+            rank: info.rank,
+            size: info.size,
+            local_rank: me.local_rank,
+            local_size: me.local_size,
+        };
+        let env = |k: &str| std::env::var(k).ok();
+        let mut warnings = launcher::check(&env, &view)?;
+        let placement = match options.bind {
+            Some(policy) => Some(bind_everywhere(
+                &world_comm,
+                policy,
+                me.local_rank,
+                me.local_size,
+            )?),
+            None => None,
+        };
+        if threading < Threading::Funneled {
+            warnings.push(format!(
+                "MPI granted thread level {threading:?}; rankmesh keeps all MPI calls on one thread"
+            ));
+        }
+        for w in &warnings {
+            tracing::warn!(rank = info.rank, "{w}");
+        }
+        tracing::debug!(
+            rank = info.rank,
+            size = info.size,
+            nodes = info.node_count,
+            "MPI initialised"
+        );
+        let watchdog = start_watchdog(&world_comm, &info, node_comm, &options);
+        let everyone: Vec<usize> = (0..info.size).collect();
+        let creation = watchdog.register("world".into(), &everyone);
+        Ok(Runtime {
+            gpu: OnceCell::new(),
+            shm_windows: RefCell::new(Vec::new()),
+            world_comm,
+            info,
+            options,
+            threading,
+            warnings,
+            placement,
+            creation,
+            creations: Cell::new(0),
+            watchdog,
+            _universe: universe,
+        })
+    }
+
+    /// The world communicator, for tools that measure MPI itself (doctor).
+    pub(crate) fn world_comm(&self) -> &SimpleCommunicator {
+        &self.world_comm
+    }
+
+    /// Facts about the world.
+    pub fn world(&self) -> &WorldInfo {
+        &self.info
+    }
+
+    /// This rank's GPU plane: CUDA driver, device, stream and NCCL, opened
+    /// on first use (local, not collective). The error says what is missing
+    /// (driver, device, NCCL library and every path tried).
+    pub fn gpu(&self) -> Result<&Gpu> {
+        let me = self.info.me();
+        self.gpu
+            .get_or_init(|| {
+                Gpu::open(me.local_rank, me.local_size, self.options.timeout).map_err(|e| match e {
+                    Error::Gpu(m) => m,
+                    e => e.to_string(),
+                })
+            })
+            .as_ref()
+            .map_err(|m| Error::Gpu(m.clone()))
+    }
+
+    /// This process's world rank.
+    pub fn rank(&self) -> usize {
+        self.info.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.info.size
+    }
+
+    /// Start-up options in force.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Thread level MPI granted.
+    pub fn threading(&self) -> Threading {
+        self.threading
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    /// Keeps a group's shared window until the runtime frees every window.
+    pub(crate) fn keep_window(&self, window: Rc<ShmWindow>) {
+        self.shm_windows.borrow_mut().push(window);
+    }
+
+    /// This rank's flight record: its last calls (group, call number, op,
+    /// shape, when each started, how long it took and whether it failed),
+    /// oldest first. The watchdog prints it when it ends a hung job; call it
+    /// yourself for a post-mortem of an `Err`.
+    pub fn flight_record(&self) -> String {
+        self.watchdog
+            .flight_record(&format!("rankmesh: rank {}", self.info.rank))
+    }
+
+    /// Runs `f`, a step of group creation collective over the world, under
+    /// the watchdog (a rank missing from it is named, not waited for).
+    pub(crate) fn creating<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let mut desc = Descriptor::new(Op::CreateGroup, &[]);
+        desc.seq = self.creations.get();
+        self.creations.set(desc.seq + 1);
+        self.creation.call(&desc).finish(f())
+    }
+
+    /// The placement rankmesh applied at start, when a binding policy was set.
+    pub fn applied_placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
+    }
+
+    /// Launcher disagreements found at start-up (also logged).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// A group over the whole world, named `world`.
+    pub fn world_group(&self) -> Result<GroupCoordinator<'_>> {
+        self.creating(|| GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into()))
+    }
+
+    /// Builds one group per list with a single `MPI_Comm_split` over the world
+    /// (collective: every rank passes the same lists). Returns the group that
+    /// holds this rank, `None` if it is in no list. Groups are named
+    /// `{name}:{index of the list}`.
+    pub fn split_groups(
+        &self,
+        name: &str,
+        lists: &[Vec<usize>],
+    ) -> Result<Option<GroupCoordinator<'_>>> {
+        self.creating(|| self.split_groups_watched(name, lists))
+    }
+
+    fn split_groups_watched(
+        &self,
+        name: &str,
+        lists: &[Vec<usize>],
+    ) -> Result<Option<GroupCoordinator<'_>>> {
+        // Agree on validity and on the lists themselves before splitting, so a
+        // rank with different lists errors instead of joining the wrong group.
+        let local = validate_group_lists(self.size(), lists);
+        let digest = fnv1a(format!("{name}{lists:?}").as_bytes());
+        let verdict = self.agree_on_world(
+            &format!("the group lists for {name}"),
+            digest,
+            local.is_ok(),
+        );
+        local?;
+        verdict?;
+        let index = lists.iter().position(|l| l.contains(&self.rank()));
+        let color = index.map_or(Color::undefined(), |i| Color::with_value(i as i32));
+        let key = index.map_or(0, |i| {
+            lists[i].iter().position(|r| *r == self.rank()).unwrap_or(0)
+        });
+        let comm = self.world_comm.split_by_color_with_key(color, key as i32);
+        match (index, comm) {
+            (Some(i), Some(comm)) => {
+                let group = GroupCoordinator::new(self, comm, format!("{name}:{i}"))?;
+                debug_assert_eq!(group.ranks(), lists[i].as_slice());
+                Ok(Some(group))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Builds a group over `ranks` (world ranks, in group-rank order) with
+    /// `MPI_Comm_create_group`: only the listed ranks call it, the others are
+    /// not involved. The list must be non-empty, without duplicates, inside
+    /// the world and contain the caller; every member must pass the same list
+    /// (checked once the group exists).
+    pub fn subgroup(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {
+        check_rank_list(ranks, self.size(), self.rank(), "world")?;
+        // Members only: watched as a group of the listed ranks.
+        let watch = self
+            .watchdog
+            .register(format!("{name}{ranks:?} (being created)").into(), ranks);
+        watch
+            .call(&Descriptor::new(Op::CreateGroup, &[]))
+            .finish(self.subgroup_watched(name, ranks))
+    }
+
+    fn subgroup_watched(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {
+        crate::agree::agree_on_list(&self.world_comm, ranks, self.rank())?;
+        let as_i32: Vec<i32> = ranks.iter().map(|r| *r as i32).collect();
+        let group = self.world_comm.group().include(&as_i32);
+        let comm = self
+            .world_comm
+            .split_by_subgroup_with_tag(&group, SUBGROUP_TAG)
+            .ok_or_else(|| {
+                Error::Layout(format!(
+                    "MPI_Comm_create_group for {name} {ranks:?} returned no communicator"
+                ))
+            })?;
+        GroupCoordinator::new(self, comm, format!("{name}{ranks:?}"))
+    }
+
+    /// Every rank's verdict on a world-collective request (`local_ok`) and a
+    /// digest of what it asked for: an `Err` on every rank when any rank
+    /// rejects the request or asked for something else (a rank that rejects
+    /// it reports its own reason; this returns `Ok` there). Collective.
+    pub(crate) fn agree_on_world(&self, what: &str, digest: u64, local_ok: bool) -> Result<()> {
+        let mine = [u64::from(!local_ok), digest];
+        let mut all = vec![0u64; 2 * self.size()];
+        self.world_comm.all_gather_into(&mine[..], &mut all[..]);
+        if !local_ok {
+            return Ok(());
+        }
+        if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
+            return Err(Error::Layout(format!("rank {r} rejected {what}")));
+        }
+        if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
+            return Err(Error::Layout(format!(
+                "rank {r} passed different {what} than rank {}",
+                self.rank()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Runtime {
+    /// A rank that panics would otherwise finalise MPI while its peers wait in
+    /// a collective, and the job would hang; abort the whole job instead.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "rankmesh: rank {} panicked; aborting the MPI job so the other ranks do not wait forever",
+                self.info.rank
+            );
+            self.world_comm.abort(70);
+        }
+    }
+}
+
+/// `MPI_Comm_create_group` tag of rankmesh's sub-groups.
+const SUBGROUP_TAG: i32 = 0x5210;
+
+/// Applies a binding policy on every rank; a rank that cannot bind makes
+/// every rank fail (a half-bound job would run with skewed performance).
+fn bind_everywhere(
+    world: &SimpleCommunicator,
+    policy: BindPolicy,
+    local_rank: usize,
+    local_size: usize,
+) -> Result<Placement> {
+    let mine = placement::apply(Some(policy), local_rank, local_size);
+    let mut all = vec![0u8; world.size() as usize];
+    world.all_gather_into(&u8::from(mine.is_err()), &mut all[..]);
+    match (mine, all.iter().position(|f| *f != 0)) {
+        (Err(Error::Launch(m)), _) => Err(Error::Launch(format!("rank {}: {m}", world.rank()))),
+        (Err(e), _) => Err(e),
+        (Ok(_), Some(r)) => Err(Error::Launch(format!(
+            "--bind {} failed on rank {r} (see its error)",
+            policy.name()
+        ))),
+        (Ok(p), None) => Ok(p),
+    }
+}
+
+/// Starts the status board (collective over the node), the status service
+/// and the watchdog; every rank learns where every other rank's service
+/// listens (collective over the world).
+fn start_watchdog(
+    world: &SimpleCommunicator,
+    info: &WorldInfo,
+    node_comm: SimpleCommunicator,
+    options: &Options,
+) -> Watchdog {
+    let board = Board::create(node_comm, info.rank);
+    // Only a watched job can be asked where its ranks are.
+    let service = options
+        .timeout
+        .and_then(|_| Service::start(board.view().clone()).ok());
+    const REC: usize = 4 * ADDRS + 2;
+    let mut mine = [0u8; REC];
+    if let Some(svc) = &service {
+        let ips = local_ipv4();
+        let outward = ips.iter().filter(|a| !a.is_loopback()).take(ADDRS - 1);
+        for (i, ip) in outward.chain([&Ipv4Addr::LOCALHOST]).enumerate() {
+            mine[4 * i..4 * i + 4].copy_from_slice(&ip.octets());
+        }
+        mine[4 * ADDRS..].copy_from_slice(&svc.port().to_le_bytes());
+    }
+    let mut all = vec![0u8; REC * info.size];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let peers = all
+        .chunks(REC)
+        .zip(&info.ranks)
+        .map(|(rec, r)| {
+            let port = u16::from_le_bytes([rec[4 * ADDRS], rec[4 * ADDRS + 1]]);
+            let service = rec[..4 * ADDRS]
+                .chunks(4)
+                .map(|o| Ipv4Addr::new(o[0], o[1], o[2], o[3]))
+                .filter(|ip| !ip.is_unspecified() && port != 0)
+                .map(|ip| SocketAddrV4::new(ip, port))
+                .collect();
+            PeerFacts {
+                node: r.node,
+                host: r.host.clone(),
+                service,
+            }
+        })
+        .collect();
+    Watchdog::start(
+        info.rank,
+        options.timeout,
+        board,
+        service,
+        peers,
+        options.trace_dir.clone(),
+    )
+}
+
+fn gather_world_info(world: &SimpleCommunicator) -> Result<(WorldInfo, SimpleCommunicator)> {
+    let rank = world.rank() as usize;
+    let size = world.size() as usize;
+    let node_comm = world.split_shared(rank as i32);
+    let local_rank = node_comm.rank() as usize;
+    let local_size = node_comm.size() as usize;
+    // The node's identity is the lowest world rank on it (local rank 0, key = rank).
+    let mut leader = rank as u64;
+    node_comm.process_at_rank(0).broadcast_into(&mut leader);
+    let host = mpi::environment::processor_name()
+        .map_err(|e| Error::Launch(format!("processor name is not UTF-8: {e}")))?;
+    let mut mine = [0u8; 24 + HOST_BYTES];
+    mine[..8].copy_from_slice(&leader.to_le_bytes());
+    mine[8..16].copy_from_slice(&(local_rank as u64).to_le_bytes());
+    mine[16..24].copy_from_slice(&(local_size as u64).to_le_bytes());
+    let name = host.as_bytes();
+    let n = name.len().min(HOST_BYTES);
+    mine[24..24 + n].copy_from_slice(&name[..n]);
+    let mut all = vec![0u8; mine.len() * size];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let word = |rec: &[u8], i: usize| {
+        u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap_or_default())
+    };
+    let mut leaders: Vec<u64> = all.chunks(mine.len()).map(|r| word(r, 0)).collect();
+    let per_rank_leader = leaders.clone();
+    leaders.sort_unstable();
+    leaders.dedup();
+    let ranks = all
+        .chunks(mine.len())
+        .enumerate()
+        .map(|(r, rec)| {
+            let host_bytes = &rec[24..];
+            let end = host_bytes
+                .iter()
+                .position(|b| *b == 0)
+                .unwrap_or(host_bytes.len());
+            RankInfo {
+                rank: r,
+                host: String::from_utf8_lossy(&host_bytes[..end]).into_owned(),
+                node: leaders.binary_search(&per_rank_leader[r]).unwrap_or(0),
+                local_rank: word(rec, 1) as usize,
+                local_size: word(rec, 2) as usize,
+            }
+        })
+        .collect();
+    let info = WorldInfo {
+        rank,
+        size,
+        node_count: leaders.len(),
+        ranks,
+    };
+    Ok((info, node_comm))
+}

@@ -1,0 +1,168 @@
+//! The result level over [`sys`](super::sys): every NCCL return code becomes
+//! a typed [`NcclError`] that keeps the code and NCCL's own texts, and
+//! rankmesh's dtypes and reduction operators map to NCCL's enums here.
+
+use super::sys::{dtype as nd, redop, Api, NcclResult, RawComm, UniqueId, SUCCESS};
+use crate::op::ReduceOp;
+use crate::dtype::DType;
+use crate::error::NcclError;
+use std::os::raw::c_int;
+
+/// An error NCCL returned for `what`, with its texts.
+pub(crate) fn error_of(api: &Api, raw: RawComm, code: NcclResult, what: &str) -> NcclError {
+    let mut msg = format!("NCCL {what}: {} (code {code})", api.error_string(code));
+    if let Some(last) = api.last_error(raw) {
+        msg += &format!(": {last}");
+    }
+    NcclError { code, msg }
+}
+
+/// `Ok` for `ncclSuccess`, else the typed error of `what`.
+pub(crate) fn check(
+    api: &Api,
+    raw: RawComm,
+    code: NcclResult,
+    what: &str,
+) -> Result<(), NcclError> {
+    if code == SUCCESS {
+        Ok(())
+    } else {
+        Err(error_of(
+            api,
+            raw,
+            code,
+            &format!("{what} failed"),
+        ))
+    }
+}
+
+/// `ncclGetUniqueId`.
+pub(crate) fn unique_id(api: &Api) -> Result<UniqueId, NcclError> {
+    let mut id = UniqueId::from_bytes(&[0; super::sys::UNIQUE_ID_BYTES]);
+    // SAFETY: `id` is a valid out-pointer.
+    let rc = unsafe { (api.get_unique_id)(&mut id) };
+    if rc == SUCCESS {
+        Ok(id)
+    } else {
+        Err(NcclError {
+            code: rc,
+            msg: api.error_string(rc),
+        })
+    }
+}
+
+/// First NCCL with `ncclFloat8e4m3` / `ncclFloat8e5m2` (2.24.0).
+pub const FP8_VERSION: i32 = 22400;
+
+/// NCCL's own type for a dtype it names before 2.24; `None` for the ones it
+/// lacks (bool, 16-bit integers) or only names from 2.24 (fp8).
+fn classic_type(d: DType) -> Option<c_int> {
+    Some(match d {
+        DType::F32 => nd::FLOAT32,
+        DType::F64 => nd::FLOAT64,
+        DType::F16 => nd::FLOAT16,
+        DType::BF16 => nd::BFLOAT16,
+        DType::I8 => nd::INT8,
+        DType::U8 => nd::UINT8,
+        DType::I32 => nd::INT32,
+        DType::U32 => nd::UINT32,
+        DType::I64 => nd::INT64,
+        DType::U64 => nd::UINT64,
+        DType::F8E4M3 | DType::F8E5M2 | DType::Bool | DType::I16 | DType::U16 => return None,
+    })
+}
+
+/// How `count` elements of `d` travel in a call that only moves them
+/// (gather, broadcast, send, all-to-all): NCCL's type where it has one,
+/// else as bytes, which moves the same bits on every NCCL version.
+pub fn moved_as(d: DType, count: usize) -> (c_int, usize) {
+    match classic_type(d) {
+        Some(t) => (t, count),
+        None => (nd::UINT8, count * d.size()),
+    }
+}
+
+/// NCCL's type and operator for reducing `d` with `op` on NCCL `version`,
+/// or why NCCL cannot. Bool reduces as bytes with sum as max (OR) and
+/// prod as min (AND), as PyTorch does; avg of bools is refused earlier, by
+/// the op's own check.
+pub fn reduced_as(d: DType, op: ReduceOp, version: i32) -> Result<(c_int, c_int), NcclError> {
+    let fp8 = |t: c_int| {
+        if version >= FP8_VERSION {
+            Ok(t)
+        } else {
+            Err(NcclError::other(format!(
+                "NCCL {} cannot reduce {d}: NCCL's fp8 types arrived in 2.24 \
+                 (moving {d} without reducing works on any version)",
+                super::loader::decode_version(version)
+            )))
+        }
+    };
+    let t = match d {
+        DType::F8E4M3 => fp8(nd::FLOAT8_E4M3)?,
+        DType::F8E5M2 => fp8(nd::FLOAT8_E5M2)?,
+        DType::Bool => {
+            let op = match op {
+                ReduceOp::Sum | ReduceOp::Max => redop::MAX,
+                _ => redop::MIN,
+            };
+            return Ok((nd::UINT8, op));
+        }
+        DType::I16 | DType::U16 => {
+            return Err(NcclError::other(format!(
+                "NCCL has no 16-bit integer type, so the device plane cannot reduce {d} \
+                 (moving it works; reduce in i32 or on the host plane)"
+            )))
+        }
+        _ => classic_type(d).expect("every other dtype is NCCL's"),
+    };
+    Ok((t, nccl_op(op)))
+}
+
+/// NCCL's reduction operator.
+pub fn nccl_op(op: ReduceOp) -> c_int {
+    match op {
+        ReduceOp::Sum => redop::SUM,
+        ReduceOp::Prod => redop::PROD,
+        ReduceOp::Min => redop::MIN,
+        ReduceOp::Max => redop::MAX,
+        ReduceOp::Avg => redop::AVG,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_moves_and_the_classic_ones_keep_their_codes() {
+        let classic: Vec<c_int> = DType::ALL[..10].iter().map(|d| moved_as(*d, 1).0).collect();
+        let mut unique = classic.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique, (0..10).collect::<Vec<_>>());
+        assert_eq!(moved_as(DType::BF16, 3), (9, 3));
+        assert_eq!(moved_as(DType::I16, 3), (nd::UINT8, 6));
+        assert_eq!(moved_as(DType::F8E4M3, 3), (nd::UINT8, 3));
+        assert_eq!(nccl_op(ReduceOp::Avg), 4);
+        assert_eq!(nccl_op(ReduceOp::Min), 3);
+    }
+
+    #[test]
+    fn reductions_map_or_say_why_not() {
+        let new = 22703;
+        assert_eq!(reduced_as(DType::F8E4M3, ReduceOp::Sum, new), Ok((10, 0)));
+        assert_eq!(reduced_as(DType::F8E5M2, ReduceOp::Max, new), Ok((11, 2)));
+        let old = reduced_as(DType::F8E5M2, ReduceOp::Sum, 22005).unwrap_err();
+        assert!(
+            old.msg.contains("NCCL 2.20.5 cannot reduce f8e5m2"),
+            "{old}"
+        );
+        assert_eq!(reduced_as(DType::Bool, ReduceOp::Sum, new), Ok((1, 2)));
+        assert_eq!(reduced_as(DType::Bool, ReduceOp::Prod, new), Ok((1, 3)));
+        assert_eq!(reduced_as(DType::Bool, ReduceOp::Min, new), Ok((1, 3)));
+        let e = reduced_as(DType::U16, ReduceOp::Sum, new).unwrap_err();
+        assert!(e.msg.contains("no 16-bit integer type"), "{e}");
+        assert_eq!(reduced_as(DType::F32, ReduceOp::Avg, new), Ok((7, 4)));
+    }
+}

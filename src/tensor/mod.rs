@@ -1,0 +1,615 @@
+//! Host tensors: a dtype, a shape and owned, typed storage.
+//!
+//! Storage is one typed `Vec` per dtype (never a `Vec<u8>`), so views as `&[f64]`
+//! are always aligned; the byte view used by the data plane is a zero-copy cast.
+
+pub mod split;
+
+use crate::error::{Error, Result};
+use bytemuck::Pod;
+pub use float8::{F8E4M3, F8E5M2};
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+
+/// Typed host storage of a tensor.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum HostData {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+    U64(Vec<u64>),
+    F8E4M3(Vec<F8E4M3>),
+    F8E5M2(Vec<F8E5M2>),
+    Bool(Vec<Bool>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+}
+
+/// Runs `$body` with `$v` bound to the typed vector inside a [`HostData`].
+macro_rules! with_host_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            HostData::F32($v) => $body,
+            HostData::F64($v) => $body,
+            HostData::F16($v) => $body,
+            HostData::BF16($v) => $body,
+            HostData::I8($v) => $body,
+            HostData::U8($v) => $body,
+            HostData::I32($v) => $body,
+            HostData::U32($v) => $body,
+            HostData::I64($v) => $body,
+            HostData::U64($v) => $body,
+            HostData::F8E4M3($v) => $body,
+            HostData::F8E5M2($v) => $body,
+            HostData::Bool($v) => $body,
+            HostData::I16($v) => $body,
+            HostData::U16($v) => $body,
+        }
+    };
+}
+
+/// A Rust type that can be a tensor element.
+pub trait Element: Pod + PartialEq + std::fmt::Debug + Send + Sync + 'static {
+    /// The dtype this type stands for.
+    const DTYPE: DType;
+    /// Wraps a vector as storage.
+    fn into_data(v: Vec<Self>) -> HostData;
+    /// Typed view of storage, `None` when the dtype differs.
+    fn view(data: &HostData) -> Option<&[Self]>;
+    /// Lossy conversion used by references and reductions of 16-bit floats.
+    fn to_f64(self) -> f64;
+    /// Lossy conversion (round to nearest, saturating for integers).
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident, $to:expr, $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn into_data(v: Vec<Self>) -> HostData {
+                HostData::$variant(v)
+            }
+            fn view(data: &HostData) -> Option<&[Self]> {
+                match data {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn to_f64(self) -> f64 {
+                let f: fn($t) -> f64 = $to;
+                f(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                let f: fn(f64) -> $t = $from;
+                f(v)
+            }
+        }
+    };
+}
+
+element!(f32, F32, |x| x as f64, |v| v as f32);
+element!(f64, F64, |x| x, |v| v);
+element!(f16, F16, |x| x.to_f64(), f16::from_f64);
+element!(bf16, BF16, |x| x.to_f64(), bf16::from_f64);
+element!(i8, I8, |x| x as f64, |v| v.round() as i8);
+element!(u8, U8, |x| x as f64, |v| v.round() as u8);
+element!(i32, I32, |x| x as f64, |v| v.round() as i32);
+element!(u32, U32, |x| x as f64, |v| v.round() as u32);
+element!(i64, I64, |x| x as f64, |v| v.round() as i64);
+element!(u64, U64, |x| x as f64, |v| v.round() as u64);
+element!(F8E4M3, F8E4M3, |x| x.to_f64(), F8E4M3::from_f64);
+element!(F8E5M2, F8E5M2, |x| x.to_f64(), F8E5M2::from_f64);
+element!(Bool, Bool, |x| x.get() as u8 as f64, |v| Bool::from(
+    v != 0.0
+));
+element!(i16, I16, |x| x as f64, |v| v.round() as i16);
+element!(u16, U16, |x| x as f64, |v| v.round() as u16);
+
+/// A `bool` tensor element: one byte, zero is false and anything else true
+/// (how torch and NCCL read a bool buffer). Any byte is a valid `Bool`, so
+/// bytes received from a peer never make an invalid value, as they would
+/// in a `[bool]`.
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct Bool(pub u8);
+
+impl Bool {
+    /// `true`.
+    pub const TRUE: Bool = Bool(1);
+    /// `false`.
+    pub const FALSE: Bool = Bool(0);
+
+    /// The truth value (any non-zero byte is true).
+    pub fn get(self) -> bool {
+        self.0 != 0
+    }
+}
+
+impl From<bool> for Bool {
+    fn from(b: bool) -> Bool {
+        Bool(b as u8)
+    }
+}
+
+impl From<Bool> for bool {
+    fn from(b: Bool) -> bool {
+        b.get()
+    }
+}
+
+/// Equal truth values are equal, whatever non-zero byte says `true`.
+impl PartialEq for Bool {
+    fn eq(&self, other: &Bool) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Bool {}
+
+impl std::fmt::Debug for Bool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.get(), f)
+    }
+}
+
+impl HostData {
+    /// `n` zeros, `None` when the memory cannot be reserved.
+    fn try_zeros(dtype: DType, n: usize) -> Option<HostData> {
+        fn filled<T: Clone>(zero: T, n: usize) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, zero);
+            Some(v)
+        }
+        Some(match dtype {
+            DType::F32 => HostData::F32(filled(0.0, n)?),
+            DType::F64 => HostData::F64(filled(0.0, n)?),
+            DType::F16 => HostData::F16(filled(f16::ZERO, n)?),
+            DType::BF16 => HostData::BF16(filled(bf16::ZERO, n)?),
+            DType::I8 => HostData::I8(filled(0, n)?),
+            DType::U8 => HostData::U8(filled(0, n)?),
+            DType::I32 => HostData::I32(filled(0, n)?),
+            DType::U32 => HostData::U32(filled(0, n)?),
+            DType::I64 => HostData::I64(filled(0, n)?),
+            DType::U64 => HostData::U64(filled(0, n)?),
+            DType::F8E4M3 => HostData::F8E4M3(filled(F8E4M3::from_bits(0), n)?),
+            DType::F8E5M2 => HostData::F8E5M2(filled(F8E5M2::from_bits(0), n)?),
+            DType::Bool => HostData::Bool(filled(Bool::FALSE, n)?),
+            DType::I16 => HostData::I16(filled(0, n)?),
+            DType::U16 => HostData::U16(filled(0, n)?),
+        })
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I8(_) => DType::I8,
+            HostData::U8(_) => DType::U8,
+            HostData::I32(_) => DType::I32,
+            HostData::U32(_) => DType::U32,
+            HostData::I64(_) => DType::I64,
+            HostData::U64(_) => DType::U64,
+            HostData::F8E4M3(_) => DType::F8E4M3,
+            HostData::F8E5M2(_) => DType::F8E5M2,
+            HostData::Bool(_) => DType::Bool,
+            HostData::I16(_) => DType::I16,
+            HostData::U16(_) => DType::U16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        with_host_data!(self, v => v.len())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A dense, row-major host tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: HostData,
+}
+
+/// Number of elements of a shape (1 for a scalar `[]`), saturating at
+/// `usize::MAX` when the product overflows (no real tensor has that many).
+pub fn numel(shape: &[usize]) -> usize {
+    checked_numel(shape).unwrap_or(usize::MAX)
+}
+
+/// Number of elements of a shape, `None` when the product overflows (a
+/// zero dim makes it 0 whatever the others are).
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d))
+}
+
+/// Bytes of a `dtype` tensor of `shape`, or an error naming the shape when
+/// the count overflows or exceeds what one allocation can hold.
+pub fn checked_nbytes(shape: &[usize], dtype: DType) -> Result<usize> {
+    checked_numel(shape)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::Tensor(format!(
+                "shape {shape:?} of {dtype} is too large: its byte size overflows"
+            ))
+        })
+}
+
+impl Tensor {
+    /// Builds a tensor from a shape and row-major data; the lengths must agree.
+    pub fn from_vec<T: Element>(shape: impl Into<Vec<usize>>, data: Vec<T>) -> Result<Tensor> {
+        let shape = shape.into();
+        checked_nbytes(&shape, T::DTYPE)?;
+        if numel(&shape) != data.len() {
+            return Err(Error::Tensor(format!(
+                "shape {shape:?} holds {} elements but {} were given",
+                numel(&shape),
+                data.len()
+            )));
+        }
+        Ok(Tensor {
+            shape,
+            data: T::into_data(data),
+        })
+    }
+
+    /// A zero-filled tensor; an error when the shape's size overflows or
+    /// the memory cannot be had (never a panic or an abort).
+    pub fn zeros(shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        let bytes = checked_nbytes(&shape, dtype)?;
+        let data = HostData::try_zeros(dtype, numel(&shape)).ok_or_else(|| {
+            Error::Tensor(format!(
+                "cannot allocate {bytes} bytes for shape {shape:?} of {dtype}"
+            ))
+        })?;
+        Ok(Tensor { shape, data })
+    }
+
+    /// A tensor whose elements are `f(flat_index)` converted to `dtype`.
+    pub fn from_fn(
+        shape: impl Into<Vec<usize>>,
+        dtype: DType,
+        f: impl Fn(usize) -> f64,
+    ) -> Result<Tensor> {
+        let mut t = Tensor::zeros(shape, dtype)?;
+        with_host_data!(&mut t.data, v => {
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = Element::from_f64(f(i));
+            }
+        });
+        Ok(t)
+    }
+
+    /// A copy whose storage reserves `slack` more bytes after the data, so
+    /// that buffers allocated one after another do not start at the same
+    /// offset within a page (which makes copies and reductions between them
+    /// suffer 4K aliasing: the benchmark harness measured 3× at 1 MiB).
+    pub(crate) fn copy_with_slack(&self, slack: usize) -> Tensor {
+        let data = with_host_data!(&self.data, v => {
+            let extra = slack / std::mem::size_of_val(&v.first().copied().unwrap_or_default()).max(1);
+            let mut copy = Vec::with_capacity(v.len() + extra);
+            copy.extend_from_slice(v);
+            Element::into_data(copy)
+        });
+        Tensor {
+            shape: self.shape.clone(),
+            data,
+        }
+    }
+
+    /// Reinterprets raw bytes (native endianness) as a tensor.
+    pub fn from_bytes(shape: impl Into<Vec<usize>>, dtype: DType, bytes: &[u8]) -> Result<Tensor> {
+        let shape = shape.into();
+        let want = checked_nbytes(&shape, dtype)?;
+        if want != bytes.len() {
+            return Err(Error::Tensor(format!(
+                "shape {shape:?} of {dtype} needs {want} bytes but {} were given",
+                bytes.len()
+            )));
+        }
+        let mut t = Tensor::zeros(shape, dtype)?;
+        t.bytes_mut().copy_from_slice(bytes);
+        Ok(t)
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// Shape, outermost dimension first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Size of the storage in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+
+    /// The typed storage.
+    pub fn data(&self) -> &HostData {
+        &self.data
+    }
+
+    pub(crate) fn data_mut(&mut self) -> &mut HostData {
+        &mut self.data
+    }
+
+    /// Typed view of the elements; an error names both dtypes when `T` is wrong.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        T::view(&self.data).ok_or_else(|| {
+            Error::Tensor(format!(
+                "tensor holds {} but {} was requested",
+                self.dtype(),
+                T::DTYPE
+            ))
+        })
+    }
+
+    /// Elements converted to `f64` (exact for every dtype but 64-bit integers above 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_host_data!(&self.data, v => v.iter().map(|x| x.to_f64()).collect())
+    }
+
+    /// Byte view of the storage (native endianness).
+    pub fn bytes(&self) -> &[u8] {
+        with_host_data!(&self.data, v => bytemuck::cast_slice(v.as_slice()))
+    }
+
+    /// Mutable byte view of the storage.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        with_host_data!(&mut self.data, v => bytemuck::cast_slice_mut(v.as_mut_slice()))
+    }
+
+    /// Same data, new shape with the same number of elements.
+    pub fn reshape(mut self, shape: impl Into<Vec<usize>>) -> Result<Tensor> {
+        let shape = shape.into();
+        if checked_numel(&shape) != Some(self.numel()) {
+            return Err(Error::Tensor(format!(
+                "cannot reshape {:?} ({} elements) to {shape:?}",
+                self.shape,
+                self.numel()
+            )));
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+
+    /// Maps every element through `f64` (used for 16-bit reductions and references).
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        let src = self.to_f64_vec();
+        Tensor::from_fn(self.shape.clone(), dtype, |i| src[i])
+    }
+}
+
+/// `numerator / denominator`, an error when it does not divide exactly.
+pub fn divide(numerator: usize, denominator: usize) -> Result<usize> {
+    ensure_divisibility(numerator, denominator)?;
+    Ok(numerator / denominator)
+}
+
+/// An error unless `denominator` divides `numerator` (and is not zero).
+pub fn ensure_divisibility(numerator: usize, denominator: usize) -> Result<()> {
+    if denominator == 0 || numerator % denominator != 0 {
+        return Err(Error::Tensor(format!(
+            "{numerator} is not divisible by {denominator}"
+        )));
+    }
+    Ok(())
+}
+
+/// Splits a tensor into `num_partitions` equal, contiguous tensors along its last dimension.
+pub fn split_tensor_along_last_dim(tensor: &Tensor, num_partitions: usize) -> Result<Vec<Tensor>> {
+    let Some(&last) = tensor.shape().last() else {
+        return Err(Error::Tensor("cannot split a 0-d tensor".into()));
+    };
+    let part = divide(last, num_partitions)
+        .map_err(|e| Error::Tensor(format!("split along last dim of {:?}: {e}", tensor.shape())))?;
+    let packed = crate::tensor::split::split_dim(
+        tensor.bytes(),
+        tensor.shape(),
+        tensor.ndim() - 1,
+        num_partitions,
+        tensor.dtype().size(),
+    );
+    let mut shape = tensor.shape().to_vec();
+    *shape.last_mut().expect("checked non-empty") = part;
+    let block = numel(&shape) * tensor.dtype().size();
+    (0..num_partitions)
+        .map(|p| {
+            Tensor::from_bytes(
+                shape.clone(),
+                tensor.dtype(),
+                &packed[p * block..(p + 1) * block],
+            )
+        })
+        .collect()
+}
+
+/// One partition of a tensor's last dimension that borrows the tensor's
+/// storage: FastVideo's `split_tensor_along_last_dim(x, n,
+/// contiguous_split_chunks=False)`, which returns views. Its rows are
+/// `len` elements at `start`, one per index of the leading dimensions;
+/// [`to_tensor`](Self::to_tensor) makes the contiguous copy
+/// (`contiguous_split_chunks=True`, what [`split_tensor_along_last_dim`]
+/// returns).
+#[derive(Clone, Copy, Debug)]
+pub struct LastDimView<'a> {
+    tensor: &'a Tensor,
+    start: usize,
+    len: usize,
+}
+
+impl<'a> LastDimView<'a> {
+    /// The view's shape: the tensor's, with the last dimension cut to the partition.
+    pub fn shape(&self) -> Vec<usize> {
+        let mut shape = self.tensor.shape().to_vec();
+        *shape
+            .last_mut()
+            .expect("views are of tensors with a last dim") = self.len;
+        shape
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.tensor.dtype()
+    }
+
+    /// The rows of the partition, borrowed from the tensor (no copy).
+    pub fn rows<T: Element>(&self) -> Result<impl Iterator<Item = &'a [T]> + 'a> {
+        let all = self.tensor.as_slice::<T>()?;
+        let last = *self.tensor.shape().last().expect("views have a last dim");
+        let (start, len) = (self.start, self.len);
+        Ok(all
+            .chunks(last.max(1))
+            .map(move |row| &row[start..start + len]))
+    }
+
+    /// A contiguous copy.
+    pub fn to_tensor(&self) -> Tensor {
+        let e = self.dtype().size();
+        let last = *self.tensor.shape().last().expect("views have a last dim");
+        let mut bytes = Vec::with_capacity(numel(&self.shape()) * e);
+        for row in self.tensor.bytes().chunks((last * e).max(1)) {
+            bytes.extend_from_slice(&row[self.start * e..(self.start + self.len) * e]);
+        }
+        Tensor::from_bytes(self.shape(), self.dtype(), &bytes).expect("sizes follow the shape")
+    }
+}
+
+/// Splits a tensor into `num_partitions` equal views along its last
+/// dimension, without copying (see [`LastDimView`]).
+pub fn split_views_along_last_dim(
+    tensor: &Tensor,
+    num_partitions: usize,
+) -> Result<Vec<LastDimView<'_>>> {
+    let Some(&last) = tensor.shape().last() else {
+        return Err(Error::Tensor("cannot split a 0-d tensor".into()));
+    };
+    let len = divide(last, num_partitions)
+        .map_err(|e| Error::Tensor(format!("split along last dim of {:?}: {e}", tensor.shape())))?;
+    Ok((0..num_partitions)
+        .map(|p| LastDimView {
+            tensor,
+            start: p * len,
+            len,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_dim_views_borrow_and_match_the_copies() {
+        let t = Tensor::from_vec([2, 3, 6], (0..36).map(|x| x as f32 * 0.5).collect()).unwrap();
+        let copies = split_tensor_along_last_dim(&t, 3).unwrap();
+        let views = split_views_along_last_dim(&t, 3).unwrap();
+        let base = t.as_slice::<f32>().unwrap().as_ptr();
+        for (p, (v, c)) in views.iter().zip(&copies).enumerate() {
+            assert_eq!(v.shape(), [2, 3, 2]);
+            assert_eq!(&v.to_tensor(), c);
+            let rows: Vec<&[f32]> = v.rows::<f32>().unwrap().collect();
+            assert_eq!(rows.len(), 6);
+            // No copy: the first row starts inside the tensor's own storage.
+            assert_eq!(rows[0].as_ptr(), base.wrapping_add(p * 2));
+            assert_eq!(rows[1], &[3.0 + p as f32, 3.5 + p as f32]);
+        }
+        assert!(views[0].rows::<f64>().is_err());
+        assert!(split_views_along_last_dim(&t, 4).is_err());
+        let empty = Tensor::zeros([3, 0], DType::F32).unwrap();
+        let v = split_views_along_last_dim(&empty, 2).unwrap();
+        assert_eq!(v[1].rows::<f32>().unwrap().count(), 0);
+        assert_eq!(v[1].to_tensor().shape(), [3, 0]);
+    }
+
+    #[test]
+    fn dtype_codes_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()), Some(d));
+        }
+        assert_eq!(DType::from_code(99), None);
+    }
+
+    #[test]
+    fn narrow_dtypes_convert_like_cuda_and_torch() {
+        // Wire codes of the first ten never move (append only).
+        assert_eq!(DType::U64.code(), 9);
+        assert_eq!(DType::F8E4M3.code(), 10);
+        assert_eq!(DType::U16.code(), 14);
+        let t = Tensor::from_fn([4], DType::F8E4M3, |i| [300.0, 1e9, -1e9, 0.3][i]).unwrap();
+        // Round to nearest even, saturate at ±448 (no infinities in E4M3FN).
+        assert_eq!(t.to_f64_vec(), [288.0, 448.0, -448.0, 0.3125]);
+        let t = Tensor::from_fn([2], DType::F8E5M2, |i| [1e9, 40000.0][i]).unwrap();
+        assert_eq!(t.to_f64_vec(), [57344.0, 40960.0]);
+        let b = Tensor::from_vec([3], vec![Bool(7), Bool::FALSE, true.into()]).unwrap();
+        assert_eq!(b.to_f64_vec(), [1.0, 0.0, 1.0]);
+        assert_eq!(b.as_slice::<Bool>().unwrap()[0], Bool::TRUE);
+        assert_eq!(
+            Tensor::from_fn([1], DType::Bool, |_| 2.5).unwrap().bytes(),
+            [1]
+        );
+        assert_eq!(Tensor::zeros([2], DType::I16).unwrap().nbytes(), 4);
+    }
+
+    #[test]
+    fn from_vec_checks_length() {
+        assert!(Tensor::from_vec([2, 3], vec![0f32; 6]).is_ok());
+        let e = Tensor::from_vec([2, 3], vec![0f32; 5])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[2, 3] holds 6 elements but 5"), "{e}");
+    }
+
+    #[test]
+    fn wrong_view_dtype_is_an_error() {
+        let t = Tensor::from_vec([2], vec![1i32, 2]).unwrap();
+        assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 2]);
+        assert!(t
+            .as_slice::<f32>()
+            .unwrap_err()
+            .to_string()
+            .contains("holds i32 but f32"));
+    }
+
+    #[test]
+    fn split_last_dim_matches_manual_slices() {
+        let t = Tensor::from_vec([2, 4], (0..8).map(|x| x as f32).collect()).unwrap();
+        let parts = split_tensor_along_last_dim(&t, 2).unwrap();
+        assert_eq!(parts[0].as_slice::<f32>().unwrap(), &[0., 1., 4., 5.]);
+        assert_eq!(parts[1].as_slice::<f32>().unwrap(), &[2., 3., 6., 7.]);
+        assert!(split_tensor_along_last_dim(&t, 3).is_err());
+        assert!(divide(7, 0).is_err());
+        assert_eq!(divide(8, 4).unwrap(), 2);
+    }
+}

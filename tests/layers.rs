@@ -1,0 +1,250 @@
+//! Keeps the layering true: every `crate::…` path in src/ points down the
+//! layer table that docs/ARCHITECTURE.md draws (between `<!-- layers -->`
+//! markers), never up and never sideways into a loop. A module may use the
+//! modules of lower layers and the modules to its left in its own layer; a
+//! folder's files belong to their top-level module.
+//!
+//! Paths through the crate root (`crate::Tensor`) are resolved through
+//! lib.rs's `pub use` lines to the module that defines the item.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// (layer, position in the layer) of each top-level module, from the doc.
+fn layer_table() -> BTreeMap<String, (usize, usize)> {
+    let doc = fs::read_to_string("docs/ARCHITECTURE.md").expect("docs/ARCHITECTURE.md");
+    let mut parts = doc.split("<!-- layers -->");
+    let block = parts
+        .nth(1)
+        .expect("docs/ARCHITECTURE.md has a block between <!-- layers --> markers");
+    let mut table = BTreeMap::new();
+    for line in block.lines() {
+        let mut words = line.split_whitespace();
+        let Some(layer) = words.next().and_then(|w| w.parse::<usize>().ok()) else {
+            continue;
+        };
+        for (i, m) in words.take_while(|w| !w.starts_with('(')).enumerate() {
+            let m = m.trim_end_matches(',');
+            if m.ends_with(".rs") || m.contains('/') {
+                continue; // the CLI row names a file, not a module
+            }
+            let old = table.insert(m.to_string(), (layer, i));
+            assert!(old.is_none(), "module {m} appears twice in the layer table");
+        }
+    }
+    assert!(!table.is_empty(), "the layer table is empty");
+    table
+}
+
+/// Source with comments and string contents removed (line and doc
+/// comments, and the part of a line after `//` outside a string).
+fn code_of(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut in_str = false;
+        let mut prev = ' ';
+        let mut kept = String::new();
+        for c in line.chars() {
+            if !in_str && c == '/' && prev == '/' {
+                kept.pop();
+                break;
+            }
+            if c == '"' && prev != '\\' {
+                in_str = !in_str;
+                kept.push(c);
+            } else {
+                kept.push(if in_str { ' ' } else { c });
+            }
+            prev = c;
+        }
+        out.push_str(&kept);
+        out.push('\n');
+    }
+    out
+}
+
+/// The first segment of every `crate::` path in `code`, with `use crate::{a,
+/// b::c}` groups expanded.
+fn crate_refs(code: &str) -> Vec<(usize, String)> {
+    let mut refs = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for item in group[..end].split(',') {
+                    let name: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        refs.push((n + 1, name));
+                    }
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                refs.push((n + 1, name));
+            }
+        }
+    }
+    refs
+}
+
+/// Root re-exports (`pub use module::{A, B}` in lib.rs): item → module.
+fn root_items(lib: &str) -> BTreeMap<String, String> {
+    let mut items = BTreeMap::new();
+    let code = code_of(lib);
+    for stmt in code.split(';') {
+        let stmt = stmt.trim();
+        let Some(path) = stmt.strip_prefix("pub use ") else {
+            continue;
+        };
+        let (module, rest) = path.split_once("::").expect("pub use module::…");
+        let names = rest.trim_start_matches('{').trim_end_matches('}');
+        for name in names.split(',') {
+            let name = name.trim().rsplit("::").next().unwrap().trim();
+            if !name.is_empty() {
+                items.insert(name.to_string(), module.to_string());
+            }
+        }
+    }
+    items
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The top-level module a file of src/ belongs to (`None` for lib.rs).
+fn module_of(file: &Path) -> Option<String> {
+    let rel = file.strip_prefix("src").unwrap();
+    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
+    if first == "lib.rs" {
+        return None;
+    }
+    Some(first.trim_end_matches(".rs").to_string())
+}
+
+/// Every import in src/ that does not point down the layer table, as
+/// "file:line: `crate::x` from module (layer L) points up to module (layer M)".
+fn violations() -> Vec<String> {
+    let table = layer_table();
+    let lib = fs::read_to_string("src/lib.rs").unwrap();
+    let roots = root_items(&lib);
+    let mut files = Vec::new();
+    rust_files(Path::new("src"), &mut files);
+    files.sort();
+    let mut seen = BTreeSet::new();
+    let mut bad = Vec::new();
+    for f in &files {
+        let Some(from) = module_of(f) else { continue };
+        seen.insert(from.clone());
+        let Some(&here) = table.get(&from) else {
+            bad.push(format!(
+                "{}: module `{from}` is not in the layer table of docs/ARCHITECTURE.md",
+                f.display()
+            ));
+            continue;
+        };
+        let code = code_of(&fs::read_to_string(f).unwrap());
+        for (line, name) in crate_refs(&code) {
+            let target = if table.contains_key(&name) {
+                name.clone()
+            } else if let Some(m) = roots.get(&name) {
+                m.clone()
+            } else {
+                continue; // a macro or an item of lib.rs itself
+            };
+            if target == from {
+                continue;
+            }
+            let there = table[&target];
+            if there >= here {
+                bad.push(format!(
+                    "{}:{line}: `crate::{name}` from `{from}` (layer {}) points {} to `{target}` (layer {})",
+                    f.display(),
+                    here.0,
+                    if there.0 > here.0 { "up" } else { "sideways" },
+                    there.0
+                ));
+            }
+        }
+    }
+    for m in table.keys() {
+        if !seen.contains(m) && m != "prelude" {
+            bad.push(format!(
+                "the layer table names `{m}`, which src/ does not have"
+            ));
+        }
+    }
+    bad
+}
+
+#[test]
+fn every_import_points_down_the_layer_table() {
+    let bad = violations();
+    assert!(
+        bad.is_empty(),
+        "{} import(s) break the layering:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn lib_declares_modules_in_layer_order() {
+    let table = layer_table();
+    let lib = code_of(&fs::read_to_string("src/lib.rs").unwrap());
+    let declared: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("pub mod ")
+                .or_else(|| l.strip_prefix("mod "))
+                .map(|m| m.trim_end_matches(';'))
+        })
+        .collect();
+    let positions: Vec<(usize, usize)> = declared
+        .iter()
+        .map(|m| {
+            *table
+                .get(*m)
+                .unwrap_or_else(|| panic!("lib.rs declares `{m}`, absent from the layer table"))
+        })
+        .collect();
+    let mut sorted = positions.clone();
+    sorted.sort();
+    assert_eq!(positions, sorted, "lib.rs declares {declared:?} out of layer order");
+    let public = lib.lines().filter(|l| l.trim().starts_with("pub mod ")).count();
+    assert!(public <= 12, "lib.rs has {public} public modules (at most 12)");
+}
+
+/// The checker itself: an upward import in a scratch tree is found and
+/// named, so the test above cannot pass by reading nothing.
+#[test]
+fn an_upward_import_is_named() {
+    let code = code_of("use crate::group::GroupCoordinator; // crate::bench\nlet s = \"crate::x\";");
+    let refs = crate_refs(&code);
+    assert_eq!(refs, vec![(1, "group".to_string())]);
+    let grouped = crate_refs("use crate::{error::Error, tensor::Tensor};");
+    assert_eq!(
+        grouped.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
+        ["error", "tensor"]
+    );
+    let roots = root_items("pub use group::{Collectives, Runtime};\npub use error::Error;");
+    assert_eq!(roots["Runtime"], "group");
+    assert_eq!(roots["Error"], "error");
+}
