@@ -113,4 +113,3 @@ impl std::fmt::Display for DType {
         f.write_str(self.name())
     }
 }
-

@@ -287,7 +287,6 @@ impl Rejection {
     }
 }
 
-
 /// A failed NCCL call: the code, and `"NCCL <call>: <ncclGetErrorString>
 /// (code N): <ncclGetLastError>"` as the message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

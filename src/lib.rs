@@ -28,24 +28,24 @@
 // list (tests/layers.rs enforces it; docs/ARCHITECTURE.md draws it).
 // 1. values: element types, the op list's rules, the error, host tensors
 mod dtype;
-mod op;
 mod error;
+mod op;
 pub mod tensor;
 // 2. agreement and the watch, over the MPI pieces rsmpi lacks
-mod mpi_ext;
 pub mod agree;
+mod mpi_ext;
 mod watch;
 // 3. executors and the device plane
-mod nccl;
 pub mod device;
 pub mod exec;
+mod nccl;
 mod placement;
 // 4. groups and the runtime
 mod group;
 // 5. what is built on groups
 pub mod object;
-pub mod stateless;
 pub mod parallel;
+pub mod stateless;
 // 6. tools
 pub mod bench;
 pub mod doctor;

@@ -117,4 +117,3 @@ pub(crate) fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading an MPI constant handle.
     unsafe { ffi::RSMPI_REQUEST_NULL }
 }
-

@@ -12,8 +12,9 @@
 mod support;
 
 use mpi::traits::*;
-use rankmesh::agree::Descriptor; use rankmesh::Op;
+use rankmesh::agree::Descriptor;
 use rankmesh::exec::mpi::{TAG_DATA, TAG_HEADER};
+use rankmesh::Op;
 use rankmesh::{Collectives as _, DType, ReduceOp, Runtime, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;

@@ -227,16 +227,26 @@ fn lib_declares_modules_in_layer_order() {
         .collect();
     let mut sorted = positions.clone();
     sorted.sort();
-    assert_eq!(positions, sorted, "lib.rs declares {declared:?} out of layer order");
-    let public = lib.lines().filter(|l| l.trim().starts_with("pub mod ")).count();
-    assert!(public <= 12, "lib.rs has {public} public modules (at most 12)");
+    assert_eq!(
+        positions, sorted,
+        "lib.rs declares {declared:?} out of layer order"
+    );
+    let public = lib
+        .lines()
+        .filter(|l| l.trim().starts_with("pub mod "))
+        .count();
+    assert!(
+        public <= 12,
+        "lib.rs has {public} public modules (at most 12)"
+    );
 }
 
 /// The checker itself: an upward import in a scratch tree is found and
 /// named, so the test above cannot pass by reading nothing.
 #[test]
 fn an_upward_import_is_named() {
-    let code = code_of("use crate::group::GroupCoordinator; // crate::bench\nlet s = \"crate::x\";");
+    let code =
+        code_of("use crate::group::GroupCoordinator; // crate::bench\nlet s = \"crate::x\";");
     let refs = crate_refs(&code);
     assert_eq!(refs, vec![(1, "group".to_string())]);
     let grouped = crate_refs("use crate::{error::Error, tensor::Tensor};");

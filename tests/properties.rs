@@ -3,8 +3,9 @@
 //! corrupt or hostile peer can send) never panics.
 
 use proptest::prelude::*;
-use rankmesh::agree::{agree, agree_peers, Descriptor}; use rankmesh::Op;
-use rankmesh::tensor::{checked_numel, DType, Tensor};
+use rankmesh::agree::{agree, agree_peers, Descriptor};
+use rankmesh::tensor::checked_numel;
+use rankmesh::{DType, Op, Tensor};
 
 /// Dims that are usually small but sometimes huge, so products overflow.
 fn dim() -> impl Strategy<Value = usize> {
@@ -74,12 +75,12 @@ proptest! {
             let _ = d.shape();
             let _ = d.dims().count();
             if let Some(op) = d.op() {
-                let _ = op.check(d, 2);
+                let _ = d.validate(op, 2);
                 let _ = op.output_shape(&d.shape(), &d.params, 2);
             }
         }
         let _ = agree(&[da, db], me, &|d: &Descriptor| match d.op() {
-            Some(op) => op.check(d, 2),
+            Some(op) => d.validate(op, 2),
             None => Ok(()),
         });
         let _ = agree_peers(&da, &db, 0, 1);
@@ -96,7 +97,7 @@ proptest! {
             bytes[i] ^= x;
         }
         let bad: Descriptor = bytemuck::pod_read_unaligned(&bytes);
-        let check = |d: &Descriptor| d.op().map_or(Ok(()), |op| op.check(d, 3));
+        let check = |d: &Descriptor| d.op().map_or(Ok(()), |op| d.validate(op, 3));
         let _ = agree(&[good, bad, good], 0, &check);
         let _ = agree(&[bad, good, good], 2, &check);
         let _ = bad.describe();

@@ -19,11 +19,11 @@
 /// agreements to complete (a ring asks for one at most this often).
 pub(crate) const SCAN_EVERY: u64 = ring::ENTRIES / 8;
 
+use super::posted::MpiPosts;
+use super::ring::{self, Ring, RingArea};
 use crate::agree::{agree, Descriptor};
 use crate::error::{Error, Result};
 use crate::op::Op;
-use super::posted::MpiPosts;
-use super::ring::{self, Ring, RingArea};
 use mpi::ffi;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};

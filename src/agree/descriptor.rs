@@ -8,10 +8,10 @@
 //! a truncated message, an MPI abort or a hang. Point-to-point calls exchange
 //! the descriptor with their peer instead.
 
+use crate::dtype::DType;
 use crate::error::Rejection;
 use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
 use crate::tensor::Tensor;
 use bytemuck::{Pod, Zeroable};
 use std::cell::RefCell;

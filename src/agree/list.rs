@@ -190,4 +190,3 @@ pub(crate) fn validate_group_lists(world_size: usize, lists: &[Vec<usize>]) -> R
     }
     Ok(())
 }
-

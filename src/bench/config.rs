@@ -1,10 +1,10 @@
 //! Benchmark configuration: nccl-tests' flags and their parsing rules.
 
 use super::entries::Entry;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
 
 /// How per-rank times are combined (nccl-tests `-a`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,10 +5,10 @@
 
 use super::{BenchConfig, BenchPlane};
 use crate::device::DeviceTensor;
-use crate::group::DeviceGroup;
-use crate::error::{Error, Result};
-use crate::op::Op;
 use crate::error::NcclError;
+use crate::error::{Error, Result};
+use crate::group::DeviceGroup;
+use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::Collectives;
 use std::os::raw::c_void;

@@ -4,9 +4,9 @@
 //! harness (`mod.rs`) owns every loop; the call itself is the op's method of
 //! [`Collectives`](crate::Collectives), so every data plane runs the same entry.
 
+use crate::dtype::DType;
 use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
 use crate::tensor::Tensor;
 
 /// What a data-movement entry computes for one size.

@@ -18,14 +18,14 @@ pub mod memory;
 pub mod plot;
 pub mod workload;
 
-use crate::group::Collectives;
 use crate::error::{Error, Result};
+use crate::group::Collectives;
 use crate::group::GroupCoordinator;
-use crate::op::Op;
-use crate::parallel::ParallelState;
-use crate::op::ReduceOp;
-use crate::tensor::Tensor;
 use crate::group::Runtime;
+use crate::op::Op;
+use crate::op::ReduceOp;
+use crate::parallel::ParallelState;
+use crate::tensor::Tensor;
 pub use config::{
     nccl_type_name, parse_dtype, parse_size, sizes, Average, BenchConfig, GroupChoice,
 };

@@ -2,13 +2,13 @@
 //! training step does to a cluster's network, with every result verified.
 //! `rankmesh workload` runs it; the Slurm example job submits it.
 
-use crate::group::Collectives;
-use crate::error::{Error, Result};
-use crate::parallel::ParallelState;
-use crate::op::ReduceOp;
 use crate::dtype::DType;
-use crate::tensor::Tensor;
+use crate::error::{Error, Result};
+use crate::group::Collectives;
 use crate::group::Runtime;
+use crate::op::ReduceOp;
+use crate::parallel::ParallelState;
+use crate::tensor::Tensor;
 use std::time::Instant;
 
 /// Timing of one workload run (as seen by world rank 0).

@@ -27,12 +27,12 @@ mod tensor;
 pub use tensor::{DeviceTensor, DeviceView, DeviceViewMut};
 
 use crate::agree::{Deferred, Verdict, SCAN_EVERY};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::op::Op;
 use crate::nccl::comm::CommState;
 use crate::nccl::loader::{self, Nccl};
 use crate::nccl::sys::Api;
-use crate::dtype::DType;
+use crate::op::Op;
 use crate::tensor::Tensor;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use order::Tail;

@@ -3,8 +3,8 @@
 
 use super::order::Tail;
 use crate::agree::ViewProblem;
-use crate::error::{Error, Result};
 use crate::dtype::DType;
+use crate::error::{Error, Result};
 use crate::tensor::numel;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 use std::os::raw::c_void;

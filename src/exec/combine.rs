@@ -9,8 +9,8 @@
 //! MPI's comparison order (`a < b ? a : b`, the running value on the left).
 
 use super::reduction::Widen;
-use crate::op::ReduceOp;
 use crate::dtype::DType;
+use crate::op::ReduceOp;
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 

@@ -6,9 +6,9 @@
 //! already agreed on sizes through the dispatch path.
 
 use super::copy::copy_bytes;
-pub(crate) use crate::mpi_ext::null_request;
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
+pub(crate) use crate::mpi_ext::null_request;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;

@@ -37,12 +37,12 @@ use super::combine::combine;
 use super::copy::{copy_bytes, stream_bytes};
 use super::executor::HostMoves;
 use super::mpi::{copy_block, read_block, write_block, BlockLayout};
-use crate::mpi_ext::allocate_shared;
-use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::agree::Descriptor;
-use crate::error::Fault;
-use crate::op::ReduceOp;
+use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::dtype::DType;
+use crate::error::Fault;
+use crate::mpi_ext::allocate_shared;
+use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
 use mpi::ffi;
@@ -151,7 +151,11 @@ impl ShmWindow {
     pub(crate) fn ring_area(self: &Rc<Self>) -> RingArea {
         RingArea {
             // SAFETY: inside each slot (RING_AT + RING_BYTES <= DATA_AT).
-            bases: self.slots.iter().map(|s| unsafe { s.add(RING_AT) }).collect(),
+            bases: self
+                .slots
+                .iter()
+                .map(|s| unsafe { s.add(RING_AT) })
+                .collect(),
             _keep: self.clone(),
         }
     }

@@ -21,11 +21,7 @@ pub trait Batch<'rt>: Collectives<'rt> {
 }
 
 /// Host tensors of any dictionary move through the group's MPI plane.
-pub(crate) fn send_host(
-    g: &GroupCoordinator<'_>,
-    ts: &[&Tensor],
-    dst: usize,
-) -> Result<()> {
+pub(crate) fn send_host(g: &GroupCoordinator<'_>, ts: &[&Tensor], dst: usize) -> Result<()> {
     let call = g.watched(Op::Send);
     let bufs: Vec<&[u8]> = ts.iter().map(|t| t.bytes()).collect();
     g.mpi().send_batch(&bufs, dst);

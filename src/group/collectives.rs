@@ -13,11 +13,11 @@
 //! rules of each op (checks, output shapes, error wording) live in
 //! [`crate::op`] and are applied by the dispatch path, not by the planes.
 
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::GroupCoordinator;
 use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
 
 /// A dense, row-major tensor a data plane moves: what the dispatch path
 /// needs to know about it.

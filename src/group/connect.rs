@@ -9,13 +9,13 @@
 
 use crate::device::select::duplicate_devices;
 use crate::device::Gpu;
+use crate::error::NcclError;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
-use crate::op::Op;
 use crate::nccl::comm::Communicator as NcclComm;
 use crate::nccl::result::unique_id;
-use crate::error::NcclError;
 use crate::nccl::sys::{Api, UniqueId, UNIQUE_ID_BYTES};
+use crate::op::Op;
 use crate::op::ReduceOp;
 use mpi::topology::Process;
 use mpi::traits::*;

@@ -14,21 +14,19 @@
 //! host plane uses too.
 
 use super::connect::{connect, connect_pair};
+use super::{tensor_desc, GroupCoordinator, OutputFit, Peer};
+use crate::agree::{Descriptor, ViewProblem};
 use crate::device::copy::run_copies;
 use crate::device::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
-use crate::group::Collectives;
-use crate::agree::{Descriptor, ViewProblem};
+use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
-use super::{tensor_desc, GroupCoordinator, OutputFit, Peer};
-use crate::tensor::split::{
-    concat_dim_copies, is_contiguous_split, split_dim_copies, Copy2d,
-};
-use crate::op::{normalize_dim, Op};
+use crate::group::Collectives;
 use crate::nccl::comm::Communicator;
 use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
+use crate::op::{normalize_dim, Op};
+use crate::tensor::split::{concat_dim_copies, is_contiguous_split, split_dim_copies, Copy2d};
 use crate::tensor::{numel, Element};
 use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
 use std::cell::Ref;

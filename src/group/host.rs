@@ -6,17 +6,17 @@
 //! for non-leading dims uses the same `layout_ops` plans as the device plane,
 //! into scratch buffers the group keeps (no allocation per call once warm).
 
-use crate::group::Collectives;
 use crate::agree::Descriptor;
+use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
-use crate::group::{tensor_desc, GroupCoordinator, Peer};
-use crate::op::normalize_dim;
-use crate::tensor::split::{concat_dim_into, is_contiguous_split, split_dim_into};
-use crate::op::Op;
 use crate::exec::executor::{HostExec, HostMoves};
 use crate::exec::mpi::BlockLayout;
+use crate::group::Collectives;
+use crate::group::{tensor_desc, GroupCoordinator, Peer};
+use crate::op::normalize_dim;
+use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
+use crate::tensor::split::{concat_dim_into, is_contiguous_split, split_dim_into};
 use crate::tensor::Tensor;
 
 impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {

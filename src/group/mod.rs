@@ -16,18 +16,18 @@ pub use collectives::{Collectives, PlaneTensor};
 pub use device::{DeviceEvent, DeviceGroup};
 pub use runtime::{Options, RankInfo, Runtime, WorldInfo};
 
-use crate::agree::{Deferred, Posts};
-use crate::op::CheckMode;
 use crate::agree::{agree, agree_peers, Admitted, Descriptor};
+use crate::agree::{Deferred, Posts};
+use crate::dtype::DType;
 use crate::error::Rejection;
 use crate::error::{Error, Fault, Result};
-use crate::op::{rank_in_range, Op};
-use crate::exec::executor::{HostExec, ExecChoice};
+use crate::exec::executor::{ExecChoice, HostExec};
 use crate::exec::hier::{Hier, HierCall, NodeMap};
 use crate::exec::mpi::{MpiExec, TAG_ANSWER, TAG_HEADER};
-use crate::nccl::comm::Communicator as NcclComm;
 use crate::exec::shm::{ShmCall, ShmExec, ShmWindow};
-use crate::dtype::DType;
+use crate::nccl::comm::Communicator as NcclComm;
+use crate::op::CheckMode;
+use crate::op::{rank_in_range, Op};
 use crate::tensor::Tensor;
 use crate::watch::{Call, GroupWatch};
 use mpi::collective::SystemOperation;
@@ -890,12 +890,7 @@ fn shm_plane(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
 /// Whether a group whose members gave `facts` (world rank, choice code,
 /// check code; the choice alike on all) runs host collectives on shared
 /// memory: `shm` is refused for a group spanning nodes.
-fn choose_shm(
-    rt: &Runtime,
-    name: &str,
-    choice: ExecChoice,
-    facts: &[[u64; 3]],
-) -> Result<bool> {
+fn choose_shm(rt: &Runtime, name: &str, choice: ExecChoice, facts: &[[u64; 3]]) -> Result<bool> {
     let node_of = |f: &[u64; 3]| rt.world().ranks[f[0] as usize].node;
     let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
     match choice {

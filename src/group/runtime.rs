@@ -1,16 +1,16 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
-use crate::op::CheckMode;
-use crate::device::Gpu;
-use crate::agree::Descriptor;
-use crate::error::{Error, Result};
-use super::GroupCoordinator;
 use super::launcher::{self, MpiView};
+use super::GroupCoordinator;
+use crate::agree::Descriptor;
 use crate::agree::{check_rank_list, fnv1a, validate_group_lists};
-use crate::op::Op;
-use crate::placement::{self, BindPolicy, Placement};
+use crate::device::Gpu;
+use crate::error::{Error, Result};
 use crate::exec::executor::ExecChoice;
 use crate::exec::shm::ShmWindow;
+use crate::op::CheckMode;
+use crate::op::Op;
+use crate::placement::{self, BindPolicy, Placement};
 use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};

@@ -3,10 +3,10 @@
 //! errors while the host waits on device work.
 
 use super::result::{check, error_of, moved_as, reduced_as};
-use crate::error::NcclError;
 use super::sys::{Api, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SUCCESS};
-use crate::op::ReduceOp;
 use crate::dtype::DType;
+use crate::error::NcclError;
+use crate::op::ReduceOp;
 use std::cell::{Cell, RefCell};
 use std::os::raw::{c_int, c_void};
 use std::rc::Rc;
@@ -115,12 +115,7 @@ impl<'a> Communicator<'a> {
         // SAFETY: `raw` is a valid out-pointer; `id` came from ncclGetUniqueId on the first rank.
         let rc = unsafe { (api.comm_init_rank)(&mut raw, size as c_int, id, rank as c_int) };
         if rc != SUCCESS {
-            return Err(error_of(
-                api,
-                raw,
-                rc,
-                "ncclCommInitRank failed",
-            ));
+            return Err(error_of(api, raw, rc, "ncclCommInitRank failed"));
         }
         Ok(Communicator {
             api,

@@ -3,9 +3,9 @@
 //! rankmesh's dtypes and reduction operators map to NCCL's enums here.
 
 use super::sys::{dtype as nd, redop, Api, NcclResult, RawComm, UniqueId, SUCCESS};
-use crate::op::ReduceOp;
 use crate::dtype::DType;
 use crate::error::NcclError;
+use crate::op::ReduceOp;
 use std::os::raw::c_int;
 
 /// An error NCCL returned for `what`, with its texts.
@@ -27,12 +27,7 @@ pub(crate) fn check(
     if code == SUCCESS {
         Ok(())
     } else {
-        Err(error_of(
-            api,
-            raw,
-            code,
-            &format!("{what} failed"),
-        ))
+        Err(error_of(api, raw, code, &format!("{what} failed")))
     }
 }
 

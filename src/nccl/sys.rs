@@ -31,7 +31,7 @@ pub struct UniqueId {
 
 impl UniqueId {
     /// The id as portable bytes.
-    pub fn to_bytes(&self) -> [u8; UNIQUE_ID_BYTES] {
+    pub fn to_bytes(self) -> [u8; UNIQUE_ID_BYTES] {
         self.internal.map(|c| c as u8)
     }
 

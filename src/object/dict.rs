@@ -9,11 +9,11 @@
 //! async sends do: every payload is posted at once and waited for once
 //! (non-blocking MPI on the host plane, one NCCL group on a device plane).
 
-use crate::group::PlaneTensor;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::group::PlaneTensor;
 use crate::op::Op;
-use crate::dtype::DType;
 use crate::tensor::{numel, Tensor};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

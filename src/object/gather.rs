@@ -10,13 +10,13 @@
 //! window between ranks on the first rank's node and through MPI messages from
 //! other nodes.
 
-use crate::group::Collectives;
+use crate::agree::check_rank_list;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::group::Collectives;
 use crate::group::GroupCoordinator;
 use crate::mpi_ext::SlotWindow;
-use crate::dtype::DType;
 use crate::tensor::Tensor;
-use crate::agree::check_rank_list;
 use mpi::traits::*;
 use serde::de::DeserializeOwned;
 use serde::Serialize;

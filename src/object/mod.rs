@@ -20,11 +20,11 @@ pub use dict::{DictValue, Object, TensorDict, TensorDicts};
 pub use gather::{ConfigsByRank, Ranks};
 pub use workspace::{RankState, Workspace, FORMAT_VERSION};
 
+use crate::agree::fnv1a;
 use crate::agree::Descriptor;
 use crate::error::{Error, Result};
 use crate::group::{GroupCoordinator, Peer};
 use crate::op::{rank_in_range, Op};
-use crate::agree::fnv1a;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::any::Any;

@@ -18,12 +18,12 @@
 //! writers that died mid-write (same host, process gone) are removed by the
 //! next write.
 
-use crate::group::Collectives;
-use crate::error::{Error, Result};
-use crate::group::GroupCoordinator;
-use crate::dtype::DType;
-use crate::tensor::{checked_nbytes, Tensor};
 use crate::agree::fnv1a;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::group::Collectives;
+use crate::group::GroupCoordinator;
+use crate::tensor::{checked_nbytes, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;

@@ -433,6 +433,15 @@ mod tests {
     }
 
     #[test]
+    fn normalize_dim_handles_negative_and_out_of_range() {
+        assert_eq!(normalize_dim(-1, 4), Some(3));
+        assert_eq!(normalize_dim(-4, 4), Some(0));
+        assert_eq!(normalize_dim(-5, 4), None);
+        assert_eq!(normalize_dim(4, 4), None);
+        assert_eq!(normalize_dim(0, 0), None);
+    }
+
+    #[test]
     fn gather_output_only_on_its_destination() {
         assert!(Op::Gather.output_used_on(1, &[1, 0]));
         assert!(!Op::Gather.output_used_on(0, &[1, 0]));

@@ -52,4 +52,3 @@ impl std::str::FromStr for CheckMode {
         }
     }
 }
-

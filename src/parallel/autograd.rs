@@ -5,8 +5,8 @@
 //! rank's tensor, the gradient is `Aᵀ`: all_gather ↔ reduce_scatter(sum),
 //! all_reduce(sum) ↔ all_reduce(sum), all_to_all_4d(a, b) ↔ all_to_all_4d(b, a).
 
-use crate::group::Collectives;
 use crate::error::Result;
+use crate::group::Collectives;
 use crate::op::ReduceOp;
 
 /// A differentiable (linear) collective.

@@ -9,13 +9,13 @@ pub use autograd::Differentiable;
 pub use helpers::{is_distributed, is_local_main_process, is_main_process, zero_only};
 pub use layout::{consecutive_group_count, consecutive_groups, GroupKind, Layout};
 
-use crate::group::{Collectives, PlaneTensor};
 use crate::device::DeviceTensor;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::group::Runtime;
+use crate::group::{Collectives, PlaneTensor};
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
-use crate::group::Runtime;
 use std::cell::RefCell;
 
 struct Groups<'rt> {

@@ -9,13 +9,13 @@
 
 use super::StatelessGroup;
 use crate::device::{DeviceTensor, Gpu};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::op::Op;
 use crate::nccl::comm::Communicator;
 use crate::nccl::result::unique_id;
 use crate::nccl::sys::{RawStream, UniqueId, UNIQUE_ID_BYTES};
+use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
 
 /// What a member is about to enqueue.

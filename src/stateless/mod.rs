@@ -23,13 +23,13 @@ mod tcp;
 
 pub use device::StatelessDevice;
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::group::Runtime;
 use crate::object::{decode, encode, type_digest, within_bound};
 use crate::op::Op;
-use crate::dtype::DType;
 use crate::tensor::Tensor;
-use crate::group::Runtime;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::os::raw::c_int;

@@ -3,9 +3,9 @@
 
 use super::{Header, Links, TAG_OBJECT};
 use crate::error::Result;
+use crate::exec::mpi::isend_bytes;
 use crate::group::GroupCoordinator;
 use crate::op::Op;
-use crate::exec::mpi::isend_bytes;
 use mpi::ffi;
 use mpi::traits::*;
 use std::cell::RefCell;

@@ -6,7 +6,6 @@
 //! slices along `dim` out as contiguous blocks (slice `p` is block `p`);
 //! `concat_dim_into` takes contiguous blocks and concatenates them along `dim`.
 
-
 /// (outer count, bytes of one `dim`-slice row below `dim`) for a shape.
 fn outer_inner(shape: &[usize], dim: usize, elem: usize) -> (usize, usize) {
     let outer: usize = shape[..dim].iter().product();
@@ -194,15 +193,6 @@ mod tests {
         let j = concat_dim_copies(&[2, 2, 3], 1, 2, 1);
         assert_eq!((j[1].src_offset, j[1].dst_offset), (12, 6));
         assert_eq!((j[1].src_pitch, j[1].dst_pitch), (6, 12));
-    }
-
-    #[test]
-    fn normalize_dim_handles_negative_and_out_of_range() {
-        assert_eq!(normalize_dim(-1, 4), Some(3));
-        assert_eq!(normalize_dim(-4, 4), Some(0));
-        assert_eq!(normalize_dim(-5, 4), None);
-        assert_eq!(normalize_dim(4, 4), None);
-        assert_eq!(normalize_dim(0, 0), None);
     }
 
     proptest! {

@@ -192,8 +192,8 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::op::Op;
     use crate::dtype::DType;
+    use crate::op::Op;
 
     #[test]
     fn ring_keeps_the_newest_calls_in_order() {
