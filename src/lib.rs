@@ -77,6 +77,11 @@ pub use watch::TIMEOUT_EXIT;
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// docs/USAGE.md's examples are compiled as doc tests too.
+#[doc = include_str!("../docs/USAGE.md")]
+#[cfg(doctest)]
+pub struct UsageDoctests;
+
 /// docs/GPU.md's example is compiled as a doc test too.
 #[doc = include_str!("../docs/GPU.md")]
 #[cfg(doctest)]

@@ -1,4 +1,4 @@
-//! Runs the shared [`Copy2d`] plans (layout_ops) on device memory with
+//! Runs the shared [`Copy2d`] plans (`tensor::split`) on device memory with
 //! `cuMemcpy2DAsync`: the device half of "one implementation of the pack/unpack
 //! index math".
 
@@ -55,7 +55,7 @@ fn enqueue_2d(c: &Copy2d, src: u64, dst: u64, stream: sys::CUstream) -> Result<(
         WidthInBytes: c.width,
         Height: c.height,
     };
-    // SAFETY: the plan stays inside both buffers (layout_ops builds it from
+    // SAFETY: the plan stays inside both buffers (tensor::split builds it from
     // the same shapes the buffers were allocated for).
     unsafe { sys::cuMemcpy2DAsync_v2(&p, stream) }
         .result()

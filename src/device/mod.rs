@@ -11,7 +11,7 @@
 //!
 //! **One order.** By default every group enqueues on the rank's one stream;
 //! a group can enqueue on the caller's stream instead
-//! ([`DeviceGroup::on_stream`]). Either way rankmesh's calls run in the order
+//! ([`DeviceGroup::on_stream`](crate::DeviceGroup::on_stream)). Either way rankmesh's calls run in the order
 //! the program issued them (`order`: a switch of stream waits for the
 //! previous one), which keeps NCCL's cross-communicator deadlock away and
 //! makes one op's results safe inputs for the next without events of the
@@ -138,14 +138,14 @@ impl Gpu {
     }
 
     /// rankmesh's own stream: groups enqueue on it unless given another
-    /// ([`DeviceGroup::on_stream`]). Order your own kernels on it (or wait
+    /// ([`DeviceGroup::on_stream`](crate::DeviceGroup::on_stream)). Order your own kernels on it (or wait
     /// for it) when they touch tensors of calls made on it.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
     /// Wraps a stream of another library (a raw `CUstream`) for
-    /// [`DeviceGroup::on_stream`]; the stream is not destroyed with the
+    /// [`DeviceGroup::on_stream`](crate::DeviceGroup::on_stream); the stream is not destroyed with the
     /// wrapper.
     ///
     /// # Safety

@@ -17,8 +17,8 @@ use std::sync::Arc;
 /// Either rankmesh's own allocation ([`Gpu::zeros`](super::Gpu::zeros),
 /// [`Gpu::upload`](super::Gpu::upload), the allocating forms of the ops) or
 /// memory of the caller's, borrowed without a copy: safely through
-/// [`DeviceGroup::view`](super::DeviceGroup::view) /
-/// [`view_mut`](super::DeviceGroup::view_mut) (cudarc's `CudaSlice`,
+/// [`DeviceGroup::view`](crate::DeviceGroup::view) /
+/// [`view_mut`](crate::DeviceGroup::view_mut) (cudarc's `CudaSlice`,
 /// `CudaView`, `CudaViewMut`, and so candle's CUDA storage), or unsafely from
 /// a raw address with [`DeviceTensor::from_raw`]. Every device op takes
 /// either kind as input and as output.
@@ -78,8 +78,8 @@ impl DeviceTensor {
     /// - the memory stays allocated, and is neither read nor written by
     ///   other work, until every device op given this tensor has *run* on
     ///   the GPU, not merely returned: order your work with the group's
-    ///   stream ([`DeviceGroup::on_stream`](super::DeviceGroup::on_stream),
-    ///   [`DeviceGroup::record_event`](super::DeviceGroup::record_event)) or
+    ///   stream ([`DeviceGroup::on_stream`](crate::DeviceGroup::on_stream),
+    ///   [`DeviceGroup::record_event`](crate::DeviceGroup::record_event)) or
     ///   synchronize before freeing or reusing it.
     pub unsafe fn from_raw(ptr: u64, dtype: DType, shape: impl Into<Vec<usize>>) -> DeviceTensor {
         let shape = shape.into();
@@ -228,11 +228,11 @@ impl Drop for DeviceTensor {
 
 /// A caller's device memory borrowed as a [`DeviceTensor`] (read-only use),
 /// for as long as the borrow lasts. Made by
-/// [`DeviceGroup::view`](super::DeviceGroup::view).
+/// [`DeviceGroup::view`](crate::DeviceGroup::view).
 pub struct DeviceView<'a>(Borrow<'a>);
 
 /// A caller's device memory borrowed as a writable [`DeviceTensor`]. Made by
-/// [`DeviceGroup::view_mut`](super::DeviceGroup::view_mut).
+/// [`DeviceGroup::view_mut`](crate::DeviceGroup::view_mut).
 pub struct DeviceViewMut<'a>(Borrow<'a>);
 
 /// What both views hold: the tensor, the borrow's own liveness flag (the

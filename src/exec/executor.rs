@@ -2,7 +2,7 @@
 //! collective, once the dispatch path has checked the call. Two executors
 //! implement it — MPI ([`MpiExec`]) and node-local shared memory
 //! ([`ShmCall`](super::shm::ShmCall)) — and the host op list in
-//! `host_ops.rs` is written once against it.
+//! `group/host.rs` is written once against it.
 
 use super::hier::HierCall;
 use super::mpi::{BlockLayout, MpiExec};

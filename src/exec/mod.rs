@@ -1,5 +1,5 @@
 //! Executors: how a host group's bytes move. Three of them behind
-//! [`executor::HostMoves`]: MPI on host memory ([`mpi`]), a node-local
+//! `executor::HostMoves`: MPI on host memory ([`mpi`]), a node-local
 //! shared-memory window (`shm`), or the two in a hierarchy for groups that
 //! span nodes (`hier`). The device plane's executor is NCCL
 //! (`crate::group`'s device group).

@@ -3,7 +3,7 @@
 //! group's [host executor](crate::exec::executor::HostMoves) (MPI, or
 //! shared memory on one node); checks, output shapes
 //! and errors come from the op's rules through the dispatch path. Packing
-//! for non-leading dims uses the same `layout_ops` plans as the device plane,
+//! for non-leading dims uses the same `tensor::split` plans as the device plane,
 //! into scratch buffers the group keeps (no allocation per call once warm).
 
 use crate::agree::Descriptor;

@@ -199,7 +199,7 @@ pub struct Runtime {
     /// call reports the same thing.
     gpu: OnceCell<std::result::Result<Gpu, String>>,
     /// Every group's shared-memory window, in creation order: freed here,
-    /// before MPI finalisation (see `plane::shm`).
+    /// before MPI finalisation (see `exec::shm`).
     shm_windows: RefCell<Vec<Rc<ShmWindow>>>,
     world_comm: SimpleCommunicator,
     info: WorldInfo,

@@ -173,7 +173,7 @@ fn has_peer(g: &GroupCoordinator<'_>, op: Op, what: &str, rank: Option<usize>) -
     Ok(g.size() > 1)
 }
 
-/// Tensor dictionaries on any data plane (every [`Collectives`] has them).
+/// Tensor dictionaries on any data plane (every [`Collectives`](crate::Collectives) has them).
 pub trait TensorDicts<'rt>: crate::group::Batch<'rt> {
     /// Sends group rank `src`'s dictionary to every member (`dict` is
     /// ignored elsewhere). After the metadata, every tensor is posted at

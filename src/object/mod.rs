@@ -302,7 +302,7 @@ impl GroupCoordinator<'_> {
         .map_err(name_type::<T>)
     }
 
-    /// Sends `obj` to group rank `dst`; synchronous like [`send`](Self::send).
+    /// Sends `obj` to group rank `dst`; synchronous like [`send`](crate::Collectives::send).
     pub fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()> {
         let op = Op::SendObject;
         let bytes = encode(self.name(), op, obj)?;
