@@ -1007,7 +1007,7 @@ fn two_jobs_member() {
             .zeros([if me == 1 { 3 } else { 4 }], DType::F32)
             .map_err(e)?;
         match dev.broadcast(&mut odd, 0) {
-            Err(err) if err.to_string().contains("member 0 called broadcast([4] f32, 0) but member 1 called broadcast([3] f32, 0)") => {}
+            Err(err) if err.to_string().contains("ranks disagree: group rank 0 passed broadcast(device shape [4] f32, src 0) but group rank 1 passed broadcast(device shape [3] f32, src 0)") => {}
             other => return Err(format!("mismatched broadcast: {other:?}")),
         }
         if me <= 1 {
@@ -1020,7 +1020,7 @@ fn two_jobs_member() {
                 Err(err)
                     if err
                         .to_string()
-                        .contains("member 0 sends [4] f32 but member 1 receives into [5] f32") => {}
+                        .contains("group rank 0 sends send(device shape [4] f32) but group rank 1 expects send(device shape [5] f32)") => {}
                 other => return Err(format!("mismatched send/recv: {other:?}")),
             }
         }

@@ -3,40 +3,23 @@
 //! the unique id travels over the group's own links, so members of
 //! separately launched jobs share one NCCL communicator.
 //!
-//! Every call is agreed on over the group first (strict mode): members that
-//! disagree on the op, dtype, shape or root all get the same error naming
-//! who passed what, before anything is enqueued.
+//! Every call is agreed on over the group first (strict mode), through the
+//! same agreement as every other group (`crate::agree`): each member's call
+//! descriptor travels over the group's links, and members that disagree on
+//! the op, dtype, shape or root all get the same error naming who passed
+//! what, before anything is enqueued. Point-to-point calls check the pair
+//! with `agree_peers`, as a `DeviceGroup` does.
 
 use super::StatelessGroup;
+use crate::agree::{agree, agree_peers, Descriptor};
 use crate::device::{DeviceTensor, Gpu};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::nccl::comm::Communicator;
 use crate::nccl::result::unique_id;
 use crate::nccl::sys::{RawStream, UniqueId, UNIQUE_ID_BYTES};
 use crate::op::Op;
 use crate::op::ReduceOp;
-use serde::{Deserialize, Serialize};
-
-/// What a member is about to enqueue.
-#[derive(Serialize, Deserialize, PartialEq, Debug, Clone)]
-struct Call {
-    op: String,
-    dtype: DType,
-    shape: Vec<usize>,
-    /// Root, peer or reduction, as the op uses it.
-    param: i64,
-}
-
-impl std::fmt::Display for Call {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}({:?} {}, {})",
-            self.op, self.shape, self.dtype, self.param
-        )
-    }
-}
+use std::cell::Cell;
 
 /// A stateless group's NCCL communicator: device collectives and
 /// point-to-point between its members, enqueued on the GPU's stream (call
@@ -45,6 +28,8 @@ pub struct StatelessDevice<'g, 'rt> {
     group: &'g StatelessGroup<'rt>,
     gpu: &'rt Gpu,
     comm: Communicator<'rt>,
+    /// Calls agreed so far (the descriptors' call numbers).
+    seq: Cell<u64>,
 }
 
 impl<'rt> StatelessGroup<'rt> {
@@ -122,6 +107,7 @@ impl<'rt> StatelessGroup<'rt> {
             group: self,
             gpu,
             comm,
+            seq: Cell::new(0),
         })
     }
 }
@@ -135,30 +121,36 @@ impl StatelessDevice<'_, '_> {
         Error::nccl(op, self.group.name(), e)
     }
 
-    /// Every member's call, compared: the same error everywhere on a mismatch.
-    fn agree(&self, op: Op, call: Call) -> Result<()> {
-        let calls = self.group.all_gather_obj(&call)?;
-        if let Some((r, other)) = calls.iter().enumerate().find(|(_, c)| **c != calls[0]) {
-            return Err(Error::mismatch(
-                op,
-                self.group.name(),
-                format!("member 0 called {} but member {r} called {other}", calls[0]),
-            ));
-        }
-        Ok(())
+    /// This member's descriptor of a device call of `op` on `t`.
+    fn describe(op: Op, t: &DeviceTensor, params: &[i64]) -> Descriptor {
+        Descriptor::for_tensor(op, t.dtype(), t.shape(), params).on_device()
+    }
+
+    /// Every member's descriptor, over the group's links, then the one
+    /// agreement's verdict: the same error on every member on a mismatch.
+    /// Collectives are numbered, so a member that skipped one is named.
+    fn agree(&self, mut desc: Descriptor) -> Result<()> {
+        desc.seq = self.seq.get();
+        self.seq.set(desc.seq + 1);
+        let op = desc.op().unwrap_or(Op::Synchronize);
+        let name = self.group.name();
+        let sent = self
+            .group
+            .all_gather_obj(&bytemuck::bytes_of(&desc).to_vec())?;
+        let descs = sent
+            .iter()
+            .enumerate()
+            .map(|(r, bytes)| descriptor_from(bytes, r).map_err(|m| Error::mismatch(op, name, m)))
+            .collect::<Result<Vec<_>>>()?;
+        let size = descs.len();
+        agree(&descs, self.group.rank(), &|d: &Descriptor| d.validate(op, size))
+            .map_err(|r| Error::rejected(op, name, r))
     }
 
     /// Member `src`'s tensor into `t` on every member (in place).
     pub fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
         let op = Op::Broadcast;
-        let call = Call {
-            op: "broadcast".into(),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            param: src as i64,
-        };
-        self.agree(op, call)?;
-        let src = self.group.check_rank(op, "src", src)?;
+        self.agree(Self::describe(op, t, &[src as i64]))?;
         let (n, dt) = (t.numel(), t.dtype());
         let p = t.ptr_on(self.gpu.enqueue_own()?)?;
         // SAFETY: in place, as NCCL allows; `t` holds `n` elements until the stream ran.
@@ -169,13 +161,7 @@ impl StatelessDevice<'_, '_> {
     /// Element-wise reduction of every member's `t`, in place.
     pub fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
         let op = Op::AllReduce;
-        let call = Call {
-            op: format!("all_reduce {}", reduce_op.name()),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            param: 0,
-        };
-        self.agree(op, call)?;
+        self.agree(Self::describe(op, t, &[reduce_op.code()]))?;
         let (n, dt) = (t.numel(), t.dtype());
         let p = t.ptr_on(self.gpu.enqueue_own()?)?;
         // SAFETY: in place, as NCCL allows.
@@ -189,13 +175,8 @@ impl StatelessDevice<'_, '_> {
     pub fn send(&self, t: &DeviceTensor, dst: usize) -> Result<()> {
         let op = Op::Send;
         let dst = self.peer(op, "dst", dst)?;
-        let call = Call {
-            op: "send".into(),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            param: self.group.rank() as i64,
-        };
-        self.group.send_obj(&call, dst)?;
+        let desc = Self::describe(op, t, &[]);
+        self.group.send_obj(&bytemuck::bytes_of(&desc).to_vec(), dst)?;
         let verdict: std::result::Result<(), String> = self.group.recv_obj(dst)?;
         verdict.map_err(|m| Error::mismatch(op, self.group.name(), m))?;
         // SAFETY: `t` holds `numel` elements of its dtype until the stream ran.
@@ -216,19 +197,10 @@ impl StatelessDevice<'_, '_> {
     pub fn recv_into(&self, out: &mut DeviceTensor, src: usize) -> Result<()> {
         let op = Op::Send;
         let src = self.peer(op, "src", src)?;
-        let sent: Call = self.group.recv_obj(src)?;
-        let verdict = if sent.dtype == out.dtype() && sent.shape == out.shape() {
-            Ok(())
-        } else {
-            Err(format!(
-                "member {src} sends {:?} {} but member {} receives into {:?} {}",
-                sent.shape,
-                sent.dtype,
-                self.group.rank(),
-                out.shape(),
-                out.dtype()
-            ))
-        };
+        let bytes: Vec<u8> = self.group.recv_obj(src)?;
+        let expected = Self::describe(op, out, &[]);
+        let verdict = descriptor_from(&bytes, src)
+            .and_then(|sent| agree_peers(&sent, &expected, src, self.group.rank()));
         self.group.send_obj(&verdict, src)?;
         verdict.map_err(|m| Error::mismatch(op, self.group.name(), m))?;
         let (n, dt) = (out.numel(), out.dtype());
@@ -267,4 +239,16 @@ impl StatelessDevice<'_, '_> {
         }
         Ok(rank)
     }
+}
+
+/// Member `r`'s descriptor from the bytes it sent (a peer that sends
+/// something else is named).
+fn descriptor_from(bytes: &[u8], r: usize) -> std::result::Result<Descriptor, String> {
+    if bytes.len() != std::mem::size_of::<Descriptor>() {
+        return Err(format!(
+            "group rank {r} sent a call descriptor of {} bytes: is it running the same rankmesh version?",
+            bytes.len()
+        ));
+    }
+    Ok(bytemuck::pod_read_unaligned(bytes))
 }

@@ -1,0 +1,138 @@
+//! Which executor a group's calls run on: the host executor chosen when the
+//! group is made (shared memory within a node, MPI, or the hierarchy), the
+//! MPI executor every host path can fall back on, and the group's NCCL
+//! communicators (made at first use).
+
+use super::*;
+
+impl<'rt> GroupCoordinator<'rt> {
+    /// Which executor the group's host collectives use: `"shm"` (a
+    /// shared-memory window on the members' node), `"hier"` (a window per
+    /// node and MPI among the nodes' leaders), `"mpi"`, or `"local"` (a
+    /// group of one: every op is a copy).
+    pub fn host_executor(&self) -> &'static str {
+        if self.size() == 1 {
+            "local"
+        } else if self.inner.shm_wanted {
+            "shm"
+        } else if self.inner.hier_nodes.is_some() {
+            "hier"
+        } else {
+            "mpi"
+        }
+    }
+
+    /// The shared-memory executor, its window made on first use. Collective
+    /// the first time: only the dispatch path calls it, where every member does.
+    pub(super) fn shm(&self) -> Option<&ShmExec> {
+        if !self.inner.shm_wanted {
+            return None;
+        }
+        let (rt, comm) = (self.inner.rt, &self.inner.comm);
+        Some(
+            self.inner
+                .shm
+                .get_or_init(|| shm_exec(rt, comm, self.rank_in_group())),
+        )
+    }
+
+    /// The hierarchical executor, its windows and communicators made on
+    /// first use. Collective the first time, like [`shm`](Self::shm).
+    pub(super) fn hier(&self) -> Option<&Hier> {
+        let nodes = self.inner.hier_nodes.as_ref()?;
+        Some(self.inner.hier.get_or_init(|| {
+            let rt = self.inner.rt;
+            Hier::new(
+                &self.inner.comm,
+                NodeMap::new(nodes),
+                self.rank_in_group(),
+                rt.options().max_message_bytes,
+                |node_comm, local| shm_exec(rt, node_comm, local),
+            )
+        }))
+    }
+
+    /// The executor of a host call's bytes (inside the dispatch path).
+    pub(crate) fn host(&self) -> HostExec<'_> {
+        let pulse = self.inner.rt.watchdog().pulse();
+        if let Some(plane) = self.shm() {
+            return HostExec::Shm(ShmCall { plane, pulse });
+        }
+        match self.hier() {
+            Some(hier) => HostExec::Hier(HierCall {
+                hier,
+                flat: self.mpi(),
+                pulse,
+            }),
+            None => HostExec::Mpi(self.mpi()),
+        }
+    }
+
+    pub(crate) fn mpi(&self) -> MpiExec<'_> {
+        MpiExec::new(
+            &self.inner.comm,
+            self.inner.rt.options().max_message_bytes,
+            self.inner.rt.watchdog().pulse(),
+        )
+    }
+
+    /// The group's NCCL communicator, created by `connect` on first use.
+    /// Collective on first use: call only where every member calls too.
+    pub(crate) fn nccl_comm(
+        &self,
+        connect: impl FnOnce() -> Result<NcclComm<'rt>>,
+    ) -> Result<Ref<'_, NcclComm<'rt>>> {
+        if self.inner.nccl.borrow().is_none() {
+            let comm = connect()?;
+            *self.inner.nccl.borrow_mut() = Some(comm);
+        }
+        Ok(Ref::map(self.inner.nccl.borrow(), |c| {
+            c.as_ref().expect("set above")
+        }))
+    }
+
+    /// The NCCL communicator if one was created.
+    pub(crate) fn existing_nccl_comm(&self) -> Option<Ref<'_, NcclComm<'rt>>> {
+        Ref::filter_map(self.inner.nccl.borrow(), |c| c.as_ref()).ok()
+    }
+
+    /// The two-member communicator with group rank `peer`, made with
+    /// `connect` (by both of them) on first use.
+    pub(crate) fn nccl_pair(
+        &self,
+        peer: usize,
+        connect: impl FnOnce() -> Result<NcclComm<'rt>>,
+    ) -> Result<Ref<'_, NcclComm<'rt>>> {
+        if !self.inner.nccl_pairs.borrow().contains_key(&peer) {
+            let comm = connect()?;
+            self.inner.nccl_pairs.borrow_mut().insert(peer, comm);
+        }
+        Ok(Ref::map(self.inner.nccl_pairs.borrow(), |m| &m[&peer]))
+    }
+}
+
+/// The shared-memory executor over `comm` (ranks of one node; collective),
+/// as member `me`: its window, kept by the runtime to be freed in creation
+/// order; waiting ranks yield early when the node has more ranks than cores.
+pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
+    let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
+    rt.keep_window(window.clone());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ShmExec::new(window, me, rt.world().me().local_size > cores)
+}
+
+/// Whether a group whose members gave `facts` (world rank, choice code,
+/// check code; the choice alike on all) runs host collectives on shared
+/// memory: `shm` is refused for a group spanning nodes.
+pub(super) fn choose_shm(rt: &Runtime, name: &str, choice: ExecChoice, facts: &[[u64; 3]]) -> Result<bool> {
+    let node_of = |f: &[u64; 3]| rt.world().ranks[f[0] as usize].node;
+    let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
+    match choice {
+        ExecChoice::Mpi => Ok(false),
+        ExecChoice::Auto | ExecChoice::Hier => Ok(one_node && facts.len() > 1),
+        ExecChoice::Shm if one_node => Ok(facts.len() > 1),
+        ExecChoice::Shm => Err(Error::Launch(format!(
+            "RANKMESH_HOST_PLANE=shm: {name} spans nodes, and the shared-memory executor runs within one node (use auto or mpi)"
+        ))),
+    }
+}
