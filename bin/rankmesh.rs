@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankmesh::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
 use rankmesh::topo::TopoReport;
+use rankmesh::Objects as _;
 use rankmesh::{Error, ParallelState, Runtime};
 use std::io::Write;
 use std::path::PathBuf;

@@ -16,6 +16,7 @@
 
 use rankmesh::object::Ranks;
 use rankmesh::{Collectives as _, DType, DictValue, Runtime, Tensor, TensorDict, TensorDicts as _};
+use rankmesh::{Gathers as _, Objects as _};
 use std::time::Instant;
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -7,6 +7,7 @@
 //! Run: `scripts/mpirun-local.sh -np 2 target/release/examples/object_bench [ITERS] [BATCHES]`.
 //! Prints `rankmesh broadcast_object[_into] <bytes> B: <median> us` on rank 0.
 
+use rankmesh::Objects as _;
 use rankmesh::{Collectives as _, Runtime};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;

@@ -61,9 +61,9 @@ pub use group::{
     Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, PlaneTensor, RankInfo,
     Runtime, WorldInfo,
 };
-pub use object::{DictValue, Object, Ranks, TensorDict, TensorDicts, Workspace};
+pub use object::{DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts, Workspace};
 pub use op::{CheckMode, Op, ReduceOp};
-pub use parallel::{Differentiable, GroupKind, Layout, OnGroup, ParallelState};
+pub use parallel::{Differentiable, GroupKind, Layout, MainRank, OnGroup, ParallelState};
 pub use placement::{BindPolicy, GpuInfo, Placement};
 pub use stateless::{StatelessDevice, StatelessGroup};
 pub use tensor::{

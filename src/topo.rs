@@ -1,6 +1,7 @@
 //! The `rankmesh topo` report: who runs where and which groups each rank is in.
 
 use crate::error::Result;
+use crate::object::Objects;
 use crate::parallel::GroupKind;
 use crate::parallel::ParallelState;
 use serde::Serialize;

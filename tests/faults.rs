@@ -14,6 +14,7 @@ mod support;
 use mpi::traits::*;
 use rankmesh::agree::Descriptor;
 use rankmesh::exec::mpi::{TAG_DATA, TAG_HEADER};
+use rankmesh::Objects as _;
 use rankmesh::Op;
 use rankmesh::{Collectives as _, DType, ReduceOp, Runtime, Tensor};
 use serde::{Deserialize, Serialize};

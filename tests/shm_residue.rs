@@ -7,6 +7,7 @@
 mod support;
 
 use rankmesh::Collectives as _;
+use rankmesh::Gathers as _;
 use rankmesh::{DType, Runtime, Tensor};
 use std::collections::BTreeSet;
 use std::path::Path;

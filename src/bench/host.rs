@@ -4,6 +4,7 @@
 use super::{BenchConfig, BenchPlane};
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
+use crate::object::Objects;
 use crate::op::Op;
 use crate::op::ReduceOp;
 use crate::tensor::{HostData, Tensor};

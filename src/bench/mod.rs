@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::group::Collectives;
 use crate::group::GroupCoordinator;
 use crate::group::Runtime;
+use crate::object::Objects;
 use crate::op::Op;
 use crate::op::ReduceOp;
 use crate::parallel::ParallelState;

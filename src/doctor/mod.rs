@@ -19,6 +19,7 @@ pub mod verdict;
 
 use crate::error::Result;
 use crate::group::Runtime;
+use crate::object::Objects;
 use mpi::collective::SystemOperation;
 use mpi::topology::Color;
 use mpi::traits::*;

@@ -124,7 +124,12 @@ pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> Sh
 /// Whether a group whose members gave `facts` (world rank, choice code,
 /// check code; the choice alike on all) runs host collectives on shared
 /// memory: `shm` is refused for a group spanning nodes.
-pub(super) fn choose_shm(rt: &Runtime, name: &str, choice: ExecChoice, facts: &[[u64; 3]]) -> Result<bool> {
+pub(super) fn choose_shm(
+    rt: &Runtime,
+    name: &str,
+    choice: ExecChoice,
+    facts: &[[u64; 3]],
+) -> Result<bool> {
     let node_of = |f: &[u64; 3]| rt.world().ranks[f[0] as usize].node;
     let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
     match choice {

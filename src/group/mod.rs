@@ -298,10 +298,7 @@ impl<'rt> GroupCoordinator<'rt> {
             .insert(global.to_vec(), g.clone());
         Ok(g)
     }
-
 }
-
-
 
 impl std::fmt::Debug for GroupCoordinator<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -312,6 +309,3 @@ impl std::fmt::Debug for GroupCoordinator<'_> {
             .finish()
     }
 }
-
-
-

@@ -13,6 +13,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::group::PlaneTensor;
+use crate::object::Objects;
 use crate::op::Op;
 use crate::tensor::{numel, Tensor};
 use serde::de::DeserializeOwned;

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::group::Collectives;
 use crate::group::GroupCoordinator;
 use crate::mpi_ext::SlotWindow;
+use crate::object::Objects;
 use crate::tensor::Tensor;
 use mpi::traits::*;
 use serde::de::DeserializeOwned;
@@ -63,38 +64,9 @@ fn decode_config<T: DeserializeOwned + 'static>(bytes: &[u8]) -> std::result::Re
     crate::object::depth::from_postcard(bytes)
 }
 
-impl<'rt> GroupCoordinator<'rt> {
-    /// The sub-group of `ranks`; only those call it. Made once per list
-    /// and kept with this group (every member makes the same calls, so
-    /// every member holds the same communicators).
-    fn members(&self, ranks: Ranks<'_>) -> Result<(GroupCoordinator<'rt>, Vec<usize>)> {
-        let positions: Vec<usize> = match ranks {
-            Ranks::Group(r) => {
-                check_rank_list(r, self.size(), self.rank_in_group(), self.name())?;
-                r.to_vec()
-            }
-            Ranks::World(r) => {
-                check_rank_list(r, self.runtime().size(), self.global_rank(), "the world")?;
-                r.iter()
-                    .map(|w| {
-                        self.ranks().iter().position(|m| m == w).ok_or_else(|| {
-                            Error::Layout(format!(
-                                "world rank {w} in {r:?} is not a member of {}",
-                                self.name()
-                            ))
-                        })
-                    })
-                    .collect::<Result<_>>()?
-            }
-        };
-        let global: Vec<usize> = positions.iter().map(|r| self.ranks()[*r]).collect();
-        let sub = self.cached_subgroup(&global, || {
-            self.runtime()
-                .subgroup(&format!("{}/", self.name()), &global)
-        })?;
-        Ok((sub, positions))
-    }
-
+/// ModelOpt's gathers to the first rank of a rank list: any serde config,
+/// and host tensors through a node's shared memory.
+pub trait Gathers {
     /// Gathers each listed rank's optional config to the first rank of
     /// `ranks`. Returns `Some(configs by rank)` there, numbered as `ranks`
     /// is, and `None` on the other listed ranks. Any serde type: a struct
@@ -103,8 +75,9 @@ impl<'rt> GroupCoordinator<'rt> {
     /// travel: the binary format does not describe itself).
     ///
     /// ```
+    /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
-    /// use rankmesh::gather::Ranks;
+    /// use rankmesh::Ranks;
     /// let world = rt.world_group()?;
     /// let cfg = serde_json::json!({"hidden": 4096});
     /// let all: Vec<usize> = (0..world.size()).collect();
@@ -113,7 +86,35 @@ impl<'rt> GroupCoordinator<'rt> {
     /// }
     /// # Ok::<(), rankmesh::Error>(())
     /// ```
-    pub fn gather_configs<T>(
+    fn gather_configs<T>(
+        &self,
+        config: Option<&T>,
+        ranks: Ranks<'_>,
+    ) -> Result<Option<ConfigsByRank<T>>>
+    where
+        T: Serialize + DeserializeOwned + 'static;
+
+    /// Gathers equal-sized tensors from `ranks` to the first of them, in
+    /// list order. Returns `Some` there, `None` on the
+    /// other listed ranks. Same-node ranks use a shared-memory window unless
+    /// `RANKMESH_GATHER_SHM=0`.
+    ///
+    /// ```
+    /// # use rankmesh::prelude::*;
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let shard = rankmesh::Tensor::from_vec([2], vec![rt.rank() as f32; 2])?;
+    /// let all: Vec<usize> = (0..world.size()).collect();
+    /// if let Some(shards) = world.gather_tensors(&shard, rankmesh::Ranks::Group(&all))? {
+    ///     assert_eq!(shards.len(), world.size());
+    /// }
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
+    fn gather_tensors(&self, tensor: &Tensor, ranks: Ranks<'_>) -> Result<Option<Vec<Tensor>>>;
+}
+
+impl<'rt> Gathers for GroupCoordinator<'rt> {
+    fn gather_configs<T>(
         &self,
         config: Option<&T>,
         ranks: Ranks<'_>,
@@ -121,7 +122,7 @@ impl<'rt> GroupCoordinator<'rt> {
     where
         T: Serialize + DeserializeOwned + 'static,
     {
-        let (sub, _) = self.members(ranks)?;
+        let (sub, _) = members(self, ranks)?;
         let what = "gather_configs";
         let usage = |msg: String| Error::Usage {
             what,
@@ -158,23 +159,8 @@ impl<'rt> GroupCoordinator<'rt> {
         Ok(Some(out))
     }
 
-    /// Gathers equal-sized tensors from `ranks` to the first of them, in
-    /// list order. Returns `Some` there, `None` on the
-    /// other listed ranks. Same-node ranks use a shared-memory window unless
-    /// `RANKMESH_GATHER_SHM=0`.
-    ///
-    /// ```
-    /// # let rt = rankmesh::Runtime::init()?;
-    /// let world = rt.world_group()?;
-    /// let shard = rankmesh::Tensor::from_vec([2], vec![rt.rank() as f32; 2])?;
-    /// let all: Vec<usize> = (0..world.size()).collect();
-    /// if let Some(shards) = world.gather_tensors(&shard, rankmesh::gather::Ranks::Group(&all))? {
-    ///     assert_eq!(shards.len(), world.size());
-    /// }
-    /// # Ok::<(), rankmesh::Error>(())
-    /// ```
-    pub fn gather_tensors(&self, tensor: &Tensor, ranks: Ranks<'_>) -> Result<Option<Vec<Tensor>>> {
-        let (sub, ranks) = self.members(ranks)?;
+    fn gather_tensors(&self, tensor: &Tensor, ranks: Ranks<'_>) -> Result<Option<Vec<Tensor>>> {
+        let (sub, ranks) = members(self, ranks)?;
         let meta: Vec<(DType, Vec<usize>)> =
             sub.all_gather_object(&(tensor.dtype(), tensor.shape().to_vec()))?;
         if let Some(r) = meta.iter().position(|m| *m != meta[0]) {
@@ -244,4 +230,37 @@ impl<'rt> GroupCoordinator<'rt> {
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
+}
+
+/// The sub-group of `ranks`; only those call it. Made once per list
+/// and kept with this group (every member makes the same calls, so
+/// every member holds the same communicators).
+fn members<'rt>(
+    g: &GroupCoordinator<'rt>,
+    ranks: Ranks<'_>,
+) -> Result<(GroupCoordinator<'rt>, Vec<usize>)> {
+    let positions: Vec<usize> = match ranks {
+        Ranks::Group(r) => {
+            check_rank_list(r, g.size(), g.rank_in_group(), g.name())?;
+            r.to_vec()
+        }
+        Ranks::World(r) => {
+            check_rank_list(r, g.runtime().size(), g.global_rank(), "the world")?;
+            r.iter()
+                .map(|w| {
+                    g.ranks().iter().position(|m| m == w).ok_or_else(|| {
+                        Error::Layout(format!(
+                            "world rank {w} in {r:?} is not a member of {}",
+                            g.name()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    let global: Vec<usize> = positions.iter().map(|r| g.ranks()[*r]).collect();
+    let sub = g.cached_subgroup(&global, || {
+        g.runtime().subgroup(&format!("{}/", g.name()), &global)
+    })?;
+    Ok((sub, positions))
 }

@@ -17,7 +17,7 @@ mod gather;
 mod workspace;
 
 pub use dict::{DictValue, Object, TensorDict, TensorDicts};
-pub use gather::{ConfigsByRank, Ranks};
+pub use gather::{ConfigsByRank, Gathers, Ranks};
 pub use workspace::{RankState, Workspace, FORMAT_VERSION};
 
 use crate::agree::fnv1a;
@@ -125,10 +125,62 @@ fn name_type<T>(e: Error) -> Error {
     }
 }
 
-impl GroupCoordinator<'_> {
+/// The object plane on a group: any `Serialize + DeserializeOwned` value,
+/// agreed on by type before any byte moves (FastVideo's `*_object` calls).
+pub trait Objects {
     /// Sends `obj` from group rank `src` to every member; `obj` is ignored (and
     /// may be `None`) elsewhere.
-    pub fn broadcast_object<T: Serialize + DeserializeOwned + 'static>(
+    fn broadcast_object<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: Option<&T>,
+        src: usize,
+    ) -> Result<T>;
+
+    /// [`broadcast_object`](Self::broadcast_object) into `obj`: on every
+    /// member `obj` becomes group rank `src`'s value. A `Vec<u8>` moves
+    /// straight between the members' own buffers — the source sends from
+    /// its vector without a copy, a receiver's vector is resized to the
+    /// source's length and received into (no allocation when its capacity
+    /// suffices) — so a loop broadcasting bytes allocates nothing. Other
+    /// types are encoded and decoded as by `broadcast_object`.
+    fn broadcast_object_into<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: &mut T,
+        src: usize,
+    ) -> Result<()>;
+
+    /// FastVideo's `broadcast_object_list`: `list` becomes group rank
+    /// `src`'s list on every member (its length included; the list passed
+    /// elsewhere is only overwritten).
+    fn broadcast_object_list<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        list: &mut Vec<T>,
+        src: usize,
+    ) -> Result<()>;
+
+    /// Every member's `obj`, indexed by group rank, on every member.
+    fn all_gather_object<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: &T,
+    ) -> Result<Vec<T>>;
+
+    /// Every member's `obj`, indexed by group rank, on group rank `dst`
+    /// (`Some`); `None` on the others.
+    fn gather_object<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        obj: &T,
+        dst: usize,
+    ) -> Result<Option<Vec<T>>>;
+
+    /// Sends `obj` to group rank `dst`; synchronous like [`send`](crate::Collectives::send).
+    fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()>;
+
+    /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
+    fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T>;
+}
+
+impl Objects for GroupCoordinator<'_> {
+    fn broadcast_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: Option<&T>,
         src: usize,
@@ -142,21 +194,14 @@ impl GroupCoordinator<'_> {
         };
         // A source without a value reports length u64::MAX; every rank then fails.
         let len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
-        self.object_broadcast::<T, _>(len, src, |n| {
+        object_broadcast::<T, _>(self, len, src, |n| {
             let mut bytes = bytes.expect("checked by dispatch");
-            self.broadcast_bytes(&mut bytes, n, src)?;
+            broadcast_bytes(self, &mut bytes, n, src)?;
             decode_owned(self.name(), op, src, bytes)
         })
     }
 
-    /// [`broadcast_object`](Self::broadcast_object) into `obj`: on every
-    /// member `obj` becomes group rank `src`'s value. A `Vec<u8>` moves
-    /// straight between the members' own buffers — the source sends from
-    /// its vector without a copy, a receiver's vector is resized to the
-    /// source's length and received into (no allocation when its capacity
-    /// suffices) — so a loop broadcasting bytes allocates nothing. Other
-    /// types are encoded and decoded as by `broadcast_object`.
-    pub fn broadcast_object_into<T: Serialize + DeserializeOwned + 'static>(
+    fn broadcast_object_into<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: &mut T,
         src: usize,
@@ -165,15 +210,15 @@ impl GroupCoordinator<'_> {
         let is_src = self.rank_in_group() == src;
         if let Some(v) = (obj as &mut dyn Any).downcast_mut::<Vec<u8>>() {
             let len = if is_src { v.len() as u64 } else { 0 };
-            return self.object_broadcast::<T, _>(len, src, |n| self.broadcast_bytes(v, n, src));
+            return object_broadcast::<T, _>(self, len, src, |n| broadcast_bytes(self, v, n, src));
         }
         let mut bytes = if is_src {
             encode(self.name(), op, &*obj)?
         } else {
             Vec::new()
         };
-        self.object_broadcast::<T, _>(bytes.len() as u64, src, |n| {
-            self.broadcast_bytes(&mut bytes, n, src)?;
+        object_broadcast::<T, _>(self, bytes.len() as u64, src, |n| {
+            broadcast_bytes(self, &mut bytes, n, src)?;
             if !is_src {
                 *obj = decode(self.name(), op, src, &bytes)?;
             }
@@ -181,45 +226,7 @@ impl GroupCoordinator<'_> {
         })
     }
 
-    /// Group rank `src`'s `n` bytes into every member's `bytes` (resized to
-    /// them; the source's already has that length).
-    fn broadcast_bytes(&self, bytes: &mut Vec<u8>, n: usize, src: usize) -> Result<()> {
-        if self.size() > 1 {
-            bytes.resize(n, 0);
-            self.host()
-                .broadcast(bytes, src)
-                .map_err(|f| f.into_error(Op::BroadcastObject, self.name()))?;
-        }
-        Ok(())
-    }
-
-    /// The dispatch path of an object broadcast from `src`: `len` is this
-    /// rank's encoded length (the source's value's; `u64::MAX` for a source
-    /// without one; anything elsewhere), `body` gets the source's.
-    fn object_broadcast<T: 'static, R>(
-        &self,
-        len: u64,
-        src: usize,
-        body: impl FnOnce(usize) -> Result<R>,
-    ) -> Result<R> {
-        let mut desc = Descriptor::new(Op::BroadcastObject, &[src as i64, type_digest::<T>()]);
-        desc.len = len;
-        let size = self.size();
-        let check = |d: &Descriptor| {
-            rank_in_range("src", d.params[0], size)?;
-            if d.len == u64::MAX {
-                return Err("no object given on the source rank".into());
-            }
-            within_bound(self.runtime().options().max_object_bytes, d.len)
-        };
-        self.collective(desc, check, |descs| body(descs[src].len as usize))
-            .map_err(name_type::<T>)
-    }
-
-    /// FastVideo's `broadcast_object_list`: `list` becomes group rank
-    /// `src`'s list on every member (its length included; the list passed
-    /// elsewhere is only overwritten).
-    pub fn broadcast_object_list<T: Serialize + DeserializeOwned + 'static>(
+    fn broadcast_object_list<T: Serialize + DeserializeOwned + 'static>(
         &self,
         list: &mut Vec<T>,
         src: usize,
@@ -232,8 +239,7 @@ impl GroupCoordinator<'_> {
         Ok(())
     }
 
-    /// Every member's `obj`, indexed by group rank, on every member.
-    pub fn all_gather_object<T: Serialize + DeserializeOwned + 'static>(
+    fn all_gather_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: &T,
     ) -> Result<Vec<T>> {
@@ -263,9 +269,7 @@ impl GroupCoordinator<'_> {
         .map_err(name_type::<T>)
     }
 
-    /// Every member's `obj`, indexed by group rank, on group rank `dst`
-    /// (`Some`); `None` on the others.
-    pub fn gather_object<T: Serialize + DeserializeOwned + 'static>(
+    fn gather_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: &T,
         dst: usize,
@@ -302,8 +306,7 @@ impl GroupCoordinator<'_> {
         .map_err(name_type::<T>)
     }
 
-    /// Sends `obj` to group rank `dst`; synchronous like [`send`](crate::Collectives::send).
-    pub fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()> {
+    fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()> {
         let op = Op::SendObject;
         let bytes = encode(self.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
@@ -315,8 +318,7 @@ impl GroupCoordinator<'_> {
         .map_err(name_type::<T>)
     }
 
-    /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
-    pub fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T> {
+    fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T> {
         let op = Op::SendObject;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         // The most this rank accepts; both peers check the sender's length
@@ -329,4 +331,44 @@ impl GroupCoordinator<'_> {
         })
         .map_err(name_type::<T>)
     }
+}
+
+/// Group rank `src`'s `n` bytes into every member's `bytes` (resized to
+/// them; the source's already has that length).
+fn broadcast_bytes(
+    g: &GroupCoordinator<'_>,
+    bytes: &mut Vec<u8>,
+    n: usize,
+    src: usize,
+) -> Result<()> {
+    if g.size() > 1 {
+        bytes.resize(n, 0);
+        g.host()
+            .broadcast(bytes, src)
+            .map_err(|f| f.into_error(Op::BroadcastObject, g.name()))?;
+    }
+    Ok(())
+}
+
+/// The dispatch path of an object broadcast from `src`: `len` is this
+/// rank's encoded length (the source's value's; `u64::MAX` for a source
+/// without one; anything elsewhere), `body` gets the source's.
+fn object_broadcast<T: 'static, R>(
+    g: &GroupCoordinator<'_>,
+    len: u64,
+    src: usize,
+    body: impl FnOnce(usize) -> Result<R>,
+) -> Result<R> {
+    let mut desc = Descriptor::new(Op::BroadcastObject, &[src as i64, type_digest::<T>()]);
+    desc.len = len;
+    let size = g.size();
+    let check = |d: &Descriptor| {
+        rank_in_range("src", d.params[0], size)?;
+        if d.len == u64::MAX {
+            return Err("no object given on the source rank".into());
+        }
+        within_bound(g.runtime().options().max_object_bytes, d.len)
+    };
+    g.collective(desc, check, |descs| body(descs[src].len as usize))
+        .map_err(name_type::<T>)
 }

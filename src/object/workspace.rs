@@ -23,6 +23,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::Collectives;
 use crate::group::GroupCoordinator;
+use crate::object::Objects;
+use crate::parallel::MainRank;
 use crate::tensor::{checked_nbytes, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
 use crate::group::Runtime;
+use crate::object::Objects;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fmt::Display;
@@ -29,8 +30,9 @@ pub fn is_local_main_process(rt: &Runtime) -> bool {
 /// nothing is sent (use [`GroupCoordinator::main_only`] to share the value).
 ///
 /// ```
+/// # use rankmesh::prelude::*;
 /// # let rt = rankmesh::Runtime::init()?;
-/// let logged = rankmesh::helpers::zero_only(&rt, || "written once");
+/// let logged = rankmesh::parallel::zero_only(&rt, || "written once");
 /// assert_eq!(logged.is_some(), rt.rank() == 0);
 /// # Ok::<(), rankmesh::Error>(())
 /// ```
@@ -51,36 +53,16 @@ impl<T> Outcome<T> {
     }
 }
 
-impl GroupCoordinator<'_> {
-    fn failed(&self, op: &'static str, rank: usize, msg: String) -> Error {
-        Error::Failed {
-            op,
-            group: self.name().to_string(),
-            rank,
-            msg,
-        }
-    }
-
-    /// Every rank learns whether `mine` failed anywhere; the first failure
-    /// (in group-rank order) becomes the error on all of them.
-    fn agree_on_failures(&self, op: &'static str, mine: Option<String>) -> Result<()> {
-        let all: Vec<Option<String>> = self.all_gather_object(&mine)?;
-        match all
-            .into_iter()
-            .enumerate()
-            .find_map(|(r, m)| m.map(|m| (r, m)))
-        {
-            Some((r, m)) => Err(self.failed(op, r, m)),
-            None => Ok(()),
-        }
-    }
-
+/// Main-rank helpers on a group (axolotl's and ModelOpt's): run a function on
+/// one rank first or only, and make its result or failure every rank's.
+pub trait MainRank {
     /// Group rank 0 runs `f` first (e.g. to download or preprocess), then the
     /// others run theirs (axolotl's `zero_first`). If rank 0's `f` fails, every
     /// rank returns that error at once and the others never run `f`; a failure
     /// on any other rank is also returned everywhere.
     ///
     /// ```
+    /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
     /// let world = rt.world_group()?;
     /// // Rank 0 fills the cache; the others then read it.
@@ -89,12 +71,8 @@ impl GroupCoordinator<'_> {
     /// assert!(path.is_dir());
     /// # Ok::<(), rankmesh::Error>(())
     /// ```
-    pub fn main_first<R, E: Display>(
-        &self,
-        f: impl FnOnce() -> std::result::Result<R, E>,
-    ) -> Result<R> {
-        self.first_then_rest("main_first", self.is_first_rank(), f)
-    }
+    fn main_first<R, E: Display>(&self, f: impl FnOnce() -> std::result::Result<R, E>)
+        -> Result<R>;
 
     /// The ranks that pass `is_main` run `f` first, together; the others run
     /// theirs once every one of them has finished (axolotl's
@@ -104,57 +82,119 @@ impl GroupCoordinator<'_> {
     /// a failure of any other rank is an error everywhere too.
     ///
     /// ```
+    /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
-    /// use rankmesh::helpers::is_local_main_process;
+    /// use rankmesh::parallel::is_local_main_process;
     /// let world = rt.world_group()?;
     /// let dir = std::env::temp_dir().join(format!("node-cache-{}", std::process::id()));
     /// world.zero_first(is_local_main_process(&rt), || std::fs::create_dir_all(&dir))?;
     /// # std::fs::remove_dir(&dir).ok();
     /// # Ok::<(), rankmesh::Error>(())
     /// ```
-    pub fn zero_first<R, E: Display>(
+    fn zero_first<R, E: Display>(
         &self,
         is_main: bool,
         f: impl FnOnce() -> std::result::Result<R, E>,
-    ) -> Result<R> {
-        self.first_then_rest("zero_first", is_main, f)
-    }
-
-    /// The ranks with `first` run `f`, every rank learns of their failures,
-    /// then the others run theirs and every rank learns of those.
-    fn first_then_rest<R, E: Display>(
-        &self,
-        op: &'static str,
-        first: bool,
-        f: impl FnOnce() -> std::result::Result<R, E>,
-    ) -> Result<R> {
-        let failure = |r: &std::result::Result<R, E>| r.as_ref().err().map(|e| e.to_string());
-        let result = if first {
-            let r = f();
-            self.agree_on_failures(op, failure(&r))?;
-            self.agree_on_failures(op, None)?;
-            r
-        } else {
-            self.agree_on_failures(op, None)?;
-            let r = f();
-            self.agree_on_failures(op, failure(&r))?;
-            r
-        };
-        result.map_err(|e| self.failed(op, self.rank_in_group(), e.to_string()))
-    }
+    ) -> Result<R>;
 
     /// Group rank `src` computes `f`; its value (or its error) reaches every
     /// rank (axolotl's `compute_and_broadcast(fn, rank)`). Any serde type,
     /// exactly (axolotl rounds through float32).
     ///
     /// ```
+    /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
     /// let world = rt.world_group()?;
     /// let seed: u64 = world.compute_and_broadcast(|| Ok::<_, String>((1 << 53) + 1), 0)?;
     /// assert_eq!(seed, 9007199254740993); // exact, unlike a float32 round trip
     /// # Ok::<(), rankmesh::Error>(())
     /// ```
-    pub fn compute_and_broadcast<T, E>(
+    fn compute_and_broadcast<T, E>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<T, E>,
+        src: usize,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        E: Display;
+
+    /// Group rank 0 computes `f`; the result reaches every rank (axolotl's
+    /// `zero_only` with the value shared).
+    ///
+    /// ```
+    /// # use rankmesh::prelude::*;
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let vocab: Vec<String> = world.main_only(|| Ok::<_, String>(vec!["<pad>".into(), "<eos>".into()]))?;
+    /// assert_eq!(vocab.len(), 2);
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
+    fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        E: Display;
+
+    /// Every rank runs `f`; group rank `dst` gets all values in group-rank
+    /// order (`Some`), the others `None`. A failure anywhere is an error everywhere.
+    ///
+    /// ```
+    /// # use rankmesh::prelude::*;
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let losses = world.gather_from_all_ranks(|| Ok::<_, String>(0.25f64), 0)?;
+    /// if world.is_first_rank() {
+    ///     assert_eq!(losses.unwrap().len(), world.size());
+    /// }
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
+    fn gather_from_all_ranks<T, E>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<T, E>,
+        dst: usize,
+    ) -> Result<Option<Vec<T>>>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        E: Display;
+
+    /// Every rank runs `f1`; group rank 0 reduces the values with `f2`; the
+    /// result reaches every rank.
+    ///
+    /// ```
+    /// # use rankmesh::prelude::*;
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let tokens: u64 = world.reduce_and_broadcast(|| Ok::<_, String>(1000u64), |v| v.iter().sum())?;
+    /// assert_eq!(tokens, 1000 * world.size() as u64);
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
+    fn reduce_and_broadcast<T, U, E>(
+        &self,
+        f1: impl FnOnce() -> std::result::Result<T, E>,
+        f2: impl FnOnce(Vec<T>) -> U,
+    ) -> Result<U>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        U: Serialize + DeserializeOwned + 'static,
+        E: Display;
+}
+
+impl MainRank for GroupCoordinator<'_> {
+    fn main_first<R, E: Display>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        first_then_rest(self, "main_first", self.is_first_rank(), f)
+    }
+
+    fn zero_first<R, E: Display>(
+        &self,
+        is_main: bool,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        first_then_rest(self, "zero_first", is_main, f)
+    }
+
+    fn compute_and_broadcast<T, E>(
         &self,
         f: impl FnOnce() -> std::result::Result<T, E>,
         src: usize,
@@ -167,21 +207,11 @@ impl GroupCoordinator<'_> {
         let outcome = (self.rank_in_group() == src).then(|| Outcome::of(f()));
         match self.broadcast_object(outcome.as_ref(), src)? {
             Outcome::Ok(v) => Ok(v),
-            Outcome::Failed(msg) => Err(self.failed("compute_and_broadcast", src, msg)),
+            Outcome::Failed(msg) => Err(failed(self, "compute_and_broadcast", src, msg)),
         }
     }
 
-    /// Group rank 0 computes `f`; the result reaches every rank (axolotl's
-    /// `zero_only` with the value shared).
-    ///
-    /// ```
-    /// # let rt = rankmesh::Runtime::init()?;
-    /// let world = rt.world_group()?;
-    /// let vocab: Vec<String> = world.main_only(|| Ok::<_, String>(vec!["<pad>".into(), "<eos>".into()]))?;
-    /// assert_eq!(vocab.len(), 2);
-    /// # Ok::<(), rankmesh::Error>(())
-    /// ```
-    pub fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
+    fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
     where
         T: Serialize + DeserializeOwned + 'static,
         E: Display,
@@ -189,19 +219,7 @@ impl GroupCoordinator<'_> {
         self.compute_and_broadcast(f, 0)
     }
 
-    /// Every rank runs `f`; group rank `dst` gets all values in group-rank
-    /// order (`Some`), the others `None`. A failure anywhere is an error everywhere.
-    ///
-    /// ```
-    /// # let rt = rankmesh::Runtime::init()?;
-    /// let world = rt.world_group()?;
-    /// let losses = world.gather_from_all_ranks(|| Ok::<_, String>(0.25f64), 0)?;
-    /// if world.is_first_rank() {
-    ///     assert_eq!(losses.unwrap().len(), world.size());
-    /// }
-    /// # Ok::<(), rankmesh::Error>(())
-    /// ```
-    pub fn gather_from_all_ranks<T, E>(
+    fn gather_from_all_ranks<T, E>(
         &self,
         f: impl FnOnce() -> std::result::Result<T, E>,
         dst: usize,
@@ -213,24 +231,19 @@ impl GroupCoordinator<'_> {
         let dst = self.check_rank(crate::op::Op::GatherObject, "dst", dst)?;
         let value = f();
         let mine = value.as_ref().err().map(|e| e.to_string());
-        self.agree_on_failures("gather_from_all_ranks", mine)?;
+        agree_on_failures(self, "gather_from_all_ranks", mine)?;
         let value = value.map_err(|e| {
-            self.failed("gather_from_all_ranks", self.rank_in_group(), e.to_string())
+            failed(
+                self,
+                "gather_from_all_ranks",
+                self.rank_in_group(),
+                e.to_string(),
+            )
         })?;
         self.gather_object(&value, dst)
     }
 
-    /// Every rank runs `f1`; group rank 0 reduces the values with `f2`; the
-    /// result reaches every rank.
-    ///
-    /// ```
-    /// # let rt = rankmesh::Runtime::init()?;
-    /// let world = rt.world_group()?;
-    /// let tokens: u64 = world.reduce_and_broadcast(|| Ok::<_, String>(1000u64), |v| v.iter().sum())?;
-    /// assert_eq!(tokens, 1000 * world.size() as u64);
-    /// # Ok::<(), rankmesh::Error>(())
-    /// ```
-    pub fn reduce_and_broadcast<T, U, E>(
+    fn reduce_and_broadcast<T, U, E>(
         &self,
         f1: impl FnOnce() -> std::result::Result<T, E>,
         f2: impl FnOnce(Vec<T>) -> U,
@@ -244,4 +257,54 @@ impl GroupCoordinator<'_> {
         let reduced = gathered.map(f2);
         self.broadcast_object(reduced.as_ref(), 0)
     }
+}
+
+fn failed(g: &GroupCoordinator<'_>, op: &'static str, rank: usize, msg: String) -> Error {
+    Error::Failed {
+        op,
+        group: g.name().to_string(),
+        rank,
+        msg,
+    }
+}
+
+/// Every rank learns whether `mine` failed anywhere; the first failure
+/// (in group-rank order) becomes the error on all of them.
+fn agree_on_failures(
+    g: &GroupCoordinator<'_>,
+    op: &'static str,
+    mine: Option<String>,
+) -> Result<()> {
+    let all: Vec<Option<String>> = g.all_gather_object(&mine)?;
+    match all
+        .into_iter()
+        .enumerate()
+        .find_map(|(r, m)| m.map(|m| (r, m)))
+    {
+        Some((r, m)) => Err(failed(g, op, r, m)),
+        None => Ok(()),
+    }
+}
+
+/// The ranks with `first` run `f`, every rank learns of their failures,
+/// then the others run theirs and every rank learns of those.
+fn first_then_rest<R, E: Display>(
+    g: &GroupCoordinator<'_>,
+    op: &'static str,
+    first: bool,
+    f: impl FnOnce() -> std::result::Result<R, E>,
+) -> Result<R> {
+    let failure = |r: &std::result::Result<R, E>| r.as_ref().err().map(|e| e.to_string());
+    let result = if first {
+        let r = f();
+        agree_on_failures(g, op, failure(&r))?;
+        agree_on_failures(g, op, None)?;
+        r
+    } else {
+        agree_on_failures(g, op, None)?;
+        let r = f();
+        agree_on_failures(g, op, failure(&r))?;
+        r
+    };
+    result.map_err(|e| failed(g, op, g.rank_in_group(), e.to_string()))
 }

@@ -143,8 +143,10 @@ impl StatelessDevice<'_, '_> {
             .map(|(r, bytes)| descriptor_from(bytes, r).map_err(|m| Error::mismatch(op, name, m)))
             .collect::<Result<Vec<_>>>()?;
         let size = descs.len();
-        agree(&descs, self.group.rank(), &|d: &Descriptor| d.validate(op, size))
-            .map_err(|r| Error::rejected(op, name, r))
+        agree(&descs, self.group.rank(), &|d: &Descriptor| {
+            d.validate(op, size)
+        })
+        .map_err(|r| Error::rejected(op, name, r))
     }
 
     /// Member `src`'s tensor into `t` on every member (in place).
@@ -176,7 +178,8 @@ impl StatelessDevice<'_, '_> {
         let op = Op::Send;
         let dst = self.peer(op, "dst", dst)?;
         let desc = Self::describe(op, t, &[]);
-        self.group.send_obj(&bytemuck::bytes_of(&desc).to_vec(), dst)?;
+        self.group
+            .send_obj(&bytemuck::bytes_of(&desc).to_vec(), dst)?;
         let verdict: std::result::Result<(), String> = self.group.recv_obj(dst)?;
         verdict.map_err(|m| Error::mismatch(op, self.group.name(), m))?;
         // SAFETY: `t` holds `numel` elements of its dtype until the stream ran.

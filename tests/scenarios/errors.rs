@@ -2,6 +2,7 @@
 //! the group stays usable afterwards (checked by a final correct collective).
 
 use rankmesh::Collectives as _;
+use rankmesh::Objects as _;
 use rankmesh::{DType, ParallelState, ReduceOp, Runtime, Tensor};
 use serde::{Deserialize, Serialize};
 

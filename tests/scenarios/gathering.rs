@@ -3,6 +3,7 @@
 use super::reference::{assert_tensor, input, values};
 use rankmesh::object::Ranks;
 use rankmesh::Collectives as _;
+use rankmesh::Gathers as _;
 use rankmesh::{DType, ReduceOp, Runtime, StatelessGroup};
 use serde_json::json;
 

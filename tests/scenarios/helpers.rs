@@ -3,6 +3,7 @@
 use rankmesh::parallel::{is_distributed, is_local_main_process, is_main_process, zero_only};
 use rankmesh::Collectives as _;
 use rankmesh::{Error, Runtime};
+use rankmesh::{MainRank as _, Objects as _};
 use std::cell::Cell;
 
 #[track_caller]

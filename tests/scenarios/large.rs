@@ -2,6 +2,7 @@
 //! 1 GiB message limit: MPI's `int` counts would overflow without chunking.
 
 use rankmesh::Collectives as _;
+use rankmesh::Objects as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor};
 
 const N: usize = i32::MAX as usize + 3;

@@ -6,6 +6,7 @@
 use super::reference::{assert_tensor, concat, input, reduced, values};
 use rankmesh::Collectives as _;
 use rankmesh::{DType, ParallelState, ReduceOp, Runtime};
+use rankmesh::{Gathers as _, MainRank as _};
 
 pub fn run(rt: &Runtime) {
     let spec: Vec<usize> = std::env::var("RANKMESH_TEST_NODES")

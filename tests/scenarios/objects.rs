@@ -1,6 +1,7 @@
 //! The typed object plane against locally built expectations.
 
 use rankmesh::Collectives as _;
+use rankmesh::Objects as _;
 use rankmesh::Runtime;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

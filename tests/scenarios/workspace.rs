@@ -3,6 +3,7 @@
 
 use super::reference::input;
 use rankmesh::Collectives as _;
+use rankmesh::Objects as _;
 use rankmesh::{DType, ReduceOp, Runtime, Tensor, Workspace};
 use serde_json::json;
 use std::collections::BTreeMap;
