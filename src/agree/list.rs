@@ -134,6 +134,23 @@ fn compare(mine: &Record, theirs: &Record, ranks: &[usize], peer: usize) -> Resu
     )))
 }
 
+/// The verdict on a request every rank made (a parallel layout, a list of
+/// groups): `all` holds each rank's `[rejected, digest]`, in rank order, as
+/// an all-gather left them; `me` asked for `digest` and accepted it. The
+/// same error on every rank that accepted: the first rank that rejected the
+/// request, or else the first that asked for something else.
+pub(crate) fn agree_on_request(all: &[u64], what: &str, digest: u64, me: usize) -> Result<()> {
+    if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
+        return Err(Error::Layout(format!("rank {r} rejected {what}")));
+    }
+    if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
+        return Err(Error::Layout(format!(
+            "rank {r} passed different {what} than rank {me}"
+        )));
+    }
+    Ok(())
+}
+
 /// FNV-1a, for cheap cross-rank agreement digests (not for security).
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -189,4 +206,24 @@ pub(crate) fn validate_group_lists(world_size: usize, lists: &[Vec<usize>]) -> R
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_rejected_or_different_anywhere_is_named() {
+        assert!(agree_on_request(&[0, 7, 0, 7, 0, 7], "a layout", 7, 0).is_ok());
+        let rejected = agree_on_request(&[0, 7, 1, 7, 0, 9], "a layout", 7, 0).unwrap_err();
+        assert_eq!(
+            rejected.to_string(),
+            "invalid parallel layout: rank 1 rejected a layout"
+        );
+        let differs = agree_on_request(&[0, 7, 0, 7, 0, 9], "a layout", 7, 1).unwrap_err();
+        assert_eq!(
+            differs.to_string(),
+            "invalid parallel layout: rank 2 passed different a layout than rank 1"
+        );
+    }
 }

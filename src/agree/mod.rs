@@ -21,6 +21,8 @@ pub(crate) use deferred::{Deferred, Posts, Verdict, SCAN_EVERY};
 pub(crate) use descriptor::Admitted;
 pub use descriptor::{agree, agree_peers};
 pub use descriptor::{Descriptor, ViewProblem, MAX_DIMS};
-pub(crate) use list::{agree_on_list, check_rank_list, fnv1a, validate_group_lists};
+pub(crate) use list::{
+    agree_on_list, agree_on_request, check_rank_list, fnv1a, validate_group_lists,
+};
 pub(crate) use ring::RingArea;
 pub(crate) use ring::{reset as reset_ring, RING_BYTES};

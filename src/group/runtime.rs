@@ -3,7 +3,7 @@
 use super::launcher::{self, MpiView};
 use super::GroupCoordinator;
 use crate::agree::Descriptor;
-use crate::agree::{check_rank_list, fnv1a, validate_group_lists};
+use crate::agree::{agree_on_request, check_rank_list, fnv1a, validate_group_lists};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::exec::executor::ExecChoice;
@@ -459,16 +459,7 @@ impl Runtime {
         if !local_ok {
             return Ok(());
         }
-        if let Some(r) = all.chunks(2).position(|c| c[0] != 0) {
-            return Err(Error::Layout(format!("rank {r} rejected {what}")));
-        }
-        if let Some(r) = all.chunks(2).position(|c| c[1] != digest) {
-            return Err(Error::Layout(format!(
-                "rank {r} passed different {what} than rank {}",
-                self.rank()
-            )));
-        }
-        Ok(())
+        agree_on_request(&all, what, digest, self.rank())
     }
 }
 
