@@ -28,24 +28,25 @@
 // list (tests/layers.rs enforces it; docs/ARCHITECTURE.md draws it).
 // 1. values: element types, the op list's rules, the error, host tensors
 mod dtype;
-mod error;
 mod op;
+mod error;
 pub mod tensor;
 // 2. agreement and the watch, over the MPI pieces rsmpi lacks
-pub mod agree;
 mod mpi_ext;
+pub mod agree;
 mod watch;
 // 3. executors and the device plane
+mod nccl;
 pub mod device;
 pub mod exec;
-mod nccl;
 mod placement;
 // 4. groups and the runtime
 mod group;
 // 5. what is built on groups
 pub mod object;
-pub mod parallel;
+pub mod helpers;
 pub mod stateless;
+pub mod parallel;
 // 6. tools
 pub mod bench;
 pub mod doctor;
@@ -61,9 +62,10 @@ pub use group::{
     Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, PlaneTensor, RankInfo,
     Runtime, WorldInfo,
 };
-pub use object::{DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts, Workspace};
+pub use helpers::{MainRank, Workspace};
+pub use object::{DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts};
 pub use op::{CheckMode, Op, ReduceOp};
-pub use parallel::{Differentiable, GroupKind, Layout, MainRank, OnGroup, ParallelState};
+pub use parallel::{Differentiable, GroupKind, Layout, OnGroup, ParallelState};
 pub use placement::{BindPolicy, GpuInfo, Placement};
 pub use stateless::{StatelessDevice, StatelessGroup};
 pub use tensor::{

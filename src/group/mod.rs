@@ -300,6 +300,20 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 }
 
+/// The group that the traits of the layers above (objects, gathers, main-rank
+/// helpers) work on. Sealed: unnameable outside the crate, implemented by
+/// [`GroupCoordinator`] alone.
+pub trait AsGroup<'rt> {
+    /// The group itself.
+    fn as_group(&self) -> &GroupCoordinator<'rt>;
+}
+
+impl<'rt> AsGroup<'rt> for GroupCoordinator<'rt> {
+    fn as_group(&self) -> &GroupCoordinator<'rt> {
+        self
+    }
+}
+
 impl std::fmt::Debug for GroupCoordinator<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GroupCoordinator")

@@ -14,7 +14,7 @@ use crate::agree::check_rank_list;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::Collectives;
-use crate::group::GroupCoordinator;
+use crate::group::{AsGroup, GroupCoordinator};
 use crate::mpi_ext::SlotWindow;
 use crate::object::Objects;
 use crate::tensor::Tensor;
@@ -66,7 +66,7 @@ fn decode_config<T: DeserializeOwned + 'static>(bytes: &[u8]) -> std::result::Re
 
 /// ModelOpt's gathers to the first rank of a rank list: any serde config,
 /// and host tensors through a node's shared memory.
-pub trait Gathers {
+pub trait Gathers<'rt>: AsGroup<'rt> {
     /// Gathers each listed rank's optional config to the first rank of
     /// `ranks`. Returns `Some(configs by rank)` there, numbered as `ranks`
     /// is, and `None` on the other listed ranks. Any serde type: a struct
@@ -92,41 +92,14 @@ pub trait Gathers {
         ranks: Ranks<'_>,
     ) -> Result<Option<ConfigsByRank<T>>>
     where
-        T: Serialize + DeserializeOwned + 'static;
-
-    /// Gathers equal-sized tensors from `ranks` to the first of them, in
-    /// list order. Returns `Some` there, `None` on the
-    /// other listed ranks. Same-node ranks use a shared-memory window unless
-    /// `RANKMESH_GATHER_SHM=0`.
-    ///
-    /// ```
-    /// # use rankmesh::prelude::*;
-    /// # let rt = rankmesh::Runtime::init()?;
-    /// let world = rt.world_group()?;
-    /// let shard = rankmesh::Tensor::from_vec([2], vec![rt.rank() as f32; 2])?;
-    /// let all: Vec<usize> = (0..world.size()).collect();
-    /// if let Some(shards) = world.gather_tensors(&shard, rankmesh::Ranks::Group(&all))? {
-    ///     assert_eq!(shards.len(), world.size());
-    /// }
-    /// # Ok::<(), rankmesh::Error>(())
-    /// ```
-    fn gather_tensors(&self, tensor: &Tensor, ranks: Ranks<'_>) -> Result<Option<Vec<Tensor>>>;
-}
-
-impl<'rt> Gathers for GroupCoordinator<'rt> {
-    fn gather_configs<T>(
-        &self,
-        config: Option<&T>,
-        ranks: Ranks<'_>,
-    ) -> Result<Option<ConfigsByRank<T>>>
-    where
         T: Serialize + DeserializeOwned + 'static,
     {
-        let (sub, _) = members(self, ranks)?;
+        let g = self.as_group();
+        let (sub, _) = members(g, ranks)?;
         let what = "gather_configs";
         let usage = |msg: String| Error::Usage {
             what,
-            group: self.name().to_string(),
+            group: g.name().to_string(),
             msg,
         };
         let bytes = config.map(encode_config).transpose().map_err(|e| {
@@ -159,21 +132,38 @@ impl<'rt> Gathers for GroupCoordinator<'rt> {
         Ok(Some(out))
     }
 
+    /// Gathers equal-sized tensors from `ranks` to the first of them, in
+    /// list order. Returns `Some` there, `None` on the
+    /// other listed ranks. Same-node ranks use a shared-memory window unless
+    /// `RANKMESH_GATHER_SHM=0`.
+    ///
+    /// ```
+    /// # use rankmesh::prelude::*;
+    /// # let rt = rankmesh::Runtime::init()?;
+    /// let world = rt.world_group()?;
+    /// let shard = rankmesh::Tensor::from_vec([2], vec![rt.rank() as f32; 2])?;
+    /// let all: Vec<usize> = (0..world.size()).collect();
+    /// if let Some(shards) = world.gather_tensors(&shard, rankmesh::Ranks::Group(&all))? {
+    ///     assert_eq!(shards.len(), world.size());
+    /// }
+    /// # Ok::<(), rankmesh::Error>(())
+    /// ```
     fn gather_tensors(&self, tensor: &Tensor, ranks: Ranks<'_>) -> Result<Option<Vec<Tensor>>> {
-        let (sub, ranks) = members(self, ranks)?;
+        let g = self.as_group();
+        let (sub, ranks) = members(g, ranks)?;
         let meta: Vec<(DType, Vec<usize>)> =
             sub.all_gather_object(&(tensor.dtype(), tensor.shape().to_vec()))?;
         if let Some(r) = meta.iter().position(|m| *m != meta[0]) {
             return Err(Error::Usage {
                 what: "gather_tensors",
-                group: self.name().to_string(),
+                group: g.name().to_string(),
                 msg: format!(
                     "tensors differ: group rank {} has {:?} {} but group rank {} has {:?} {}",
                     ranks[0], meta[0].1, meta[0].0, ranks[r], meta[r].1, meta[r].0
                 ),
             });
         }
-        let world = self.runtime().world();
+        let world = g.runtime().world();
         let node_of = |sub_rank: usize| world.ranks[sub.ranks()[sub_rank]].node;
         let use_shm = std::env::var("RANKMESH_GATHER_SHM").map_or(true, |v| v != "0");
         let local_to_first = |r: usize| use_shm && node_of(r) == node_of(0);
@@ -231,6 +221,8 @@ impl<'rt> Gathers for GroupCoordinator<'rt> {
             .map(Some)
     }
 }
+
+impl<'rt> Gathers<'rt> for GroupCoordinator<'rt> {}
 
 /// The sub-group of `ranks`; only those call it. Made once per list
 /// and kept with this group (every member makes the same calls, so

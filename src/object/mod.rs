@@ -14,16 +14,14 @@
 pub(crate) mod depth;
 mod dict;
 mod gather;
-mod workspace;
 
 pub use dict::{DictValue, Object, TensorDict, TensorDicts};
 pub use gather::{ConfigsByRank, Gathers, Ranks};
-pub use workspace::{RankState, Workspace, FORMAT_VERSION};
 
 use crate::agree::fnv1a;
 use crate::agree::Descriptor;
 use crate::error::{Error, Result};
-use crate::group::{GroupCoordinator, Peer};
+use crate::group::{AsGroup, GroupCoordinator, Peer};
 use crate::op::{rank_in_range, Op};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -127,14 +125,30 @@ fn name_type<T>(e: Error) -> Error {
 
 /// The object plane on a group: any `Serialize + DeserializeOwned` value,
 /// agreed on by type before any byte moves (FastVideo's `*_object` calls).
-pub trait Objects {
+pub trait Objects<'rt>: AsGroup<'rt> {
     /// Sends `obj` from group rank `src` to every member; `obj` is ignored (and
     /// may be `None`) elsewhere.
     fn broadcast_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: Option<&T>,
         src: usize,
-    ) -> Result<T>;
+    ) -> Result<T> {
+        let g = self.as_group();
+        let op = Op::BroadcastObject;
+        let is_src = g.rank_in_group() == src;
+        let bytes = match (is_src, obj) {
+            (true, Some(v)) => Some(encode(g.name(), op, v)?),
+            (true, None) => None,
+            (false, _) => Some(Vec::new()),
+        };
+        // A source without a value reports length u64::MAX; every rank then fails.
+        let len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
+        object_broadcast::<T, _>(g, len, src, |n| {
+            let mut bytes = bytes.expect("checked by dispatch");
+            broadcast_bytes(g, &mut bytes, n, src)?;
+            decode_owned(g.name(), op, src, bytes)
+        })
+    }
 
     /// [`broadcast_object`](Self::broadcast_object) into `obj`: on every
     /// member `obj` becomes group rank `src`'s value. A `Vec<u8>` moves
@@ -147,7 +161,27 @@ pub trait Objects {
         &self,
         obj: &mut T,
         src: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let g = self.as_group();
+        let op = Op::BroadcastObject;
+        let is_src = g.rank_in_group() == src;
+        if let Some(v) = (obj as &mut dyn Any).downcast_mut::<Vec<u8>>() {
+            let len = if is_src { v.len() as u64 } else { 0 };
+            return object_broadcast::<T, _>(g, len, src, |n| broadcast_bytes(g, v, n, src));
+        }
+        let mut bytes = if is_src {
+            encode(g.name(), op, &*obj)?
+        } else {
+            Vec::new()
+        };
+        object_broadcast::<T, _>(g, bytes.len() as u64, src, |n| {
+            broadcast_bytes(g, &mut bytes, n, src)?;
+            if !is_src {
+                *obj = decode(g.name(), op, src, &bytes)?;
+            }
+            Ok(())
+        })
+    }
 
     /// FastVideo's `broadcast_object_list`: `list` becomes group rank
     /// `src`'s list on every member (its length included; the list passed
@@ -156,13 +190,47 @@ pub trait Objects {
         &self,
         list: &mut Vec<T>,
         src: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let g = self.as_group();
+        let mine = (g.rank_in_group() == src).then_some(&*list);
+        let got: Vec<T> = g.broadcast_object(mine, src)?;
+        if g.rank_in_group() != src {
+            *list = got;
+        }
+        Ok(())
+    }
 
     /// Every member's `obj`, indexed by group rank, on every member.
     fn all_gather_object<T: Serialize + DeserializeOwned + 'static>(
         &self,
         obj: &T,
-    ) -> Result<Vec<T>>;
+    ) -> Result<Vec<T>> {
+        let g = self.as_group();
+        let op = Op::AllGatherObject;
+        let bytes = encode(g.name(), op, obj)?;
+        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        desc.len = bytes.len() as u64;
+        g.collective(
+            desc,
+            |d| within_bound(g.runtime().options().max_object_bytes, d.len),
+            |descs| {
+                let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
+                let all = if g.size() == 1 {
+                    vec![bytes]
+                } else {
+                    g.host()
+                        .gather_varcount(&bytes, &lens, None)
+                        .map_err(|f| f.into_error(op, g.name()))?
+                        .expect("every rank gets an all-gather")
+                };
+                all.iter()
+                    .enumerate()
+                    .map(|(r, b)| decode(g.name(), op, r, b))
+                    .collect()
+            },
+        )
+        .map_err(name_type::<T>)
+    }
 
     /// Every member's `obj`, indexed by group rank, on group rank `dst`
     /// (`Some`); `None` on the others.
@@ -170,134 +238,32 @@ pub trait Objects {
         &self,
         obj: &T,
         dst: usize,
-    ) -> Result<Option<Vec<T>>>;
-
-    /// Sends `obj` to group rank `dst`; synchronous like [`send`](crate::Collectives::send).
-    fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()>;
-
-    /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
-    fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T>;
-}
-
-impl Objects for GroupCoordinator<'_> {
-    fn broadcast_object<T: Serialize + DeserializeOwned + 'static>(
-        &self,
-        obj: Option<&T>,
-        src: usize,
-    ) -> Result<T> {
-        let op = Op::BroadcastObject;
-        let is_src = self.rank_in_group() == src;
-        let bytes = match (is_src, obj) {
-            (true, Some(v)) => Some(encode(self.name(), op, v)?),
-            (true, None) => None,
-            (false, _) => Some(Vec::new()),
-        };
-        // A source without a value reports length u64::MAX; every rank then fails.
-        let len = bytes.as_ref().map_or(u64::MAX, |b| b.len() as u64);
-        object_broadcast::<T, _>(self, len, src, |n| {
-            let mut bytes = bytes.expect("checked by dispatch");
-            broadcast_bytes(self, &mut bytes, n, src)?;
-            decode_owned(self.name(), op, src, bytes)
-        })
-    }
-
-    fn broadcast_object_into<T: Serialize + DeserializeOwned + 'static>(
-        &self,
-        obj: &mut T,
-        src: usize,
-    ) -> Result<()> {
-        let op = Op::BroadcastObject;
-        let is_src = self.rank_in_group() == src;
-        if let Some(v) = (obj as &mut dyn Any).downcast_mut::<Vec<u8>>() {
-            let len = if is_src { v.len() as u64 } else { 0 };
-            return object_broadcast::<T, _>(self, len, src, |n| broadcast_bytes(self, v, n, src));
-        }
-        let mut bytes = if is_src {
-            encode(self.name(), op, &*obj)?
-        } else {
-            Vec::new()
-        };
-        object_broadcast::<T, _>(self, bytes.len() as u64, src, |n| {
-            broadcast_bytes(self, &mut bytes, n, src)?;
-            if !is_src {
-                *obj = decode(self.name(), op, src, &bytes)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn broadcast_object_list<T: Serialize + DeserializeOwned + 'static>(
-        &self,
-        list: &mut Vec<T>,
-        src: usize,
-    ) -> Result<()> {
-        let mine = (self.rank_in_group() == src).then_some(&*list);
-        let got: Vec<T> = self.broadcast_object(mine, src)?;
-        if self.rank_in_group() != src {
-            *list = got;
-        }
-        Ok(())
-    }
-
-    fn all_gather_object<T: Serialize + DeserializeOwned + 'static>(
-        &self,
-        obj: &T,
-    ) -> Result<Vec<T>> {
-        let op = Op::AllGatherObject;
-        let bytes = encode(self.name(), op, obj)?;
-        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
-        desc.len = bytes.len() as u64;
-        self.collective(
-            desc,
-            |d| within_bound(self.runtime().options().max_object_bytes, d.len),
-            |descs| {
-                let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
-                let all = if self.size() == 1 {
-                    vec![bytes]
-                } else {
-                    self.host()
-                        .gather_varcount(&bytes, &lens, None)
-                        .map_err(|f| f.into_error(op, self.name()))?
-                        .expect("every rank gets an all-gather")
-                };
-                all.iter()
-                    .enumerate()
-                    .map(|(r, b)| decode(self.name(), op, r, b))
-                    .collect()
-            },
-        )
-        .map_err(name_type::<T>)
-    }
-
-    fn gather_object<T: Serialize + DeserializeOwned + 'static>(
-        &self,
-        obj: &T,
-        dst: usize,
     ) -> Result<Option<Vec<T>>> {
+        let g = self.as_group();
         let op = Op::GatherObject;
-        let bytes = encode(self.name(), op, obj)?;
+        let bytes = encode(g.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[dst as i64, type_digest::<T>()]);
         desc.len = bytes.len() as u64;
-        let size = self.size();
-        self.collective(
+        let size = g.size();
+        g.collective(
             desc,
             |d| {
                 rank_in_range("dst", d.params[0], size)?;
-                within_bound(self.runtime().options().max_object_bytes, d.len)
+                within_bound(g.runtime().options().max_object_bytes, d.len)
             },
             |descs| {
                 let lens: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
                 let all = if size == 1 {
                     Some(vec![bytes])
                 } else {
-                    self.host()
+                    g.host()
                         .gather_varcount(&bytes, &lens, Some(dst))
-                        .map_err(|f| f.into_error(op, self.name()))?
+                        .map_err(|f| f.into_error(op, g.name()))?
                 };
                 all.map(|all| {
                     all.iter()
                         .enumerate()
-                        .map(|(r, b)| decode(self.name(), op, r, b))
+                        .map(|(r, b)| decode(g.name(), op, r, b))
                         .collect()
                 })
                 .transpose()
@@ -306,32 +272,38 @@ impl Objects for GroupCoordinator<'_> {
         .map_err(name_type::<T>)
     }
 
+    /// Sends `obj` to group rank `dst`; synchronous like [`send`](crate::Collectives::send).
     fn send_object<T: Serialize + 'static>(&self, obj: &T, dst: usize) -> Result<()> {
+        let g = self.as_group();
         let op = Op::SendObject;
-        let bytes = encode(self.name(), op, obj)?;
+        let bytes = encode(g.name(), op, obj)?;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         desc.len = bytes.len() as u64;
-        self.point_to_point(desc, Peer::To(dst), |_| {
-            self.mpi().send(&bytes, dst);
+        g.point_to_point(desc, Peer::To(dst), |_| {
+            g.mpi().send(&bytes, dst);
             Ok(())
         })
         .map_err(name_type::<T>)
     }
 
+    /// Receives an object sent by group rank `src` with [`send_object`](Self::send_object).
     fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T> {
+        let g = self.as_group();
         let op = Op::SendObject;
         let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
         // The most this rank accepts; both peers check the sender's length
         // against it and agree before any byte moves.
-        desc.len = self.runtime().options().max_object_bytes;
-        self.point_to_point(desc, Peer::From(src), |sent| {
+        desc.len = g.runtime().options().max_object_bytes;
+        g.point_to_point(desc, Peer::From(src), |sent| {
             let mut bytes = vec![0u8; sent.len as usize];
-            self.mpi().recv(&mut bytes, src)?;
-            Ok(decode_owned(self.name(), op, src, bytes)?)
+            g.mpi().recv(&mut bytes, src)?;
+            Ok(decode_owned(g.name(), op, src, bytes)?)
         })
         .map_err(name_type::<T>)
     }
 }
+
+impl<'rt> Objects<'rt> for GroupCoordinator<'rt> {}
 
 /// Group rank `src`'s `n` bytes into every member's `bytes` (resized to
 /// them; the source's already has that length).

@@ -2,11 +2,9 @@
 //! groups, and scoped overrides (FastVideo's `parallel_state`, without globals).
 
 mod autograd;
-mod helpers;
 mod layout;
 
 pub use autograd::Differentiable;
-pub use helpers::{is_distributed, is_local_main_process, is_main_process, zero_only, MainRank};
 pub use layout::{consecutive_group_count, consecutive_groups, GroupKind, Layout};
 
 use crate::device::DeviceTensor;

@@ -1,6 +1,6 @@
 //! Main-rank helpers, including their failure paths.
 
-use rankmesh::parallel::{is_distributed, is_local_main_process, is_main_process, zero_only};
+use rankmesh::helpers::{is_distributed, is_local_main_process, is_main_process, zero_only};
 use rankmesh::Collectives as _;
 use rankmesh::{Error, Runtime};
 use rankmesh::{MainRank as _, Objects as _};

@@ -1,10 +1,15 @@
-//! Main-rank helpers (axolotl's `utils.distributed`), done so that a failure
+//! Main-rank helpers (axolotl's `utils.distributed`) and the shared-filesystem
+//! [`Workspace`] built on them, done so that a failure
 //! on one rank is an error on every rank instead of a hang until a timeout,
 //! and values keep their type (no float32 rounding).
 
+mod workspace;
+
+pub use workspace::{RankState, Workspace, FORMAT_VERSION};
+
 use crate::error::{Error, Result};
-use crate::group::GroupCoordinator;
 use crate::group::Runtime;
+use crate::group::{AsGroup, GroupCoordinator};
 use crate::object::Objects;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -32,7 +37,7 @@ pub fn is_local_main_process(rt: &Runtime) -> bool {
 /// ```
 /// # use rankmesh::prelude::*;
 /// # let rt = rankmesh::Runtime::init()?;
-/// let logged = rankmesh::parallel::zero_only(&rt, || "written once");
+/// let logged = rankmesh::helpers::zero_only(&rt, || "written once");
 /// assert_eq!(logged.is_some(), rt.rank() == 0);
 /// # Ok::<(), rankmesh::Error>(())
 /// ```
@@ -55,7 +60,7 @@ impl<T> Outcome<T> {
 
 /// Main-rank helpers on a group (axolotl's and ModelOpt's): run a function on
 /// one rank first or only, and make its result or failure every rank's.
-pub trait MainRank {
+pub trait MainRank<'rt>: AsGroup<'rt> {
     /// Group rank 0 runs `f` first (e.g. to download or preprocess), then the
     /// others run theirs (axolotl's `zero_first`). If rank 0's `f` fails, every
     /// rank returns that error at once and the others never run `f`; a failure
@@ -71,8 +76,13 @@ pub trait MainRank {
     /// assert!(path.is_dir());
     /// # Ok::<(), rankmesh::Error>(())
     /// ```
-    fn main_first<R, E: Display>(&self, f: impl FnOnce() -> std::result::Result<R, E>)
-        -> Result<R>;
+    fn main_first<R, E: Display>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        let g = self.as_group();
+        first_then_rest(g, "main_first", g.is_first_rank(), f)
+    }
 
     /// The ranks that pass `is_main` run `f` first, together; the others run
     /// theirs once every one of them has finished (axolotl's
@@ -84,7 +94,7 @@ pub trait MainRank {
     /// ```
     /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
-    /// use rankmesh::parallel::is_local_main_process;
+    /// use rankmesh::helpers::is_local_main_process;
     /// let world = rt.world_group()?;
     /// let dir = std::env::temp_dir().join(format!("node-cache-{}", std::process::id()));
     /// world.zero_first(is_local_main_process(&rt), || std::fs::create_dir_all(&dir))?;
@@ -95,7 +105,10 @@ pub trait MainRank {
         &self,
         is_main: bool,
         f: impl FnOnce() -> std::result::Result<R, E>,
-    ) -> Result<R>;
+    ) -> Result<R> {
+        let g = self.as_group();
+        first_then_rest(g, "zero_first", is_main, f)
+    }
 
     /// Group rank `src` computes `f`; its value (or its error) reaches every
     /// rank (axolotl's `compute_and_broadcast(fn, rank)`). Any serde type,
@@ -116,7 +129,16 @@ pub trait MainRank {
     ) -> Result<T>
     where
         T: Serialize + DeserializeOwned + 'static,
-        E: Display;
+        E: Display,
+    {
+        let g = self.as_group();
+        let src = g.check_rank(crate::op::Op::BroadcastObject, "src", src)?;
+        let outcome = (g.rank_in_group() == src).then(|| Outcome::of(f()));
+        match g.broadcast_object(outcome.as_ref(), src)? {
+            Outcome::Ok(v) => Ok(v),
+            Outcome::Failed(msg) => Err(failed(g, "compute_and_broadcast", src, msg)),
+        }
+    }
 
     /// Group rank 0 computes `f`; the result reaches every rank (axolotl's
     /// `zero_only` with the value shared).
@@ -132,7 +154,11 @@ pub trait MainRank {
     fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
     where
         T: Serialize + DeserializeOwned + 'static,
-        E: Display;
+        E: Display,
+    {
+        let g = self.as_group();
+        g.compute_and_broadcast(f, 0)
+    }
 
     /// Every rank runs `f`; group rank `dst` gets all values in group-rank
     /// order (`Some`), the others `None`. A failure anywhere is an error everywhere.
@@ -154,7 +180,17 @@ pub trait MainRank {
     ) -> Result<Option<Vec<T>>>
     where
         T: Serialize + DeserializeOwned + 'static,
-        E: Display;
+        E: Display,
+    {
+        let g = self.as_group();
+        let dst = g.check_rank(crate::op::Op::GatherObject, "dst", dst)?;
+        let value = f();
+        let mine = value.as_ref().err().map(|e| e.to_string());
+        agree_on_failures(g, "gather_from_all_ranks", mine)?;
+        let value = value
+            .map_err(|e| failed(g, "gather_from_all_ranks", g.rank_in_group(), e.to_string()))?;
+        g.gather_object(&value, dst)
+    }
 
     /// Every rank runs `f1`; group rank 0 reduces the values with `f2`; the
     /// result reaches every rank.
@@ -175,89 +211,16 @@ pub trait MainRank {
     where
         T: Serialize + DeserializeOwned + 'static,
         U: Serialize + DeserializeOwned + 'static,
-        E: Display;
-}
-
-impl MainRank for GroupCoordinator<'_> {
-    fn main_first<R, E: Display>(
-        &self,
-        f: impl FnOnce() -> std::result::Result<R, E>,
-    ) -> Result<R> {
-        first_then_rest(self, "main_first", self.is_first_rank(), f)
-    }
-
-    fn zero_first<R, E: Display>(
-        &self,
-        is_main: bool,
-        f: impl FnOnce() -> std::result::Result<R, E>,
-    ) -> Result<R> {
-        first_then_rest(self, "zero_first", is_main, f)
-    }
-
-    fn compute_and_broadcast<T, E>(
-        &self,
-        f: impl FnOnce() -> std::result::Result<T, E>,
-        src: usize,
-    ) -> Result<T>
-    where
-        T: Serialize + DeserializeOwned + 'static,
         E: Display,
     {
-        let src = self.check_rank(crate::op::Op::BroadcastObject, "src", src)?;
-        let outcome = (self.rank_in_group() == src).then(|| Outcome::of(f()));
-        match self.broadcast_object(outcome.as_ref(), src)? {
-            Outcome::Ok(v) => Ok(v),
-            Outcome::Failed(msg) => Err(failed(self, "compute_and_broadcast", src, msg)),
-        }
-    }
-
-    fn main_only<T, E>(&self, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
-    where
-        T: Serialize + DeserializeOwned + 'static,
-        E: Display,
-    {
-        self.compute_and_broadcast(f, 0)
-    }
-
-    fn gather_from_all_ranks<T, E>(
-        &self,
-        f: impl FnOnce() -> std::result::Result<T, E>,
-        dst: usize,
-    ) -> Result<Option<Vec<T>>>
-    where
-        T: Serialize + DeserializeOwned + 'static,
-        E: Display,
-    {
-        let dst = self.check_rank(crate::op::Op::GatherObject, "dst", dst)?;
-        let value = f();
-        let mine = value.as_ref().err().map(|e| e.to_string());
-        agree_on_failures(self, "gather_from_all_ranks", mine)?;
-        let value = value.map_err(|e| {
-            failed(
-                self,
-                "gather_from_all_ranks",
-                self.rank_in_group(),
-                e.to_string(),
-            )
-        })?;
-        self.gather_object(&value, dst)
-    }
-
-    fn reduce_and_broadcast<T, U, E>(
-        &self,
-        f1: impl FnOnce() -> std::result::Result<T, E>,
-        f2: impl FnOnce(Vec<T>) -> U,
-    ) -> Result<U>
-    where
-        T: Serialize + DeserializeOwned + 'static,
-        U: Serialize + DeserializeOwned + 'static,
-        E: Display,
-    {
-        let gathered = self.gather_from_all_ranks(f1, 0)?;
+        let g = self.as_group();
+        let gathered = g.gather_from_all_ranks(f1, 0)?;
         let reduced = gathered.map(f2);
-        self.broadcast_object(reduced.as_ref(), 0)
+        g.broadcast_object(reduced.as_ref(), 0)
     }
 }
+
+impl<'rt> MainRank<'rt> for GroupCoordinator<'rt> {}
 
 fn failed(g: &GroupCoordinator<'_>, op: &'static str, rank: usize, msg: String) -> Error {
     Error::Failed {
