@@ -1020,7 +1020,7 @@ fn two_jobs_member() {
                 Err(err)
                     if err
                         .to_string()
-                        .contains("group rank 0 sends send(device shape [4] f32) but group rank 1 expects send(device shape [5] f32)") => {}
+                        .contains("group rank 0 sends send/recv(device shape [4] f32) but group rank 1 expects send/recv(device shape [5] f32)") => {}
                 other => return Err(format!("mismatched send/recv: {other:?}")),
             }
         }
