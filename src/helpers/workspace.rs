@@ -115,17 +115,15 @@ fn host_label() -> String {
     file_safe(&mpi::environment::processor_name().unwrap_or_default())
 }
 
-/// 128 bits that differ between runs: clock, process, host.
-fn new_token() -> [u8; 16] {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let host = mpi::environment::processor_name().unwrap_or_default();
-    let salt = fnv1a(format!("{host}/{}/{nanos}", std::process::id()).as_bytes());
+/// 128 bits from the OS's randomness: differ between runs, and no other
+/// process can predict them (a clock-based name could be claimed first).
+fn new_token(root: &Path) -> Result<[u8; 16]> {
     let mut t = [0u8; 16];
-    t[..8].copy_from_slice(&(nanos as u64).to_le_bytes());
-    t[8..].copy_from_slice(&salt.to_le_bytes());
-    t
+    getrandom::fill(&mut t).map_err(|e| Error::Workspace {
+        path: root.to_path_buf(),
+        msg: format!("no randomness from the OS for the run token: {e}"),
+    })?;
+    Ok(t)
 }
 
 impl Workspace {
@@ -133,13 +131,18 @@ impl Workspace {
     /// (mode 0700, `root` created if missing) and every member gets its handle.
     pub fn create(root: impl AsRef<Path>, group: &GroupCoordinator<'_>) -> Result<Workspace> {
         let root = root.as_ref();
-        let proposal = group.is_first_rank().then(|| {
-            let token = new_token();
+        let drawn = group.is_first_rank().then(|| new_token(root));
+        let proposal = drawn.as_ref().and_then(|t| t.as_ref().ok()).map(|token| {
             let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
-            let dir = root.join(format!("rankmesh-{}-{hex}", job_label()));
-            (dir, token)
+            (root.join(format!("rankmesh-{}-{hex}", job_label())), *token)
         });
-        let (dir, token): (PathBuf, [u8; 16]) = group.broadcast_object(proposal.as_ref(), 0)?;
+        // Without a token rank 0 sends nothing: every member fails, and
+        // rank 0 says why.
+        let sent: Result<(PathBuf, [u8; 16])> = group.broadcast_object(proposal.as_ref(), 0);
+        if let Some(Err(e)) = drawn {
+            return Err(e);
+        }
+        let (dir, token) = sent?;
         Workspace::made_by_first(group, dir, token, |dir| {
             fs::create_dir_all(root)
                 .map_err(|e| io_err(root, "cannot create the workspace root", e))?;
@@ -474,5 +477,31 @@ impl Workspace {
         group.main_only(|| {
             fs::remove_dir_all(&self.dir).map_err(|e| io_err(&self.dir, "cannot remove", e))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run tokens drawn back to back are all different, and no part of them
+    /// rises with the clock (the old tokens began with the time in ns).
+    #[test]
+    fn run_tokens_come_from_the_os_not_the_clock() {
+        let tokens: Vec<[u8; 16]> = (0..32)
+            .map(|_| new_token(Path::new("/tmp")).unwrap())
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = tokens.iter().collect();
+        assert_eq!(distinct.len(), tokens.len());
+        for half in [0..8, 8..16] {
+            let words: Vec<u64> = tokens
+                .iter()
+                .map(|t| u64::from_le_bytes(t[half.clone()].try_into().unwrap()))
+                .collect();
+            assert!(
+                words.windows(2).any(|w| w[0] > w[1]),
+                "bytes {half:?} only rise"
+            );
+        }
     }
 }

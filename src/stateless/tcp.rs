@@ -94,18 +94,11 @@ fn hung_up(e: &std::io::Error) -> bool {
     )
 }
 
-/// A token only this group's members learn (not a secret against someone
-/// who can read the traffic; it keeps strays and old runs out).
-fn random_token() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
+/// A token only this group's members learn, from the OS's randomness (not
+/// a secret against someone who can read the traffic; it keeps strays and
+/// old runs out, and no other process can predict it from the clock).
+fn random_token() -> Result<u64, String> {
+    getrandom::u64().map_err(|e| format!("no randomness from the OS for the group's token: {e}"))
 }
 
 /// What the writer threads and the caller share.
@@ -410,7 +403,7 @@ fn host(
         .iter()
         .map(|j| j.as_ref().map_or(local, |(_, a)| *a))
         .collect();
-    let token = random_token();
+    let token = random_token()?;
     let mut streams = Vec::with_capacity(size);
     streams.push(None);
     for (rank, j) in joined.into_iter().enumerate().skip(1) {
@@ -732,6 +725,17 @@ impl Drop for TcpLinks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tokens drawn back to back are all different and follow no order (a
+    /// clock-derived token would rise with every draw).
+    #[test]
+    fn tokens_come_from_the_os_not_the_clock() {
+        let tokens: Vec<u64> = (0..32).map(|_| random_token().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<_> = tokens.iter().collect();
+        assert_eq!(distinct.len(), tokens.len());
+        assert!(tokens.windows(2).any(|w| w[0] > w[1]));
+        assert!(tokens.windows(2).any(|w| w[0] < w[1]));
+    }
 
     /// A rank 0 that drops the first greeting unanswered (as it does with
     /// one that took longer than `HANDSHAKE_WAIT`) still admits the member
