@@ -149,10 +149,9 @@ pub fn run(rt: &Runtime) {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+/// The file format's checksum (version 2): XXH3-64 of the payload.
+fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// A tampered workspace: links, special files, a well-formed file whose
@@ -184,7 +183,7 @@ fn hostile_files(ws: &Workspace) {
     let mut forged = good[..32].to_vec(); // magic, version, rank, token
     forged.extend((payload.len() as u64).to_le_bytes());
     forged.extend((payload.len() as u64).to_le_bytes());
-    forged.extend(fnv1a(&payload).to_le_bytes());
+    forged.extend(checksum(&payload).to_le_bytes());
     forged.extend(&payload);
     std::fs::write(&file, &forged).unwrap();
     let e = ws.read(0).unwrap_err().to_string();
