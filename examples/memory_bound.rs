@@ -156,7 +156,11 @@ unsafe fn run(p: usize, r: usize, region: impl Fn(usize) -> *mut u8, half: usize
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream(dst: *mut u8, a: *const u8, b: Option<*const u8>, len: usize) {
     use std::arch::x86_64::*;
-    assert!(std::arch::is_x86_feature_detected!("avx") && dst as usize % 32 == 0 && len % 32 == 0);
+    assert!(
+        std::arch::is_x86_feature_detected!("avx")
+            && (dst as usize).is_multiple_of(32)
+            && len.is_multiple_of(32)
+    );
     #[target_feature(enable = "avx")]
     unsafe fn go(dst: *mut u8, a: *const u8, b: Option<*const u8>, len: usize) {
         for i in (0..len).step_by(32) {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub(crate) const ENTRIES: u64 = 128;
 /// Words of a descriptor.
 const WORDS: usize = std::mem::size_of::<Descriptor>() / 8;
-const _: () = assert!(std::mem::size_of::<Descriptor>() % 8 == 0 && WORDS <= 32);
+const _: () = assert!(std::mem::size_of::<Descriptor>().is_multiple_of(8) && WORDS <= 32);
 /// Where the checked counter is (the posted counter is at 0): its own
 /// cache line, as the keys and descriptors are.
 const CHECKED_AT: usize = 64;
@@ -130,7 +130,7 @@ impl Ring {
     }
 
     fn word(&self, r: usize, at: usize) -> &AtomicU64 {
-        debug_assert!(at + 8 <= RING_BYTES && at % 8 == 0);
+        debug_assert!(at + 8 <= RING_BYTES && at.is_multiple_of(8));
         // SAFETY: inside member `r`'s ring (RING_BYTES, 64-aligned), alive
         // as long as the window; only atomics touch it.
         unsafe { &*(self.area.bases[r].add(at) as *const AtomicU64) }
@@ -390,7 +390,7 @@ fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
         }
         match deadline {
             None => return false,
-            Some(d) if polls % 16 == 0 && Instant::now() > d => return false,
+            Some(d) if polls.is_multiple_of(16) && Instant::now() > d => return false,
             Some(_) => {}
         }
         polls += 1;

@@ -305,7 +305,7 @@ impl Entry {
 /// whose sums and products are exact (or wrap identically) in any order.
 pub fn value(rank: usize, i: usize, op: ReduceOp) -> f64 {
     if op == ReduceOp::Prod {
-        1.0 + f64::from(u8::from((rank + i) % 13 == 0))
+        1.0 + f64::from(u8::from((rank + i).is_multiple_of(13)))
     } else {
         ((rank * 3 + i) % 8) as f64
     }

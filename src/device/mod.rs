@@ -343,7 +343,7 @@ impl Gpu {
     pub(crate) fn settle_at_call(&self) -> Result<()> {
         let n = self.calls.get().wrapping_add(1);
         self.calls.set(n);
-        if self.mpi_posting.get() == 0 && n % SCAN_EVERY != 0 {
+        if self.mpi_posting.get() == 0 && !n.is_multiple_of(SCAN_EVERY) {
             return Ok(());
         }
         self.complete_agreements(None)

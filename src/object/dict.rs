@@ -162,7 +162,9 @@ fn parse_value(g: &GroupCoordinator<'_>, key: &str, text: &str) -> Result<serde_
 fn ag_slice(t_numel: usize, ag: Option<&GroupCoordinator<'_>>) -> Option<(usize, usize)> {
     let ag = ag?;
     let n = ag.size();
-    (t_numel % n == 0).then(|| (ag.rank_in_group() * t_numel / n, t_numel / n))
+    t_numel
+        .is_multiple_of(n)
+        .then(|| (ag.rank_in_group() * t_numel / n, t_numel / n))
 }
 
 /// Checks a `dst`/`src` argument and says whether the call has anything to

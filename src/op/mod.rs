@@ -353,7 +353,7 @@ fn reduction_defined(d: Call, op: i64) -> Result<(), String> {
 
 fn divisible(d: Call, dim: usize, size: usize, what: &str) -> Result<(), String> {
     let n = d.shape[dim];
-    if n % size != 0 {
+    if !n.is_multiple_of(size) {
         return Err(format!(
             "{what} {dim} of size {n} is not divisible by the group size {size}"
         ));

@@ -114,7 +114,7 @@ pub fn consecutive_group_count(world_size: usize, size: usize, what: &str) -> Re
             "{what} size must be at least 1, got 0"
         )));
     }
-    if world_size % size != 0 {
+    if !world_size.is_multiple_of(size) {
         return Err(Error::Layout(format!(
             "world size {world_size} is not divisible by {what} size {size}"
         )));

@@ -419,7 +419,7 @@ pub fn divide(numerator: usize, denominator: usize) -> Result<usize> {
 
 /// An error unless `denominator` divides `numerator` (and is not zero).
 pub fn ensure_divisibility(numerator: usize, denominator: usize) -> Result<()> {
-    if denominator == 0 || numerator % denominator != 0 {
+    if denominator == 0 || !numerator.is_multiple_of(denominator) {
         return Err(Error::Tensor(format!(
             "{numerator} is not divisible by {denominator}"
         )));

@@ -18,7 +18,7 @@ const FAILED: u8 = 2;
 /// Calls the ring keeps.
 pub(crate) const CAPACITY: usize = 64;
 const WORDS: usize = std::mem::size_of::<Descriptor>() / 8;
-const _: () = assert!(std::mem::size_of::<Descriptor>() % 8 == 0);
+const _: () = assert!(std::mem::size_of::<Descriptor>().is_multiple_of(8));
 
 /// One call's record. Written only by the thread that owns the runtime,
 /// read by the watchdog thread when it dumps: the fields are atomics under
@@ -238,7 +238,11 @@ mod tests {
                 .unwrap()
                 .parse()
                 .unwrap();
-            let want = if number % 3 == 0 { "tp:0" } else { "dp:1" };
+            let want = if number.is_multiple_of(3) {
+                "tp:0"
+            } else {
+                "dp:1"
+            };
             assert!(line.contains(&format!(" {want} call")), "{line}");
         }
         assert_eq!(text.lines().count(), CAPACITY + 1);
