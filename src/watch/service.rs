@@ -105,31 +105,43 @@ pub(crate) fn query(addrs: &[SocketAddrV4], timeout: Duration) -> Option<Vec<Sta
 
 /// This host's IPv4 addresses, outward ones first, loopback last.
 pub(crate) fn local_ipv4() -> Vec<Ipv4Addr> {
-    let mut out = Vec::new();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } == 0 {
-        let mut cur = list;
-        while !cur.is_null() {
-            // SAFETY: a node of the list getifaddrs returned.
-            let ifa = unsafe { &*cur };
-            if !ifa.ifa_addr.is_null()
-                // SAFETY: non-null sockaddr from getifaddrs.
-                && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET
-            {
-                // SAFETY: AF_INET addresses are sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            }
-            cur = ifa.ifa_next;
-        }
-        // SAFETY: the list getifaddrs allocated.
-        unsafe { libc::freeifaddrs(list) };
-    }
+    let mut out: Vec<Ipv4Addr> = if_addrs::get_if_addrs()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|i| match i.ip() {
+            std::net::IpAddr::V4(a) => Some(a),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
     out.sort_by_key(|a| a.is_loopback());
     out.dedup();
     if !out.contains(&Ipv4Addr::LOCALHOST) {
         out.push(Ipv4Addr::LOCALHOST);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every IPv4 address the kernel lists for this host (`/proc/net/fib_trie`'s
+    /// local host routes), outward ones before the loopback.
+    #[test]
+    fn local_addresses_are_the_kernels_outward_first() {
+        let got = local_ipv4();
+        assert!(got.contains(&Ipv4Addr::LOCALHOST));
+        let first_loopback = got.iter().position(|a| a.is_loopback()).unwrap();
+        assert!(got[first_loopback..].iter().all(|a| a.is_loopback()));
+        let trie = std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default();
+        let lines: Vec<&str> = trie.lines().collect();
+        for pair in lines.windows(2) {
+            if pair[1].contains("/32 host LOCAL") {
+                if let Some(ip) = pair[0].split_whitespace().last() {
+                    let ip: Ipv4Addr = ip.parse().unwrap();
+                    assert!(got.contains(&ip), "{ip} is this host's but not in {got:?}");
+                }
+            }
+        }
+    }
 }
