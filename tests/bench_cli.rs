@@ -534,3 +534,71 @@ fn cycles_aggregation_blocking_and_averaging() {
         .contains("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n"));
     assert!(job.stdout.contains("agg iters: 3 validation: 2"));
 }
+
+/// This process's memory cgroup directory and the file that sets its limit
+/// (v1's memory controller, else v2), from /proc/self/cgroup.
+fn own_memory_cgroup() -> Option<(std::path::PathBuf, &'static str)> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    if let Some(path) = cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
+    }) {
+        let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+        return Some((dir, "memory.limit_in_bytes"));
+    }
+    let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    Some((dir, "memory.max"))
+}
+
+/// Under Slurm or systemd a job's memory limit sits on its own cgroup, not on
+/// the hierarchy's root: bench runs in a child cgroup limited to 256 MiB and
+/// refuses a sweep that MemAvailable alone would allow (it would meet the
+/// OOM killer instead).
+#[test]
+fn the_jobs_own_cgroup_limit_is_what_bench_compares() {
+    let Some((parent, limit_file)) = own_memory_cgroup() else {
+        println!("skipped: no memory cgroup in /proc/self/cgroup");
+        return;
+    };
+    let dir = parent.join(format!("rankmesh-bench-test-{}", std::process::id()));
+    if let Err(e) =
+        std::fs::create_dir(&dir).and_then(|()| std::fs::write(dir.join(limit_file), "268435456"))
+    {
+        let _ = std::fs::remove_dir(&dir);
+        assert!(
+            std::env::var("CI").is_err(),
+            "cannot make a memory cgroup under {}: {e}",
+            parent.display()
+        );
+        println!(
+            "skipped: cannot make a memory cgroup under {}: {e}",
+            parent.display()
+        );
+        return;
+    }
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {} bench all_reduce -b 64M -e 64M -n 1 -w 0",
+            dir.display(),
+            exe().display()
+        ))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("but this rank can have")
+            && stderr
+                .contains("(the cgroup memory limit shared by 1 rank(s) on this node); lower -e"),
+        "{stderr}"
+    );
+}
