@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankmesh::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
 use rankmesh::topo::TopoReport;
 use rankmesh::Objects as _;
-use rankmesh::{Error, ParallelState, Runtime};
+use rankmesh::{BindPolicy, Error, ParallelState, Runtime};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,9 +16,9 @@ use std::process::ExitCode;
     about = "Collective communication runtime for MPI-launched jobs"
 )]
 struct Cli {
-    /// CPU binding applied at start: none, cores, numa, gpu (overrides RANKMESH_BIND).
-    #[arg(long, global = true)]
-    bind: Option<String>,
+    /// CPU binding applied at start (overrides RANKMESH_BIND).
+    #[arg(long, global = true, value_enum)]
+    bind: Option<BindPolicy>,
     #[command(subcommand)]
     command: Command,
 }
@@ -268,8 +268,8 @@ struct BenchArgs {
     /// Also time direct MPI calls (`mpi`, host plane) or NCCL calls (`nccl`,
     /// device plane) on the same buffers and print the ratio; each size is
     /// then warmed (-w rounds of both) before either is timed.
-    #[arg(long)]
-    baseline: Option<String>,
+    #[arg(long, value_enum)]
+    baseline: Option<Baseline>,
     /// Append per-iteration min/max/avg/p50/p99 across ranks.
     #[arg(long)]
     stats: bool,
@@ -294,6 +294,15 @@ struct BenchArgs {
     report_cputime: Option<String>,
     #[arg(short = 'R', long = "local_register", hide = true)]
     local_register: Option<String>,
+}
+
+/// What `--baseline` times beside rankmesh's calls.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Baseline {
+    /// Direct MPI calls (host plane).
+    Mpi,
+    /// Direct NCCL calls (device plane).
+    Nccl,
 }
 
 fn usage(msg: String) -> Error {
@@ -340,13 +349,6 @@ impl BenchArgs {
             ),
             (None, Err(_)) => None,
         };
-        if let Some(b) = &self.baseline {
-            if b != "mpi" && b != "nccl" {
-                return Err(usage(format!(
-                    "unknown baseline {b:?}; use mpi (host plane) or nccl (device plane)"
-                )));
-            }
-        }
         Ok(BenchConfig {
             op,
             min_bytes: size("minbytes", &self.min_bytes)?,
@@ -477,13 +479,13 @@ fn run_bench(rt: &Runtime, args: &BenchArgs) -> rankmesh::Result<()> {
     let main = rt.rank() == 0;
     let mut cfg = cfg;
     cfg.device = choose_plane(rt, args.backend)?;
-    match (args.baseline.as_deref(), cfg.device) {
-        (Some("mpi"), true) => {
+    match (args.baseline, cfg.device) {
+        (Some(Baseline::Mpi), true) => {
             return Err(usage(
                 "--baseline mpi compares the host plane; the device plane compares with --baseline nccl".into(),
             ))
         }
-        (Some("nccl"), false) => {
+        (Some(Baseline::Nccl), false) => {
             return Err(usage(
                 "--baseline nccl needs the device plane (--backend nccl, or auto on a GPU host)".into(),
             ))
@@ -574,11 +576,11 @@ fn run(cli: Cli) -> std::result::Result<(), ()> {
         return plot(files, output).map_err(|e| report(&e, None));
     }
     let rt = rankmesh::Options::from_env()
-        .and_then(|mut options| {
-            if let Some(b) = &cli.bind {
-                options.bind = Some(b.parse()?);
+        .map(|mut options| {
+            if let Some(b) = cli.bind {
+                options.bind = Some(b);
             }
-            Ok(options)
+            options
         })
         .and_then(Runtime::init_with)
         .map_err(|e| report(&e, None))?;

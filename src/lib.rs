@@ -27,6 +27,7 @@
 // The layers, bottom first: a module imports only modules above it in this
 // list (tests/layers.rs enforces it; docs/ARCHITECTURE.md draws it).
 // 1. values: element types, the op list's rules, the error, host tensors
+mod parse;
 mod dtype;
 mod op;
 mod error;

@@ -8,6 +8,7 @@
 
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
+use crate::parse::{value_enum, Choice};
 use hwlocality::cpu::binding::CpuBindingFlags;
 use hwlocality::cpu::cpuset::CpuSet;
 use hwlocality::object::attributes::ObjectAttributes;
@@ -30,18 +31,28 @@ pub enum BindPolicy {
     Gpu,
 }
 
+impl Choice for BindPolicy {
+    const ALL: &'static [Self] = &[
+        BindPolicy::None,
+        BindPolicy::Cores,
+        BindPolicy::Numa,
+        BindPolicy::Gpu,
+    ];
+    fn name(self) -> &'static str {
+        self.name()
+    }
+}
+value_enum!(BindPolicy);
+
 impl std::str::FromStr for BindPolicy {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.trim() {
-            "none" => Ok(BindPolicy::None),
-            "cores" => Ok(BindPolicy::Cores),
-            "numa" => Ok(BindPolicy::Numa),
-            "gpu" => Ok(BindPolicy::Gpu),
-            other => Err(Error::Launch(format!(
-                "unknown binding policy {other:?}: use none, cores, numa or gpu"
-            ))),
-        }
+        BindPolicy::named(s).ok_or_else(|| {
+            Error::Launch(format!(
+                "unknown binding policy {:?}: use none, cores, numa or gpu",
+                s.trim()
+            ))
+        })
     }
 }
 

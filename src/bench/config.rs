@@ -115,24 +115,11 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
         .find(|d| nccl_type_name(*d) == s || d.name() == s)
 }
 
-/// nccl-tests' sizes: a number with an optional K/M/G suffix (powers of 1024).
+/// nccl-tests' sizes (`4096`, `16M`), the same parser the `RANKMESH_*_BYTES`
+/// variables use, in bytes of this machine's `usize`.
 pub fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v: f64 = num.trim().parse().ok()?;
-    let bytes = v * mult as f64;
-    // Above 2^53 a byte count is no longer exact in f64, and far above any
-    // machine's memory: refused here rather than saturated into a panic.
-    (v >= 0.0 && bytes <= MAX_SIZE as f64).then_some(bytes as usize)
+    crate::parse::parse_size(s).and_then(|b| usize::try_from(b).ok())
 }
-
-/// Largest size bench accepts (8 PiB, exact in f64).
-pub const MAX_SIZE: usize = 1 << 53;
 
 /// The sizes of a sweep, in bytes.
 pub fn sizes(cfg: &BenchConfig) -> Vec<usize> {

@@ -9,6 +9,7 @@ use super::mpi::{BlockLayout, MpiExec};
 use super::shm::ShmCall;
 use crate::error::{Error, Fault, Result};
 use crate::op::ReduceOp;
+use crate::parse::Choice;
 use crate::tensor::Tensor;
 
 /// The byte movements of the host collectives. Sizes were agreed before
@@ -121,19 +122,27 @@ impl ExecChoice {
     }
 }
 
+impl Choice for ExecChoice {
+    const ALL: &'static [Self] = &[
+        ExecChoice::Mpi,
+        ExecChoice::Shm,
+        ExecChoice::Hier,
+        ExecChoice::Auto,
+    ];
+    fn name(self) -> &'static str {
+        self.name()
+    }
+}
+
 impl std::str::FromStr for ExecChoice {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s.trim() {
-            "auto" => Ok(ExecChoice::Auto),
-            "mpi" => Ok(ExecChoice::Mpi),
-            "shm" => Ok(ExecChoice::Shm),
-            "hier" => Ok(ExecChoice::Hier),
-            _ => Err(Error::Launch(format!(
+        ExecChoice::named(s).ok_or_else(|| {
+            Error::Launch(format!(
                 "RANKMESH_HOST_PLANE={s:?} is not one of mpi, shm, hier, auto"
-            ))),
-        }
+            ))
+        })
     }
 }
 

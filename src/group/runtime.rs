@@ -10,6 +10,7 @@ use crate::exec::executor::ExecChoice;
 use crate::exec::shm::ShmWindow;
 use crate::op::CheckMode;
 use crate::op::Op;
+use crate::parse::parse_size;
 use crate::placement::{self, BindPolicy, Placement};
 use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
 use mpi::environment::Universe;
@@ -155,9 +156,7 @@ impl Options {
 
 /// Environment variable `name`'s value `v` as a byte count in `lo..=hi`.
 fn byte_count(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
-    v.trim()
-        .parse::<u64>()
-        .ok()
+    parse_size(v)
         .filter(|n| (lo..=hi).contains(n))
         .ok_or_else(|| Error::Launch(format!("{name}={v:?} is not a byte count in {lo}..={hi}")))
 }
@@ -608,4 +607,22 @@ fn gather_world_info(world: &SimpleCommunicator) -> Result<(WorldInfo, SimpleCom
         ranks,
     };
     Ok((info, node_comm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `RANKMESH_*_BYTES` take sizes as the CLI does (`16M`), within bounds.
+    #[test]
+    fn byte_variables_take_the_clis_sizes() {
+        assert_eq!(byte_count("B", "4096", 1, 1 << 30).unwrap(), 4096);
+        assert_eq!(byte_count("B", "16M", 1, 1 << 30).unwrap(), 16 << 20);
+        assert_eq!(byte_count("B", " 1G ", 1, 1 << 30).unwrap(), 1 << 30);
+        assert_eq!(
+            byte_count("B", "2G", 1, 1 << 30).unwrap_err().to_string(),
+            "launch: B=\"2G\" is not a byte count in 1..=1073741824"
+        );
+        assert!(byte_count("B", "lots", 1, 1 << 30).is_err());
+    }
 }

@@ -2,6 +2,8 @@
 //! `set_check_mode`, so it sits with the op list (the agreement module
 //! carries the modes out).
 
+use crate::parse::{value_enum, Choice};
+
 /// When device calls agree on their descriptors (`RANKMESH_CHECK`, or
 /// [`GroupCoordinator::set_check_mode`](crate::GroupCoordinator::set_check_mode)).
 /// Host calls always agree before they move data (on shared memory the
@@ -35,20 +37,24 @@ impl CheckMode {
     }
 
     pub(crate) fn from_code(code: i64) -> Option<CheckMode> {
-        [CheckMode::Strict, CheckMode::Deferred, CheckMode::Off]
-            .into_iter()
+        <CheckMode as Choice>::ALL
+            .iter()
+            .copied()
             .find(|m| m.code() as i64 == code)
     }
 }
 
+impl Choice for CheckMode {
+    const ALL: &'static [Self] = &[CheckMode::Strict, CheckMode::Deferred, CheckMode::Off];
+    fn name(self) -> &'static str {
+        self.name()
+    }
+}
+value_enum!(CheckMode);
+
 impl std::str::FromStr for CheckMode {
     type Err = String;
     fn from_str(s: &str) -> Result<CheckMode, String> {
-        match s.trim() {
-            "strict" => Ok(CheckMode::Strict),
-            "deferred" => Ok(CheckMode::Deferred),
-            "off" => Ok(CheckMode::Off),
-            _ => Err("expected strict, deferred or off".into()),
-        }
+        CheckMode::named(s).ok_or_else(|| "expected strict, deferred or off".into())
     }
 }

@@ -1,5 +1,6 @@
 //! Reduction operators.
 
+use crate::parse::{value_enum, Choice};
 use serde::{Deserialize, Serialize};
 
 /// Element-wise reduction operator.
@@ -63,12 +64,18 @@ impl ReduceOp {
     }
 }
 
+impl Choice for ReduceOp {
+    const ALL: &'static [Self] = &ReduceOp::ALL;
+    fn name(self) -> &'static str {
+        self.name()
+    }
+}
+value_enum!(ReduceOp);
+
 impl std::str::FromStr for ReduceOp {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        ReduceOp::ALL
-            .into_iter()
-            .find(|o| o.name() == s)
+        ReduceOp::named(s)
             .ok_or_else(|| format!("unknown reduction {s:?} (sum, prod, min, max, avg)"))
     }
 }
