@@ -14,7 +14,7 @@
 //! Run: `scripts/mpirun-local.sh -np 2 target/release/examples/dict_bench [K] [S] [ITERS]`
 //! (2 or more ranks). Prints the median microseconds per call on rank 0.
 
-use rankmesh::object::Ranks;
+use rankmesh::Ranks;
 use rankmesh::{Collectives as _, DType, DictValue, Runtime, Tensor, TensorDict, TensorDicts as _};
 use rankmesh::{Gathers as _, Objects as _};
 use std::time::Instant;

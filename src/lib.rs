@@ -31,23 +31,23 @@ mod parse;
 mod dtype;
 mod op;
 mod error;
-pub mod tensor;
+mod tensor;
 // 2. agreement and the watch, over the MPI pieces rsmpi lacks
 mod mpi_ext;
 pub mod agree;
 mod watch;
 // 3. executors and the device plane
 mod nccl;
-pub mod device;
+mod device;
 pub mod exec;
 mod placement;
 // 4. groups and the runtime
 mod group;
 // 5. what is built on groups
-pub mod object;
-pub mod helpers;
-pub mod stateless;
-pub mod parallel;
+mod object;
+mod helpers;
+mod stateless;
+mod parallel;
 // 6. tools
 pub mod bench;
 pub mod doctor;
@@ -55,23 +55,31 @@ pub mod topo;
 // (7. the CLI is bin/rankmesh.rs)
 pub mod prelude;
 
-pub use device::{DeviceInfo, Gpu};
-pub use device::{DeviceTensor, DeviceView, DeviceViewMut};
+pub use device::driver::driver_version as cuda_driver_version;
+pub use device::{DeviceInfo, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 pub use dtype::DType;
 pub use error::{Error, NcclError, Rejection, Result};
 pub use group::{
     Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, PlaneTensor, RankInfo,
     Runtime, WorldInfo,
 };
-pub use helpers::{MainRank, Workspace};
-pub use object::{DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts};
+pub use helpers::{
+    is_distributed, is_local_main_process, is_main_process, zero_only, MainRank, RankState,
+    Workspace,
+};
+pub use object::{
+    ConfigsByRank, DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts,
+};
 pub use op::{CheckMode, Op, ReduceOp};
-pub use parallel::{Differentiable, GroupKind, Layout, OnGroup, ParallelState};
+pub use parallel::{
+    consecutive_group_count, consecutive_groups, Differentiable, GroupKind, Layout, OnGroup,
+    ParallelState,
+};
 pub use placement::{BindPolicy, GpuInfo, Placement};
-pub use stateless::{StatelessDevice, StatelessGroup};
+pub use stateless::{StatelessDevice, StatelessGroup, DEFAULT_SEND_BUFFER_BYTES};
 pub use tensor::{
-    divide, ensure_divisibility, split_tensor_along_last_dim, split_views_along_last_dim, Bool,
-    Element, LastDimView, Tensor, F8E4M3, F8E5M2,
+    checked_nbytes, checked_numel, divide, ensure_divisibility, numel, split_tensor_along_last_dim,
+    split_views_along_last_dim, Bool, Element, HostData, LastDimView, Tensor, F8E4M3, F8E5M2,
 };
 pub use watch::TIMEOUT_EXIT;
 

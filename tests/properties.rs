@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use rankmesh::agree::{agree, agree_peers, Descriptor};
-use rankmesh::tensor::checked_numel;
+use rankmesh::checked_numel;
 use rankmesh::{DType, Op, Tensor};
 
 /// Dims that are usually small but sometimes huge, so products overflow.

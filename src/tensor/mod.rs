@@ -3,7 +3,7 @@
 //! Storage is one typed `Vec` per dtype (never a `Vec<u8>`), so views as `&[f64]`
 //! are always aligned; the byte view used by the data plane is a zero-copy cast.
 
-pub mod split;
+pub(crate) mod split;
 
 use crate::error::{Error, Result};
 use bytemuck::Pod;

@@ -114,7 +114,7 @@ fn trial(name: &str, failures: &mut usize, f: impl FnOnce() -> Result<(), String
 /// The test runner's entry point (see the module docs of tests/gpu.rs).
 pub fn drive() {
     let mut failures = 0;
-    match rankmesh::device::driver::driver_version() {
+    match rankmesh::cuda_driver_version() {
         Ok(_) => trial("real GPU, 1 rank", &mut failures, || {
             let job = support::singleton(&me(), &[], &[("RANKMESH_GPU_WORKER", "1")]);
             if job.ok() && job.stdout.contains(", 0 checks failed") {

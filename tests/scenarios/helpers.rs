@@ -1,7 +1,7 @@
 //! Main-rank helpers, including their failure paths.
 
-use rankmesh::helpers::{is_distributed, is_local_main_process, is_main_process, zero_only};
 use rankmesh::Collectives as _;
+use rankmesh::{is_distributed, is_local_main_process, is_main_process, zero_only};
 use rankmesh::{Error, Runtime};
 use rankmesh::{MainRank as _, Objects as _};
 use std::cell::Cell;

@@ -79,7 +79,7 @@ pub fn run(rt: &Runtime) {
         // Tensor gathering: same-node ranks through shared memory, others through MPI.
         let order: Vec<usize> = (0..w).rev().collect();
         let got = g
-            .gather_tensors(&x, rankmesh::object::Ranks::Group(&order))
+            .gather_tensors(&x, rankmesh::Ranks::Group(&order))
             .unwrap();
         if me == order[0] {
             for (t, r) in got.unwrap().iter().zip(&order) {
