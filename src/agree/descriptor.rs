@@ -508,6 +508,39 @@ fn agree_on_call(descs: &[Descriptor]) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// A one-way message's call and type, as its frame announces them or its
+/// receiver expects them (stateless groups: the sender hands the frame off
+/// and does not wait, so the receiver alone can judge the pair).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Frame<'a> {
+    /// The call's name (`send_obj`, `barrier`, ...).
+    pub call: &'a str,
+    /// The payload type's digest.
+    pub digest: i64,
+}
+
+/// The receiver's verdict on a frame from group rank `src`: the same call,
+/// and the same type (`type_name`: the receiver's, for the message).
+pub(crate) fn agree_frame(
+    sent: Frame<'_>,
+    expected: Frame<'_>,
+    type_name: &str,
+    src: usize,
+) -> Result<(), String> {
+    if sent.call != expected.call {
+        return Err(format!(
+            "group rank {src} called {} but this rank called {}",
+            sent.call, expected.call
+        ));
+    }
+    if sent.digest != expected.digest {
+        return Err(format!(
+            "group rank {src} sent another type than this rank's `{type_name}`"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a peer-to-peer pair: what the sender sends against what the receiver expects.
 /// Both peers call it with the same pair and get the same verdict.
 pub fn agree_peers(
@@ -552,6 +585,20 @@ mod tests {
 
     fn ok(_: &Descriptor) -> Result<(), String> {
         Ok(())
+    }
+
+    #[test]
+    fn a_frames_receiver_names_another_call_or_type() {
+        let frame = |call, digest| Frame { call, digest };
+        assert!(agree_frame(frame("send_obj", 7), frame("send_obj", 7), "u32", 2).is_ok());
+        assert_eq!(
+            agree_frame(frame("barrier", 0), frame("send_obj", 7), "u32", 2).unwrap_err(),
+            "group rank 2 called barrier but this rank called send_obj"
+        );
+        assert_eq!(
+            agree_frame(frame("send_obj", 8), frame("send_obj", 7), "u32", 2).unwrap_err(),
+            "group rank 2 sent another type than this rank's `u32`"
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! - [`descriptor`]: the fixed-size call descriptor, its digest, and the
 //!   verdicts every rank reaches on the same descriptors (collectives,
-//!   point-to-point pairs), with the admitted-call memo;
+//!   point-to-point pairs, a stateless group's one-way frames), with the
+//!   admitted-call memo;
 //! - `deferred`, `ring`, `posted`: the `deferred` check mode's posted
 //!   agreements (rings in a node's shared window, or MPI all-gathers);
 //! - `list`: agreement on rank lists among the listed ranks only, and the
@@ -18,8 +19,8 @@ mod posted;
 mod ring;
 
 pub(crate) use deferred::{Deferred, Posts, Verdict, SCAN_EVERY};
-pub(crate) use descriptor::Admitted;
 pub use descriptor::{agree, agree_peers};
+pub(crate) use descriptor::{agree_frame, Admitted, Frame};
 pub use descriptor::{Descriptor, ViewProblem, MAX_DIMS};
 pub(crate) use list::{
     agree_on_list, agree_on_request, check_rank_list, fnv1a, validate_group_lists,

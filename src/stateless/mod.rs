@@ -23,6 +23,7 @@ mod tcp;
 
 pub use device::StatelessDevice;
 
+use crate::agree::{agree_frame, Frame};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
@@ -441,19 +442,25 @@ fn take_from(
             "group rank {src} sent a corrupt object header (magic {magic:#x}, kind {code})"
         )));
     };
-    let problem = if sent != kind && sent != Kind::Failed {
-        Some(format!(
-            "group rank {src} called {} but this rank called {}",
-            sent.call(),
-            kind.call()
-        ))
-    } else if sent == kind && sent_digest as i64 != digest {
-        Some(format!(
-            "group rank {src} sent another type than this rank's `{type_name}`"
-        ))
-    } else {
-        within_bound(l.max_object_bytes(), len).err()
+    // A failed send's frame carries the sender's error, whatever was asked.
+    let verdict = match sent {
+        Kind::Failed => Ok(()),
+        _ => agree_frame(
+            Frame {
+                call: sent.call(),
+                digest: sent_digest as i64,
+            },
+            Frame {
+                call: kind.call(),
+                digest,
+            },
+            type_name,
+            src,
+        ),
     };
+    let problem = verdict
+        .and_then(|()| within_bound(l.max_object_bytes(), len))
+        .err();
     if let Some(msg) = problem {
         // Take the payload off the wire so the next frame starts clean
         // (unless its length is absurd: then the link is unusable anyway).
