@@ -72,8 +72,8 @@ pub use object::{
 };
 pub use op::{CheckMode, Op, ReduceOp};
 pub use parallel::{
-    consecutive_group_count, consecutive_groups, Differentiable, GroupKind, Layout, OnGroup,
-    ParallelState,
+    consecutive_group_count, consecutive_groups, Differentiable, GroupKind, Layout, MegatronSizes,
+    Mesh, MeshLayout, OnGroup, ParallelState,
 };
 pub use placement::{BindPolicy, GpuInfo, Placement};
 pub use stateless::{StatelessDevice, StatelessGroup, DEFAULT_SEND_BUFFER_BYTES};

@@ -3,9 +3,11 @@
 
 mod autograd;
 mod layout;
+mod mesh;
 
 pub use autograd::Differentiable;
 pub use layout::{consecutive_group_count, consecutive_groups, GroupKind, Layout};
+pub use mesh::{MegatronSizes, Mesh, MeshLayout};
 
 use crate::device::DeviceTensor;
 use crate::error::{Error, Result};
