@@ -10,6 +10,7 @@ mod groups;
 mod headers;
 mod helpers;
 mod large;
+mod mesh;
 mod nodes;
 mod objects;
 mod p2p;
@@ -146,6 +147,20 @@ pub const ALL: &[Scenario] = &[
         sizes: &[2, 3, 4],
         env: &[],
         run: p2p::run,
+    },
+    Scenario {
+        name: "mesh",
+        sizes: &[1, 2, 3, 4, 8],
+        nodes: &[],
+        env: &[],
+        run: mesh::run,
+    },
+    Scenario {
+        name: "mesh_nodes",
+        sizes: &[],
+        nodes: &["2,2"],
+        env: &[],
+        run: mesh::run_on_nodes,
     },
     Scenario {
         name: "groups",
