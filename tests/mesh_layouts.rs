@@ -9,7 +9,7 @@ use rankmesh::{MegatronSizes, MeshLayout};
 
 /// Divisors of `n`.
 fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 // ---- torch: DeviceMesh(arange(W).reshape(shape)) ----

@@ -173,15 +173,17 @@ impl MeshLayout {
         if tp == 0 || pp == 0 || cp == 0 || ep == 0 || etp == 0 {
             return Err(bad("every Megatron size must be at least 1".into()));
         }
-        let dense_model = dense_model.filter(|m| world % m == 0).ok_or_else(|| {
-            bad(format!(
-                "the world ({world}) is not divisible by tp × cp × pp = {tp} × {cp} × {pp}"
-            ))
-        })?;
+        let dense_model = dense_model
+            .filter(|m| world.is_multiple_of(*m))
+            .ok_or_else(|| {
+                bad(format!(
+                    "the world ({world}) is not divisible by tp × cp × pp = {tp} × {cp} × {pp}"
+                ))
+            })?;
         let expert_model = etp
             .checked_mul(ep)
             .and_then(|m| m.checked_mul(pp))
-            .filter(|m| world % m == 0)
+            .filter(|m| world.is_multiple_of(*m))
             .ok_or_else(|| {
                 bad(format!(
                 "the world ({world}) is not divisible by expert tp × ep × pp = {etp} × {ep} × {pp}"
@@ -217,7 +219,7 @@ impl MeshLayout {
     pub fn vllm(world: usize, dp: usize, pp: usize, tp: usize) -> Result<MeshLayout> {
         let inner = dp.checked_mul(pp).and_then(|m| m.checked_mul(tp));
         let ext = inner
-            .filter(|m| *m > 0 && world % m == 0)
+            .filter(|m| *m > 0 && world.is_multiple_of(*m))
             .map(|m| world / m)
             .ok_or_else(|| {
                 bad(format!(

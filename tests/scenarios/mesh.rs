@@ -86,7 +86,7 @@ pub fn run(rt: &Runtime) {
             w + 1
         )
     );
-    let err = mesh.group(&["ep"]).err().expect("an unknown dimension");
+    let err = mesh.group(&["ep"]).expect_err("an unknown dimension");
     assert!(
         err.to_string()
             .contains("no dimension \"ep\" (the mesh has pp, dp, tp)"),
