@@ -39,6 +39,16 @@ enum Command {
         /// Print one JSON document instead of a table.
         #[arg(long)]
         json: bool,
+        /// A named mesh instead of TP/SP/DP: sizes such as `pp=2,dp=2,tp=2`,
+        /// row-major (the last dimension fastest, as torch's init_device_mesh).
+        #[arg(long, conflicts_with_all = ["tp", "sp", "dp"])]
+        mesh: Option<String>,
+        /// With --mesh: a Megatron order string (`tp-dp-pp`, the first name fastest).
+        #[arg(long, requires = "mesh")]
+        order: Option<String>,
+        /// With --mesh: dimensions whose groups must each lie on one node (`tp`).
+        #[arg(long = "intra-node", requires = "mesh", value_delimiter = ',')]
+        intra_node: Vec<String>,
     },
     /// nccl-tests-compatible collective benchmark (run under mpirun/srun).
     Bench(Box<BenchArgs>),
@@ -429,6 +439,45 @@ fn topo(rt: &Runtime, tp: usize, sp: usize, dp: Option<usize>, json: bool) -> ra
     Ok(())
 }
 
+/// `topo --mesh pp=2,dp=2,tp=2 [--order tp-dp-pp] [--intra-node tp]`.
+fn topo_mesh(
+    rt: &Runtime,
+    mesh: &str,
+    order: Option<&str>,
+    intra_node: &[String],
+    json: bool,
+) -> rankmesh::Result<()> {
+    let mut sizes: Vec<(&str, usize)> = Vec::new();
+    for part in mesh.split(',') {
+        let parsed = part
+            .split_once('=')
+            .and_then(|(n, s)| Some((n.trim(), s.trim().parse::<usize>().ok()?)));
+        let Some(dim) = parsed else {
+            return Err(Error::Layout(format!(
+                "mesh: {part:?} is not NAME=SIZE (e.g. --mesh pp=2,dp=2,tp=2)"
+            )));
+        };
+        sizes.push(dim);
+    }
+    let layout = match order {
+        Some(order) => rankmesh::MeshLayout::ordered(rt.size(), order, &sizes)?,
+        None => rankmesh::MeshLayout::row_major(rt.size(), &sizes)?,
+    };
+    let intra: Vec<&str> = intra_node.iter().map(String::as_str).collect();
+    let report = rankmesh::topo::MeshReport::new(rt, layout, &intra)?;
+    if rt.rank() == 0 {
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("report is plain data")
+            );
+        } else {
+            print!("{}", report.table());
+        }
+    }
+    Ok(())
+}
+
 /// Decides the data plane on every rank alike: the device plane needs a
 /// usable GPU stack (driver, device, NCCL) on every rank of the world.
 fn choose_plane(rt: &Runtime, backend: Backend) -> rankmesh::Result<bool> {
@@ -595,7 +644,16 @@ fn run(cli: Cli) -> std::result::Result<(), ()> {
 
 fn command(rt: &Runtime, cli: &Cli) -> rankmesh::Result<()> {
     match &cli.command {
-        Command::Topo { tp, sp, dp, json } => topo(rt, *tp, *sp, *dp, *json),
+        Command::Topo {
+            mesh: Some(mesh),
+            order,
+            intra_node,
+            json,
+            ..
+        } => topo_mesh(rt, mesh, order.as_deref(), intra_node, *json),
+        Command::Topo {
+            tp, sp, dp, json, ..
+        } => topo(rt, *tp, *sp, *dp, *json),
         Command::Bench(args) => run_bench(rt, args),
         Command::Doctor(args) => run_doctor(rt, args),
         Command::Workload {

@@ -214,3 +214,158 @@ impl TopoReport {
         out
     }
 }
+
+/// One rank of a mesh report.
+#[derive(Clone, Debug, Serialize)]
+pub struct MeshRank {
+    /// World rank.
+    pub rank: usize,
+    /// Host name.
+    pub host: String,
+    /// Its coordinate along each dimension.
+    pub coords: indexmap::IndexMap<String, usize>,
+    /// Each dimension's group: world ranks in group order.
+    pub groups: indexmap::IndexMap<String, Vec<usize>>,
+}
+
+/// `rankmesh topo --mesh`: every rank's host, coordinates and groups, and
+/// which dimensions' groups cross nodes.
+#[derive(Clone, Debug, Serialize)]
+pub struct MeshReport {
+    /// Ranks in the world.
+    pub world_size: usize,
+    /// Nodes in the job.
+    pub nodes: usize,
+    /// The dimensions and their sizes, in the order given.
+    pub dims: indexmap::IndexMap<String, usize>,
+    /// Dimensions with a group that spans nodes (allowed unless declared
+    /// intra-node, which the mesh refuses).
+    pub crossing_nodes: Vec<String>,
+    /// One entry per rank.
+    pub ranks: Vec<MeshRank>,
+}
+
+impl MeshReport {
+    /// Makes the mesh (checking `intra_node` dimensions, every rank alike)
+    /// and describes it. Collective over the world.
+    pub fn new(
+        rt: &crate::group::Runtime,
+        layout: crate::parallel::MeshLayout,
+        intra_node: &[&str],
+    ) -> Result<MeshReport> {
+        let mesh = crate::parallel::Mesh::new(rt, layout, intra_node)?;
+        let layout = mesh.layout();
+        let world = rt.world();
+        let names: Vec<&str> = layout.dims().map(|(n, _)| n).collect();
+        let mut ranks = Vec::with_capacity(world.size);
+        for info in &world.ranks {
+            let mut groups = indexmap::IndexMap::new();
+            for n in &names {
+                groups.insert(n.to_string(), layout.group_of(&[n], info.rank)?);
+            }
+            ranks.push(MeshRank {
+                rank: info.rank,
+                host: info.host.clone(),
+                coords: layout
+                    .coords(info.rank)
+                    .into_iter()
+                    .map(|(n, c)| (n.to_string(), c))
+                    .collect(),
+                groups,
+            });
+        }
+        // This rank's groups are real communicators: they must match.
+        for n in &names {
+            let g = mesh.group(&[n])?;
+            debug_assert_eq!(g.ranks(), ranks[rt.rank()].groups[*n].as_slice());
+        }
+        let crossing_nodes = names
+            .iter()
+            .filter(|n| {
+                ranks.iter().any(|r| {
+                    let g = &r.groups[**n];
+                    g.iter()
+                        .any(|m| world.ranks[*m].node != world.ranks[g[0]].node)
+                })
+            })
+            .map(|n| n.to_string())
+            .collect();
+        Ok(MeshReport {
+            world_size: world.size,
+            nodes: world.node_count,
+            dims: layout.dims().map(|(n, s)| (n.to_string(), s)).collect(),
+            crossing_nodes,
+            ranks,
+        })
+    }
+
+    /// A table (rank, host, coordinates, groups), then each node's ranks.
+    pub fn table(&self) -> String {
+        let dims: Vec<(&String, &usize)> = self.dims.iter().collect();
+        let sizes: Vec<String> = dims.iter().map(|(n, s)| format!("{n}={s}")).collect();
+        let mut out = format!(
+            "{} ranks on {} node(s): mesh {}{}\n",
+            self.world_size,
+            self.nodes,
+            sizes.join(" "),
+            if self.crossing_nodes.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; groups crossing nodes: {}",
+                    self.crossing_nodes.join(", ")
+                )
+            }
+        );
+        let host_w = self
+            .ranks
+            .iter()
+            .map(|r| r.host.len())
+            .max()
+            .unwrap_or(0)
+            .max(4);
+        let group_w = |n: &str| {
+            self.ranks
+                .iter()
+                .map(|r| format!("{:?}", r.groups[n]).len())
+                .max()
+                .unwrap_or(0)
+                .max(n.len())
+        };
+        let coord_w = |n: &str| n.len().max(3);
+        out += &format!("{:>4}  {:<host_w$}", "rank", "host");
+        for (n, _) in &dims {
+            out += &format!("  {:>w$}", format!("@{n}"), w = coord_w(n) + 1);
+        }
+        for (n, _) in &dims {
+            out += &format!("  {:<w$}", n, w = group_w(n));
+        }
+        out += "\n";
+        for r in &self.ranks {
+            out += &format!("{:>4}  {:<host_w$}", r.rank, r.host);
+            for (n, _) in &dims {
+                out += &format!("  {:>w$}", r.coords[*n], w = coord_w(n) + 1);
+            }
+            for (n, _) in &dims {
+                out += &format!("  {:<w$}", format!("{:?}", r.groups[*n]), w = group_w(n));
+            }
+            out += "\n";
+        }
+        let mut hosts: Vec<&str> = Vec::new();
+        for r in &self.ranks {
+            if !hosts.contains(&r.host.as_str()) {
+                hosts.push(&r.host);
+            }
+        }
+        for h in hosts {
+            let on: Vec<String> = self
+                .ranks
+                .iter()
+                .filter(|r| r.host == h)
+                .map(|r| r.rank.to_string())
+                .collect();
+            out += &format!("node {h}: ranks {}\n", on.join(" "));
+        }
+        out
+    }
+}

@@ -376,3 +376,119 @@ fn nccl_library_is_discovered_and_reported() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `topo --mesh`: one JSON line whose `ranks` hold each rank's host,
+/// coordinates and groups (torch's row-major order, or a Megatron order
+/// string with the first name fastest).
+#[test]
+fn topo_mesh_json_gives_coordinates_and_groups() {
+    let job = support::mpirun(
+        8,
+        exe(),
+        &["topo", "--mesh", "pp=2,dp=2,tp=2", "--json"],
+        &[],
+    );
+    assert!(job.ok(), "{}", job.describe());
+    assert_eq!(job.stdout.lines().count(), 1, "{}", job.describe());
+    assert!(job.stdout.starts_with('{'));
+    let doc: Value = serde_json::from_str(&job.stdout).unwrap();
+    let ranks = doc["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 8);
+    let five = &ranks[5];
+    assert_eq!(five["rank"], 5);
+    assert_eq!(
+        five["coords"],
+        serde_json::json!({"pp": 1, "dp": 0, "tp": 1})
+    );
+    assert_eq!(
+        five["groups"],
+        serde_json::json!({"pp": [1, 5], "dp": [5, 7], "tp": [4, 5]})
+    );
+    for (r, entry) in ranks.iter().enumerate() {
+        assert_eq!(entry["groups"]["tp"], Value::from(group(r & !1, 1, 2)));
+        assert_eq!(entry["groups"]["pp"], Value::from(group(r % 4, 4, 2)));
+    }
+    // Megatron's order: tp fastest, then dp, then pp.
+    let job = support::mpirun(
+        8,
+        exe(),
+        &[
+            "topo",
+            "--mesh",
+            "tp=2,dp=2,pp=2",
+            "--order",
+            "tp-dp-pp",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(job.ok(), "{}", job.describe());
+    let doc: Value = serde_json::from_str(&job.stdout).unwrap();
+    let six = &doc["ranks"][6];
+    assert_eq!(
+        six["coords"],
+        serde_json::json!({"tp": 0, "dp": 1, "pp": 1})
+    );
+    assert_eq!(
+        six["groups"],
+        serde_json::json!({"tp": [6, 7], "dp": [4, 6], "pp": [2, 6]})
+    );
+    let table = support::mpirun(4, exe(), &["topo", "--mesh", "dp=2,tp=2"], &[]);
+    assert!(table.ok(), "{}", table.describe());
+    assert!(table
+        .stdout
+        .starts_with("4 ranks on 1 node(s): mesh dp=2 tp=2\n"));
+    assert!(table.stdout.contains("node "), "{}", table.stdout);
+}
+
+/// A mesh whose sizes do not fit the world, or a malformed one, fails on
+/// every rank with the reason.
+#[test]
+fn topo_mesh_bad_sizes_fail_on_every_rank() {
+    let job = support::mpirun(4, exe(), &["topo", "--mesh", "tp=2,dp=3"], &[]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    let msg = "invalid parallel layout: mesh: tp=2 × dp=3 = 6 but the world has 4 ranks";
+    assert_eq!(job.stderr.matches(msg).count(), 4, "{}", job.describe());
+    let job = support::mpirun(2, exe(), &["topo", "--mesh", "tp:2"], &[]);
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    assert!(
+        job.stderr.contains("\"tp:2\" is not NAME=SIZE"),
+        "{}",
+        job.describe()
+    );
+}
+
+/// On fake nodes 2,2: `--intra-node tp` refuses tp groups across nodes,
+/// naming the group and the hosts; without it the crossing is reported.
+#[test]
+fn topo_mesh_intra_node_dimensions_on_fake_nodes() {
+    if !support::fake_nodes_available() {
+        println!("skipped: fake nodes need unshare --uts");
+        return;
+    }
+    let job = support::fake_nodes(
+        "2,2",
+        exe(),
+        &["topo", "--mesh", "tp=2,dp=2", "--intra-node", "tp"],
+        &[],
+    );
+    assert_eq!(job.code, Some(1), "{}", job.describe());
+    assert!(
+        job.stderr
+            .contains("mesh: tp group [0, 2] spans nodes rankmesh-node0 and rankmesh-node1"),
+        "{}",
+        job.describe()
+    );
+    let job = support::fake_nodes("2,2", exe(), &["topo", "--mesh", "tp=2,dp=2"], &[]);
+    assert!(job.ok(), "{}", job.describe());
+    assert!(
+        job.stdout.contains("groups crossing nodes: tp"),
+        "{}",
+        job.describe()
+    );
+    assert!(
+        job.stdout.contains("node rankmesh-node1: ranks 2 3"),
+        "{}",
+        job.describe()
+    );
+}
