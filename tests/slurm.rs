@@ -174,6 +174,16 @@ fn main() {
                 &text,
             )
         }),
+        trial("sbatch_mesh", |c| {
+            let text = c.sbatch("mesh.sbatch", "INTRA_NODE=tp")?;
+            check(
+                text.starts_with("2 ranks on 1 node(s): mesh pp=1 dp=1 tp=2\n")
+                    && text.contains("[0, 1]")
+                    && text.lines().count() == 5,
+                "mesh output",
+                &text,
+            )
+        }),
         trial("sbatch_bench", |c| {
             let text = c.sbatch(
                 "bench.sbatch",
