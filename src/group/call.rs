@@ -83,13 +83,13 @@ impl<'rt> GroupCoordinator<'rt> {
             d.check_usable(op)?;
         }
         if self.size() == 1 {
-            return self.checked_alone(op, desc, &check, body);
+            return self.run_if_admitted(op, desc, &check, body);
         }
         if desc.is_device() {
             match self.inner.check.get() {
                 CheckMode::Strict => {}
                 CheckMode::Deferred => return self.agree_deferred(desc, check, body),
-                CheckMode::Off => return self.checked_alone(op, desc, &check, body),
+                CheckMode::Off => return self.run_if_admitted(op, desc, &check, body),
             }
         }
         if let Some(shm) = self.shm() {
@@ -122,7 +122,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 for (r, d) in descs.iter_mut().enumerate() {
                     d.len = if r == src { len } else { 0 };
                 }
-                return self.checked(op, &descs, me, &check, body);
+                return self.run_if_agreed(op, &descs, me, &check, body);
             }
         }
         let mut descs = vec![Descriptor::new(op, &[]); self.size()];
@@ -130,7 +130,7 @@ impl<'rt> GroupCoordinator<'rt> {
             bytemuck::bytes_of(desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );
-        self.checked(op, &descs, me, &check, body)
+        self.run_if_agreed(op, &descs, me, &check, body)
     }
 
     /// The agreement of a device call in `deferred` mode (see `check`):
@@ -197,9 +197,9 @@ impl<'rt> GroupCoordinator<'rt> {
         )
     }
 
-    /// [`checked`](Self::checked) on this rank's descriptor alone (every
+    /// [`run_if_agreed`](Self::run_if_agreed) on this rank's descriptor alone (every
     /// rank's is the same), through the group's [`Admitted`].
-    fn checked_alone<R>(
+    fn run_if_admitted<R>(
         &self,
         op: Op,
         desc: &Descriptor,
@@ -229,7 +229,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Applies the agreement rules and the op's `check` to `descs` (this
     /// rank's alone when every rank's is the same, `me` being 0 then) and
     /// runs `body` on them when they allow the call.
-    fn checked<R>(
+    fn run_if_agreed<R>(
         &self,
         op: Op,
         descs: &[Descriptor],
@@ -280,7 +280,7 @@ impl<'rt> GroupCoordinator<'rt> {
         }
         let pulse = self.inner.rt.watchdog().pulse();
         match shm.exchange_descriptors(desc, digest, desc.needs_all(), &pulse) {
-            Some(descs) => self.checked(op, &descs, me, &check, body),
+            Some(descs) => self.run_if_agreed(op, &descs, me, &check, body),
             // The same everywhere: this rank's verdict is every rank's.
             None => self.on_verdict(op, verdict, desc, body),
         }
