@@ -426,17 +426,25 @@ fn topo(rt: &Runtime, tp: usize, sp: usize, dp: Option<usize>, json: bool) -> ra
     let mut ps = ParallelState::new(rt)?;
     ps.initialize_model_parallel(tp, sp, dp)?;
     let report = TopoReport::new(&ps)?;
+    print_report(rt, json, &report, || report.table());
+    Ok(())
+}
+
+/// Rank 0 prints `report` as one JSON line, or as `table` for terminals.
+fn print_report(
+    rt: &Runtime,
+    json: bool,
+    report: &impl serde::Serialize,
+    table: impl FnOnce() -> String,
+) {
     if rt.rank() == 0 {
         if json {
-            println!(
-                "{}",
-                serde_json::to_string(&report).expect("report is plain data")
-            );
+            let line = serde_json::to_string(report).expect("report is plain data");
+            println!("{line}");
         } else {
-            print!("{}", report.table());
+            print!("{}", table());
         }
     }
-    Ok(())
 }
 
 /// `topo --mesh pp=2,dp=2,tp=2 [--order tp-dp-pp] [--intra-node tp]`.
@@ -465,16 +473,7 @@ fn topo_mesh(
     };
     let intra: Vec<&str> = intra_node.iter().map(String::as_str).collect();
     let report = rankmesh::topo::MeshReport::new(rt, layout, &intra)?;
-    if rt.rank() == 0 {
-        if json {
-            println!(
-                "{}",
-                serde_json::to_string(&report).expect("report is plain data")
-            );
-        } else {
-            print!("{}", report.table());
-        }
-    }
+    print_report(rt, json, &report, || report.table());
     Ok(())
 }
 

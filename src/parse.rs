@@ -37,22 +37,28 @@ pub trait Choice: Copy + 'static {
     }
 }
 
-/// `clap::ValueEnum` for a [`Choice`], so `--help` lists its names.
-macro_rules! value_enum {
-    ($t:ty) => {
+/// Makes a type with an inherent `name(self) -> &'static str` a [`Choice`]
+/// over the values `$all`, and a `clap::ValueEnum`, so `--help` lists its
+/// names: `choice!(ReduceOp, &ReduceOp::ALL);`.
+macro_rules! choice {
+    ($t:ty, $all:expr) => {
+        impl $crate::parse::Choice for $t {
+            const ALL: &'static [Self] = $all;
+            fn name(self) -> &'static str {
+                <$t>::name(self)
+            }
+        }
         impl clap::ValueEnum for $t {
             fn value_variants<'a>() -> &'a [Self] {
                 <$t as $crate::parse::Choice>::ALL
             }
             fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-                Some(clap::builder::PossibleValue::new(
-                    $crate::parse::Choice::name(*self),
-                ))
+                Some(clap::builder::PossibleValue::new(<$t>::name(*self)))
             }
         }
     };
 }
-pub(crate) use value_enum;
+pub(crate) use choice;
 
 #[cfg(test)]
 mod tests {
@@ -76,8 +82,7 @@ mod tests {
         Red,
         Blue,
     }
-    impl Choice for Colour {
-        const ALL: &'static [Self] = &[Colour::Red, Colour::Blue];
+    impl Colour {
         fn name(self) -> &'static str {
             match self {
                 Colour::Red => "red",
@@ -85,7 +90,7 @@ mod tests {
             }
         }
     }
-    value_enum!(Colour);
+    choice!(Colour, &[Colour::Red, Colour::Blue]);
 
     #[test]
     fn choices_parse_from_their_names_and_list_them_for_clap() {

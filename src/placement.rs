@@ -8,7 +8,7 @@
 
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
-use crate::parse::{value_enum, Choice};
+use crate::parse::{choice, Choice};
 use hwlocality::cpu::binding::CpuBindingFlags;
 use hwlocality::cpu::cpuset::CpuSet;
 use hwlocality::object::attributes::ObjectAttributes;
@@ -31,18 +31,15 @@ pub enum BindPolicy {
     Gpu,
 }
 
-impl Choice for BindPolicy {
-    const ALL: &'static [Self] = &[
+choice!(
+    BindPolicy,
+    &[
         BindPolicy::None,
         BindPolicy::Cores,
         BindPolicy::Numa,
-        BindPolicy::Gpu,
-    ];
-    fn name(self) -> &'static str {
-        self.name()
-    }
-}
-value_enum!(BindPolicy);
+        BindPolicy::Gpu
+    ]
+);
 
 impl std::str::FromStr for BindPolicy {
     type Err = Error;

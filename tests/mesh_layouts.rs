@@ -125,36 +125,26 @@ fn decompose(index: usize, shape: &[usize]) -> Vec<usize> {
     idx
 }
 
+/// Python's `[s for s, m in zip(values, mask) if m == keep]`.
+fn where_mask(values: &[usize], mask: &[bool], keep: bool) -> Vec<usize> {
+    values
+        .iter()
+        .zip(mask)
+        .filter(|(_, m)| **m == keep)
+        .map(|(s, _)| *s)
+        .collect()
+}
+
 fn masked_orthogonal_groups(
     world: usize,
     parallel_size: &[usize],
     mask: &[bool],
 ) -> Vec<Vec<usize>> {
-    let masked_shape: Vec<usize> = parallel_size
-        .iter()
-        .zip(mask)
-        .filter(|(_, m)| **m)
-        .map(|(s, _)| *s)
-        .collect();
-    let unmasked_shape: Vec<usize> = parallel_size
-        .iter()
-        .zip(mask)
-        .filter(|(_, m)| !**m)
-        .map(|(s, _)| *s)
-        .collect();
+    let masked_shape = where_mask(parallel_size, mask, true);
+    let unmasked_shape = where_mask(parallel_size, mask, false);
     let global_stride = prefix_product(parallel_size);
-    let masked_stride: Vec<usize> = global_stride
-        .iter()
-        .zip(mask)
-        .filter(|(_, m)| **m)
-        .map(|(s, _)| *s)
-        .collect();
-    let unmasked_stride: Vec<usize> = global_stride
-        .iter()
-        .zip(mask)
-        .filter(|(_, m)| !**m)
-        .map(|(s, _)| *s)
-        .collect();
+    let masked_stride = where_mask(&global_stride, mask, true);
+    let unmasked_stride = where_mask(&global_stride, mask, false);
     let group_size = *prefix_product(&masked_shape).last().unwrap();
     let num_of_group = world / group_size;
     (0..num_of_group)

@@ -9,7 +9,7 @@ use super::mpi::{BlockLayout, MpiExec};
 use super::shm::ShmCall;
 use crate::error::{Error, Fault, Result};
 use crate::op::ReduceOp;
-use crate::parse::Choice;
+use crate::parse::{choice, Choice};
 use crate::tensor::Tensor;
 
 /// The byte movements of the host collectives. Sizes were agreed before
@@ -122,17 +122,15 @@ impl ExecChoice {
     }
 }
 
-impl Choice for ExecChoice {
-    const ALL: &'static [Self] = &[
+choice!(
+    ExecChoice,
+    &[
         ExecChoice::Mpi,
         ExecChoice::Shm,
         ExecChoice::Hier,
-        ExecChoice::Auto,
-    ];
-    fn name(self) -> &'static str {
-        self.name()
-    }
-}
+        ExecChoice::Auto
+    ]
+);
 
 impl std::str::FromStr for ExecChoice {
     type Err = Error;

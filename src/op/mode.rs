@@ -2,7 +2,7 @@
 //! `set_check_mode`, so it sits with the op list (the agreement module
 //! carries the modes out).
 
-use crate::parse::{value_enum, Choice};
+use crate::parse::{choice, Choice};
 
 /// When device calls agree on their descriptors (`RANKMESH_CHECK`, or
 /// [`GroupCoordinator::set_check_mode`](crate::GroupCoordinator::set_check_mode)).
@@ -44,13 +44,10 @@ impl CheckMode {
     }
 }
 
-impl Choice for CheckMode {
-    const ALL: &'static [Self] = &[CheckMode::Strict, CheckMode::Deferred, CheckMode::Off];
-    fn name(self) -> &'static str {
-        self.name()
-    }
-}
-value_enum!(CheckMode);
+choice!(
+    CheckMode,
+    &[CheckMode::Strict, CheckMode::Deferred, CheckMode::Off]
+);
 
 impl std::str::FromStr for CheckMode {
     type Err = String;

@@ -1,6 +1,6 @@
 //! Reduction operators.
 
-use crate::parse::{value_enum, Choice};
+use crate::parse::{choice, Choice};
 use serde::{Deserialize, Serialize};
 
 /// Element-wise reduction operator.
@@ -64,13 +64,7 @@ impl ReduceOp {
     }
 }
 
-impl Choice for ReduceOp {
-    const ALL: &'static [Self] = &ReduceOp::ALL;
-    fn name(self) -> &'static str {
-        self.name()
-    }
-}
-value_enum!(ReduceOp);
+choice!(ReduceOp, &ReduceOp::ALL);
 
 impl std::str::FromStr for ReduceOp {
     type Err = String;

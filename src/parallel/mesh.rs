@@ -318,25 +318,6 @@ impl MeshLayout {
             .map(|base| MeshLayout::members(&picked, base))
             .collect())
     }
-
-    /// Which of `names`' groups rank `rank` is in (its index in
-    /// [`groups`](Self::groups)).
-    fn group_index(&self, names: &[&str], rank: usize) -> Result<usize> {
-        let picked = self.pick(names)?;
-        let mut others: Vec<&Dim> = self
-            .dims
-            .iter()
-            .filter(|d| !picked.iter().any(|p| p.name == d.name))
-            .collect();
-        others.sort_by_key(|d| d.stride);
-        let mut index = 0;
-        let mut scale = 1;
-        for d in others {
-            index += ((rank / d.stride) % d.size) * scale;
-            scale *= d.size;
-        }
-        Ok(index)
-    }
 }
 
 /// Megatron's parallel sizes (`initialize_model_parallel`'s arguments); DP
@@ -446,13 +427,12 @@ impl<'rt> Mesh<'rt> {
             return Ok(g.clone());
         }
         let lists = self.layout.groups(names)?;
-        let index = self.layout.group_index(names, self.rt.rank())?;
         let label = names.join("_");
         let made = self
             .rt
             .split_groups(&label, &lists)?
             .ok_or_else(|| bad(format!("rank {} is in no {label} group", self.rt.rank())))?;
-        debug_assert_eq!(made.ranks(), lists[index].as_slice());
+        debug_assert!(lists.iter().any(|l| l.as_slice() == made.ranks()));
         self.groups.borrow_mut().push((key, made.clone()));
         Ok(made)
     }
