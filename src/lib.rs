@@ -60,7 +60,7 @@ pub use device::{DeviceInfo, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 pub use dtype::DType;
 pub use error::{Error, NcclError, Rejection, Result};
 pub use group::{
-    Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, PlaneTensor, RankInfo,
+    Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, P2p, PlaneTensor, RankInfo,
     Runtime, WorldInfo,
 };
 pub use helpers::{

@@ -26,6 +26,8 @@ pub const TAG_ANSWER: i32 = 0x5202;
 pub const TAG_DATA: i32 = 0x5203;
 /// Tag of the payload pieces of a batch (a tensor dictionary's tensors).
 const TAG_BATCH: i32 = 0x5204;
+/// Tag of `batch_send_recv` payloads.
+const TAG_P2P_BATCH: i32 = 0x5205;
 
 /// Where one rank's block of an all-to-all lies in a buffer: `count` runs of
 /// `run` bytes, `stride` bytes apart, and the next rank's block `extent`
@@ -672,6 +674,16 @@ impl<'c> MpiExec<'c> {
         want: &[usize],
         peer: usize,
     ) -> Result<(), Fault> {
+        self.complete_from(reqs, want, &|_| peer)
+    }
+
+    /// [`complete`](Self::complete) with the peer of each receive request.
+    fn complete_from(
+        &self,
+        reqs: &mut [ffi::MPI_Request],
+        want: &[usize],
+        peer_of: &dyn Fn(usize) -> usize,
+    ) -> Result<(), Fault> {
         let n = reqs.len();
         let mut left = n;
         let mut index: Vec<c_int> = vec![0; n];
@@ -703,7 +715,7 @@ impl<'c> MpiExec<'c> {
                     let got = got.max(0) as usize;
                     if got != *w && fault.is_ok() {
                         fault = Err(Fault::Short {
-                            peer,
+                            peer: peer_of(i),
                             got,
                             want: *w,
                         });
@@ -714,6 +726,49 @@ impl<'c> MpiExec<'c> {
             self.pulse.beat();
         }
         fault
+    }
+
+    /// A batch's headers: for each `(mine, peer, out_tag, in_tag)`, sends
+    /// `mine` to `peer` with `out_tag` and receives `theirs[i]` from it with
+    /// `in_tag`, every one posted before any is waited for.
+    pub(crate) fn swap_headers(&self, mine: &[(&[u8], usize, i32, i32)], theirs: &mut [&mut [u8]]) {
+        let comm = self.comm.as_raw();
+        let mut reqs = Vec::with_capacity(2 * mine.len());
+        for ((bytes, peer, out_tag, in_tag), into) in mine.iter().zip(theirs.iter_mut()) {
+            // SAFETY: both buffers outlive the requests, completed below.
+            unsafe {
+                reqs.push(irecv_bytes(comm, into, *peer, *in_tag));
+                reqs.push(isend_bytes(comm, bytes, *peer, *out_tag));
+            }
+        }
+        let _ = self.complete(&mut reqs, &[], 0);
+    }
+
+    /// A batch's payloads: every receive (`recvs`: buffer and source) and
+    /// every send (`sends`: buffer and destination) posted at once, in
+    /// pieces, then waited for; a short piece is a fault naming its sender.
+    pub(crate) fn send_recv_batch(
+        &self,
+        sends: &[(&[u8], usize)],
+        recvs: &mut [(&mut [u8], usize)],
+    ) -> Result<(), Fault> {
+        let comm = self.comm.as_raw();
+        let (mut reqs, mut want, mut from) = (Vec::new(), Vec::new(), Vec::new());
+        for (buf, src) in recvs.iter_mut() {
+            for piece in buf.chunks_mut(self.max_bytes) {
+                want.push(piece.len());
+                from.push(*src);
+                // SAFETY: `piece` is exclusively borrowed until every request completes below.
+                reqs.push(unsafe { irecv_bytes(comm, piece, *src, TAG_P2P_BATCH) });
+            }
+        }
+        for (buf, dst) in sends {
+            for piece in buf.chunks(self.max_bytes) {
+                // SAFETY: every request is completed below, before `sends` can be released.
+                reqs.push(unsafe { isend_bytes(comm, piece, *dst, TAG_P2P_BATCH) });
+            }
+        }
+        self.complete_from(&mut reqs, &want, &|i| from[i])
     }
 
     /// Sends a fixed-size header with `tag`.

@@ -427,6 +427,67 @@ impl<'rt> GroupCoordinator<'rt> {
         )
     }
 
+    /// The dispatch path of a batch of sends and receives: every pair's
+    /// header goes out and its peer's comes back at once (a sender's
+    /// descriptor against its receiver's expectation, checked by both
+    /// ends), then `body` moves the pairs marked agreed; the first pair that
+    /// disagreed is the error, on both of its ends.
+    pub(crate) fn exchange_batch(
+        &self,
+        pairs: &[(Descriptor, Peer)],
+        body: impl FnOnce(&[bool]) -> std::result::Result<(), Fault>,
+    ) -> Result<()> {
+        let op = Op::BatchSendRecv;
+        let me = self.rank_in_group();
+        let mut peers = Vec::with_capacity(pairs.len());
+        for (_, p) in pairs {
+            let (what, peer) = match p {
+                Peer::To(d) => ("send peer", *d),
+                Peer::From(s) => ("receive peer", *s),
+            };
+            let peer = self.check_rank(op, what, peer)?;
+            if peer == me {
+                return Err(Error::invalid(
+                    op,
+                    self.name(),
+                    format!("{what} {peer} is this rank itself"),
+                ));
+            }
+            peers.push(peer);
+        }
+        let call = self.watch_now(Descriptor::new(op, &[]));
+        let mut theirs = vec![Descriptor::new(op, &[]); pairs.len()];
+        let mine: Vec<(&[u8], usize, i32, i32)> = pairs
+            .iter()
+            .zip(&peers)
+            .map(|((d, p), peer)| {
+                let tags = match p {
+                    Peer::To(_) => (TAG_HEADER, TAG_ANSWER),
+                    Peer::From(_) => (TAG_ANSWER, TAG_HEADER),
+                };
+                (bytemuck::bytes_of(d), *peer, tags.0, tags.1)
+            })
+            .collect();
+        let mut into: Vec<&mut [u8]> = theirs.iter_mut().map(bytemuck::bytes_of_mut).collect();
+        self.mpi().swap_headers(&mine, &mut into);
+        let verdicts: Vec<std::result::Result<(), String>> = pairs
+            .iter()
+            .zip(&theirs)
+            .zip(&peers)
+            .map(|(((d, p), other), peer)| match p {
+                Peer::To(_) => agree_peers(d, other, me, *peer),
+                Peer::From(_) => agree_peers(other, d, *peer, me),
+            })
+            .collect();
+        let agreed: Vec<bool> = verdicts.iter().map(|v| v.is_ok()).collect();
+        let moved = body(&agreed);
+        let refused = verdicts.into_iter().find_map(|v| v.err());
+        call.finish(match refused {
+            Some(m) => Err(Error::mismatch(op, self.name(), m)),
+            None => moved.map_err(|f| f.into_error(op, self.name())),
+        })
+    }
+
     /// The dispatch path of a combined send/receive (each rank sends to `dst`
     /// and receives from `src`, as in a ring shift): headers and answers are
     /// exchanged with `MPI_Sendrecv`, each link is checked by its two ends,

@@ -56,6 +56,25 @@ macro_rules! plane_tensor {
 plane_tensor!(crate::tensor::Tensor, false);
 plane_tensor!(crate::device::DeviceTensor, true);
 
+/// One operation of [`Collectives::batch_send_recv`].
+pub enum P2p<'a, T> {
+    /// Send the tensor to the member at this position.
+    Send(&'a T, usize),
+    /// Receive into the tensor from the member at this position (its dtype
+    /// and shape must be the sender's).
+    Recv(&'a mut T, usize),
+}
+
+impl<T> P2p<'_, T> {
+    /// The tensor and the peer.
+    pub(crate) fn parts(&self) -> (&T, usize) {
+        match self {
+            P2p::Send(t, p) => (t, *p),
+            P2p::Recv(t, p) => (t, *p),
+        }
+    }
+}
+
 /// The collectives of one group on one data plane. `'rt` is the runtime's
 /// lifetime (every group borrows the [`Runtime`](crate::Runtime)).
 ///
@@ -166,6 +185,16 @@ pub trait Collectives<'rt> {
         dst: Option<usize>,
         src: Option<usize>,
     ) -> Result<()>;
+
+    /// torch's `batch_isend_irecv`: every send and receive of `ops` is
+    /// issued together and completes together, deadlock-free whatever the
+    /// order of `ops` on each member (pipeline stages exchanging
+    /// activations). A member's k-th send to a peer pairs with that peer's
+    /// k-th receive from it. Each pair is checked by its two ends: a dtype or
+    /// size that differs is an error on both, naming both, while the pairs
+    /// that agree still move. Peers are positions in the group, never this
+    /// member itself.
+    fn batch_send_recv(&self, ops: &mut [P2p<'_, Self::Tensor>]) -> Result<()>;
 
     /// Element-wise reduction of every member's tensor (same shape and dtype
     /// everywhere); the result on every member.

@@ -20,7 +20,7 @@ use crate::device::copy::run_copies;
 use crate::device::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
-use crate::group::Collectives;
+use crate::group::{Collectives, P2p};
 use crate::nccl::comm::Communicator;
 use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
@@ -273,7 +273,12 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     /// `desc` of a point-to-point call on `t`, flagged when `t` is a view
     /// this call cannot use (both ends then refuse it).
     fn p2p_desc(&self, t: &DeviceTensor) -> (Descriptor, Option<(ViewProblem, String)>) {
-        let mut desc = tensor_desc(Op::Send, t, &[]);
+        self.p2p_desc_of(Op::Send, t)
+    }
+
+    /// [`p2p_desc`](Self::p2p_desc) for `op`.
+    fn p2p_desc_of(&self, op: Op, t: &DeviceTensor) -> (Descriptor, Option<(ViewProblem, String)>) {
+        let mut desc = tensor_desc(op, t, &[]);
         let view = t.view_problem(self.stream);
         if let Some((problem, _)) = &view {
             desc.mark_unusable_view(*problem);
@@ -743,6 +748,56 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     /// Each link is checked by its two ends over MPI; only links that agree
     /// are enqueued, so both ends of a link do the same thing.
+    fn batch_send_recv(&self, ops: &mut [P2p<'_, DeviceTensor>]) -> Result<()> {
+        let mut view = None;
+        let pairs: Vec<(Descriptor, Peer)> = ops
+            .iter()
+            .map(|o| {
+                let (t, peer) = o.parts();
+                let (desc, v) = self.p2p_desc_of(Op::BatchSendRecv, t);
+                view = view.take().or(v);
+                match o {
+                    P2p::Send(..) => (desc, Peer::To(peer)),
+                    P2p::Recv(..) => (desc, Peer::From(peer)),
+                }
+            })
+            .collect();
+        self.group
+            .exchange_batch(&pairs, |agreed| {
+                // Only the pairs both ends agreed on, all in one NCCL group
+                // (across pair communicators too: the bracket is NCCL-wide).
+                let s = self.enqueue()?;
+                let moving: Vec<&P2p<'_, DeviceTensor>> = ops
+                    .iter()
+                    .zip(agreed)
+                    .filter_map(|(o, ok)| ok.then_some(o))
+                    .collect();
+                let peers: Vec<usize> = moving.iter().map(|o| o.parts().1).collect();
+                let links = self.links(&peers)?;
+                let Some((first, _)) = links.first() else {
+                    return Ok(());
+                };
+                let fused = first.group()?;
+                for (o, (comm, peer)) in moving.iter().zip(&links) {
+                    let t = o.parts().0;
+                    let p = t.ptr_on(s)?;
+                    // SAFETY: `t` holds `numel` elements of its dtype on this device.
+                    unsafe {
+                        match o {
+                            P2p::Send(..) => {
+                                comm.send(p, t.numel(), t.dtype(), *peer, self.raw())?
+                            }
+                            P2p::Recv(..) => {
+                                comm.recv(p, t.numel(), t.dtype(), *peer, self.raw())?
+                            }
+                        }
+                    }
+                }
+                Ok(fused.end()?)
+            })
+            .map_err(|e| found_here(e, view))
+    }
+
     fn send_recv_into(
         &self,
         t: &DeviceTensor,

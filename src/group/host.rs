@@ -11,8 +11,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
 use crate::exec::executor::{HostExec, HostMoves};
 use crate::exec::mpi::BlockLayout;
-use crate::group::Collectives;
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
+use crate::group::{Collectives, P2p};
 use crate::op::normalize_dim;
 use crate::op::Op;
 use crate::op::ReduceOp;
@@ -262,6 +262,31 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         let (_, src) = self.ring_peers(None, src);
         self.point_to_point(tensor_desc(Op::Send, &*out, &[]), Peer::From(src), |_| {
             self.mpi().recv(out.bytes_mut(), src)
+        })
+    }
+
+    fn batch_send_recv(&self, ops: &mut [P2p<'_, Tensor>]) -> Result<()> {
+        let pairs: Vec<(Descriptor, Peer)> = ops
+            .iter()
+            .map(|o| {
+                let (t, peer) = o.parts();
+                let desc = tensor_desc(Op::BatchSendRecv, t, &[]);
+                match o {
+                    P2p::Send(..) => (desc, Peer::To(peer)),
+                    P2p::Recv(..) => (desc, Peer::From(peer)),
+                }
+            })
+            .collect();
+        self.exchange_batch(&pairs, |agreed| {
+            let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+            for (o, ok) in ops.iter_mut().zip(agreed) {
+                match o {
+                    P2p::Send(t, dst) if *ok => sends.push((t.bytes(), *dst)),
+                    P2p::Recv(t, src) if *ok => recvs.push((t.bytes_mut(), *src)),
+                    _ => {}
+                }
+            }
+            self.mpi().send_recv_batch(&sends, &mut recvs)
         })
     }
 

@@ -15,7 +15,7 @@ mod runtime;
 
 pub use batch::Batch;
 pub(crate) use call::{tensor_desc, OutputFit};
-pub use collectives::{Collectives, PlaneTensor};
+pub use collectives::{Collectives, P2p, PlaneTensor};
 pub use device::{DeviceEvent, DeviceGroup};
 pub use runtime::{Options, RankInfo, Runtime, WorldInfo};
 

@@ -62,6 +62,8 @@ pub enum Op {
     CreateGroup,
     /// Setting a group's check mode (agreed like a collective).
     SetCheckMode,
+    /// Sends and receives issued together (torch's `batch_isend_irecv`).
+    BatchSendRecv,
 }
 
 const _: () = {
@@ -76,7 +78,7 @@ const _: () = {
 };
 
 impl Op {
-    const ALL: [Op; 20] = [
+    const ALL: [Op; 21] = [
         Op::Barrier,
         Op::AllReduce,
         Op::AllGather,
@@ -97,6 +99,7 @@ impl Op {
         Op::Synchronize,
         Op::CreateGroup,
         Op::SetCheckMode,
+        Op::BatchSendRecv,
     ];
 
     /// Public name of the operation.
@@ -122,6 +125,7 @@ impl Op {
             Op::Synchronize => "synchronize",
             Op::CreateGroup => "create_group",
             Op::SetCheckMode => "set_check_mode",
+            Op::BatchSendRecv => "batch_send_recv",
         }
     }
 
@@ -139,6 +143,7 @@ impl Op {
         match self {
             Op::Barrier
             | Op::Send
+            | Op::BatchSendRecv
             | Op::AllToAll
             | Op::Connect
             | Op::SendRecv
@@ -171,6 +176,7 @@ impl Op {
                 | Op::Broadcast
                 | Op::AllToAll4d
                 | Op::Send
+                | Op::BatchSendRecv
                 | Op::Reduce
                 | Op::AllToAll
         )

@@ -4,7 +4,9 @@
 //! emulators in CI, a real GPU with scripts/gpu-check.sh).
 
 use super::reference::{concat, input, reduced, slice, values};
-use rankmesh::{Collectives, DType, DeviceGroup, DeviceTensor, GroupCoordinator, ReduceOp, Tensor};
+use rankmesh::{
+    Collectives, DType, DeviceGroup, DeviceTensor, GroupCoordinator, P2p, ReduceOp, Tensor,
+};
 
 /// A data plane as the scenarios drive it: its collectives plus moving
 /// tensors between the host and the plane.
@@ -165,6 +167,125 @@ pub fn check_all<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
             false,
             &format!("all_to_all {dtype} np{p}"),
         )?;
+    }
+    check_batch(c)
+}
+
+/// `batch_send_recv`: a ring (two tensors each way, receives posted first on
+/// odd members), a pipeline step (activations forward, gradients back), and
+/// a pair whose sizes differ: an error on both ends naming both, while the
+/// batch's other pair still moves. Random non-integer data.
+fn check_batch<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
+    let g = c.group();
+    let (p, me) = (g.size(), g.rank_in_group());
+    if p < 2 {
+        return Ok(());
+    }
+    let sum = ReduceOp::Sum;
+    let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
+    for dtype in [DType::F32, DType::BF16] {
+        let a = c.put(&input(me, &[3, 5], dtype, sum))?;
+        let b = c.put(&input(me + p, &[7], dtype, sum))?;
+        let mut ra = c.put(&Tensor::zeros([3, 5], dtype).map_err(e)?)?;
+        let mut rb = c.put(&Tensor::zeros([7], dtype).map_err(e)?)?;
+        let mut ops = if me % 2 == 0 {
+            vec![
+                P2p::Send(&a, next),
+                P2p::Send(&b, next),
+                P2p::Recv(&mut ra, prev),
+                P2p::Recv(&mut rb, prev),
+            ]
+        } else {
+            vec![
+                P2p::Recv(&mut ra, prev),
+                P2p::Recv(&mut rb, prev),
+                P2p::Send(&a, next),
+                P2p::Send(&b, next),
+            ]
+        };
+        c.batch_send_recv(&mut ops).map_err(e)?;
+        drop(ops);
+        let ctx = format!("batch ring {dtype} np{p}");
+        close(
+            &c.get(&ra)?,
+            &[3, 5],
+            &values(prev, 15, dtype, sum),
+            false,
+            &ctx,
+        )?;
+        close(
+            &c.get(&rb)?,
+            &[7],
+            &values(prev + p, 7, dtype, sum),
+            false,
+            &ctx,
+        )?;
+    }
+    // A pipeline step: stage `me` sends its activation to the next stage and
+    // its gradient to the previous one.
+    let act = c.put(&input(me, &[4, 2], DType::F32, sum))?;
+    let grad = c.put(&input(me + 2 * p, &[6], DType::F32, sum))?;
+    let mut act_in = c.put(&Tensor::zeros([4, 2], DType::F32).map_err(e)?)?;
+    let mut grad_in = c.put(&Tensor::zeros([6], DType::F32).map_err(e)?)?;
+    let mut ops = Vec::new();
+    if me + 1 < p {
+        ops.push(P2p::Send(&act, me + 1));
+        ops.push(P2p::Recv(&mut grad_in, me + 1));
+    }
+    if me > 0 {
+        ops.push(P2p::Recv(&mut act_in, me - 1));
+        ops.push(P2p::Send(&grad, me - 1));
+    }
+    c.batch_send_recv(&mut ops).map_err(e)?;
+    drop(ops);
+    if me > 0 {
+        let want = values(me - 1, 8, DType::F32, sum);
+        close(
+            &c.get(&act_in)?,
+            &[4, 2],
+            &want,
+            false,
+            "pipeline activation",
+        )?;
+    }
+    if me + 1 < p {
+        let want = values(me + 1 + 2 * p, 6, DType::F32, sum);
+        close(&c.get(&grad_in)?, &[6], &want, false, "pipeline gradient")?;
+    }
+    // Members 0 and 1: the first pair's sizes differ, the second agrees.
+    if me < 2 {
+        let x = c.put(&input(me, &[4], DType::F32, sum))?;
+        let y = c.put(&input(me, &[2], DType::F32, sum))?;
+        let mut rx = c.put(&Tensor::zeros([5], DType::F32).map_err(e)?)?;
+        let mut ry = c.put(&Tensor::zeros([2], DType::F32).map_err(e)?)?;
+        let mut ops = if me == 0 {
+            vec![P2p::Send(&x, 1), P2p::Send(&y, 1)]
+        } else {
+            vec![P2p::Recv(&mut rx, 0), P2p::Recv(&mut ry, 0)]
+        };
+        let got = c.batch_send_recv(&mut ops);
+        drop(ops);
+        match got {
+            Err(err)
+                if err
+                    .to_string()
+                    .contains("group rank 0 sends batch_send_recv(")
+                    && err
+                        .to_string()
+                        .contains("shape [4] f32) but group rank 1 expects batch_send_recv(")
+                    && err.to_string().contains("shape [5] f32)") => {}
+            other => return Err(format!("a batch pair of different sizes: {other:?}")),
+        }
+        if me == 1 {
+            let want = values(0, 2, DType::F32, sum);
+            close(
+                &c.get(&ry)?,
+                &[2],
+                &want,
+                false,
+                "the agreed pair of a refused batch",
+            )?;
+        }
     }
     Ok(())
 }
