@@ -10,6 +10,37 @@ use std::os::raw::c_void;
 /// Largest pitch `cuMemcpy2D` accepts on current GPUs (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`).
 const MAX_PITCH: usize = i32::MAX as usize;
 
+/// How one plan runs on a device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DeviceCopy {
+    /// `cuMemcpyDtoDAsync` of `len` bytes: a single row has no pitch, and
+    /// rows too far apart for a 2-D copy go one at a time.
+    Linear { src: usize, dst: usize, len: usize },
+    /// `cuMemcpy2DAsync` (both pitches within `CU_DEVICE_ATTRIBUTE_MAX_PITCH`).
+    Pitched(Copy2d),
+}
+
+/// The device copies that run `c` given the largest pitch a 2-D copy takes.
+/// A single row is always a 1-D copy, so a contiguous copy of 2 GiB or more
+/// never meets the pitch limit (a row's pitch was its length before).
+fn device_copies(c: &Copy2d, max_pitch: usize) -> Vec<DeviceCopy> {
+    if c.width == 0 || c.height == 0 {
+        return Vec::new();
+    }
+    let row = |r: usize| DeviceCopy::Linear {
+        src: c.src_offset + r * c.src_pitch,
+        dst: c.dst_offset + r * c.dst_pitch,
+        len: c.width,
+    };
+    if c.height == 1 {
+        vec![row(0)]
+    } else if c.src_pitch.max(c.dst_pitch) <= max_pitch {
+        vec![DeviceCopy::Pitched(*c)]
+    } else {
+        (0..c.height).map(row).collect()
+    }
+}
+
 /// Enqueues `copies` from `src` to `dst` (device addresses) on `stream`.
 pub(crate) fn run_copies(
     copies: &[Copy2d],
@@ -18,18 +49,23 @@ pub(crate) fn run_copies(
     stream: sys::CUstream,
 ) -> Result<()> {
     let (src, dst) = (src as u64, dst as u64);
-    for c in copies.iter().filter(|c| c.width > 0 && c.height > 0) {
-        if c.src_pitch.max(c.dst_pitch) <= MAX_PITCH {
-            enqueue_2d(c, src, dst, stream)?;
-        } else {
-            // Rows too far apart for one 2-D copy: one 1-D copy per row.
-            for row in 0..c.height {
-                let one = Copy2d::bytes(
-                    c.src_offset + row * c.src_pitch,
-                    c.dst_offset + row * c.dst_pitch,
-                    c.width,
-                );
-                enqueue_2d(&one, src, dst, stream)?;
+    for c in copies {
+        for copy in device_copies(c, MAX_PITCH) {
+            match copy {
+                DeviceCopy::Pitched(p) => enqueue_2d(&p, src, dst, stream)?,
+                DeviceCopy::Linear {
+                    src: s,
+                    dst: d,
+                    len,
+                } => {
+                    // SAFETY: inside both buffers (the plan is built from the
+                    // shapes they were allocated for).
+                    unsafe {
+                        sys::cuMemcpyDtoDAsync_v2(dst + d as u64, src + s as u64, len, stream)
+                    }
+                    .result()
+                    .map_err(|e| Error::Gpu(format!("cuMemcpyDtoDAsync: {e}")))?;
+                }
             }
         }
     }
@@ -60,4 +96,52 @@ fn enqueue_2d(c: &Copy2d, src: u64, dst: u64, stream: sys::CUstream) -> Result<(
     unsafe { sys::cuMemcpy2DAsync_v2(&p, stream) }
         .result()
         .map_err(|e| Error::Gpu(format!("cuMemcpy2DAsync: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A contiguous copy of 3 GiB is one 1-D copy (as a 2-D copy its pitch
+    /// would be 3 GiB, above the limit, and the driver would refuse it).
+    #[test]
+    fn one_row_is_a_linear_copy_whatever_its_length() {
+        let big = Copy2d::bytes(8, 16, 3 << 30);
+        assert_eq!(
+            device_copies(&big, MAX_PITCH),
+            [DeviceCopy::Linear {
+                src: 8,
+                dst: 16,
+                len: 3 << 30
+            }]
+        );
+    }
+
+    #[test]
+    fn rows_too_far_apart_go_one_at_a_time() {
+        let c = Copy2d {
+            src_offset: 0,
+            dst_offset: 4,
+            width: 10,
+            height: 3,
+            src_pitch: 100,
+            dst_pitch: 10,
+        };
+        assert_eq!(device_copies(&c, 1000), [DeviceCopy::Pitched(c)]);
+        let rows = device_copies(&c, 50);
+        assert_eq!(
+            rows,
+            [0, 1, 2].map(|r| DeviceCopy::Linear {
+                src: 100 * r,
+                dst: 4 + 10 * r,
+                len: 10
+            })
+        );
+        for copy in rows {
+            if let DeviceCopy::Pitched(p) = copy {
+                panic!("a 2-D copy with pitches {} / {}", p.src_pitch, p.dst_pitch);
+            }
+        }
+        assert!(device_copies(&Copy2d::bytes(0, 0, 0), 50).is_empty());
+    }
 }
