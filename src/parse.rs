@@ -7,6 +7,19 @@
 /// nccl-tests' `-b`/`-e` take it (a fraction is truncated, as there). `None`
 /// for anything else, a negative size, or more than [`MAX_SIZE`].
 pub fn parse_size(s: &str) -> Option<u64> {
+    size_in_bytes(s).map(|b| b as u64)
+}
+
+/// [`parse_size`] for a count that must be whole (`1.5K` is, `1.5` is not):
+/// the `RANKMESH_*_BYTES` variables.
+pub fn parse_whole_size(s: &str) -> Option<u64> {
+    size_in_bytes(s)
+        .filter(|b| b.fract() == 0.0)
+        .map(|b| b as u64)
+}
+
+/// The grammar both share: bytes as an `f64`, exact below [`MAX_SIZE`].
+fn size_in_bytes(s: &str) -> Option<f64> {
     let s = s.trim();
     let (num, mult) = match s.chars().last()? {
         'K' | 'k' => (&s[..s.len() - 1], 1u64 << 10),
@@ -18,7 +31,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
     let bytes = v * mult as f64;
     // Above 2^53 a byte count is no longer exact in f64, and far above any
     // machine's memory: refused here rather than saturated into a panic.
-    (v >= 0.0 && bytes <= MAX_SIZE as f64).then_some(bytes as u64)
+    (v >= 0.0 && bytes <= MAX_SIZE as f64).then_some(bytes)
 }
 
 /// Largest size accepted (8 PiB, exact in f64).
@@ -31,9 +44,9 @@ pub trait Choice: Copy + 'static {
     const ALL: &'static [Self];
     /// The value's name, as users type it.
     fn name(self) -> &'static str;
-    /// The value named `s` (surrounding blanks ignored).
+    /// The value named exactly `s`.
     fn named(s: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|v| v.name() == s.trim())
+        Self::ALL.iter().copied().find(|v| v.name() == s)
     }
 }
 
@@ -75,6 +88,10 @@ mod tests {
         assert_eq!(parse_size("lots"), None);
         assert_eq!(parse_size("1e30"), None);
         assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("1.5"), Some(1));
+        assert_eq!(parse_whole_size("1.5"), None);
+        assert_eq!(parse_whole_size("1.5K"), Some(1536));
+        assert_eq!(parse_whole_size(" 16M "), Some(16 << 20));
     }
 
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,7 +111,8 @@ mod tests {
 
     #[test]
     fn choices_parse_from_their_names_and_list_them_for_clap() {
-        assert_eq!(Colour::named(" blue"), Some(Colour::Blue));
+        assert_eq!(Colour::named("blue"), Some(Colour::Blue));
+        assert_eq!(Colour::named(" blue"), None);
         assert_eq!(Colour::named("green"), None);
         let listed: Vec<String> = <Colour as clap::ValueEnum>::value_variants()
             .iter()

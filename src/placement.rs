@@ -44,7 +44,7 @@ choice!(
 impl std::str::FromStr for BindPolicy {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        BindPolicy::named(s).ok_or_else(|| {
+        BindPolicy::named(s.trim()).ok_or_else(|| {
             Error::Launch(format!(
                 "unknown binding policy {:?}: use none, cores, numa or gpu",
                 s.trim()

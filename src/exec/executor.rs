@@ -136,7 +136,7 @@ impl std::str::FromStr for ExecChoice {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        ExecChoice::named(s).ok_or_else(|| {
+        ExecChoice::named(s.trim()).ok_or_else(|| {
             Error::Launch(format!(
                 "RANKMESH_HOST_PLANE={s:?} is not one of mpi, shm, hier, auto"
             ))

@@ -456,7 +456,8 @@ impl<'rt> GroupCoordinator<'rt> {
             peers.push(peer);
         }
         let call = self.watch_now(Descriptor::new(op, &[]));
-        let mut theirs = vec![Descriptor::new(op, &[]); pairs.len()];
+        // Zeroed: a header cut short by its peer reads as corrupt (no magic).
+        let mut theirs = vec![bytemuck::Zeroable::zeroed(); pairs.len()];
         let mine: Vec<(&[u8], usize, i32, i32)> = pairs
             .iter()
             .zip(&peers)

@@ -10,7 +10,7 @@ use crate::exec::executor::ExecChoice;
 use crate::exec::shm::ShmWindow;
 use crate::op::CheckMode;
 use crate::op::Op;
-use crate::parse::parse_size;
+use crate::parse::parse_whole_size;
 use crate::placement::{self, BindPolicy, Placement};
 use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
 use mpi::environment::Universe;
@@ -156,7 +156,7 @@ impl Options {
 
 /// Environment variable `name`'s value `v` as a byte count in `lo..=hi`.
 fn byte_count(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
-    parse_size(v)
+    parse_whole_size(v)
         .filter(|n| (lo..=hi).contains(n))
         .ok_or_else(|| Error::Launch(format!("{name}={v:?} is not a byte count in {lo}..={hi}")))
 }
@@ -624,5 +624,7 @@ mod tests {
             "launch: B=\"2G\" is not a byte count in 1..=1073741824"
         );
         assert!(byte_count("B", "lots", 1, 1 << 30).is_err());
+        // A count of bytes is whole, as before sizes took suffixes.
+        assert!(byte_count("B", "7.5", 1, 1 << 30).is_err());
     }
 }

@@ -52,6 +52,6 @@ choice!(
 impl std::str::FromStr for CheckMode {
     type Err = String;
     fn from_str(s: &str) -> Result<CheckMode, String> {
-        CheckMode::named(s).ok_or_else(|| "expected strict, deferred or off".into())
+        CheckMode::named(s.trim()).ok_or_else(|| "expected strict, deferred or off".into())
     }
 }

@@ -169,11 +169,12 @@ impl MeshLayout {
             etp,
         } = sizes;
         let etp = etp.unwrap_or(tp);
-        let dense_model = tp.checked_mul(pp).and_then(|m| m.checked_mul(cp));
         if tp == 0 || pp == 0 || cp == 0 || ep == 0 || etp == 0 {
             return Err(bad("every Megatron size must be at least 1".into()));
         }
-        let dense_model = dense_model
+        let dense_model = tp
+            .checked_mul(pp)
+            .and_then(|m| m.checked_mul(cp))
             .filter(|m| world.is_multiple_of(*m))
             .ok_or_else(|| {
                 bad(format!(

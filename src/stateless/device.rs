@@ -122,7 +122,7 @@ impl StatelessDevice<'_, '_> {
     }
 
     /// This member's descriptor of a device call of `op` on `t`.
-    fn describe(op: Op, t: &DeviceTensor, params: &[i64]) -> Descriptor {
+    fn call_desc(op: Op, t: &DeviceTensor, params: &[i64]) -> Descriptor {
         Descriptor::for_tensor(op, t.dtype(), t.shape(), params).on_device()
     }
 
@@ -152,7 +152,7 @@ impl StatelessDevice<'_, '_> {
     /// Member `src`'s tensor into `t` on every member (in place).
     pub fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
         let op = Op::Broadcast;
-        self.agree(Self::describe(op, t, &[src as i64]))?;
+        self.agree(Self::call_desc(op, t, &[src as i64]))?;
         let (n, dt) = (t.numel(), t.dtype());
         let p = t.ptr_on(self.gpu.enqueue_own()?)?;
         // SAFETY: in place, as NCCL allows; `t` holds `n` elements until the stream ran.
@@ -163,7 +163,7 @@ impl StatelessDevice<'_, '_> {
     /// Element-wise reduction of every member's `t`, in place.
     pub fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
         let op = Op::AllReduce;
-        self.agree(Self::describe(op, t, &[reduce_op.code()]))?;
+        self.agree(Self::call_desc(op, t, &[reduce_op.code()]))?;
         let (n, dt) = (t.numel(), t.dtype());
         let p = t.ptr_on(self.gpu.enqueue_own()?)?;
         // SAFETY: in place, as NCCL allows.
@@ -177,7 +177,7 @@ impl StatelessDevice<'_, '_> {
     pub fn send(&self, t: &DeviceTensor, dst: usize) -> Result<()> {
         let op = Op::Send;
         let dst = self.peer(op, "dst", dst)?;
-        let desc = Self::describe(op, t, &[]);
+        let desc = Self::call_desc(op, t, &[]);
         self.group
             .send_obj(&bytemuck::bytes_of(&desc).to_vec(), dst)?;
         let verdict: std::result::Result<(), String> = self.group.recv_obj(dst)?;
@@ -201,7 +201,7 @@ impl StatelessDevice<'_, '_> {
         let op = Op::Send;
         let src = self.peer(op, "src", src)?;
         let bytes: Vec<u8> = self.group.recv_obj(src)?;
-        let expected = Self::describe(op, out, &[]);
+        let expected = Self::call_desc(op, out, &[]);
         let verdict = descriptor_from(&bytes, src)
             .and_then(|sent| agree_peers(&sent, &expected, src, self.group.rank()));
         self.group.send_obj(&verdict, src)?;
