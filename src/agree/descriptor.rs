@@ -54,9 +54,11 @@ const DEVICE: u32 = 2;
 const VIEW_ENDED: u32 = 4;
 /// Flag: an input or output is a device view made for another stream.
 const VIEW_ELSEWHERE: u32 = 8;
+/// Flag: an uneven op's counts do not fit the caller's tensors.
+const BAD_COUNTS: u32 = 16;
 /// Problems one rank finds in its own arguments before the agreement: not
 /// part of the digest, but a call any member flags is refused by all.
-const LOCAL_PROBLEMS: u32 = BAD_OUTPUT | VIEW_ENDED | VIEW_ELSEWHERE;
+const LOCAL_PROBLEMS: u32 = BAD_OUTPUT | VIEW_ENDED | VIEW_ELSEWHERE | BAD_COUNTS;
 
 /// Why a device view cannot be used by a call (found before the agreement).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +126,14 @@ impl Descriptor {
     pub fn mark_bad_output(&mut self, bad: bool) {
         if bad {
             self.flags |= BAD_OUTPUT;
+        }
+    }
+
+    /// Marks the caller's counts of an uneven op as not fitting its tensors
+    /// (checked after the exchange, so the other ranks fail too).
+    pub fn mark_bad_counts(&mut self, bad: bool) {
+        if bad {
+            self.flags |= BAD_COUNTS;
         }
     }
 
@@ -240,6 +250,11 @@ impl Descriptor {
         if op.carries_tensor() {
             let dt = self.dtype().map_or("?", DType::name);
             let place = if self.is_device() { "device " } else { "" };
+            let place = if op.carries_row_shape() {
+                format!("{place}rows of ")
+            } else {
+                place.to_string()
+            };
             parts.push(if self.ndim() > MAX_DIMS {
                 format!(
                     "{place}{}-d tensor of {} elements {dt}",
@@ -254,6 +269,7 @@ impl Descriptor {
             parts.push(match *name {
                 "op" => format!("op {}", ReduceOp::from_code(v).map_or("?", ReduceOp::name)),
                 "type" => format!("type #{:016x}", v as u64),
+                "counts" => format!("counts #{:016x}", v as u64),
                 "mode" => format!(
                     "mode {}",
                     crate::CheckMode::from_code(v).map_or("?", crate::CheckMode::name)
@@ -414,6 +430,11 @@ pub fn agree(
         .find_map(|(r, d)| d.view_refusal().map(|why| (r, why)))
     {
         return Err(Rejection::Invalid(format!("group rank {r} {why}")));
+    }
+    if let Some(r) = descs.iter().position(|d| d.flags & BAD_COUNTS != 0) {
+        return Err(Rejection::Invalid(format!(
+            "group rank {r} passed counts that do not fit its tensors"
+        )));
     }
     if let Some(r) = descs.iter().position(Descriptor::bad_output) {
         return Err(Rejection::Invalid(format!(

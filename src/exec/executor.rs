@@ -11,6 +11,7 @@ use crate::error::{Error, Fault, Result};
 use crate::op::ReduceOp;
 use crate::parse::{choice, Choice};
 use crate::tensor::Tensor;
+use std::ops::Range;
 
 /// The byte movements of the host collectives. Sizes were agreed before
 /// any of these is called; an `Err` is a fault of the transfer itself.
@@ -53,6 +54,21 @@ pub(crate) trait HostMoves {
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault>;
     /// Block `r` of every rank's `send` into block `sender` of rank `r`'s `out`.
     fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    /// Every rank's `mine` (`lens[r]` bytes from rank `r`, known to all)
+    /// into `out`, concatenated in rank order.
+    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault>;
+    /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose
+    /// `out` receives it at `recv_blocks[sender]`; each link's length was
+    /// agreed by its two ends. `longest`: the longest block any rank
+    /// sends, the same on every rank.
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_blocks: &[Range<usize>],
+        out: &mut [u8],
+        recv_blocks: &[Range<usize>],
+        longest: usize,
+    ) -> Result<(), Fault>;
     /// [`all_to_all_into`](Self::all_to_all_into) with blocks laid out by
     /// `send_layout` and `recv_layout`; `Ok(false)` when the executor cannot
     /// express the layouts (the caller packs instead).
@@ -209,6 +225,23 @@ impl HostMoves for MpiExec<'_> {
 
     fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
         MpiExec::all_to_all_into(self, send, out);
+        Ok(())
+    }
+
+    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+        MpiExec::all_gather_v_into(self, mine, lens, out);
+        Ok(())
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_blocks: &[Range<usize>],
+        out: &mut [u8],
+        recv_blocks: &[Range<usize>],
+        longest: usize,
+    ) -> Result<(), Fault> {
+        MpiExec::all_to_all_v(self, send, send_blocks, out, recv_blocks, longest);
         Ok(())
     }
 

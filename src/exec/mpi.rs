@@ -16,6 +16,7 @@ use mpi::datatype::PartitionMut;
 use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use std::ops::Range;
 use std::os::raw::c_int;
 
 /// Tag of point-to-point call headers.
@@ -125,6 +126,67 @@ pub(crate) fn copy_block(
 ) {
     for (from, pos, run) in block_runs(sl, r, off, len) {
         write_block(dst, dl, at, off + pos, &src[from..from + run]);
+    }
+}
+
+/// Where the blocks of an all-to-all lie in one rank's buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Blocks<'a> {
+    /// Equal blocks laid out by a [`BlockLayout`].
+    Even(BlockLayout),
+    /// Block `r` is the contiguous bytes `spans[r]` (uneven counts).
+    Spans(&'a [Range<usize>]),
+}
+
+impl Blocks<'_> {
+    /// Bytes of block `r`.
+    pub(crate) fn len(&self, r: usize) -> usize {
+        match self {
+            Blocks::Even(l) => l.count * l.run,
+            Blocks::Spans(s) => s[r].len(),
+        }
+    }
+
+    /// Bytes `off..off + dst.len()` of block `r` of `buf` into `dst`.
+    pub(crate) fn read(&self, buf: &[u8], r: usize, off: usize, dst: &mut [u8]) {
+        match self {
+            Blocks::Even(l) => read_block(buf, *l, r, off, dst),
+            Blocks::Spans(_) if dst.is_empty() => {}
+            Blocks::Spans(s) => copy_bytes(dst, &buf[s[r].start + off..][..dst.len()]),
+        }
+    }
+
+    /// `src` into bytes `off..off + src.len()` of block `r` of `buf`.
+    pub(crate) fn write(&self, buf: &mut [u8], r: usize, off: usize, src: &[u8]) {
+        match self {
+            Blocks::Even(l) => write_block(buf, *l, r, off, src),
+            Blocks::Spans(_) if src.is_empty() => {}
+            Blocks::Spans(s) => copy_bytes(&mut buf[s[r].start + off..][..src.len()], src),
+        }
+    }
+
+    /// Bytes `off..off + len` of block `r` of `src` (laid out by `self`)
+    /// into the same bytes of block `at` of `dst` (laid out by `to`), with
+    /// no copy between.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn copy_to(
+        &self,
+        src: &[u8],
+        r: usize,
+        to: Blocks,
+        dst: &mut [u8],
+        at: usize,
+        off: usize,
+        len: usize,
+    ) {
+        match (self, to) {
+            _ if len == 0 => {}
+            (Blocks::Even(sl), Blocks::Even(dl)) => copy_block(src, *sl, r, dst, dl, at, off, len),
+            (Blocks::Spans(s), to) => to.write(dst, at, off, &src[s[r].start + off..][..len]),
+            (from, Blocks::Spans(d)) => {
+                from.read(src, r, off, &mut dst[d[at].start + off..][..len])
+            }
+        }
     }
 }
 
@@ -517,18 +579,139 @@ impl<'c> MpiExec<'c> {
 
     /// Each rank's `mine` (lengths `lens`, known to all) delivered to every rank.
     pub fn all_gather_varcount(&self, mine: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
-        let mut out: Vec<Vec<u8>> = lens.iter().map(|n| Vec::with_capacity(*n)).collect();
+        let mut flat = vec![0u8; lens.iter().sum()];
+        self.all_gather_v_into(mine, lens, &mut flat);
+        let mut at = 0;
+        lens.iter()
+            .map(|n| {
+                at += n;
+                flat[at - n..at].to_vec()
+            })
+            .collect()
+    }
+
+    /// Each rank's `mine` (`lens[r]` bytes from rank `r`, known to all)
+    /// into `out`, concatenated in rank order: one `MPI_Allgatherv` on the
+    /// caller's buffers when `out` fits a message, rounds through scratch
+    /// otherwise.
+    pub(crate) fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) {
+        let total: usize = lens.iter().sum();
+        let spare = [0u8; 2];
+        if total <= self.max_bytes {
+            let counts: Vec<c_int> = lens.iter().map(|n| *n as c_int).collect();
+            let displs = displacements(&counts);
+            // SAFETY: `mine` holds this rank's count and `out` every count
+            // at its displacement (all within `int`: `total` is).
+            unsafe {
+                ffi::MPI_Allgatherv(
+                    real_ptr(mine, &spare[0]),
+                    mine.len() as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    real_ptr(out, &spare[1]).cast_mut(),
+                    counts.as_ptr(),
+                    displs.as_ptr(),
+                    ffi::RSMPI_UINT8_T,
+                    self.comm.as_raw(),
+                );
+            }
+            self.pulse.beat();
+            return;
+        }
+        let starts: Vec<usize> = lens
+            .iter()
+            .scan(0, |at, n| {
+                *at += n;
+                Some(*at - n)
+            })
+            .collect();
         for (start, counts) in self.varcount_rounds(lens) {
             let displs = displacements(&counts);
-            let total = counts.iter().sum::<i32>() as usize;
-            let mut tmp = vec![0u8; total];
+            let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
             let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
             let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
             self.comm.all_gather_varcount_into(own, &mut part);
             self.pulse.beat();
-            scatter_round(&mut out, &tmp, &counts, &displs);
+            for (r, at) in starts.iter().enumerate() {
+                let (d, n) = (displs[r] as usize, counts[r] as usize);
+                if n > 0 {
+                    copy_bytes(&mut out[at + start..at + start + n], &tmp[d..d + n]);
+                }
+            }
         }
-        out
+    }
+
+    /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose
+    /// `out` receives it at `recv_blocks[sender]`: one `MPI_Alltoallv` on
+    /// the caller's buffers when every block fits a message, rounds
+    /// through scratch otherwise. `longest`: the longest block any rank
+    /// sends, the same on every rank (it decides the rounds).
+    pub(crate) fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_blocks: &[Range<usize>],
+        out: &mut [u8],
+        recv_blocks: &[Range<usize>],
+        longest: usize,
+    ) {
+        let p = self.size();
+        let spare = [0u8; 2];
+        let ints = |blocks: &[Range<usize>], piece: Option<(usize, usize)>| {
+            blocks
+                .iter()
+                .enumerate()
+                .map(|(r, b)| match piece {
+                    None => (b.len() as c_int, b.start as c_int),
+                    Some((start, piece)) => (
+                        b.len().saturating_sub(start).min(piece) as c_int,
+                        (r * piece) as c_int,
+                    ),
+                })
+                .unzip::<_, _, Vec<c_int>, Vec<c_int>>()
+        };
+        // The same decision on every rank: no buffer exceeds P blocks.
+        if longest.saturating_mul(p) <= self.max_bytes {
+            let (sc, sd) = ints(send_blocks, None);
+            let (rc, rd) = ints(recv_blocks, None);
+            // SAFETY: every block lies inside its buffer (the caller's
+            // counts were checked against the tensors), within `int`.
+            unsafe {
+                alltoallv(
+                    self.comm,
+                    (real_ptr(send, &spare[0]), &sc, &sd),
+                    (real_ptr(out, &spare[1]).cast_mut(), &rc, &rd),
+                );
+            }
+            self.pulse.beat();
+            return;
+        }
+        let piece = self.per_rank_piece();
+        let (mut s, mut r) = (vec![0u8; piece * p], vec![0u8; piece * p]);
+        for start in (0..longest).step_by(piece) {
+            let (sc, sd) = ints(send_blocks, Some((start, piece)));
+            let (rc, rd) = ints(recv_blocks, Some((start, piece)));
+            for (q, b) in send_blocks.iter().enumerate() {
+                let n = sc[q] as usize;
+                if n > 0 {
+                    copy_bytes(&mut s[q * piece..][..n], &send[b.start + start..][..n]);
+                }
+            }
+            // SAFETY: piece `q` of each scratch buffer starts at `q·piece`
+            // and holds at most `piece` bytes.
+            unsafe {
+                alltoallv(
+                    self.comm,
+                    (s.as_ptr().cast(), &sc, &sd),
+                    (r.as_mut_ptr().cast(), &rc, &rd),
+                );
+            }
+            self.pulse.beat();
+            for (q, b) in recv_blocks.iter().enumerate() {
+                let n = rc[q] as usize;
+                if n > 0 {
+                    copy_bytes(&mut out[b.start + start..][..n], &r[q * piece..][..n]);
+                }
+            }
+        }
     }
 
     /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`.
@@ -913,6 +1096,39 @@ fn check_count(
 }
 
 /// This rank's piece of a variable-count round (empty once its data is sent).
+/// `buf`'s address for MPI, or `spare`'s when `buf` is empty: an empty
+/// slice's dangling address is Open MPI's `MPI_IN_PLACE`.
+fn real_ptr(buf: &[u8], spare: &u8) -> *const std::ffi::c_void {
+    if buf.is_empty() {
+        (spare as *const u8).cast()
+    } else {
+        buf.as_ptr().cast()
+    }
+}
+
+/// `MPI_Alltoallv` of bytes: (buffer, counts, displacements) each way.
+///
+/// # Safety
+/// Each block (count at displacement) lies inside its buffer, and the
+/// arrays have one entry per member of `comm`.
+unsafe fn alltoallv(
+    comm: &SimpleCommunicator,
+    send: (*const std::ffi::c_void, &[c_int], &[c_int]),
+    recv: (*mut std::ffi::c_void, &[c_int], &[c_int]),
+) {
+    ffi::MPI_Alltoallv(
+        send.0,
+        send.1.as_ptr(),
+        send.2.as_ptr(),
+        ffi::RSMPI_UINT8_T,
+        recv.0,
+        recv.1.as_ptr(),
+        recv.2.as_ptr(),
+        ffi::RSMPI_UINT8_T,
+        comm.as_raw(),
+    );
+}
+
 fn own_piece(mine: &[u8], start: usize, count: i32) -> &[u8] {
     let start = start.min(mine.len());
     &mine[start..start + count as usize]

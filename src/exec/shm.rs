@@ -36,7 +36,7 @@
 use super::combine::combine;
 use super::copy::{copy_bytes, stream_bytes};
 use super::executor::HostMoves;
-use super::mpi::{copy_block, read_block, write_block, BlockLayout};
+use super::mpi::{BlockLayout, Blocks};
 use crate::agree::Descriptor;
 use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::dtype::DType;
@@ -49,6 +49,7 @@ use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use std::cell::{Cell, RefCell};
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -537,44 +538,56 @@ impl ShmExec {
         self.reduce_pieces(pulse, None, t.bytes_mut(), n, dtype, op, true)
     }
 
-    /// Every rank's `block` into `out` in rank order, on the ranks that
-    /// pass one (an all-gather, or a gather to the rank that does).
-    fn gather_pieces(
+    /// Every rank's `mine` (`len(r)` bytes from rank `r`, known to all)
+    /// into `out`, concatenated in rank order, on the ranks that pass one
+    /// (an all-gather, or a gather to the rank that does).
+    fn gather_v(
         &self,
         pulse: &Pulse,
-        block: &[u8],
+        mine: &[u8],
+        len: impl Fn(usize) -> usize,
         mut out: Option<&mut [u8]>,
     ) -> Result<(), Fault> {
-        let n = block.len();
-        let put = output_copy(n * self.size);
-        for (off, m) in pieces(n, self.window.chunk) {
+        let longest = (0..self.size).map(&len).max().unwrap_or(0);
+        let put = output_copy((0..self.size).map(&len).sum());
+        for (off, m) in pieces(longest, self.chunk()) {
             let place = self.begin_phase(m);
-            copy_bytes(self.own(place, 0, m), &block[off..off + m]);
+            let own = mine.len().saturating_sub(off).min(m);
+            if own > 0 {
+                copy_bytes(self.own(place, 0, own), &mine[off..off + own]);
+            }
             self.sync(pulse)?;
             if let Some(out) = out.as_deref_mut() {
+                let mut at = 0;
                 for r in 0..self.size {
-                    // This rank's own piece from its block, still in cache.
-                    let from = match r == self.me {
-                        true => &block[off..off + m],
-                        false => self.peer(r, place, 0, m),
-                    };
-                    put(&mut out[r * n + off..r * n + off + m], from);
+                    let len = len(r);
+                    let n = len.saturating_sub(off).min(m);
+                    if n > 0 {
+                        // This rank's own piece from its block, still in cache.
+                        let from = match r == self.me {
+                            true => &mine[off..off + n],
+                            false => self.peer(r, place, 0, n),
+                        };
+                        put(&mut out[at + off..at + off + n], from);
+                    }
+                    at += len;
                 }
             }
         }
         Ok(())
     }
 
-    /// Moves `P` blocks per rank: block `r` of this rank's `send` (laid out
-    /// by `sl`) to rank `r`, whose block `me` of `out` (laid out by `rl`)
-    /// receives it. `from`/`to` narrow it to a scatter or a gather.
-    #[allow(clippy::too_many_arguments)]
+    /// Moves `P` blocks per rank: block `r` of this rank's `send` to rank
+    /// `r`, whose block `me` of `out` receives it (each laid out by its
+    /// [`Blocks`]; a link's two ends agree on its length). `longest`: the
+    /// longest block any rank sends, the same on every rank (it decides the
+    /// phases). `sender` narrows it to a scatter from that rank.
     fn exchange_blocks(
         &self,
         pulse: &Pulse,
-        send: Option<(&[u8], BlockLayout)>,
-        mut out: Option<(&mut [u8], BlockLayout)>,
-        block: usize,
+        send: Option<(&[u8], Blocks)>,
+        mut out: Option<(&mut [u8], Blocks)>,
+        longest: usize,
         sender: Option<usize>,
     ) -> Result<(), Fault> {
         let p = self.size;
@@ -589,22 +602,25 @@ impl ShmExec {
         // (after the synchronisation, when `out` may be written: a failed
         // agreement leaves it untouched), not through the window.
         let direct = send.filter(|_| out.is_some() && senders.contains(&me));
-        for (off, m) in pieces(block, self.block_piece()) {
+        let part = |len: usize, off: usize, m: usize| len.saturating_sub(off).min(m);
+        for (off, m) in pieces(longest, self.block_piece()) {
             let place = self.begin_phase(p * m);
-            if let Some((buf, layout)) = send {
+            if let Some((buf, blocks)) = send {
                 for r in (0..p).filter(|r| direct.is_none() || *r != me) {
-                    read_block(buf, layout, r, off, self.own(place, r * m, m));
+                    let n = part(blocks.len(r), off, m);
+                    blocks.read(buf, r, off, self.own(place, r * m, n));
                 }
             }
             self.sync(pulse)?;
-            if let Some((buf, layout)) = out.as_mut() {
+            if let Some((buf, blocks)) = out.as_mut() {
                 for s in senders.clone() {
-                    if let Some((src, sl)) = direct.filter(|_| s == me) {
-                        copy_block(src, sl, me, buf, *layout, slot(me), off, m);
+                    let n = part(blocks.len(slot(s)), off, m);
+                    if let Some((src, from)) = direct.filter(|_| s == me) {
+                        from.copy_to(src, me, *blocks, buf, slot(me), off, n);
                         continue;
                     }
-                    let piece = self.peer(s, place, me * m, m);
-                    write_block(buf, *layout, slot(s), off, piece);
+                    let piece = self.peer(s, place, me * m, n);
+                    blocks.write(buf, slot(s), off, piece);
                 }
             }
         }
@@ -726,13 +742,15 @@ impl HostMoves for ShmCall<'_> {
     }
 
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
-        self.plane.gather_pieces(&self.pulse, block, Some(out))
+        let n = block.len();
+        self.plane.gather_v(&self.pulse, block, |_| n, Some(out))
     }
 
     fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
         let plane = self.plane;
         let mut out = (plane.me == root).then(|| vec![0u8; block.len() * plane.size]);
-        plane.gather_pieces(&self.pulse, block, out.as_deref_mut())?;
+        let n = block.len();
+        plane.gather_v(&self.pulse, block, |_| n, out.as_deref_mut())?;
         Ok(out)
     }
 
@@ -742,22 +760,41 @@ impl HostMoves for ShmCall<'_> {
         lens: &[usize],
         root: Option<usize>,
     ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
-        let plane = self.plane;
-        let gets = root.is_none_or(|r| r == plane.me);
-        let mut out: Option<Vec<Vec<u8>>> =
-            gets.then(|| lens.iter().map(|n| Vec::with_capacity(*n)).collect());
-        let longest = lens.iter().copied().max().unwrap_or(0);
-        for (off, m) in pieces(longest, plane.chunk()) {
-            let place = plane.begin_phase(m);
-            let own = mine.len().saturating_sub(off).min(m);
-            copy_bytes(plane.own(place, 0, own), &mine[off..off + own]);
-            plane.sync(&self.pulse)?;
-            for (r, got) in out.iter_mut().flatten().enumerate() {
-                let len = lens[r].saturating_sub(off).min(m);
-                got.extend_from_slice(plane.peer(r, place, 0, len));
-            }
-        }
-        Ok(out)
+        let gets = root.is_none_or(|r| r == self.plane.me);
+        let mut flat = gets.then(|| vec![0u8; lens.iter().sum()]);
+        self.plane
+            .gather_v(&self.pulse, mine, |r| lens[r], flat.as_deref_mut())?;
+        Ok(flat.map(|flat| {
+            let mut at = 0;
+            lens.iter()
+                .map(|n| {
+                    at += n;
+                    flat[at - n..at].to_vec()
+                })
+                .collect()
+        }))
+    }
+
+    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+        self.plane
+            .gather_v(&self.pulse, mine, |r| lens[r], Some(out))
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_blocks: &[Range<usize>],
+        out: &mut [u8],
+        recv_blocks: &[Range<usize>],
+        longest: usize,
+    ) -> Result<(), Fault> {
+        self.plane.exchange_blocks(
+            &self.pulse,
+            Some((send, Blocks::Spans(send_blocks))),
+            Some((out, Blocks::Spans(recv_blocks))),
+            longest,
+            None,
+        )
     }
 
     fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
@@ -767,8 +804,8 @@ impl HostMoves for ShmCall<'_> {
             .map(|s| (s, contiguous(block)));
         self.plane.exchange_blocks(
             &self.pulse,
-            send,
-            Some((recv, contiguous(block))),
+            send.map(|(s, l)| (s, Blocks::Even(l))),
+            Some((recv, Blocks::Even(contiguous(block)))),
             block,
             Some(root),
         )
@@ -807,8 +844,8 @@ impl HostMoves for ShmCall<'_> {
         let block = send_layout.count * send_layout.run;
         self.plane.exchange_blocks(
             &self.pulse,
-            Some((send, send_layout)),
-            Some((out, recv_layout)),
+            Some((send, Blocks::Even(send_layout))),
+            Some((out, Blocks::Even(recv_layout))),
             block,
             None,
         )?;
@@ -819,6 +856,7 @@ impl HostMoves for ShmCall<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::mpi::{copy_block, read_block, write_block};
 
     #[test]
     fn pieces_cover_the_total_and_an_empty_call_has_one() {

@@ -85,7 +85,7 @@ impl<'rt> GroupCoordinator<'rt> {
         if self.size() == 1 {
             return self.run_if_admitted(op, desc, &check, body);
         }
-        if desc.is_device() {
+        if desc.is_device() && !op.exchanges_counts() {
             match self.inner.check.get() {
                 CheckMode::Strict => {}
                 CheckMode::Deferred => return self.agree_deferred(desc, check, body),
@@ -559,7 +559,19 @@ fn explain_output(e: Error, out: (DType, &[usize]), dtype: DType, shape: &[usize
 /// The descriptor of tensor op `op` on input `t` (host or device, by its type).
 #[inline(always)]
 pub(crate) fn tensor_desc<T: PlaneTensor>(op: Op, t: &T, params: &[i64]) -> Descriptor {
-    let desc = Descriptor::for_tensor(op, t.dtype(), t.shape(), params);
+    shaped_desc::<T>(op, t.dtype(), t.shape(), params)
+}
+
+/// The descriptor of tensor op `op` on a `T` of `dtype` described by
+/// `shape` (the input's, or what the op's descriptor carries instead).
+#[inline(always)]
+pub(crate) fn shaped_desc<T: PlaneTensor>(
+    op: Op,
+    dtype: DType,
+    shape: &[usize],
+    params: &[i64],
+) -> Descriptor {
+    let desc = Descriptor::for_tensor(op, dtype, shape, params);
     if T::ON_DEVICE {
         desc.on_device()
     } else {

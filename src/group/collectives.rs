@@ -167,6 +167,25 @@ pub trait Collectives<'rt> {
         gather_dim: usize,
     ) -> Result<()>;
 
+    /// [`all_to_all_v`](Self::all_to_all_v) into `out`, whose dim 0 is the
+    /// sum of `recv_counts` (other dims and dtype as `t`'s).
+    fn all_to_all_v_into(
+        &self,
+        t: &Self::Tensor,
+        send_counts: &[usize],
+        out: &mut Self::Tensor,
+        recv_counts: &[usize],
+    ) -> Result<()>;
+
+    /// [`all_gather_v`](Self::all_gather_v) into `out`.
+    fn all_gather_v_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        counts: &[usize],
+        dim: isize,
+    ) -> Result<()>;
+
     /// Sends `t` to group rank `dst` (the next member when `None`). Shape
     /// and dtype disagreement with the receiver is an error on both sides.
     fn send(&self, t: &Self::Tensor, dst: Option<usize>) -> Result<()>;
@@ -275,6 +294,46 @@ pub trait Collectives<'rt> {
     fn all_to_all(&self, t: &Self::Tensor) -> Result<Self::Tensor> {
         let mut out = self.empty(t.shape().to_vec(), t.dtype())?;
         self.all_to_all_into(t, &mut out)?;
+        Ok(out)
+    }
+
+    /// All-to-all with per-member counts (`MPI_Alltoallv`; torch's
+    /// `all_to_all_single` with split sizes): the first `send_counts[0]`
+    /// rows of dim 0 of `t` go to group rank 0, the next `send_counts[1]`
+    /// to rank 1, and so on; the result holds `recv_counts[s]` rows from
+    /// each group rank `s`, in source order. Zero counts are allowed.
+    ///
+    /// Each link is checked by its two ends before any row moves: a
+    /// sender's count that is not its receiver's expectation is an error on
+    /// both, naming both and the two counts, while the links that agree
+    /// still move. Counts that do not add up to the tensors' dim 0 are an
+    /// error on every member. The counts travel in one extra exchange of
+    /// 24 bytes per member, in every check mode.
+    fn all_to_all_v(
+        &self,
+        t: &Self::Tensor,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+    ) -> Result<Self::Tensor> {
+        let mut shape = t.shape().to_vec();
+        if let Some(rows) = shape.first_mut() {
+            *rows = recv_counts.iter().fold(0usize, |a, n| a.saturating_add(*n));
+        }
+        let mut out = self.empty(shape, t.dtype())?;
+        self.all_to_all_v_into(t, send_counts, &mut out, recv_counts)?;
+        Ok(out)
+    }
+
+    /// Concatenation along `dim` of every member's tensor, in group-rank
+    /// order, where group rank `r`'s has `counts[r]` slices along `dim`
+    /// (`MPI_Allgatherv`; sequence pieces of uneven length). Every member
+    /// passes the same counts (agreed like the dtype: different counts are
+    /// an error on every member), zeros allowed; its own count must be its
+    /// tensor's size along `dim`.
+    fn all_gather_v(&self, t: &Self::Tensor, counts: &[usize], dim: isize) -> Result<Self::Tensor> {
+        let shape = crate::op::uneven::all_gather_v_shape(t.shape(), counts, dim);
+        let mut out = self.empty(shape, t.dtype())?;
+        self.all_gather_v_into(t, &mut out, counts, dim)?;
         Ok(out)
     }
 

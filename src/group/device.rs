@@ -14,6 +14,7 @@
 //! host plane uses too.
 
 use super::connect::{connect, connect_pair};
+use super::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here, Links};
 use super::{tensor_desc, GroupCoordinator, OutputFit, Peer};
 use crate::agree::{Descriptor, ViewProblem};
 use crate::device::copy::run_copies;
@@ -26,7 +27,9 @@ use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
 use crate::op::ReduceOp;
 use crate::op::{normalize_dim, Op};
-use crate::tensor::split::{concat_dim_copies, is_contiguous_split, split_dim_copies, Copy2d};
+use crate::tensor::split::{
+    concat_dim_copies, concat_uneven_copies, is_contiguous_split, split_dim_copies, Copy2d,
+};
 use crate::tensor::{numel, Element};
 use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
 use std::cell::Ref;
@@ -717,6 +720,116 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
             },
         )
+    }
+
+    /// The counts are exchanged over MPI (each link checked by its two
+    /// ends), then every agreed link is enqueued in one NCCL group.
+    fn all_to_all_v_into(
+        &self,
+        t: &DeviceTensor,
+        send_counts: &[usize],
+        out: &mut DeviceTensor,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let (size, me) = (self.group.size(), self.group.rank_in_group());
+        let (mut desc, problem) = all_to_all_v_desc(t, send_counts, &*out, recv_counts, size);
+        let view = t
+            .view_problem(self.stream)
+            .or_else(|| out.view_problem(self.stream));
+        let refused = self
+            .dispatch(&mut desc, OutputFit::Unchecked, view, || {
+                let links = self.group.swap_counts(send_counts, recv_counts)?;
+                let row_elems = numel(&t.shape()[1..]);
+                let row = row_elems * t.dtype().size();
+                let (sent, got) = (
+                    Links::spans(send_counts, &links.send, row),
+                    Links::spans(recv_counts, &links.recv, row),
+                );
+                let s = self.enqueue()?;
+                let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
+                if size > 1 {
+                    let comm = self.comm()?;
+                    let fused = comm.group()?;
+                    for r in (0..size).filter(|r| *r != me) {
+                        let (ns, nr) = (links.send[r] * row_elems, links.recv[r] * row_elems);
+                        // SAFETY: the spans lie inside the tensors (the
+                        // counts were checked against their dim 0).
+                        unsafe {
+                            if ns > 0 {
+                                comm.send(at(src, sent[r].start), ns, t.dtype(), r, self.raw())?;
+                            }
+                            if nr > 0 {
+                                comm.recv(at_mut(dst, got[r].start), nr, t.dtype(), r, self.raw())?;
+                            }
+                        }
+                    }
+                    fused.end()?;
+                }
+                let own = Copy2d::bytes(sent[me].start, got[me].start, got[me].len());
+                run_copies(&[own], src, dst, s.cu_stream())?;
+                Ok(links.refused)
+            })
+            .map_err(|e| counts_found_here(e, &problem))?;
+        match refused {
+            Some(m) => Err(Error::mismatch(Op::AllToAllV, self.group.name(), m)),
+            None => Ok(()),
+        }
+    }
+
+    /// One NCCL group of broadcasts, one per member with a non-zero count,
+    /// each into its place (NCCL has no all-gather of uneven counts); a
+    /// non-leading dim goes through scratch and 2-D copies.
+    fn all_gather_v_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        counts: &[usize],
+        dim: isize,
+    ) -> Result<()> {
+        let (size, me) = (self.group.size(), self.group.rank_in_group());
+        let (mut desc, problem) = all_gather_v_desc(t, counts, dim, me, size);
+        let view = t
+            .view_problem(self.stream)
+            .or_else(|| out.view_problem(self.stream));
+        let fit = self.group.output_fit(&desc, &*out);
+        self.dispatch(&mut desc, fit, view, || {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if size == 1 {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let src = t.ptr_on(s)?;
+            let slice = numel(&t.shape()[..d]) * numel(&t.shape()[d + 1..]);
+            let contiguous = is_contiguous_split(t.shape(), d);
+            let blocks = match contiguous {
+                true => None,
+                false => Some(self.scratch(out.nbytes())?),
+            };
+            let dst = match &blocks {
+                Some(b) => b.ptr_on(s)?,
+                None => out.ptr_on(s)?,
+            };
+            let fused = comm.group()?;
+            let mut at_elem = 0;
+            for (r, n) in counts.iter().enumerate() {
+                let count = n * slice;
+                if count > 0 {
+                    let into = at_mut(dst, at_elem * t.dtype().size());
+                    // SAFETY: member `r`'s block lies inside `dst` (the
+                    // counts were agreed and checked against the output).
+                    unsafe { comm.broadcast(src, into, count, t.dtype(), r, self.raw())? };
+                }
+                at_elem += count;
+            }
+            fused.end()?;
+            if let Some(b) = blocks {
+                let plan = concat_uneven_copies(out.shape(), d, counts, t.dtype().size());
+                run_copies(&plan, b.ptr_on(s)?, out.ptr_on(s)?, s.cu_stream())?;
+            }
+            Ok(())
+        })
+        .map_err(|e| counts_found_here(e, &problem))
     }
 
     /// Shape and dtype are checked with the receiver over MPI first; then enqueued.

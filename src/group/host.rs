@@ -11,13 +11,16 @@ use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
 use crate::exec::executor::{HostExec, HostMoves};
 use crate::exec::mpi::BlockLayout;
+use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here, Links};
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};
 use crate::op::normalize_dim;
 use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::tensor::split::{concat_dim_into, is_contiguous_split, split_dim_into};
-use crate::tensor::Tensor;
+use crate::tensor::split::{
+    concat_dim_into, concat_uneven_copies, is_contiguous_split, split_dim_into,
+};
+use crate::tensor::{numel, Tensor};
 
 impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     type Tensor = Tensor;
@@ -246,6 +249,73 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             })?;
             Ok(())
         })
+    }
+
+    fn all_to_all_v_into(
+        &self,
+        t: &Tensor,
+        send_counts: &[usize],
+        out: &mut Tensor,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let (desc, problem) = all_to_all_v_desc(t, send_counts, &*out, recv_counts, self.size());
+        let refused = self
+            .run_host_op(desc, || {
+                let links = self.swap_counts(send_counts, recv_counts)?;
+                let row = numel(&t.shape()[1..]) * t.dtype().size();
+                let (sent, got) = (
+                    Links::spans(send_counts, &links.send, row),
+                    Links::spans(recv_counts, &links.recv, row),
+                );
+                if self.size() == 1 {
+                    out.bytes_mut()[got[0].clone()].copy_from_slice(&t.bytes()[sent[0].clone()]);
+                } else {
+                    let longest = links.longest.saturating_mul(row);
+                    self.host()
+                        .all_to_all_v(t.bytes(), &sent, out.bytes_mut(), &got, longest)?;
+                }
+                Ok(links.refused)
+            })
+            .map_err(|e| counts_found_here(e, &problem))?;
+        match refused {
+            Some(m) => Err(Error::mismatch(Op::AllToAllV, self.name(), m)),
+            None => Ok(()),
+        }
+    }
+
+    fn all_gather_v_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        counts: &[usize],
+        dim: isize,
+    ) -> Result<()> {
+        let (size, me) = (self.size(), self.rank_in_group());
+        let (desc, problem) = all_gather_v_desc(t, counts, dim, me, size);
+        self.run_host_op_into(desc, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            // Bytes of one slice along `d`, over every outer index.
+            let (shape, elem) = (t.shape(), t.dtype().size());
+            let slice = numel(&shape[..d]) * numel(&shape[d + 1..]) * elem;
+            let lens: Vec<usize> = counts.iter().map(|n| n * slice).collect();
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host()
+                    .all_gather_v_into(t.bytes(), &lens, out.bytes_mut())?;
+            } else {
+                self.with_scratch(out.nbytes(), 0, |blocks, _| {
+                    self.host().all_gather_v_into(t.bytes(), &lens, blocks)?;
+                    let elem = t.dtype().size();
+                    for c in concat_uneven_copies(out.shape(), d, counts, elem) {
+                        c.apply(blocks, out.bytes_mut());
+                    }
+                    Ok::<_, Fault>(())
+                })?;
+            }
+            Ok(())
+        })
+        .map_err(|e| counts_found_here(e, &problem))
     }
 
     /// Synchronous: returns once the receiver has matched the call and taken

@@ -12,6 +12,7 @@ mod executors;
 mod host;
 pub(crate) mod launcher;
 mod runtime;
+mod uneven;
 
 pub use batch::Batch;
 pub(crate) use call::{tensor_desc, OutputFit};

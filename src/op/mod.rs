@@ -6,6 +6,7 @@
 
 mod mode;
 mod reduce;
+pub(crate) mod uneven;
 
 pub use mode::CheckMode;
 pub use reduce::ReduceOp;
@@ -64,6 +65,12 @@ pub enum Op {
     SetCheckMode,
     /// Sends and receives issued together (torch's `batch_isend_irecv`).
     BatchSendRecv,
+    /// Rows of dim 0 exchanged between all ranks, per-peer counts
+    /// (`MPI_Alltoallv`; torch's `all_to_all_single` with split sizes).
+    AllToAllV,
+    /// Concatenation along a dim of every rank's slices, per-rank counts
+    /// (`MPI_Allgatherv`).
+    AllGatherV,
 }
 
 const _: () = {
@@ -78,7 +85,7 @@ const _: () = {
 };
 
 impl Op {
-    const ALL: [Op; 21] = [
+    const ALL: [Op; 23] = [
         Op::Barrier,
         Op::AllReduce,
         Op::AllGather,
@@ -100,6 +107,8 @@ impl Op {
         Op::CreateGroup,
         Op::SetCheckMode,
         Op::BatchSendRecv,
+        Op::AllToAllV,
+        Op::AllGatherV,
     ];
 
     /// Public name of the operation.
@@ -126,6 +135,8 @@ impl Op {
             Op::CreateGroup => "create_group",
             Op::SetCheckMode => "set_check_mode",
             Op::BatchSendRecv => "batch_send_recv",
+            Op::AllToAllV => "all_to_all_v",
+            Op::AllGatherV => "all_gather_v",
         }
     }
 
@@ -145,6 +156,7 @@ impl Op {
             | Op::Send
             | Op::BatchSendRecv
             | Op::AllToAll
+            | Op::AllToAllV
             | Op::Connect
             | Op::SendRecv
             | Op::Synchronize
@@ -152,6 +164,7 @@ impl Op {
             Op::Reduce => &["dst", "op"],
             Op::AllReduce => &["op"],
             Op::AllGather => &["dim"],
+            Op::AllGatherV => &["dim", "counts"],
             Op::Gather => &["dst", "dim"],
             Op::Scatter => &["src", "dim"],
             Op::ReduceScatter => &["dim", "op"],
@@ -179,7 +192,24 @@ impl Op {
                 | Op::BatchSendRecv
                 | Op::Reduce
                 | Op::AllToAll
+                | Op::AllToAllV
+                | Op::AllGatherV
         )
+    }
+
+    /// Whether the op's body starts with a host exchange among every
+    /// member (`all_to_all_v`'s counts): its agreement is never deferred or
+    /// skipped on a device group, as a member in another call would meet
+    /// that exchange unprepared.
+    pub(crate) fn exchanges_counts(self) -> bool {
+        self == Op::AllToAllV
+    }
+
+    /// Whether the call's descriptor carries the shape of one row (one
+    /// index of dim 0) instead of the whole tensor's: the ranks' tensors
+    /// differ in dim 0, their rows must not.
+    pub(crate) fn carries_row_shape(self) -> bool {
+        self == Op::AllToAllV
     }
 
     /// The op's own parameter rules, run by every rank on every rank's call
@@ -207,7 +237,7 @@ impl Op {
                 let k = dim_in_range(d.shape.len(), p[1])?;
                 divisible(d, k, size, "dim")
             }
-            Op::AllGather => dim_in_range(d.shape.len(), p[0]).map(|_| ()),
+            Op::AllGather | Op::AllGatherV => dim_in_range(d.shape.len(), p[0]).map(|_| ()),
             Op::ReduceScatter => {
                 let k = dim_in_range(d.shape.len(), p[0])?;
                 divisible(d, k, size, "dim")?;
@@ -247,6 +277,13 @@ impl Op {
             Op::AllGather => (None, Some(at(param(0))?)),
             Op::Gather => (None, Some(at(param(1))?)),
             Op::ReduceScatter => (Some(at(param(0))?), None),
+            // The descriptor's shape is the output's (counts summed).
+            Op::AllGatherV => {
+                at(param(0))?;
+                (None, None)
+            }
+            // Each rank's output has its own dim 0, checked with its counts.
+            Op::AllToAllV => return None,
             Op::Scatter => (Some(at(param(1))?), None),
             Op::AllToAll4d => {
                 let mode = (param(0), param(1));
@@ -319,6 +356,13 @@ impl Op {
             _ => true,
         }
     }
+}
+
+/// The digest of an uneven op's counts that its descriptor carries, so
+/// that ranks passing different counts disagree.
+pub(crate) fn counts_digest(counts: &[usize]) -> i64 {
+    let words: Vec<u64> = counts.iter().map(|n| *n as u64).collect();
+    xxhash_rust::xxh3::xxh3_64(bytemuck::cast_slice(&words)) as i64
 }
 
 /// Normalises a possibly negative dimension index; `None` when out of range.

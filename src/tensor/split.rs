@@ -84,16 +84,35 @@ pub fn concat_dim_copies(
     parts: usize,
     elem: usize,
 ) -> Vec<Copy2d> {
-    let (outer, inner) = outer_inner(block_shape, dim, elem);
-    let chunk = block_shape[dim] * inner;
-    (0..parts)
-        .map(|p| Copy2d {
-            src_offset: p * outer * chunk,
-            dst_offset: p * chunk,
-            width: chunk,
-            height: outer,
-            src_pitch: chunk,
-            dst_pitch: chunk * parts,
+    concat_uneven_copies(block_shape, dim, &vec![block_shape[dim]; parts], elem)
+}
+
+/// The copies that concatenate contiguous blocks along `dim`, block `p`
+/// having `counts[p]` slices there and `shape`'s other dims (one copy per
+/// block): the unpack of an all-gather with uneven counts.
+pub fn concat_uneven_copies(
+    shape: &[usize],
+    dim: usize,
+    counts: &[usize],
+    elem: usize,
+) -> Vec<Copy2d> {
+    let (outer, inner) = outer_inner(shape, dim, elem);
+    let row = counts.iter().sum::<usize>() * inner;
+    let mut at = (0, 0);
+    counts
+        .iter()
+        .map(|n| {
+            let width = n * inner;
+            let copy = Copy2d {
+                src_offset: at.0,
+                dst_offset: at.1,
+                width,
+                height: outer,
+                src_pitch: width,
+                dst_pitch: row,
+            };
+            at = (at.0 + width * outer, at.1 + width);
+            copy
         })
         .collect()
 }
@@ -193,6 +212,23 @@ mod tests {
         let j = concat_dim_copies(&[2, 2, 3], 1, 2, 1);
         assert_eq!((j[1].src_offset, j[1].dst_offset), (12, 6));
         assert_eq!((j[1].src_pitch, j[1].dst_pitch), (6, 12));
+    }
+
+    #[test]
+    fn uneven_blocks_concatenate_along_a_dim() {
+        // Blocks of [2, 1] and [2, 2] bytes joined along dim 1 into [2, 3].
+        let blocks = [1u8, 2, 3, 4, 5, 6];
+        let mut out = [0u8; 6];
+        for c in concat_uneven_copies(&[2, 3], 1, &[1, 2], 1) {
+            c.apply(&blocks, &mut out);
+        }
+        assert_eq!(out, [1, 3, 4, 2, 5, 6]);
+        // A zero count is a block with nothing in it.
+        let mut out = [0u8; 6];
+        for c in concat_uneven_copies(&[2, 3], 1, &[0, 3, 0], 1) {
+            c.apply(&blocks, &mut out);
+        }
+        assert_eq!(out, blocks);
     }
 
     proptest! {

@@ -53,6 +53,11 @@ fn planes_host(rt: &Runtime) {
     planes::check_all(&rt.world_group().unwrap()).unwrap();
 }
 
+/// The uneven ops alone (`planes::check_uneven`), on the world.
+fn uneven(rt: &Runtime) {
+    planes::check_uneven(&rt.world_group().unwrap()).unwrap();
+}
+
 /// The plane scenarios on groups spanning nodes: the world, and the world
 /// with its members interleaved across nodes (group ranks 0, 1, ... on
 /// alternating nodes, so the hierarchy's order is not the group's).
@@ -85,6 +90,37 @@ fn planes_across_nodes(rt: &Runtime) {
 }
 
 pub const ALL: &[Scenario] = &[
+    Scenario {
+        name: "uneven_mpi",
+        nodes: &[],
+        sizes: &[2, 3, 4],
+        env: &[("RANKMESH_HOST_PLANE", "mpi")],
+        run: uneven,
+    },
+    Scenario {
+        name: "uneven_chunked",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[
+            ("RANKMESH_HOST_PLANE", "mpi"),
+            ("RANKMESH_MAX_MESSAGE_BYTES", "7"),
+        ],
+        run: uneven,
+    },
+    Scenario {
+        name: "uneven_shm_pieces",
+        nodes: &[],
+        sizes: &[2, 3, 4],
+        env: SHM_PIECES,
+        run: uneven,
+    },
+    Scenario {
+        name: "uneven_nodes",
+        nodes: &["2,2", "2,3"],
+        sizes: &[],
+        env: HIER,
+        run: uneven,
+    },
     Scenario {
         name: "collectives",
         nodes: &[],

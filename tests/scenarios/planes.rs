@@ -3,9 +3,10 @@
 //! host group here (mpi_ranks), the device group in tests/gpu.rs (the
 //! emulators in CI, a real GPU with scripts/gpu-check.sh).
 
-use super::reference::{concat, input, reduced, slice, values};
+use super::reference::{concat, input, random_f32, reduced, slice, values};
 use rankmesh::{
-    Collectives, DType, DeviceGroup, DeviceTensor, GroupCoordinator, P2p, ReduceOp, Tensor,
+    CheckMode, Collectives, DType, DeviceGroup, DeviceTensor, GroupCoordinator, P2p, ReduceOp,
+    Tensor,
 };
 
 /// A data plane as the scenarios drive it: its collectives plus moving
@@ -168,7 +169,8 @@ pub fn check_all<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
             &format!("all_to_all {dtype} np{p}"),
         )?;
     }
-    check_batch(c)
+    check_batch(c)?;
+    check_uneven(c)
 }
 
 /// `batch_send_recv`: a ring (two tensors each way, receives posted first on
@@ -288,4 +290,216 @@ fn check_batch<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Rows of dim 0 that group rank `s` sends to group rank `r` in round
+/// `seed`: 0 to 3, a zero on about a third of the links (the same on every
+/// rank, so each can compute every rank's counts).
+fn link_rows(seed: u64, s: usize, r: usize) -> usize {
+    let h =
+        (seed ^ (s as u64 * 0x9E37) ^ (r as u64 * 0x85EB_CA6B)).wrapping_mul(0x2545_F491_4F6C_DD1D);
+    let v = (h >> 33) % 6;
+    if v < 2 {
+        0
+    } else {
+        (v - 2) as usize
+    }
+}
+
+/// Group rank `s`'s input of `rows` rows of `row` elements, random and
+/// non-integer, in `dtype` (the reference rounds the same values).
+fn rows_of(s: usize, seed: u64, rows: usize, row: &[usize], dtype: DType) -> Tensor {
+    let n = rows * row.iter().product::<usize>();
+    let v = random_f32(seed * 31 + s as u64, n);
+    let shape: Vec<usize> = std::iter::once(rows).chain(row.iter().copied()).collect();
+    Tensor::from_fn(shape, dtype, |i| f64::from(v[i]) * 100.0).unwrap()
+}
+
+/// `all_to_all_v` and `all_gather_v` with random counts, zeros included,
+/// against serial references (each rank rebuilds every rank's input), on
+/// several dtypes and row shapes; then counts that disagree: a link whose
+/// ends differ is an error on both naming both (the other links still
+/// move), counts that do not fit a rank's tensors and all-gather counts
+/// that differ are errors on every member.
+pub fn check_uneven<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
+    let g = c.group();
+    let (p, me) = (g.size(), g.rank_in_group());
+    let cases: [(DType, &[usize]); 4] = [
+        (DType::F32, &[3]),
+        (DType::BF16, &[2, 2]),
+        (DType::U8, &[5]),
+        (DType::F64, &[]),
+    ];
+    // `RANKMESH_TEST_SCALE` widens the rows, so blocks cross pieces.
+    let scale: usize = std::env::var("RANKMESH_TEST_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for (round, (dtype, row)) in cases.into_iter().enumerate() {
+        let mut row = row.to_vec();
+        if let Some(last) = row.last_mut() {
+            *last *= scale;
+        }
+        let row = &row[..];
+        let seed = round as u64 + 7;
+        let rows = |s: usize| (0..p).map(|r| link_rows(seed, s, r)).sum::<usize>();
+        let send: Vec<usize> = (0..p).map(|r| link_rows(seed, me, r)).collect();
+        let recv: Vec<usize> = (0..p).map(|s| link_rows(seed, s, me)).collect();
+        let x = c.put(&rows_of(me, seed, rows(me), row, dtype))?;
+        let got = c.get(&c.all_to_all_v(&x, &send, &recv).map_err(e)?)?;
+        // Reference: from each source in order, its rows for this rank.
+        let width = row.iter().product::<usize>();
+        let mut want = Vec::new();
+        for s in 0..p {
+            let theirs = rows_of(s, seed, rows(s), row, dtype).to_f64_vec();
+            let first: usize = (0..me).map(|r| link_rows(seed, s, r)).sum();
+            want.extend_from_slice(&theirs[first * width..(first + recv[s]) * width]);
+        }
+        let shape: Vec<usize> = std::iter::once(recv.iter().sum())
+            .chain(row.iter().copied())
+            .collect();
+        let ctx = format!("all_to_all_v {dtype} rows {row:?} np{p} counts {send:?}/{recv:?}");
+        close(&got, &shape, &want, false, &ctx)?;
+
+        // all_gather_v along dim 0, and along dim 1 of [2, n, row...].
+        let counts: Vec<usize> = (0..p).map(|r| link_rows(seed, r, r + 1)).collect();
+        let x0 = rows_of(me, seed, counts[me], row, dtype);
+        let got = c.get(&c.all_gather_v(&c.put(&x0)?, &counts, 0).map_err(e)?)?;
+        let mut want = Vec::new();
+        for (s, n) in counts.iter().enumerate() {
+            want.extend(rows_of(s, seed, *n, row, dtype).to_f64_vec());
+        }
+        let total: usize = counts.iter().sum();
+        let shape: Vec<usize> = std::iter::once(total).chain(row.iter().copied()).collect();
+        close(
+            &got,
+            &shape,
+            &want,
+            false,
+            &format!("all_gather_v dim 0 {dtype} np{p} counts {counts:?}"),
+        )?;
+        let outer = |s: usize| {
+            let t = rows_of(s, seed + 100, 2 * counts[s], row, dtype);
+            let mut shape = vec![2, counts[s]];
+            shape.extend_from_slice(row);
+            t.reshape(shape).unwrap()
+        };
+        let got = c.get(&c.all_gather_v(&c.put(&outer(me))?, &counts, 1).map_err(e)?)?;
+        let block = counts.iter().map(|n| n * width);
+        let mut want = vec![0.0; 2 * total * width];
+        let mut at = 0;
+        for (s, b) in block.enumerate() {
+            let theirs = outer(s).to_f64_vec();
+            for o in 0..2 {
+                let to = o * total * width + at;
+                want[to..to + b].copy_from_slice(&theirs[o * b..(o + 1) * b]);
+            }
+            at += b;
+        }
+        let mut shape = vec![2, total];
+        shape.extend_from_slice(row);
+        close(
+            &got,
+            &shape,
+            &want,
+            false,
+            &format!("all_gather_v dim 1 {dtype} np{p} counts {counts:?}"),
+        )?;
+    }
+    // Refusals are immediate in strict mode (device groups default to
+    // deferred, where a disagreement surfaces at a later call).
+    let mode = g.check_mode();
+    g.set_check_mode(CheckMode::Strict).map_err(e)?;
+    check_uneven_refusals(c)?;
+    g.set_check_mode(mode).map_err(e)
+}
+
+/// The errors of [`check_uneven`].
+fn check_uneven_refusals<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
+    let g = c.group();
+    let (p, me) = (g.size(), g.rank_in_group());
+    let dtype = DType::F32;
+    // Every link carries 2 rows, but group rank 0 sends 3 to group rank
+    // p - 1 (one more input row), which still expects 2.
+    let last = p - 1;
+    let mut send = vec![2; p];
+    if me == 0 {
+        send[last] = 3;
+    }
+    let recv = vec![2; p];
+    let x = c.put(&rows_of(me, 1, send.iter().sum(), &[2], dtype))?;
+    let mut out = c.put(&Tensor::zeros([2 * p, 2], dtype).map_err(e)?)?;
+    let got = c.all_to_all_v_into(&x, &send, &mut out, &recv);
+    let named = format!("group rank 0 sends 3 rows to group rank {last}, which expects 2");
+    match got {
+        Err(err) if (me == 0 || me == last) && err.to_string().contains(&named) => {}
+        Ok(()) if me != 0 && me != last => {}
+        other => {
+            return Err(format!(
+                "np{p} rank {me}: a link whose counts differ: {other:?}"
+            ))
+        }
+    }
+    // The links that agreed moved: rows from every other source are there.
+    let got = c.get(&out)?.to_f64_vec();
+    for s in (0..p).filter(|s| !(*s == 0 && me == last)) {
+        let theirs =
+            rows_of(s, 1, if s == 0 { 2 * p + 1 } else { 2 * p }, &[2], dtype).to_f64_vec();
+        let first = 2 * me * 2;
+        if got[s * 4..s * 4 + 4] != theirs[first..first + 4] {
+            return Err(format!(
+                "np{p} rank {me}: the agreed link from {s} of a refused call did not move"
+            ));
+        }
+    }
+
+    // Counts that do not add up to the input: every member refuses.
+    let bad = if me == last { vec![1; p] } else { vec![2; p] };
+    let x = c.put(&rows_of(me, 2, 2 * p, &[2], dtype))?;
+    let got = c.all_to_all_v(&x, &bad, &vec![2; p]);
+    let named = format!("group rank {last} passed counts that do not fit its tensors");
+    match got {
+        Err(err) if err.to_string().contains(&named) => {
+            let local = err.to_string().contains("do not add up to the input's");
+            if local != (me == last) {
+                return Err(format!(
+                    "np{p} rank {me}: this rank's problem noted only here: {err}"
+                ));
+            }
+        }
+        other => {
+            let other = other.map(|_| ()).map_err(e);
+            return Err(format!(
+                "np{p} rank {me}: counts that do not fit: {other:?}"
+            ));
+        }
+    }
+
+    // all_gather_v counts that differ between members (group rank 0
+    // moves one slice of member 1's to itself): refused everywhere.
+    if p >= 2 {
+        let mut counts = vec![2; p];
+        if me == 0 {
+            counts[0] = 3;
+            counts[1] = 1;
+        }
+        let x = c.put(&rows_of(me, 3, counts[me], &[2], dtype))?;
+        match c.all_gather_v(&x, &counts, 0) {
+            Err(err) if err.to_string().contains("ranks disagree") => {}
+            other => {
+                let other = other.map(|_| ()).map_err(e);
+                return Err(format!(
+                    "np{p} rank {me}: all_gather_v counts differ: {other:?}"
+                ));
+            }
+        }
+    }
+    // And the group still works after every refusal.
+    let counts = vec![1; p];
+    let x = c.put(&rows_of(me, 4, 1, &[2], dtype))?;
+    let got = c.get(&c.all_gather_v(&x, &counts, 0).map_err(e)?)?;
+    let want: Vec<f64> = (0..p)
+        .flat_map(|s| rows_of(s, 4, 1, &[2], dtype).to_f64_vec())
+        .collect();
+    close(&got, &[p, 2], &want, false, "all_gather_v after refusals")
 }
