@@ -210,8 +210,8 @@ enum GroupArg {
 #[derive(Args)]
 struct BenchArgs {
     /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall,
-    /// sendrecv, all_to_all_4d, broadcast_object, gather, scatter (or
-    /// nccl-tests' *_perf names).
+    /// sendrecv, all_to_all_4d, broadcast_object, gather, scatter,
+    /// alltoallv, all_gather_v (or nccl-tests' *_perf names).
     collective: String,
     /// Minimum size in bytes (K/M/G suffixes are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "32M")]
@@ -250,6 +250,10 @@ struct BenchArgs {
     /// Root rank (broadcast, reduce).
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
+    /// Uneven entries (alltoallv, all_gather_v): per-member counts ramp
+    /// from (1 - skew) to (1 + skew) times the nominal block, 0 to 1.
+    #[arg(long, default_value_t = 0.0)]
+    skew: f64,
     /// Blocking: 1 wait and barrier after each call, 2 wait after each call
     /// (no barrier), 3 wait and barrier after each iteration (barrier not timed).
     #[arg(short = 'z', long = "blocking", default_value_t = 0)]
@@ -374,6 +378,7 @@ impl BenchArgs {
             dtype: bench::parse_dtype(&self.dtype)
                 .ok_or_else(|| usage(format!("invalid type {:?}", self.dtype)))?,
             root: self.root,
+            skew: self.skew,
             blocking: self.blocking,
             average: match self.average {
                 0 => Average::Rank0,

@@ -91,12 +91,14 @@ fn every_collective_runs_with_zero_wrong_elements() {
         (3, "sendrecv", "int8"),
         (4, "all_to_all_4d", "float"),
         (2, "broadcast_object", "uint8"),
+        (3, "alltoallv_perf", "float"),
+        (4, "all_gather_v", "bfloat16"),
     ] {
         let job = bench(
             np,
             &[
                 coll, "-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "-d", dtype, "-r",
-                "1",
+                "1", "--skew", "0.7",
             ],
         );
         assert!(job.ok(), "{coll}: {}", job.describe());
@@ -478,6 +480,10 @@ fn ignored_and_bad_options() {
         (
             vec!["all_reduce", "--group", "tp", "--tp", "3"],
             "not divisible by tensor-parallel size 3",
+        ),
+        (
+            vec!["alltoallv", "--skew", "1.5"],
+            "--skew 1.5: use a value from 0 to 1",
         ),
     ] {
         let job = bench(2, &args);

@@ -61,6 +61,9 @@ pub struct BenchConfig {
     pub dtype: DType,
     /// `-r`.
     pub root: usize,
+    /// `--skew` (uneven entries): per-member counts ramp from `1 - skew` to
+    /// `1 + skew` times the nominal block.
+    pub skew: f64,
     /// `-z`: 1 wait and barrier after each call, 2 wait after each call, 3
     /// wait and barrier after each iteration (barrier not timed).
     pub blocking: usize,
@@ -173,6 +176,9 @@ impl BenchConfig {
                 "root {} is not a rank of a group of size {group_size}",
                 self.root
             ));
+        }
+        if !(0.0..=1.0).contains(&self.skew) {
+            return bad(format!("--skew {}: use a value from 0 to 1", self.skew));
         }
         if self.op.op == Op::BroadcastObject && self.dtype != DType::U8 {
             return bad("broadcast_object moves bytes: use -d uint8".into());

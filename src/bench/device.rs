@@ -3,6 +3,7 @@
 //! the stream), with raw NCCL calls on the same communicator and buffers as
 //! the baseline.
 
+use super::entries::Split;
 use super::{BenchConfig, BenchPlane};
 use crate::device::DeviceTensor;
 use crate::error::NcclError;
@@ -44,6 +45,7 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
         cfg: &BenchConfig,
         input: &DeviceTensor,
         output: &mut DeviceTensor,
+        split: &Split,
     ) -> Result<bool> {
         let dg = &self.0;
         let g = dg.group();
@@ -97,6 +99,29 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
                             comm.send(at(src, r * block), block, dt, r, raw)?;
                             comm.recv(at_mut(dst, r * block), block, dt, r, raw)?;
                         }
+                    }
+                    fused.end()
+                }
+                // Grouped sends and receives, and one broadcast per member
+                // (what vLLM's pynccl all_gatherv does): NCCL has neither.
+                Op::AllToAllV | Op::AllGatherV => {
+                    let fused = comm.group()?;
+                    let (mut sent, mut got) = (0, 0);
+                    for r in 0..n {
+                        let (s, g) = (split.send[r], split.recv[r]);
+                        if cfg.op.op == Op::AllGatherV {
+                            if g > 0 {
+                                comm.broadcast(src, at_mut(dst, got), g, dt, r, raw)?;
+                            }
+                        } else {
+                            if s > 0 {
+                                comm.send(at(src, sent), s, dt, r, raw)?;
+                            }
+                            if g > 0 {
+                                comm.recv(at_mut(dst, got), g, dt, r, raw)?;
+                            }
+                        }
+                        (sent, got) = (sent + s, got + g);
                     }
                     fused.end()
                 }

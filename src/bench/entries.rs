@@ -50,6 +50,10 @@ enum Expect {
     Exchanged,
     /// The previous rank's element `j`.
     Previous,
+    /// Source by the receive counts, at its send offset to this rank.
+    ExchangedV,
+    /// Source by the counts, at the offset into its block.
+    ConcatenatedV,
 }
 
 /// One benchmarked collective.
@@ -64,7 +68,7 @@ pub struct Entry {
 }
 
 /// Every benchmarked collective, in CLI order.
-pub static ALL: [Entry; 11] = [
+pub static ALL: [Entry; 13] = [
     entry(
         Op::AllReduce,
         "all_reduce",
@@ -142,7 +146,46 @@ pub static ALL: [Entry; 11] = [
         Bus::Spread,
         Expect::RootSlice,
     ),
+    entry(
+        Op::AllToAllV,
+        "alltoallv",
+        Counts::Exchanged,
+        Bus::Spread,
+        Expect::ExchangedV,
+    ),
+    entry(
+        Op::AllGatherV,
+        "all_gather_v",
+        Counts::Gathered,
+        Bus::Spread,
+        Expect::ConcatenatedV,
+    ),
 ];
+
+/// The per-member counts of an uneven entry on one rank (empty for the
+/// others): `alltoallv`'s send and receive counts, or `all_gather_v`'s
+/// counts (the same in both).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Split {
+    /// Elements this rank sends each member (`alltoallv`), or each
+    /// member's elements (`all_gather_v`).
+    pub send: Vec<usize>,
+    /// Elements this rank receives from each member.
+    pub recv: Vec<usize>,
+    /// The skewed blocks every rank's counts are made of.
+    pub blocks: Vec<usize>,
+}
+
+/// Block `k` of `n` in a skewed split of `base` elements per block on
+/// average: weights ramp linearly from `1 - skew` to `1 + skew` (mean 1,
+/// so the totals stay the nominal size), each aligned down to `align`.
+fn skewed(base: usize, n: usize, skew: f64, align: usize, k: usize) -> usize {
+    if n < 2 {
+        return base;
+    }
+    let w = 1.0 + skew * (2.0 * k as f64 / (n - 1) as f64 - 1.0);
+    (base as f64 * w) as usize / align * align
+}
 
 const fn entry(op: Op, name: &'static str, counts: Counts, bus: Bus, expect: Expect) -> Entry {
     Entry {
@@ -208,6 +251,30 @@ impl Entry {
         }
     }
 
+    /// The counts of an uneven entry on group rank `me` of `n` for a
+    /// `count`-element size (nominal: [`counts`](Self::counts)) skewed by
+    /// `skew` (`--skew`, 0 to 1). `alltoallv`: rank `q` sends rank `r` the
+    /// skewed block `(r - q) mod n`, so every rank sends and receives the
+    /// nominal total; `all_gather_v`: rank `r` contributes block `r`.
+    pub fn split(&self, count: usize, (me, n): (usize, usize), elem: usize, skew: f64) -> Split {
+        let align = (16 / elem).max(1);
+        let (_, _, base) = self.counts(count, n, elem);
+        let blocks: Vec<usize> = (0..n).map(|k| skewed(base, n, skew, align, k)).collect();
+        match self.op {
+            Op::AllToAllV => Split {
+                send: (0..n).map(|r| blocks[(r + n - me) % n]).collect(),
+                recv: (0..n).map(|q| blocks[(me + n - q) % n]).collect(),
+                blocks,
+            },
+            Op::AllGatherV => Split {
+                send: blocks.clone(),
+                recv: blocks.clone(),
+                blocks,
+            },
+            _ => Split::default(),
+        }
+    }
+
     /// nccl-tests' bus-bandwidth factor for `n` ranks.
     pub fn bus_factor(&self, n: usize) -> f64 {
         let n = n as f64;
@@ -227,8 +294,9 @@ impl Entry {
     }
 
     /// Host input and output tensors for one size on group rank `me` of
-    /// `n`: this rank's deterministic input, and an output that is zero
-    /// except where the collective works in place on the root's data.
+    /// `n` (`split`: this rank's [`split`](Self::split)): this rank's
+    /// deterministic input, and an output that is zero except where the
+    /// collective works in place on the root's data.
     pub fn buffers(
         &self,
         count: usize,
@@ -236,9 +304,14 @@ impl Entry {
         (me, n): (usize, usize),
         op: ReduceOp,
         root: usize,
+        split: &Split,
     ) -> crate::Result<(Tensor, Tensor)> {
         let (send, recv, _) = self.counts(count, n, dtype.size());
-        let (ins, outs) = self.shapes(send, recv, n);
+        let (ins, outs) = match self.op {
+            Op::AllToAllV => (vec![split.send.iter().sum()], vec![split.recv.iter().sum()]),
+            Op::AllGatherV => (vec![split.send[me]], vec![split.send.iter().sum()]),
+            _ => self.shapes(send, recv, n),
+        };
         let own = matches!(self.op, Op::Broadcast | Op::BroadcastObject) && me == root;
         Ok((
             Tensor::from_fn(ins, dtype, |i| value(me, i, op))?,
@@ -247,14 +320,15 @@ impl Entry {
     }
 
     /// Number of elements of `output` that differ from the expected result
-    /// on group rank `me` of `n` (0 where the rank holds no result).
+    /// on group rank `me` of `n` (0 where the rank holds no result;
+    /// `split`: this rank's [`split`](Self::split)).
     pub fn count_wrong(
         &self,
         (me, n): (usize, usize),
         input_len: usize,
         output: &Tensor,
-        op: ReduceOp,
-        root: usize,
+        (op, root): (ReduceOp, usize),
+        split: &Split,
     ) -> u64 {
         let dtype = output.dtype();
         // The result exists on the root only (not validated elsewhere).
@@ -263,6 +337,28 @@ impl Entry {
         }
         let out_len = output.numel();
         let block = out_len / n.max(1);
+        // Uneven entries: (first output element, source, its first element).
+        let sources: Vec<(usize, usize, usize)> = match self.expect {
+            Expect::ExchangedV | Expect::ConcatenatedV => {
+                let (mut at, mut list) = (0, Vec::new());
+                for (q, got) in split.recv.iter().enumerate() {
+                    let from = match self.expect {
+                        // Rank q's offset of its block to this rank.
+                        Expect::ExchangedV => (0..me).map(|r| split.blocks[(r + n - q) % n]).sum(),
+                        _ => 0,
+                    };
+                    list.push((at, q, from));
+                    at += got;
+                }
+                list
+            }
+            _ => Vec::new(),
+        };
+        let source = |j: usize| {
+            let i = sources.partition_point(|s| s.0 <= j) - 1;
+            let (start, q, from) = sources[i];
+            value(q, from + j - start, op)
+        };
         let expected = |j: usize| -> f64 {
             match self.expect {
                 Expect::Reduced => reduced(n, j, dtype, op),
@@ -272,6 +368,7 @@ impl Entry {
                 Expect::RootSlice => value(root, me * out_len + j, op),
                 Expect::Exchanged => value(j / block, me * block + j % block, op),
                 Expect::Previous => value((me + n - 1) % n, j, op),
+                Expect::ExchangedV | Expect::ConcatenatedV => source(j),
             }
         };
         // Avg of floats is one rounded division: allow one unit in the last
@@ -427,17 +524,64 @@ mod tests {
     fn scatter_expects_the_roots_slices() {
         let e = get("scatter");
         let (me, n, root) = (1, 3, 0);
+        let none = Split::default();
         let (input, _) = e
-            .buffers(36, DType::F32, (root, n), ReduceOp::Sum, root)
+            .buffers(
+                36,
+                DType::F32,
+                (root, n),
+                ReduceOp::Sum,
+                root,
+                &Split::default(),
+            )
             .unwrap();
         assert_eq!(input.numel(), 36);
         let slice = |k: usize| {
             Tensor::from_bytes([12], DType::F32, &input.bytes()[k * 48..(k + 1) * 48]).unwrap()
         };
         assert_eq!(
-            e.count_wrong((me, n), 36, &slice(1), ReduceOp::Sum, root),
+            e.count_wrong((me, n), 36, &slice(1), (ReduceOp::Sum, root), &none),
             0
         );
-        assert!(e.count_wrong((me, n), 36, &slice(0), ReduceOp::Sum, root) > 0);
+        assert!(e.count_wrong((me, n), 36, &slice(0), (ReduceOp::Sum, root), &none) > 0);
+    }
+
+    #[test]
+    fn skewed_splits_keep_the_nominal_totals() {
+        let e = get("alltoallv");
+        // 4 ranks, 4096 floats per block on average, skew 0.5: blocks ramp
+        // from 2048 to 6144 (aligned down to 4 floats).
+        let all: Vec<Split> = (0..4)
+            .map(|me| e.split(4096 * 4, (me, 4), 4, 0.5))
+            .collect();
+        assert_eq!(all[0].blocks, [2048, 3412, 4776, 6144]);
+        for (me, s) in all.iter().enumerate() {
+            // What q sends me is what I receive from q.
+            for q in 0..4 {
+                assert_eq!(all[q].send[me], s.recv[q]);
+            }
+            assert_eq!(s.send.iter().sum::<usize>(), s.recv.iter().sum::<usize>());
+        }
+        assert_eq!(e.split(4096 * 4, (1, 4), 4, 0.0).send, [4096; 4]);
+        // Validation finds a wrong element of a skewed exchange.
+        let me = 2;
+        let (_, mut out) = e
+            .buffers(4096 * 4, DType::F32, (me, 4), ReduceOp::Sum, 0, &all[me])
+            .unwrap();
+        let got: Vec<f64> = {
+            let mut v = Vec::new();
+            for q in 0..4 {
+                let from: usize = (0..me).map(|r| all[q].send[r]).sum();
+                v.extend((0..all[q].send[me]).map(|k| value(q, from + k, ReduceOp::Sum)));
+            }
+            v
+        };
+        out = Tensor::from_fn(out.shape().to_vec(), DType::F32, |i| got[i]).unwrap();
+        let check = |t: &Tensor| e.count_wrong((me, 4), 0, t, (ReduceOp::Sum, 0), &all[me]);
+        assert_eq!(check(&out), 0);
+        out.bytes_mut()[4] ^= 1;
+        assert_eq!(check(&out), 1);
+        let g = get("all_gather_v").split(4096 * 4, (0, 4), 4, 1.0);
+        assert_eq!(g.send, [0, 2728, 5460, 8192]);
     }
 }

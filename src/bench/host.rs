@@ -1,6 +1,7 @@
 //! The host plane of `rankmesh bench`: tensors stay in host memory, and the
 //! baseline is the same data movement as direct MPI calls.
 
+use super::entries::Split;
 use super::{BenchConfig, BenchPlane};
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
@@ -9,7 +10,9 @@ use crate::op::Op;
 use crate::op::ReduceOp;
 use crate::tensor::{HostData, Tensor};
 use mpi::collective::SystemOperation;
+use mpi::datatype::{Partition, PartitionMut};
 use mpi::traits::*;
+use mpi::Count;
 
 /// The host plane of a group.
 pub(super) struct HostBench<'g, 'rt>(pub &'g GroupCoordinator<'rt>);
@@ -43,7 +46,13 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
     }
 
     /// `Ok(false)` where MPI has no equivalent (16-bit float reductions, `avg`).
-    fn baseline(&self, cfg: &BenchConfig, input: &Tensor, output: &mut Tensor) -> Result<bool> {
+    fn baseline(
+        &self,
+        cfg: &BenchConfig,
+        input: &Tensor,
+        output: &mut Tensor,
+        split: &Split,
+    ) -> Result<bool> {
         let comm = self.0.raw_comm();
         let (n, me) = (comm.size(), comm.rank());
         let root = cfg.root;
@@ -64,6 +73,22 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
             Op::Scatter => root_proc.scatter_into(output.bytes_mut()),
             Op::AllToAll | Op::AllToAll4d => {
                 comm.all_to_all_into(input.bytes(), output.bytes_mut())
+            }
+            // MPI_Alltoallv / MPI_Allgatherv, counts and displacements in
+            // elements of the dtype's size.
+            Op::AllToAllV | Op::AllGatherV => {
+                let elem = input.dtype().size();
+                let ints =
+                    |c: &[usize]| -> Vec<Count> { c.iter().map(|n| (n * elem) as Count).collect() };
+                let (sc, rc) = (ints(&split.send), ints(&split.recv));
+                let (sd, rd) = (displacements(&sc), displacements(&rc));
+                let mut recv = PartitionMut::new(output.bytes_mut(), &rc[..], &rd[..]);
+                if cfg.op.op == Op::AllToAllV {
+                    let send = Partition::new(input.bytes(), &sc[..], &sd[..]);
+                    comm.all_to_all_varcount_into(&send, &mut recv);
+                } else {
+                    comm.all_gather_varcount_into(input.bytes(), &mut recv);
+                }
             }
             Op::SendRecv => {
                 let next = comm.process_at_rank((me + 1) % n);
@@ -132,4 +157,16 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
         };
         self.0.broadcast_object_into(bytes, cfg.root)
     }
+}
+
+/// Where each of `counts` starts when laid end to end.
+fn displacements(counts: &[Count]) -> Vec<Count> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|n| {
+            at += n;
+            at - n
+        })
+        .collect()
 }

@@ -30,6 +30,7 @@ use crate::tensor::Tensor;
 pub use config::{
     nccl_type_name, parse_dtype, parse_size, sizes, Average, BenchConfig, GroupChoice,
 };
+use entries::Split;
 use extras::Extras;
 use format::{Cell, PerIter};
 use serde::{Deserialize, Serialize};
@@ -328,6 +329,7 @@ pub(crate) trait BenchPlane<'rt> {
         cfg: &BenchConfig,
         input: &PlaneT<'rt, Self>,
         output: &mut PlaneT<'rt, Self>,
+        split: &Split,
     ) -> Result<bool>;
 
     /// Ops outside the tensor op list (the object plane).
@@ -348,6 +350,7 @@ fn run_op<'rt, P: BenchPlane<'rt>>(
     cfg: &BenchConfig,
     input: &PlaneT<'rt, P>,
     output: &mut PlaneT<'rt, P>,
+    split: &Split,
 ) -> Result<()> {
     let c = p.coll();
     let (red, root) = (cfg.redop, cfg.root);
@@ -363,6 +366,8 @@ fn run_op<'rt, P: BenchPlane<'rt>>(
         Op::AllToAll => c.all_to_all_into(input, output),
         Op::SendRecv => c.send_recv_into(input, output, None, None),
         Op::AllToAll4d => c.all_to_all_4d_into(input, output, 2, 1),
+        Op::AllToAllV => c.all_to_all_v_into(input, &split.send, output, &split.recv),
+        Op::AllGatherV => c.all_gather_v_into(input, output, &split.send, 0),
         _ => p.run_other(cfg, input, output),
     }
 }
@@ -382,11 +387,12 @@ fn run_column<'rt, P: BenchPlane<'rt>>(
     in_place: bool,
     input: &PlaneT<'rt, P>,
     output: &mut PlaneT<'rt, P>,
+    split: &Split,
 ) -> Result<()> {
     if really_in_place(cfg, in_place) {
         p.coll().all_reduce_in_place(output, cfg.redop)
     } else {
-        run_op(p, cfg, input, output)
+        run_op(p, cfg, input, output, split)
     }
 }
 
@@ -395,17 +401,23 @@ struct Buffers<'rt, P: BenchPlane<'rt>> {
     host: (Tensor, Tensor),
     input: PlaneT<'rt, P>,
     output: PlaneT<'rt, P>,
+    /// The uneven entries' counts on this rank.
+    split: Split,
 }
 
 impl<'rt, P: BenchPlane<'rt>> Buffers<'rt, P> {
     fn new(p: &P, cfg: &BenchConfig, count: usize) -> Result<Self> {
         let g = p.coll().group();
         let who = (g.rank_in_group(), g.size());
-        let host = cfg.op.buffers(count, cfg.dtype, who, cfg.redop, cfg.root)?;
+        let split = cfg.op.split(count, who, cfg.dtype.size(), cfg.skew);
+        let host = cfg
+            .op
+            .buffers(count, cfg.dtype, who, cfg.redop, cfg.root, &split)?;
         Ok(Buffers {
             input: p.upload(&host.0)?,
             output: p.upload(&host.1)?,
             host,
+            split,
         })
     }
 
@@ -455,7 +467,7 @@ fn warm_up<'rt, P: BenchPlane<'rt>>(p: &P, cfg: &BenchConfig, sweep: &[usize]) -
     for &size in [sweep.last(), sweep.first()].into_iter().flatten() {
         let mut b = Buffers::new(p, cfg, size / cfg.dtype.size())?;
         for _ in 0..cfg.warmup {
-            run_op(p, cfg, &b.input, &mut b.output)?;
+            run_op(p, cfg, &b.input, &mut b.output, &b.split)?;
         }
     }
     p.settle()
@@ -613,8 +625,8 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
         // last, does not. Without `--baseline` the run is nccl-tests'.
         b.reset(p, cfg, false)?;
         for _ in 0..cfg.warmup {
-            p.baseline(cfg, &b.input, &mut b.output)?;
-            run_column(p, cfg, false, &b.input, &mut b.output)?;
+            p.baseline(cfg, &b.input, &mut b.output, &b.split)?;
+            run_column(p, cfg, false, &b.input, &mut b.output, &b.split)?;
         }
         p.settle()?;
     }
@@ -625,7 +637,7 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
         let (secs, samples) = time_calls(
             g,
             cfg,
-            || run_column(p, cfg, in_place, &b.input, &mut b.output),
+            || run_column(p, cfg, in_place, &b.input, &mut b.output, &b.split),
             || p.settle(),
         )?;
         let secs = combine(g, secs, cfg.average)?;
@@ -636,14 +648,13 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
         let corrupt = cfg.corrupt && first && !in_place && g.is_first_rank();
         let wrong = validate(g, cfg, || {
             b.reset(p, cfg, in_place)?;
-            run_column(p, cfg, in_place, &b.input, &mut b.output)?;
+            run_column(p, cfg, in_place, &b.input, &mut b.output, &b.split)?;
             let mut got = p.download(&b.output)?;
             if corrupt && got.numel() > 0 {
                 got.bytes_mut()[0] ^= 0x5a;
             }
-            Ok(cfg
-                .op
-                .count_wrong(who, b.host.0.numel(), &got, cfg.redop, cfg.root))
+            let (len, how) = (b.host.0.numel(), (cfg.redop, cfg.root));
+            Ok(cfg.op.count_wrong(who, len, &got, how, &b.split))
         })?;
         cells.push(sizing.cell(secs, wrong));
     }
@@ -654,7 +665,7 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
             g,
             cfg,
             || {
-                supported = p.baseline(cfg, &b.input, &mut b.output)?;
+                supported = p.baseline(cfg, &b.input, &mut b.output, &b.split)?;
                 Ok(())
             },
             || p.settle(),
