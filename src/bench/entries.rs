@@ -557,8 +557,8 @@ mod tests {
         assert_eq!(all[0].blocks, [2048, 3412, 4776, 6144]);
         for (me, s) in all.iter().enumerate() {
             // What q sends me is what I receive from q.
-            for q in 0..4 {
-                assert_eq!(all[q].send[me], s.recv[q]);
+            for (q, theirs) in all.iter().enumerate() {
+                assert_eq!(theirs.send[me], s.recv[q]);
             }
             assert_eq!(s.send.iter().sum::<usize>(), s.recv.iter().sum::<usize>());
         }
@@ -570,9 +570,9 @@ mod tests {
             .unwrap();
         let got: Vec<f64> = {
             let mut v = Vec::new();
-            for q in 0..4 {
-                let from: usize = (0..me).map(|r| all[q].send[r]).sum();
-                v.extend((0..all[q].send[me]).map(|k| value(q, from + k, ReduceOp::Sum)));
+            for (q, theirs) in all.iter().enumerate() {
+                let from: usize = theirs.send[..me].iter().sum();
+                v.extend((0..theirs.send[me]).map(|k| value(q, from + k, ReduceOp::Sum)));
             }
             v
         };

@@ -11,7 +11,6 @@ use crate::error::{Error, Fault, Result};
 use crate::op::ReduceOp;
 use crate::parse::{choice, Choice};
 use crate::tensor::Tensor;
-use std::ops::Range;
 
 /// The byte movements of the host collectives. Sizes were agreed before
 /// any of these is called; an `Err` is a fault of the transfer itself.
@@ -57,18 +56,6 @@ pub(crate) trait HostMoves {
     /// Every rank's `mine` (`lens[r]` bytes from rank `r`, known to all)
     /// into `out`, concatenated in rank order.
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault>;
-    /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose
-    /// `out` receives it at `recv_blocks[sender]`; each link's length was
-    /// agreed by its two ends. `longest`: the longest block any rank
-    /// sends, the same on every rank.
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_blocks: &[Range<usize>],
-        out: &mut [u8],
-        recv_blocks: &[Range<usize>],
-        longest: usize,
-    ) -> Result<(), Fault>;
     /// [`all_to_all_into`](Self::all_to_all_into) with blocks laid out by
     /// `send_layout` and `recv_layout`; `Ok(false)` when the executor cannot
     /// express the layouts (the caller packs instead).
@@ -230,18 +217,6 @@ impl HostMoves for MpiExec<'_> {
 
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
         MpiExec::all_gather_v_into(self, mine, lens, out);
-        Ok(())
-    }
-
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_blocks: &[Range<usize>],
-        out: &mut [u8],
-        recv_blocks: &[Range<usize>],
-        longest: usize,
-    ) -> Result<(), Fault> {
-        MpiExec::all_to_all_v(self, send, send_blocks, out, recv_blocks, longest);
         Ok(())
     }
 

@@ -27,7 +27,6 @@ use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
-use std::ops::Range;
 
 /// Where each member of a group lives, by node.
 pub(crate) struct NodeMap {
@@ -363,17 +362,6 @@ impl HostMoves for HierCall<'_> {
 
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
         HostMoves::all_gather_v_into(&self.flat, mine, lens, out)
-    }
-
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_blocks: &[Range<usize>],
-        out: &mut [u8],
-        recv_blocks: &[Range<usize>],
-        longest: usize,
-    ) -> Result<(), Fault> {
-        HostMoves::all_to_all_v(&self.flat, send, send_blocks, out, recv_blocks, longest)
     }
 
     fn all_to_all_strided(

@@ -9,6 +9,7 @@ use super::copy::copy_bytes;
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
+use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
@@ -638,6 +639,29 @@ impl<'c> MpiExec<'c> {
                 }
             }
         }
+    }
+
+    /// `all_to_all_v` of rows of `row` bytes (`counts`: rows this rank
+    /// sends each member, rows it expects from each): the count tables
+    /// exchanged with one `MPI_Alltoall`, the links judged by their two
+    /// ends ([`Links::judge`]), then the agreed ones moved.
+    pub(crate) fn all_to_all_v_counted(
+        &self,
+        (send, out): (&[u8], &mut [u8]),
+        (sc, rc): (&[usize], &[usize]),
+        row: usize,
+    ) -> Links {
+        let mine = Links::table(sc, rc);
+        let mut theirs = vec![[0u64; 3]; mine.len()];
+        self.all_to_all_into(
+            bytemuck::cast_slice(&mine),
+            bytemuck::cast_slice_mut(&mut theirs),
+        );
+        let links = Links::judge(self.comm.rank() as usize, sc, rc, &theirs);
+        let sent = Links::spans(sc, &links.send, row);
+        let got = Links::spans(rc, &links.recv, row);
+        self.all_to_all_v(send, &sent, out, &got, links.longest.saturating_mul(row));
+        links
     }
 
     /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose

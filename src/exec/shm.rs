@@ -36,12 +36,13 @@
 use super::combine::combine;
 use super::copy::{copy_bytes, stream_bytes};
 use super::executor::HostMoves;
-use super::mpi::{BlockLayout, Blocks};
+use super::mpi::{BlockLayout, Blocks, MpiExec};
 use crate::agree::Descriptor;
 use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::dtype::DType;
 use crate::error::Fault;
 use crate::mpi_ext::allocate_shared;
+use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
@@ -72,6 +73,8 @@ const SPLIT_BYTES: usize = 8 << 10;
 /// with the window and the inputs), so reading each output line before
 /// writing it (what a plain store does) is traffic for nothing.
 const STREAM_FROM: usize = 8 << 20;
+/// Bytes of one member's entry in a count table (see `all_to_all_v`).
+const TABLE_ENTRY: usize = 24;
 /// Page size the slots are aligned to.
 const PAGE: usize = 4096;
 /// Spins before a waiting rank yields its core, when every rank of the
@@ -112,6 +115,12 @@ struct Place {
     inline: bool,
 }
 
+/// Longest block an uneven all-to-all moves through the window; longer
+/// ones go through MPI, whose shared-memory transport copies them once
+/// (CMA) where the window copies twice. Measured on 2 ranks
+/// (docs/BENCHMARKS.md, "Uneven ops"): the window ahead up to 4 MiB
+/// blocks, MPI from 8 MiB.
+pub(crate) const SHM_ALL_TO_ALL_UP_TO: usize = 4 << 20;
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
 /// fastest for 64 MiB all-reduces on 2 ranks here (256 KiB took twice as long).
 pub const DEFAULT_CHUNK: usize = 1 << 20;
@@ -121,6 +130,9 @@ pub(crate) struct ShmWindow {
     win: ffi::MPI_Win,
     slots: Vec<*mut u8>,
     chunk: usize,
+    /// Bytes after each data area for the phase's count table (an uneven
+    /// all-to-all's: 24 per member).
+    table: usize,
 }
 
 impl ShmWindow {
@@ -130,7 +142,8 @@ impl ShmWindow {
         let size = comm.size() as usize;
         // Every rank's share of a per-block piece must hold a cache line.
         let chunk = chunk.max(64 * size).next_multiple_of(4096);
-        let (win, slots) = allocate_shared(comm, DATA_AT + 2 * chunk, PAGE);
+        let table = (TABLE_ENTRY * size).next_multiple_of(64);
+        let (win, slots) = allocate_shared(comm, DATA_AT + 2 * (chunk + table), PAGE);
         // MPI does not promise zeroed memory: every counter starts at 0
         // before any rank can wait on it.
         let own = slots[comm.rank() as usize];
@@ -143,7 +156,12 @@ impl ShmWindow {
             reset_ring(own.add(RING_AT));
         }
         comm.barrier();
-        ShmWindow { win, slots, chunk }
+        ShmWindow {
+            win,
+            slots,
+            chunk,
+            table,
+        }
     }
 
     /// The members' rings of deferred device agreements (`RING_BYTES` each,
@@ -243,8 +261,12 @@ impl ShmExec {
     }
 
     fn data_at(&self, r: usize, area: usize) -> *mut u8 {
-        // SAFETY: inside slot `r`: DATA_AT + 2 * chunk bytes were allocated.
-        unsafe { self.window.slots[r].add(DATA_AT + area * self.window.chunk) }
+        // SAFETY: inside slot `r`: DATA_AT + 2 * (chunk + table) bytes
+        // were allocated.
+        unsafe {
+            let area_bytes = self.window.chunk + self.window.table;
+            self.window.slots[r].add(DATA_AT + area * area_bytes)
+        }
     }
 
     /// Where rank `r`'s data at `place` start: its data area, or the
@@ -577,6 +599,105 @@ impl ShmExec {
         Ok(())
     }
 
+    /// `all_to_all_v` of rows of `row` bytes (`counts`: rows this rank
+    /// sends each member, rows it expects from each). Its first phase
+    /// carries both the count exchange and every block's first piece: each
+    /// rank publishes its [count table](Links::table) beside the data area
+    /// and the pieces in it, then reads its peers' entries for it, judges
+    /// its links ([`Links::judge`]), and takes the pieces of the links that
+    /// agreed. Longer blocks continue through the window, or through MPI
+    /// past [`SHM_ALL_TO_ALL_UP_TO`] (the longest block is the same on
+    /// every rank, so is the choice).
+    pub(crate) fn all_to_all_v(
+        &self,
+        pulse: &Pulse,
+        mpi: &MpiExec,
+        (send, out): (&[u8], &mut [u8]),
+        (sc, rc): (&[usize], &[usize]),
+        row: usize,
+    ) -> Result<Links, Fault> {
+        let (p, me, m) = (self.size, self.me, self.block_piece());
+        // Always the data area: the pieces' sizes are not yet agreed.
+        let place = self.begin_phase(usize::MAX);
+        let table = Links::table(sc, rc);
+        self.own_table(place)
+            .copy_from_slice(bytemuck::cast_slice(&table));
+        let offered = Links::spans(sc, sc, row);
+        for r in (0..p).filter(|r| *r != me) {
+            let n = offered[r].len().min(m);
+            if n > 0 {
+                copy_bytes(self.own(place, r * m, n), &send[offered[r].start..][..n]);
+            }
+        }
+        self.sync(pulse)?;
+        let theirs: Vec<[u64; 3]> = (0..p).map(|s| self.peer_entry(s, place)).collect();
+        let links = Links::judge(me, sc, rc, &theirs);
+        let sent = Links::spans(sc, &links.send, row);
+        let got = Links::spans(rc, &links.recv, row);
+        for s in (0..p).filter(|s| *s != me) {
+            let n = got[s].len().min(m);
+            if n > 0 {
+                copy_bytes(
+                    &mut out[got[s].start..][..n],
+                    self.peer(s, place, me * m, n),
+                );
+            }
+        }
+        let own = got[me].len();
+        if own > 0 {
+            copy_bytes(
+                &mut out[got[me].start..][..own],
+                &send[sent[me].start..][..own],
+            );
+        }
+        let longest = links.longest.saturating_mul(row);
+        if longest > m {
+            // What is left of each block (this rank's own is done).
+            let rest = |spans: &[Range<usize>]| -> Vec<Range<usize>> {
+                let left = |(r, s): (usize, &Range<usize>)| match r == me {
+                    true => s.end..s.end,
+                    false => (s.start + m).min(s.end)..s.end,
+                };
+                spans.iter().enumerate().map(left).collect()
+            };
+            let (sent, got) = (rest(&sent), rest(&got));
+            if longest > SHM_ALL_TO_ALL_UP_TO {
+                mpi.all_to_all_v(send, &sent, out, &got, longest - m);
+            } else {
+                self.exchange_blocks(
+                    pulse,
+                    Some((send, Blocks::Spans(&sent))),
+                    Some((out, Blocks::Spans(&got))),
+                    longest - m,
+                    None,
+                )?;
+            }
+        }
+        Ok(links)
+    }
+
+    /// This rank's count table at `place`, to write before the
+    /// synchronisation that publishes it.
+    #[allow(clippy::mut_from_ref)]
+    fn own_table(&self, place: Place) -> &mut [u8] {
+        // SAFETY: the table follows the data area, inside the slot; only
+        // this rank writes it, and no peer reads it in this phase.
+        unsafe {
+            let at = self.data_at(self.me, place.area).add(self.window.chunk);
+            std::slice::from_raw_parts_mut(at, TABLE_ENTRY * self.size)
+        }
+    }
+
+    /// Rank `s`'s count-table entry for this rank at `place` (after the
+    /// synchronisation that published it).
+    fn peer_entry(&self, s: usize, place: Place) -> [u64; 3] {
+        // SAFETY: inside `s`'s table; no one writes it during this phase.
+        unsafe {
+            let at = self.data_at(s, place.area).add(self.window.chunk);
+            std::ptr::read_unaligned(at.add(TABLE_ENTRY * self.me) as *const [u64; 3])
+        }
+    }
+
     /// Moves `P` blocks per rank: block `r` of this rank's `send` to rank
     /// `r`, whose block `me` of `out` receives it (each laid out by its
     /// [`Blocks`]; a link's two ends agree on its length). `longest`: the
@@ -778,23 +899,6 @@ impl HostMoves for ShmCall<'_> {
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
         self.plane
             .gather_v(&self.pulse, mine, |r| lens[r], Some(out))
-    }
-
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_blocks: &[Range<usize>],
-        out: &mut [u8],
-        recv_blocks: &[Range<usize>],
-        longest: usize,
-    ) -> Result<(), Fault> {
-        self.plane.exchange_blocks(
-            &self.pulse,
-            Some((send, Blocks::Spans(send_blocks))),
-            Some((out, Blocks::Spans(recv_blocks))),
-            longest,
-            None,
-        )
     }
 
     fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {

@@ -14,7 +14,7 @@
 //! host plane uses too.
 
 use super::connect::{connect, connect_pair};
-use super::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here, Links};
+use super::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here};
 use super::{tensor_desc, GroupCoordinator, OutputFit, Peer};
 use crate::agree::{Descriptor, ViewProblem};
 use crate::device::copy::run_copies;
@@ -25,6 +25,7 @@ use crate::group::{Collectives, P2p};
 use crate::nccl::comm::Communicator;
 use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
+use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::op::{normalize_dim, Op};
 use crate::tensor::split::{

@@ -11,10 +11,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
 use crate::exec::executor::{HostExec, HostMoves};
 use crate::exec::mpi::BlockLayout;
-use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here, Links};
+use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here};
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};
 use crate::op::normalize_dim;
+use crate::op::uneven::Links;
 use crate::op::Op;
 use crate::op::ReduceOp;
 use crate::tensor::split::{
@@ -261,19 +262,29 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         let (desc, problem) = all_to_all_v_desc(t, send_counts, &*out, recv_counts, self.size());
         let refused = self
             .run_host_op(desc, || {
-                let links = self.swap_counts(send_counts, recv_counts)?;
                 let row = numel(&t.shape()[1..]) * t.dtype().size();
-                let (sent, got) = (
-                    Links::spans(send_counts, &links.send, row),
-                    Links::spans(recv_counts, &links.recv, row),
-                );
-                if self.size() == 1 {
-                    out.bytes_mut()[got[0].clone()].copy_from_slice(&t.bytes()[sent[0].clone()]);
-                } else {
-                    let longest = links.longest.saturating_mul(row);
-                    self.host()
-                        .all_to_all_v(t.bytes(), &sent, out.bytes_mut(), &got, longest)?;
-                }
+                let counts = (send_counts, recv_counts);
+                let links = match self.host() {
+                    _ if self.size() == 1 => {
+                        let table = Links::table(send_counts, recv_counts);
+                        let links = Links::judge(0, send_counts, recv_counts, &table);
+                        let n = links.recv[0] * row;
+                        out.bytes_mut()[..n].copy_from_slice(&t.bytes()[..n]);
+                        links
+                    }
+                    HostExec::Shm(shm) => {
+                        let buffers = (t.bytes(), out.bytes_mut());
+                        shm.plane
+                            .all_to_all_v(&shm.pulse, &self.mpi(), buffers, counts, row)?
+                    }
+                    HostExec::Mpi(mpi) => {
+                        mpi.all_to_all_v_counted((t.bytes(), out.bytes_mut()), counts, row)
+                    }
+                    HostExec::Hier(hier) => {
+                        let buffers = (t.bytes(), out.bytes_mut());
+                        hier.flat.all_to_all_v_counted(buffers, counts, row)
+                    }
+                };
                 Ok(links.refused)
             })
             .map_err(|e| counts_found_here(e, &problem))?;

@@ -7,9 +7,8 @@ use super::call::shaped_desc;
 use super::{GroupCoordinator, PlaneTensor};
 use crate::agree::Descriptor;
 use crate::error::{Error, Fault};
-use crate::op::uneven::{all_gather_v_problem, all_gather_v_shape, all_to_all_v_problem};
+use crate::op::uneven::{all_gather_v_problem, all_gather_v_shape, all_to_all_v_problem, Links};
 use crate::op::{counts_digest, Op};
-use std::ops::Range;
 
 /// The descriptor of an `all_to_all_v` (rows of the input's shape: the
 /// ranks' dim 0 differ), flagged when this rank's counts do not fit its
@@ -60,49 +59,14 @@ pub(crate) fn counts_found_here(e: Error, problem: &Option<String>) -> Error {
     }
 }
 
-/// The links of one `all_to_all_v` as both ends of each agreed them.
-pub(crate) struct Links {
-    /// Rows this rank sends to each member (0 on a refused link).
-    pub send: Vec<usize>,
-    /// Rows this rank receives from each member (0 on a refused link).
-    pub recv: Vec<usize>,
-    /// The most rows any member sends to any other, the same everywhere.
-    pub longest: usize,
-    /// The refused links this rank is an end of, described.
-    pub refused: Option<String>,
-}
-
-impl Links {
-    /// Byte ranges of each member's rows in a buffer laid out by `counts`
-    /// (rows of `row` bytes), emptied where `agreed` moves nothing: a
-    /// refused link keeps its place, so the others land where they belong.
-    pub(crate) fn spans(counts: &[usize], agreed: &[usize], row: usize) -> Vec<Range<usize>> {
-        let mut at = 0;
-        counts
-            .iter()
-            .zip(agreed)
-            .map(|(n, a)| {
-                at += n * row;
-                at - n * row..at - n * row + a * row
-            })
-            .collect()
-    }
-}
-
 impl GroupCoordinator<'_> {
-    /// Exchanges the counts of an `all_to_all_v` with every member (what
-    /// this rank sends each, what it expects from each, and its longest
-    /// block), so that each link is judged by its two ends from the same
-    /// two numbers. A link whose ends differ moves nothing, and both ends
-    /// report it, naming both; the others move.
+    /// Exchanges the counts of an `all_to_all_v` with every member through
+    /// the group's host executor and judges each link by its two ends (see
+    /// [`Links::judge`]); the device plane's first step.
     pub(crate) fn swap_counts(&self, send: &[usize], recv: &[usize]) -> Result<Links, Fault> {
-        let (p, me) = (self.size(), self.rank_in_group());
-        let longest = send.iter().copied().max().unwrap_or(0) as u64;
-        let mine: Vec<[u64; 3]> = (0..p)
-            .map(|r| [send[r] as u64, recv[r] as u64, longest])
-            .collect();
-        let mut theirs = vec![[0u64; 3]; p];
-        if p == 1 {
+        let mine = Links::table(send, recv);
+        let mut theirs = vec![[0u64; 3]; self.size()];
+        if self.size() == 1 {
             theirs.copy_from_slice(&mine);
         } else {
             self.host().all_to_all_into(
@@ -110,33 +74,6 @@ impl GroupCoordinator<'_> {
                 bytemuck::cast_slice_mut(&mut theirs),
             )?;
         }
-        let mut links = Links {
-            send: send.to_vec(),
-            recv: recv.to_vec(),
-            longest: 0,
-            refused: None,
-        };
-        let mut refused = Vec::new();
-        let link = |from: usize, to: usize, sends: u64, expects: u64| {
-            format!(
-                "group rank {from} sends {sends} rows to group rank {to}, which expects {expects}"
-            )
-        };
-        for (s, [sends_me, expects_from_me, their_longest]) in theirs.into_iter().enumerate() {
-            links.longest = links.longest.max(their_longest as usize);
-            if sends_me != recv[s] as u64 {
-                refused.push(link(s, me, sends_me, recv[s] as u64));
-                links.recv[s] = 0;
-            }
-            if s != me && expects_from_me != send[s] as u64 {
-                refused.push(link(me, s, send[s] as u64, expects_from_me));
-                links.send[s] = 0;
-            }
-        }
-        if links.recv[me] == 0 {
-            links.send[me] = 0;
-        }
-        links.refused = (!refused.is_empty()).then(|| refused.join("; "));
-        Ok(links)
+        Ok(Links::judge(self.rank_in_group(), send, recv, &theirs))
     }
 }

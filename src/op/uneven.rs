@@ -5,6 +5,7 @@
 
 use super::normalize_dim;
 use crate::dtype::DType;
+use std::ops::Range;
 
 /// What is wrong with this rank's `all_to_all_v` arguments (input of
 /// `input` shape, output of `output` shape and dtype, counts in rows of
@@ -95,6 +96,81 @@ pub(crate) fn all_gather_v_shape(shape: &[usize], counts: &[usize], dim: isize) 
     out
 }
 
+/// The links of one `all_to_all_v` as both ends of each judged them.
+pub(crate) struct Links {
+    /// Rows this rank sends to each member (0 on a refused link).
+    pub send: Vec<usize>,
+    /// Rows this rank receives from each member (0 on a refused link).
+    pub recv: Vec<usize>,
+    /// The most rows any member sends to any other, the same everywhere.
+    pub longest: usize,
+    /// The refused links this rank is an end of, described.
+    pub refused: Option<String>,
+}
+
+impl Links {
+    /// What this rank tells each member `r` in the count exchange: the
+    /// rows it sends `r`, the rows it expects from `r`, its longest block.
+    pub(crate) fn table(send: &[usize], recv: &[usize]) -> Vec<[u64; 3]> {
+        let longest = send.iter().copied().max().unwrap_or(0) as u64;
+        send.iter()
+            .zip(recv)
+            .map(|(s, r)| [*s as u64, *r as u64, longest])
+            .collect()
+    }
+
+    /// Group rank `me`'s verdict on its links from what every member `s`
+    /// told it (`theirs[s]`: its [`table`](Self::table) entry for `me`).
+    /// Each link is judged by its two ends from the same two numbers, so
+    /// both refuse it or neither does; a refused link moves nothing, and
+    /// both ends report it naming both.
+    pub(crate) fn judge(me: usize, send: &[usize], recv: &[usize], theirs: &[[u64; 3]]) -> Links {
+        let mut links = Links {
+            send: send.to_vec(),
+            recv: recv.to_vec(),
+            longest: 0,
+            refused: None,
+        };
+        let mut refused = Vec::new();
+        let link = |from: usize, to: usize, sends: u64, expects: u64| {
+            format!(
+                "group rank {from} sends {sends} rows to group rank {to}, which expects {expects}"
+            )
+        };
+        for (s, [sends_me, expects_from_me, their_longest]) in theirs.iter().copied().enumerate() {
+            links.longest = links.longest.max(their_longest as usize);
+            if sends_me != recv[s] as u64 {
+                refused.push(link(s, me, sends_me, recv[s] as u64));
+                links.recv[s] = 0;
+            }
+            if s != me && expects_from_me != send[s] as u64 {
+                refused.push(link(me, s, send[s] as u64, expects_from_me));
+                links.send[s] = 0;
+            }
+        }
+        if links.recv[me] == 0 {
+            links.send[me] = 0;
+        }
+        links.refused = (!refused.is_empty()).then(|| refused.join("; "));
+        links
+    }
+
+    /// Byte ranges of each member's rows in a buffer laid out by `counts`
+    /// (rows of `row` bytes), emptied where `agreed` moves nothing: a
+    /// refused link keeps its place, so the others land where they belong.
+    pub(crate) fn spans(counts: &[usize], agreed: &[usize], row: usize) -> Vec<Range<usize>> {
+        let mut at = 0;
+        counts
+            .iter()
+            .zip(agreed)
+            .map(|(n, a)| {
+                at += n * row;
+                at - n * row..at - n * row + a * row
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +193,25 @@ mod tests {
         assert!(scalar.unwrap().contains("at least one dimension"));
         let huge = all_to_all_v_problem((F, &[5]), &[usize::MAX, 6], (F, &[0]), &[0, 0], 2);
         assert!(huge.is_some());
+    }
+
+    #[test]
+    fn both_ends_of_a_link_refuse_it_and_the_others_move() {
+        // 2 members: member 0 sends 3 rows to member 1, which expects 2.
+        let (s0, r0) = (vec![1, 3], vec![1, 4]);
+        let (s1, r1) = (vec![4, 0], vec![2, 0]);
+        let t0 = Links::table(&s0, &r0);
+        let t1 = Links::table(&s1, &r1);
+        let at0 = Links::judge(0, &s0, &r0, &[t0[0], t1[0]]);
+        let at1 = Links::judge(1, &s1, &r1, &[t0[1], t1[1]]);
+        let named = "group rank 0 sends 3 rows to group rank 1, which expects 2";
+        assert_eq!(at0.refused.as_deref(), Some(named));
+        assert_eq!(at1.refused.as_deref(), Some(named));
+        assert_eq!((at0.send, at0.recv), (vec![1, 0], vec![1, 4]));
+        assert_eq!((at1.send, at1.recv), (vec![4, 0], vec![0, 0]));
+        assert_eq!((at0.longest, at1.longest), (4, 4));
+        // A refused link keeps its place in the buffer.
+        assert_eq!(Links::spans(&[2, 3], &[0, 3], 4), [0..0, 8..20]);
     }
 
     #[test]

@@ -406,6 +406,7 @@ pub fn check_uneven<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
             &format!("all_gather_v dim 1 {dtype} np{p} counts {counts:?}"),
         )?;
     }
+    check_long_blocks(c)?;
     // Refusals are immediate in strict mode (device groups default to
     // deferred, where a disagreement surfaces at a later call).
     let mode = g.check_mode();
@@ -502,4 +503,30 @@ fn check_uneven_refusals<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
         .flat_map(|s| rows_of(s, 4, 1, &[2], dtype).to_f64_vec())
         .collect();
     close(&got, &[p, 2], &want, false, "all_gather_v after refusals")
+}
+
+/// `all_to_all_v` with blocks past 4 MiB and of unequal lengths: the
+/// shared-memory executor moves such blocks' tails through MPI, after
+/// their first pieces went through the window. Bytes, compared bytewise.
+fn check_long_blocks<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
+    let g = c.group();
+    let (p, me) = (g.size(), g.rank_in_group());
+    let len = |s: usize, r: usize| (4 << 20) + 4099 * (s + 2 * r) + 1;
+    let byte = |s: usize, k: usize| ((s * 31 + k * 7) % 251) as u8;
+    let send: Vec<usize> = (0..p).map(|r| len(me, r)).collect();
+    let recv: Vec<usize> = (0..p).map(|s| len(s, me)).collect();
+    let total: usize = send.iter().sum();
+    let mine: Vec<u8> = (0..total).map(|k| byte(me, k)).collect();
+    let x = c.put(&Tensor::from_vec([total], mine).map_err(e)?)?;
+    let got = c.get(&c.all_to_all_v(&x, &send, &recv).map_err(e)?)?;
+    let mut at = 0;
+    for (s, n) in recv.iter().enumerate() {
+        let first: usize = (0..me).map(|r| len(s, r)).sum();
+        let want = (first..first + n).map(|k| byte(s, k));
+        if !got.bytes()[at..at + n].iter().copied().eq(want) {
+            return Err(format!("np{p} rank {me}: the long block from {s} differs"));
+        }
+        at += n;
+    }
+    Ok(())
 }
