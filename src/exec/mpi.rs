@@ -77,92 +77,31 @@ impl BlockLayout {
     }
 }
 
-/// The runs of bytes `off..off + len` of block `r` of a buffer laid out
-/// by `l`: `(position in the buffer, position in the range, length)`.
-fn block_runs(
-    l: BlockLayout,
-    r: usize,
-    off: usize,
-    len: usize,
-) -> impl Iterator<Item = (usize, usize, usize)> {
-    let mut done = 0;
-    std::iter::from_fn(move || {
-        (done < len).then(|| {
-            let pos = off + done;
-            let (row, col) = (pos / l.run, pos % l.run);
-            let run = (l.run - col).min(len - done);
-            let item = (r * l.extent + row * l.stride + col, done, run);
-            done += run;
-            item
-        })
-    })
-}
-
-/// Bytes `off..off + dst.len()` of block `r` of `buf` (laid out by `l`) into `dst`.
-pub(crate) fn read_block(buf: &[u8], l: BlockLayout, r: usize, off: usize, dst: &mut [u8]) {
-    for (at, to, len) in block_runs(l, r, off, dst.len()) {
-        copy_bytes(&mut dst[to..to + len], &buf[at..at + len]);
-    }
-}
-
-/// `src` into bytes `off..off + src.len()` of block `r` of `buf` (laid out by `l`).
-pub(crate) fn write_block(buf: &mut [u8], l: BlockLayout, r: usize, off: usize, src: &[u8]) {
-    for (at, from, len) in block_runs(l, r, off, src.len()) {
-        copy_bytes(&mut buf[at..at + len], &src[from..from + len]);
-    }
-}
-
-/// Bytes `off..off + len` of block `r` of `src` (laid out by `sl`) into the
-/// same bytes of block `at` of `dst` (laid out by `dl`), with no copy between.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_block(
-    src: &[u8],
-    sl: BlockLayout,
-    r: usize,
-    dst: &mut [u8],
-    dl: BlockLayout,
-    at: usize,
-    off: usize,
-    len: usize,
-) {
-    for (from, pos, run) in block_runs(sl, r, off, len) {
-        write_block(dst, dl, at, off + pos, &src[from..from + run]);
-    }
-}
-
-/// Where the blocks of an all-to-all lie in one rank's buffer.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Blocks<'a> {
-    /// Equal blocks laid out by a [`BlockLayout`].
-    Even(BlockLayout),
-    /// Block `r` is the contiguous bytes `spans[r]` (uneven counts).
-    Spans(&'a [Range<usize>]),
-}
-
-impl Blocks<'_> {
+/// Where the blocks of an all-to-all lie in one rank's buffer: equal
+/// blocks laid out by a [`BlockLayout`], or uneven contiguous [`Spans`].
+/// Generic, not an enum, so the equal case compiles as it did alone.
+pub(crate) trait Blocks: Copy {
     /// Bytes of block `r`.
-    pub(crate) fn len(&self, r: usize) -> usize {
-        match self {
-            Blocks::Even(l) => l.count * l.run,
-            Blocks::Spans(s) => s[r].len(),
-        }
-    }
+    fn len(&self, r: usize) -> usize;
+
+    /// The runs of bytes `off..off + len` of block `r`: `(position in the
+    /// buffer, position in the range, length)`.
+    fn runs(&self, r: usize, off: usize, len: usize)
+        -> impl Iterator<Item = (usize, usize, usize)>;
 
     /// Bytes `off..off + dst.len()` of block `r` of `buf` into `dst`.
-    pub(crate) fn read(&self, buf: &[u8], r: usize, off: usize, dst: &mut [u8]) {
-        match self {
-            Blocks::Even(l) => read_block(buf, *l, r, off, dst),
-            Blocks::Spans(_) if dst.is_empty() => {}
-            Blocks::Spans(s) => copy_bytes(dst, &buf[s[r].start + off..][..dst.len()]),
+    #[inline(always)]
+    fn read(&self, buf: &[u8], r: usize, off: usize, dst: &mut [u8]) {
+        for (at, to, len) in self.runs(r, off, dst.len()) {
+            copy_bytes(&mut dst[to..to + len], &buf[at..at + len]);
         }
     }
 
     /// `src` into bytes `off..off + src.len()` of block `r` of `buf`.
-    pub(crate) fn write(&self, buf: &mut [u8], r: usize, off: usize, src: &[u8]) {
-        match self {
-            Blocks::Even(l) => write_block(buf, *l, r, off, src),
-            Blocks::Spans(_) if src.is_empty() => {}
-            Blocks::Spans(s) => copy_bytes(&mut buf[s[r].start + off..][..src.len()], src),
+    #[inline(always)]
+    fn write(&self, buf: &mut [u8], r: usize, off: usize, src: &[u8]) {
+        for (at, from, len) in self.runs(r, off, src.len()) {
+            copy_bytes(&mut buf[at..at + len], &src[from..from + len]);
         }
     }
 
@@ -170,24 +109,71 @@ impl Blocks<'_> {
     /// into the same bytes of block `at` of `dst` (laid out by `to`), with
     /// no copy between.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn copy_to(
+    #[inline(always)]
+    fn copy_to<B: Blocks>(
         &self,
         src: &[u8],
         r: usize,
-        to: Blocks,
+        to: B,
         dst: &mut [u8],
         at: usize,
         off: usize,
         len: usize,
     ) {
-        match (self, to) {
-            _ if len == 0 => {}
-            (Blocks::Even(sl), Blocks::Even(dl)) => copy_block(src, *sl, r, dst, dl, at, off, len),
-            (Blocks::Spans(s), to) => to.write(dst, at, off, &src[s[r].start + off..][..len]),
-            (from, Blocks::Spans(d)) => {
-                from.read(src, r, off, &mut dst[d[at].start + off..][..len])
-            }
+        for (from, pos, run) in self.runs(r, off, len) {
+            to.write(dst, at, off + pos, &src[from..from + run]);
         }
+    }
+}
+
+impl Blocks for BlockLayout {
+    #[inline(always)]
+    fn len(&self, _: usize) -> usize {
+        self.count * self.run
+    }
+
+    #[inline(always)]
+    fn runs(
+        &self,
+        r: usize,
+        off: usize,
+        len: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize)> {
+        let l = *self;
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let pos = off + done;
+                let (row, col) = (pos / l.run, pos % l.run);
+                let run = (l.run - col).min(len - done);
+                let item = (r * l.extent + row * l.stride + col, done, run);
+                done += run;
+                item
+            })
+        })
+    }
+}
+
+/// Uneven contiguous blocks: block `r` is the bytes `self.0[r]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spans<'a>(pub &'a [Range<usize>]);
+
+impl Blocks for Spans<'_> {
+    #[inline(always)]
+    fn len(&self, r: usize) -> usize {
+        self.0[r].len()
+    }
+
+    #[inline(always)]
+    fn runs(
+        &self,
+        r: usize,
+        off: usize,
+        len: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize)> {
+        (len > 0)
+            .then(|| (self.0[r].start + off, 0, len))
+            .into_iter()
     }
 }
 
@@ -498,7 +484,7 @@ impl<'c> MpiExec<'c> {
                     );
                 }
                 let block = send_layout.count * send_layout.run;
-                copy_block(send, send_layout, me, recv, recv_layout, me, 0, block);
+                send_layout.copy_to(send, me, recv_layout, recv, me, 0, block);
             }
             // Beyond `int` displacements: Open MPI's alltoall moves every block.
             // SAFETY: both datatypes cover exactly `size` blocks of the

@@ -36,7 +36,7 @@
 use super::combine::combine;
 use super::copy::{copy_bytes, stream_bytes};
 use super::executor::HostMoves;
-use super::mpi::{BlockLayout, Blocks, MpiExec};
+use super::mpi::{BlockLayout, Blocks, MpiExec, Spans};
 use crate::agree::Descriptor;
 use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::dtype::DType;
@@ -666,8 +666,8 @@ impl ShmExec {
             } else {
                 self.exchange_blocks(
                     pulse,
-                    Some((send, Blocks::Spans(&sent))),
-                    Some((out, Blocks::Spans(&got))),
+                    Some((send, Spans(&sent))),
+                    Some((out, Spans(&got))),
                     longest - m,
                     None,
                 )?;
@@ -703,11 +703,11 @@ impl ShmExec {
     /// [`Blocks`]; a link's two ends agree on its length). `longest`: the
     /// longest block any rank sends, the same on every rank (it decides the
     /// phases). `sender` narrows it to a scatter from that rank.
-    fn exchange_blocks(
+    fn exchange_blocks<S: Blocks, O: Blocks>(
         &self,
         pulse: &Pulse,
-        send: Option<(&[u8], Blocks)>,
-        mut out: Option<(&mut [u8], Blocks)>,
+        send: Option<(&[u8], S)>,
+        mut out: Option<(&mut [u8], O)>,
         longest: usize,
         sender: Option<usize>,
     ) -> Result<(), Fault> {
@@ -908,8 +908,8 @@ impl HostMoves for ShmCall<'_> {
             .map(|s| (s, contiguous(block)));
         self.plane.exchange_blocks(
             &self.pulse,
-            send.map(|(s, l)| (s, Blocks::Even(l))),
-            Some((recv, Blocks::Even(contiguous(block)))),
+            send,
+            Some((recv, contiguous(block))),
             block,
             Some(root),
         )
@@ -948,8 +948,8 @@ impl HostMoves for ShmCall<'_> {
         let block = send_layout.count * send_layout.run;
         self.plane.exchange_blocks(
             &self.pulse,
-            Some((send, Blocks::Even(send_layout))),
-            Some((out, Blocks::Even(recv_layout))),
+            Some((send, send_layout)),
+            Some((out, recv_layout)),
             block,
             None,
         )?;
@@ -960,7 +960,6 @@ impl HostMoves for ShmCall<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::mpi::{copy_block, read_block, write_block};
 
     #[test]
     fn pieces_cover_the_total_and_an_empty_call_has_one() {
@@ -974,21 +973,21 @@ mod tests {
         let buf: Vec<u8> = (0..8).collect();
         let l = BlockLayout::along(&[2, 4], 1, 2, 1);
         let mut got = vec![0u8; 4];
-        read_block(&buf, l, 1, 0, &mut got);
+        l.read(&buf, 1, 0, &mut got);
         assert_eq!(got, [2, 3, 6, 7]);
         let mut part = vec![0u8; 3];
-        read_block(&buf, l, 1, 1, &mut part);
+        l.read(&buf, 1, 1, &mut part);
         assert_eq!(part, [3, 6, 7]);
         let mut back = vec![0u8; 8];
-        write_block(&mut back, l, 1, 0, &got);
+        l.write(&mut back, 1, 0, &got);
         assert_eq!(back, [0, 0, 2, 3, 0, 0, 6, 7]);
         // Block 1's bytes 1..4 straight into block 1 of contiguous blocks.
         let mut flat = vec![0u8; 8];
-        copy_block(&buf, l, 1, &mut flat, contiguous(4), 1, 1, 3);
+        l.copy_to(&buf, 1, contiguous(4), &mut flat, 1, 1, 3);
         assert_eq!(flat, [0, 0, 0, 0, 0, 3, 6, 7]);
         // And back, from contiguous blocks into the strided layout.
         let mut strided = vec![0u8; 8];
-        copy_block(&flat, contiguous(4), 1, &mut strided, l, 1, 1, 3);
+        contiguous(4).copy_to(&flat, 1, l, &mut strided, 1, 1, 3);
         assert_eq!(strided, [0, 0, 0, 3, 0, 0, 6, 7]);
     }
 }
