@@ -526,14 +526,7 @@ mod tests {
         let (me, n, root) = (1, 3, 0);
         let none = Split::default();
         let (input, _) = e
-            .buffers(
-                36,
-                DType::F32,
-                (root, n),
-                ReduceOp::Sum,
-                root,
-                &Split::default(),
-            )
+            .buffers(36, DType::F32, (root, n), ReduceOp::Sum, root, &none)
             .unwrap();
         assert_eq!(input.numel(), 36);
         let slice = |k: usize| {

@@ -4,6 +4,7 @@
 use super::entries::Split;
 use super::{BenchConfig, BenchPlane};
 use crate::error::{Error, Result};
+use crate::exec::mpi::displacements;
 use crate::group::GroupCoordinator;
 use crate::object::Objects;
 use crate::op::Op;
@@ -12,7 +13,6 @@ use crate::tensor::{HostData, Tensor};
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::traits::*;
-use mpi::Count;
 
 /// The host plane of a group.
 pub(super) struct HostBench<'g, 'rt>(pub &'g GroupCoordinator<'rt>);
@@ -79,7 +79,7 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
             Op::AllToAllV | Op::AllGatherV => {
                 let elem = input.dtype().size();
                 let ints =
-                    |c: &[usize]| -> Vec<Count> { c.iter().map(|n| (n * elem) as Count).collect() };
+                    |c: &[usize]| -> Vec<i32> { c.iter().map(|n| (n * elem) as i32).collect() };
                 let (sc, rc) = (ints(&split.send), ints(&split.recv));
                 let (sd, rd) = (displacements(&sc), displacements(&rc));
                 let mut recv = PartitionMut::new(output.bytes_mut(), &rc[..], &rd[..]);
@@ -157,16 +157,4 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
         };
         self.0.broadcast_object_into(bytes, cfg.root)
     }
-}
-
-/// Where each of `counts` starts when laid end to end.
-fn displacements(counts: &[Count]) -> Vec<Count> {
-    let mut at = 0;
-    counts
-        .iter()
-        .map(|n| {
-            at += n;
-            at - n
-        })
-        .collect()
 }

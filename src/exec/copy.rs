@@ -99,6 +99,18 @@ unsafe fn stream_avx(dst: &mut [u8], src: &[u8]) {
     std::arch::x86_64::_mm_sfence();
 }
 
+/// `flat` cut into consecutive pieces of `lens` bytes, each its own vector
+/// (the object gathers' result, one value per rank).
+pub(crate) fn split_lens(flat: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
+    let mut at = 0;
+    lens.iter()
+        .map(|n| {
+            at += n;
+            flat[at - n..at].to_vec()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{copy_bytes, stream_bytes};

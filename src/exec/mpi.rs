@@ -5,11 +5,10 @@
 //! every rank, at most `max_bytes / P` per rank). Calls here assume the ranks
 //! already agreed on sizes through the dispatch path.
 
-use super::copy::copy_bytes;
+use super::copy::{copy_bytes, split_lens};
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
-use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
@@ -568,13 +567,7 @@ impl<'c> MpiExec<'c> {
     pub fn all_gather_varcount(&self, mine: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
         let mut flat = vec![0u8; lens.iter().sum()];
         self.all_gather_v_into(mine, lens, &mut flat);
-        let mut at = 0;
-        lens.iter()
-            .map(|n| {
-                at += n;
-                flat[at - n..at].to_vec()
-            })
-            .collect()
+        split_lens(&flat, lens)
     }
 
     /// Each rank's `mine` (`lens[r]` bytes from rank `r`, known to all)
@@ -625,29 +618,6 @@ impl<'c> MpiExec<'c> {
                 }
             }
         }
-    }
-
-    /// `all_to_all_v` of rows of `row` bytes (`counts`: rows this rank
-    /// sends each member, rows it expects from each): the count tables
-    /// exchanged with one `MPI_Alltoall`, the links judged by their two
-    /// ends ([`Links::judge`]), then the agreed ones moved.
-    pub(crate) fn all_to_all_v_counted(
-        &self,
-        (send, out): (&[u8], &mut [u8]),
-        (sc, rc): (&[usize], &[usize]),
-        row: usize,
-    ) -> Links {
-        let mine = Links::table(sc, rc);
-        let mut theirs = vec![[0u64; 3]; mine.len()];
-        self.all_to_all_into(
-            bytemuck::cast_slice(&mine),
-            bytemuck::cast_slice_mut(&mut theirs),
-        );
-        let links = Links::judge(self.comm.rank() as usize, sc, rc, &theirs);
-        let sent = Links::spans(sc, &links.send, row);
-        let got = Links::spans(rc, &links.recv, row);
-        self.all_to_all_v(send, &sent, out, &got, links.longest.saturating_mul(row));
-        links
     }
 
     /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose
@@ -1105,7 +1075,6 @@ fn check_count(
     }
 }
 
-/// This rank's piece of a variable-count round (empty once its data is sent).
 /// `buf`'s address for MPI, or `spare`'s when `buf` is empty: an empty
 /// slice's dangling address is Open MPI's `MPI_IN_PLACE`.
 fn real_ptr(buf: &[u8], spare: &u8) -> *const std::ffi::c_void {
@@ -1139,12 +1108,14 @@ unsafe fn alltoallv(
     );
 }
 
+/// This rank's piece of a variable-count round (empty once its data is sent).
 fn own_piece(mine: &[u8], start: usize, count: i32) -> &[u8] {
     let start = start.min(mine.len());
     &mine[start..start + count as usize]
 }
 
-fn displacements(counts: &[i32]) -> Vec<i32> {
+/// Where each of `counts` starts when laid end to end (MPI's `displs`).
+pub(crate) fn displacements(counts: &[i32]) -> Vec<i32> {
     counts
         .iter()
         .scan(0i32, |acc, c| {

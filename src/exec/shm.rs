@@ -34,7 +34,7 @@
 //! whatever order each rank's program drops them.
 
 use super::combine::combine;
-use super::copy::{copy_bytes, stream_bytes};
+use super::copy::{copy_bytes, split_lens, stream_bytes};
 use super::executor::HostMoves;
 use super::mpi::{BlockLayout, Blocks, MpiExec, Spans};
 use crate::agree::Descriptor;
@@ -632,8 +632,7 @@ impl ShmExec {
         self.sync(pulse)?;
         let theirs: Vec<[u64; 3]> = (0..p).map(|s| self.peer_entry(s, place)).collect();
         let links = Links::judge(me, sc, rc, &theirs);
-        let sent = Links::spans(sc, &links.send, row);
-        let got = Links::spans(rc, &links.recv, row);
+        let (sent, got) = links.placed((sc, rc), row);
         for s in (0..p).filter(|s| *s != me) {
             let n = got[s].len().min(m);
             if n > 0 {
@@ -885,15 +884,7 @@ impl HostMoves for ShmCall<'_> {
         let mut flat = gets.then(|| vec![0u8; lens.iter().sum()]);
         self.plane
             .gather_v(&self.pulse, mine, |r| lens[r], flat.as_deref_mut())?;
-        Ok(flat.map(|flat| {
-            let mut at = 0;
-            lens.iter()
-                .map(|n| {
-                    at += n;
-                    flat[at - n..at].to_vec()
-                })
-                .collect()
-        }))
+        Ok(flat.map(|flat| split_lens(&flat, lens)))
     }
 
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {

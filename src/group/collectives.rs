@@ -307,8 +307,9 @@ pub trait Collectives<'rt> {
     /// sender's count that is not its receiver's expectation is an error on
     /// both, naming both and the two counts, while the links that agree
     /// still move. Counts that do not add up to the tensors' dim 0 are an
-    /// error on every member. The counts travel in one extra exchange of
-    /// 24 bytes per member, in every check mode.
+    /// error on every member. The counts travel as 24 bytes per member, in
+    /// every check mode (on one node's shared memory, with the first
+    /// pieces of the blocks; elsewhere, in an exchange of their own).
     fn all_to_all_v(
         &self,
         t: &Self::Tensor,

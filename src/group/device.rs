@@ -25,7 +25,6 @@ use crate::group::{Collectives, P2p};
 use crate::nccl::comm::Communicator;
 use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
-use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::op::{normalize_dim, Op};
 use crate::tensor::split::{
@@ -742,10 +741,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 let links = self.group.swap_counts(send_counts, recv_counts)?;
                 let row_elems = numel(&t.shape()[1..]);
                 let row = row_elems * t.dtype().size();
-                let (sent, got) = (
-                    Links::spans(send_counts, &links.send, row),
-                    Links::spans(recv_counts, &links.recv, row),
-                );
+                let (sent, got) = links.placed((send_counts, recv_counts), row);
                 let s = self.enqueue()?;
                 let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
                 if size > 1 {

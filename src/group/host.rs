@@ -15,7 +15,6 @@ use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_he
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};
 use crate::op::normalize_dim;
-use crate::op::uneven::Links;
 use crate::op::Op;
 use crate::op::ReduceOp;
 use crate::tensor::split::{
@@ -265,24 +264,25 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 let row = numel(&t.shape()[1..]) * t.dtype().size();
                 let counts = (send_counts, recv_counts);
                 let links = match self.host() {
-                    _ if self.size() == 1 => {
-                        let table = Links::table(send_counts, recv_counts);
-                        let links = Links::judge(0, send_counts, recv_counts, &table);
-                        let n = links.recv[0] * row;
-                        out.bytes_mut()[..n].copy_from_slice(&t.bytes()[..n]);
-                        links
-                    }
-                    HostExec::Shm(shm) => {
+                    // On one node the counts travel with the first pieces.
+                    HostExec::Shm(shm) if self.size() > 1 => {
                         let buffers = (t.bytes(), out.bytes_mut());
                         shm.plane
                             .all_to_all_v(&shm.pulse, &self.mpi(), buffers, counts, row)?
                     }
-                    HostExec::Mpi(mpi) => {
-                        mpi.all_to_all_v_counted((t.bytes(), out.bytes_mut()), counts, row)
-                    }
-                    HostExec::Hier(hier) => {
-                        let buffers = (t.bytes(), out.bytes_mut());
-                        hier.flat.all_to_all_v_counted(buffers, counts, row)
+                    _ => {
+                        let links = self.swap_counts(send_counts, recv_counts)?;
+                        let (sent, got) = links.placed(counts, row);
+                        if self.size() == 1 {
+                            out.bytes_mut()[got[0].clone()]
+                                .copy_from_slice(&t.bytes()[sent[0].clone()]);
+                        } else {
+                            // The MPI executor, or hier's flat MPI.
+                            let longest = links.longest.saturating_mul(row);
+                            let (send, out) = (t.bytes(), out.bytes_mut());
+                            self.mpi().all_to_all_v(send, &sent, out, &got, longest);
+                        }
+                        links
                     }
                 };
                 Ok(links.refused)
@@ -317,7 +317,6 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             } else {
                 self.with_scratch(out.nbytes(), 0, |blocks, _| {
                     self.host().all_gather_v_into(t.bytes(), &lens, blocks)?;
-                    let elem = t.dtype().size();
                     for c in concat_uneven_copies(out.shape(), d, counts, elem) {
                         c.apply(blocks, out.bytes_mut());
                     }

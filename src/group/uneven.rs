@@ -62,7 +62,8 @@ pub(crate) fn counts_found_here(e: Error, problem: &Option<String>) -> Error {
 impl GroupCoordinator<'_> {
     /// Exchanges the counts of an `all_to_all_v` with every member through
     /// the group's host executor and judges each link by its two ends (see
-    /// [`Links::judge`]); the device plane's first step.
+    /// [`Links::judge`]): the device plane's first step, and the host's
+    /// off one node (on one node the counts ride with the data).
     pub(crate) fn swap_counts(&self, send: &[usize], recv: &[usize]) -> Result<Links, Fault> {
         let mine = Links::table(send, recv);
         let mut theirs = vec![[0u64; 3]; self.size()];

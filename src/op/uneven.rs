@@ -155,6 +155,20 @@ impl Links {
         links
     }
 
+    /// Byte ranges of each member's rows in this rank's input and output
+    /// (laid out by its send and receive `counts`, rows of `row` bytes),
+    /// empty on the links refused.
+    pub(crate) fn placed(
+        &self,
+        (send, recv): (&[usize], &[usize]),
+        row: usize,
+    ) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+        (
+            Links::spans(send, &self.send, row),
+            Links::spans(recv, &self.recv, row),
+        )
+    }
+
     /// Byte ranges of each member's rows in a buffer laid out by `counts`
     /// (rows of `row` bytes), emptied where `agreed` moves nothing: a
     /// refused link keeps its place, so the others land where they belong.
