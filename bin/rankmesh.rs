@@ -92,7 +92,9 @@ struct DoctorArgs {
     /// Longer, more precise run: 16 MiB messages, 20 repetitions.
     #[arg(long)]
     long: bool,
-    /// Flag what is below this fraction of the median of its kind.
+    /// Flag what is below this fraction of the reference: the median of its
+    /// kind, measured alone (suspects from the concurrent rounds are
+    /// measured again with every other rank idle before they count).
     #[arg(long, default_value_t = 0.8)]
     threshold: f64,
     /// Seconds any single wait may take before the silent peer is named.
@@ -150,34 +152,30 @@ impl DoctorArgs {
 }
 
 fn run_doctor(rt: &Runtime, args: &DoctorArgs) -> rankmesh::Result<()> {
-    use rankmesh::doctor::{self, report, verdict};
+    use rankmesh::doctor::{self, report};
     let cfg = args.config()?;
-    let Some(m) = doctor::run(rt, &cfg)? else {
+    let Some(o) = doctor::run(rt, &cfg)? else {
         return Ok(());
     };
     let bad = doctor_usage;
-    let findings = verdict::judge(&m, cfg.threshold);
-    print!("{}", report::table(&m, &findings, cfg.threshold));
+    let findings = &o.judgement.findings;
+    print!("{}", report::table(&o, cfg.threshold));
     if let Some(path) = &args.json {
-        let doc = report::Document {
-            measurements: &m,
-            threshold: cfg.threshold,
-            findings: &findings,
-            verdict: report::verdict(&findings),
-        };
+        let doc = report::Document::new(&o, cfg.threshold);
         let text = serde_json::to_string_pretty(&doc).expect("report is plain data");
         std::fs::write(path, text)
             .map_err(|e| bad(format!("cannot write {}: {e}", path.display())))?;
     }
     if let Some(path) = &args.svg {
-        std::fs::write(path, report::heatmap(&m, cfg.threshold))
+        let svg = report::heatmap(&o.measurements, findings, cfg.threshold);
+        std::fs::write(path, svg)
             .map_err(|e| bad(format!("cannot write {}: {e}", path.display())))?;
     }
     if findings.is_empty() {
         Ok(())
     } else {
         Err(bad(format!(
-            "{} finding(s) below {:.2} of the median: {}",
+            "{} finding(s) below {:.2} of the reference, confirmed alone: {}",
             findings.len(),
             cfg.threshold,
             findings

@@ -1,11 +1,11 @@
-//! `rankmesh doctor` under real mpirun: a healthy job passes; on fake nodes
-//! with their own network namespaces, a node whose link is rate-limited
-//! (`tc` tbf) is named and the run exits non-zero.
+//! `rankmesh doctor` under real mpirun, at the settings a user gets: a
+//! healthy job passes; on fake nodes with their own network namespaces, a
+//! node whose link is rate-limited (`tc` tbf), to half the healthy rate or
+//! far below it, is named alone and the run exits non-zero.
 //!
-//! The tests flag below 0.3 of the median instead of the default 0.8: this
-//! CI machine runs up to five ranks on two cores, and CPU contention alone
-//! moves a healthy link to 0.5 of the median; the rate-limited link is at
-//! 0.01–0.02.
+//! This machine runs up to five ranks on two cores: pairs measured in the
+//! same round share its cores and fall to 0.5–0.75 of the median, which is
+//! what the doctor's retakes alone are for.
 
 mod support;
 
@@ -24,12 +24,7 @@ fn temp(name: &str) -> std::path::PathBuf {
 #[test]
 fn a_healthy_single_node_job_passes_and_reports_every_pair() {
     let json = temp("local.json");
-    let job = support::mpirun(
-        3,
-        exe(),
-        &["doctor", "--threshold", "0.3", "-J", json.to_str().unwrap()],
-        &[],
-    );
+    let job = support::mpirun(3, exe(), &["doctor", "-J", json.to_str().unwrap()], &[]);
     assert!(job.ok(), "{}", job.describe());
     assert!(job.stdout.contains("3 ranks on 1 nodes"), "{}", job.stdout);
     assert!(job
@@ -84,25 +79,22 @@ fn a_rate_limited_node_is_named_and_fails_the_run() {
         eprintln!("SKIPPED a_rate_limited_node_is_named_and_fails_the_run: network namespaces are not permitted here");
         return;
     }
-    let doctor = |svg: &Path, slow: Option<&str>| {
+    let doctor = |svg: &Path, json: &Path, slow: Option<&str>| {
         let mut env = vec![("RANKMESH_FAKE_NET", "1")];
         if let Some(s) = slow {
             env.push(("RANKMESH_FAKE_SLOW", s));
         }
-        support::fake_nodes(
-            "1,2,1,1",
-            exe(),
-            &[
-                "doctor",
-                "--threshold",
-                "0.3",
-                "--svg",
-                svg.to_str().unwrap(),
-            ],
-            &env,
-        )
+        let args = [
+            "doctor",
+            "--svg",
+            svg.to_str().unwrap(),
+            "-J",
+            json.to_str().unwrap(),
+        ];
+        support::fake_nodes("1,2,1,1", exe(), &args, &env)
     };
-    let healthy = doctor(&temp("healthy.svg"), None);
+    let json = temp("healthy.json");
+    let healthy = doctor(&temp("healthy.svg"), &json, None);
     assert!(healthy.ok(), "{}", healthy.describe());
     assert!(
         healthy.stdout.contains("5 ranks on 4 nodes"),
@@ -110,31 +102,59 @@ fn a_rate_limited_node_is_named_and_fails_the_run() {
         healthy.stdout
     );
     assert!(healthy.stdout.contains("verdict: OK"));
-
-    let svg = temp("slow.svg");
-    let slow = doctor(&svg, Some("2:100mbit"));
-    assert!(!slow.ok(), "{}", slow.describe());
-    assert!(slow.stdout.contains("verdict: FAILED"), "{}", slow.stdout);
-    let findings: Vec<&str> = slow
-        .stdout
-        .lines()
-        .skip_while(|l| !l.starts_with("verdict"))
-        .skip(1)
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let mut links: Vec<f64> = doc["measurements"]["inter_node"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["bandwidth_gbs"].as_f64().unwrap())
         .collect();
-    assert_eq!(findings.len(), 1, "only the slow node: {}", slow.stdout);
-    assert!(
-        findings[0].contains("node 2 (rankmesh-node2)"),
-        "{}",
-        slow.stdout
-    );
-    assert!(slow.stderr.contains(
-        "doctor on world: 1 finding(s) below 0.30 of the median: node 2 (rankmesh-node2)"
-    ));
-    let text = std::fs::read_to_string(&svg).unwrap();
-    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
-    let red = doc
-        .descendants()
-        .filter(|n| n.attribute("fill") == Some("#e06666"))
-        .count();
-    assert_eq!(red, 6, "node 2's row and column: 3 links each way");
+    assert_eq!(links.len(), 6, "{doc}");
+    links.sort_by(f64::total_cmp);
+    let healthy_mbit = (links[2] + links[3]) / 2.0 * 8e3;
+
+    // Half the healthy rate, then far below it: node 2 alone, both times.
+    let half = format!("2:{}mbit", (healthy_mbit / 2.0) as u64);
+    for slow in [half.as_str(), "2:100mbit"] {
+        let svg = temp("slow.svg");
+        let run = doctor(&svg, &temp("slow.json"), Some(slow));
+        assert!(!run.ok(), "{slow}: {}", run.describe());
+        assert!(
+            run.stdout.contains("verdict: FAILED"),
+            "{slow}: {}",
+            run.stdout
+        );
+        let findings: Vec<&str> = run
+            .stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("verdict"))
+            .skip(1)
+            .collect();
+        assert_eq!(
+            findings.len(),
+            1,
+            "{slow}: only the slow node: {}",
+            run.stdout
+        );
+        assert!(
+            findings[0].contains("node 2 (rankmesh-node2)") && findings[0].contains("alone"),
+            "{slow}: {}",
+            run.stdout
+        );
+        assert!(
+            run.stderr.contains(
+                "doctor on world: 1 finding(s) below 0.80 of the reference, confirmed alone: node 2 (rankmesh-node2)"
+            ),
+            "{slow}: {}",
+            run.describe()
+        );
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
+        let red = doc
+            .descendants()
+            .filter(|n| n.attribute("fill") == Some("#e06666"))
+            .count();
+        assert_eq!(red, 6, "{slow}: node 2's row and column: 3 links each way");
+    }
 }

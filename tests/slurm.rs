@@ -204,7 +204,7 @@ fn main() {
             check(json == 2, "one JSON file per collective", &text)
         }),
         trial("sbatch_doctor", |c| {
-            let text = c.sbatch("doctor.sbatch", "DOCTOR_FLAGS=--threshold 0.3 --reps 3")?;
+            let text = c.sbatch("doctor.sbatch", "DOCTOR_FLAGS=")?;
             check(
                 text.starts_with("rankmesh doctor: 2 ranks on 1 nodes")
                     && text.contains("verdict: OK"),

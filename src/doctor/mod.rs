@@ -7,11 +7,14 @@
 //! 2. **within nodes**: each node's ranks run an all_reduce on a node
 //!    communicator, and every pair of ranks on a node measures its bandwidth;
 //! 3. **between nodes**: one leader rank per node measures bandwidth and
-//!    latency to every other node's leader, in rounds so pairs do not contend.
+//!    latency to every other node's leader, in rounds so pairs do not contend;
+//! 4. **alone**: whatever the rounds put below a fraction of the median of
+//!    its kind is measured again with every other rank idle, beside a few
+//!    healthy measurements of its kind as the reference ([`verdict`]): on a
+//!    busy node two pairs measured at once share its cores, and a gate that
+//!    failed healthy clusters would be switched off.
 //!
-//! The verdict ([`verdict`]) flags whatever is below a fraction of the
-//! median of its peers; [`report`] renders the table, the JSON and the
-//! heatmap.
+//! [`report`] renders the table, the JSON and the heatmap.
 
 mod probe;
 pub mod report;
@@ -22,10 +25,12 @@ use crate::group::Runtime;
 use crate::object::Objects;
 use mpi::collective::SystemOperation;
 use mpi::topology::Color;
+use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use probe::{partner, rounds, Probe};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
+use verdict::{Judgement, Task};
 
 pub use probe::UNREACHABLE_EXIT;
 
@@ -36,7 +41,8 @@ pub struct DoctorConfig {
     pub bytes: usize,
     /// Timed repetitions per measurement (the best one counts).
     pub reps: usize,
-    /// A node, rank or link below this fraction of the median is flagged.
+    /// A node, rank or link below this fraction of the reference (the
+    /// median of its kind measured alone) is flagged.
     pub threshold: f64,
     /// How long any single wait may take before the peer is named.
     pub deadline: Duration,
@@ -103,9 +109,18 @@ pub struct Measurements {
 const PING_BYTES: usize = 8;
 const PING_REPS: usize = 20;
 
-/// Runs the three steps on every rank; world rank 0 gets every
-/// measurement, the other ranks `None`.
-pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Measurements>> {
+/// What a doctor run found: everything measured, and the verdict.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The concurrent rounds.
+    pub measurements: Measurements,
+    /// Suspects retaken alone, and what was confirmed.
+    pub judgement: Judgement,
+}
+
+/// Runs the steps on every rank; world rank 0 gets the outcome, the other
+/// ranks `None`.
+pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
     let start = Instant::now();
     let comm = rt.world_comm();
     let probe = Probe::new(comm, cfg.deadline);
@@ -129,24 +144,8 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Measurements>> {
     let node_comm = comm
         .split_by_color(Color::with_value(node as i32))
         .expect("every rank passes a colour");
-    let mut node_busbw = None;
-    if node_comm.size() > 1 {
-        let n = cfg.bytes / 4;
-        let send = vec![1.0f32; n];
-        let mut recv = vec![0f32; n];
-        node_comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-        let mut best = f64::INFINITY;
-        for _ in 0..cfg.reps {
-            let t = Instant::now();
-            node_comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        // Every rank's view counts; the node's number is its slowest rank's.
-        let mut slowest = 0.0;
-        node_comm.all_reduce_into(&best, &mut slowest, SystemOperation::max());
-        let p = node_comm.size() as f64;
-        node_busbw = Some(cfg.bytes as f64 / slowest / 1e9 * 2.0 * (p - 1.0) / p);
-    }
+    let node_busbw =
+        (node_comm.size() > 1).then(|| node_all_reduce(&node_comm, cfg.bytes, cfg.reps));
     probe.barrier("node all_reduce");
 
     // 2b. Pairs within each node, by local rank, all nodes at once.
@@ -194,7 +193,7 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Measurements>> {
     });
     let world = rt.world_group()?;
     let gathered = world.gather_object(&(mine, node_entry), 0)?;
-    Ok(gathered.map(|all| {
+    let measured = gathered.map(|all| {
         let mut m = Measurements {
             bytes: cfg.bytes,
             reps: cfg.reps,
@@ -219,7 +218,78 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Measurements>> {
             v.sort_by_key(|p| (p.a, p.b));
         }
         m
+    });
+
+    // 4. Suspects measured again, one at a time, every other rank idle.
+    let retakes = Instant::now();
+    let plan = measured
+        .as_ref()
+        .map(|m| verdict::plan(m, verdict::suspects(m, cfg.threshold)));
+    let planned = plan.as_ref().map(|p| (p.tasks.clone(), p.reps.clone()));
+    let (tasks, reps) = world.broadcast_object(planned.as_ref(), 0)?;
+    let mut figures = vec![0.0f64; tasks.len()];
+    let mut todo: Vec<usize> = (0..tasks.len()).collect();
+    let mut passes = 0;
+    while !todo.is_empty() {
+        passes += 1;
+        let mut alone = vec![0.0; tasks.len()];
+        for &k in &todo {
+            probe.barrier(&format!("retake {k}"));
+            match tasks[k] {
+                Task::Pair(a, b) if me == a || me == b => {
+                    let peer = a + b - me;
+                    let t = probe.best_exchange(peer, cfg.bytes, reps[k], "measured alone");
+                    alone[k] = cfg.bytes as f64 / t / 1e9;
+                }
+                Task::AllReduce(n) if n == node => {
+                    alone[k] = node_all_reduce(&node_comm, cfg.bytes, reps[k])
+                }
+                _ => {}
+            }
+        }
+        probe.barrier("retakes");
+        // A retake's figure is known to its participants (both ends of a
+        // pair saw the same exchanges; a node's ranks agree): the largest.
+        let mut got = vec![0.0; tasks.len()];
+        comm.all_reduce_into(&alone[..], &mut got[..], SystemOperation::max());
+        for (f, g) in figures.iter_mut().zip(got) {
+            *f = f64::max(*f, g);
+        }
+        todo = if passes < verdict::PASSES {
+            let again = plan.as_ref().map(|p| p.still_low(&figures, cfg.threshold));
+            world.broadcast_object(again.as_ref(), 0)?
+        } else {
+            Vec::new()
+        };
+    }
+    Ok(measured.zip(plan).map(|(m, plan)| {
+        let mut judgement = verdict::confirm(&m, &plan, &figures, cfg.threshold);
+        judgement.seconds = retakes.elapsed().as_secs_f64();
+        judgement.passes = passes;
+        Outcome {
+            measurements: m,
+            judgement,
+        }
     }))
+}
+
+/// Bus bandwidth of an all_reduce of `bytes` over `node_comm`, GB/s: the
+/// best of `reps` on each rank, the node's figure its slowest rank's.
+fn node_all_reduce(node_comm: &SimpleCommunicator, bytes: usize, reps: usize) -> f64 {
+    let n = bytes / 4;
+    let send = vec![1.0f32; n];
+    let mut recv = vec![0f32; n];
+    node_comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        node_comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let mut slowest = 0.0;
+    node_comm.all_reduce_into(&best, &mut slowest, SystemOperation::max());
+    let p = node_comm.size() as f64;
+    bytes as f64 / slowest / 1e9 * 2.0 * (p - 1.0) / p
 }
 
 /// One rank's finding, sent to rank 0.

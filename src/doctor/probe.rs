@@ -43,7 +43,7 @@ impl<'c> Probe<'c> {
         mut req: Request<'a, D, S>,
         start: Instant,
         what: &dyn Fn() -> String,
-        pause: fn(),
+        pause: &dyn Fn(),
     ) {
         loop {
             match req.test() {
@@ -66,8 +66,8 @@ impl<'c> Probe<'c> {
             let p = self.comm.process_at_rank(peer as i32);
             let r = p.immediate_receive_into_with_tag(sc, recv, TAG);
             let s = p.immediate_send_with_tag(sc, send, TAG);
-            self.finish(s, start, &what, std::thread::yield_now);
-            self.finish(r, start, &what, std::thread::yield_now);
+            self.finish(s, start, &what, &std::thread::yield_now);
+            self.finish(r, start, &what, &std::thread::yield_now);
         });
         start.elapsed().as_secs_f64()
     }
@@ -91,9 +91,14 @@ impl<'c> Probe<'c> {
     pub fn barrier(&self, step: &str) {
         let start = Instant::now();
         let what = || format!("{step}: not every rank reached the step");
-        // Ranks idle in this round leave the cores to the measuring pairs.
-        let nap = || std::thread::sleep(Duration::from_micros(50));
-        self.finish(self.comm.immediate_barrier(), start, &what, nap);
+        // Ranks idle in this round leave the cores to the measuring pairs:
+        // naps from 50 us, doubling to 1 ms, so a long wait costs them little.
+        let nap = || {
+            let waited = start.elapsed().as_micros() as u64;
+            let us = waited.next_power_of_two().clamp(50, 1000);
+            std::thread::sleep(Duration::from_micros(us));
+        };
+        self.finish(self.comm.immediate_barrier(), start, &what, &nap);
     }
 }
 

@@ -1,22 +1,44 @@
 //! A doctor run for people (table), for scripts (JSON) and at a glance (an
 //! SVG heatmap of the node-to-node bandwidth matrix).
 
-use super::verdict::{median, Finding};
-use super::Measurements;
+use super::verdict::{median, Cleared, Finding, Judgement, Task};
+use super::{Measurements, Outcome};
 use crate::bench::plot::escape;
 use serde::Serialize;
 
 /// The `-J` document.
 #[derive(Serialize)]
 pub struct Document<'a> {
-    /// Everything measured.
+    /// Everything measured in the concurrent rounds.
     pub measurements: &'a Measurements,
-    /// Fraction of the median below which something is flagged.
+    /// Fraction of the reference below which something is flagged.
     pub threshold: f64,
-    /// What was flagged.
+    /// What was confirmed alone.
     pub findings: &'a [Finding],
+    /// Suspects of the rounds that measured healthy alone.
+    pub cleared: &'a [Cleared],
+    /// Every measurement retaken alone, with its figure (GB/s).
+    pub retakes: &'a [(Task, f64)],
+    /// Wall time of the retakes, seconds.
+    pub retake_seconds: f64,
     /// `OK` or `FAILED`.
     pub verdict: &'static str,
+}
+
+impl<'a> Document<'a> {
+    /// The document of `o`, judged at `threshold`.
+    pub fn new(o: &'a Outcome, threshold: f64) -> Self {
+        let j = &o.judgement;
+        Document {
+            measurements: &o.measurements,
+            threshold,
+            findings: &j.findings,
+            cleared: &j.cleared,
+            retakes: &j.retakes,
+            retake_seconds: j.seconds,
+            verdict: verdict(&j.findings),
+        }
+    }
 }
 
 /// `OK` when nothing was flagged.
@@ -29,14 +51,16 @@ pub fn verdict(findings: &[Finding]) -> &'static str {
 }
 
 /// The readable report.
-pub fn table(m: &Measurements, findings: &[Finding], threshold: f64) -> String {
+pub fn table(o: &Outcome, threshold: f64) -> String {
+    let (m, j) = (&o.measurements, &o.judgement);
     let ranks: usize = m.nodes.iter().map(|n| n.ranks.len()).sum();
     let mut out = format!(
-        "rankmesh doctor: {ranks} ranks on {} nodes; {} B messages, best of {}; flagged below {threshold:.2} of the median ({:.1} s)\n",
+        "rankmesh doctor: {ranks} ranks on {} nodes; {} B messages, best of {}; flagged below {threshold:.2} of the reference, confirmed alone ({:.1} s, {:.1} s of it alone)\n",
         m.nodes.len(),
         m.bytes,
         m.reps,
-        m.seconds
+        m.seconds + j.seconds,
+        j.seconds
     );
     match m
         .reach
@@ -99,9 +123,33 @@ pub fn table(m: &Measurements, findings: &[Finding], threshold: f64) -> String {
             }
         }
     }
-    out += &format!("\nverdict: {}\n", verdict(findings));
-    for f in findings {
+    out += &alone(j, threshold);
+    out += &format!("\nverdict: {}\n", verdict(&j.findings));
+    for f in &j.findings {
         out += &format!("  {}\n", f.line());
+    }
+    out
+}
+
+/// What the retakes found: how many, how long, and each suspect cleared.
+fn alone(j: &Judgement, threshold: f64) -> String {
+    let suspects = j.findings.len() + j.cleared.len();
+    if suspects == 0 {
+        return format!(
+            "\nalone: nothing below {threshold:.2} of its median in the rounds, nothing retaken\n"
+        );
+    }
+    let mut out = format!(
+        "\nalone: {suspects} suspect(s) from the rounds measured again with every other rank idle ({} retakes, {} pass(es), {:.2} s)\n",
+        j.retakes.len(),
+        j.passes,
+        j.seconds
+    );
+    for c in &j.cleared {
+        out += &format!(
+            "  cleared {} {}: {:.3} GB/s in the rounds, {:.3} alone, reference {:.3}\n",
+            c.kind, c.subject, c.concurrent, c.alone, c.median
+        );
     }
     out
 }
@@ -111,10 +159,11 @@ fn link(m: &Measurements, a: usize, b: usize) -> Option<&super::PairResult> {
     m.inter_node.iter().find(|p| p.a == a && p.b == b)
 }
 
-/// The node-to-node bandwidth matrix as an SVG heatmap: each cell's colour
-/// is its bandwidth as a fraction of the median link (red below the
-/// threshold, green at or above the median), its text the GB/s.
-pub fn heatmap(m: &Measurements, threshold: f64) -> String {
+/// The node-to-node bandwidth matrix of the rounds as an SVG heatmap: each
+/// cell's text is the GB/s, its colour red for a link of a confirmed finding
+/// (a slow node's or a slow link), else shading from amber at the threshold
+/// to green at the median link.
+pub fn heatmap(m: &Measurements, findings: &[Finding], threshold: f64) -> String {
     let n = m.nodes.len();
     let cell = 64.0;
     let (left, top) = (150.0, 70.0);
@@ -151,7 +200,11 @@ pub fn heatmap(m: &Measurements, threshold: f64) -> String {
             let (x, y) = (left + cell * j as f64, top + cell * i as f64);
             let (fill, text) = match link(m, a.node, b.node) {
                 Some(p) if med > 0.0 => (
-                    colour(p.bandwidth_gbs / med, threshold),
+                    if findings.iter().any(|f| f.of.covers_link(p.a, p.b)) {
+                        RED.to_string()
+                    } else {
+                        colour(p.bandwidth_gbs / med, threshold)
+                    },
                     format!("{:.2}", p.bandwidth_gbs),
                 ),
                 _ => ("#eeeeee".to_string(), "-".to_string()),
@@ -165,7 +218,7 @@ pub fn heatmap(m: &Measurements, threshold: f64) -> String {
         }
     }
     out += &format!(
-        "<text x=\"20\" y=\"{}\" font-size=\"11\">red: below {threshold:.2} of the median link ({med:.3} GB/s)</text>\n\
+        "<text x=\"20\" y=\"{}\" font-size=\"11\">red: a slow node's or link's, confirmed alone (below {threshold:.2} of the reference); median link {med:.3} GB/s</text>\n\
          <text x=\"20\" y=\"{}\" font-size=\"11\">green: at or above the median</text>\n</svg>\n",
         top + cell * n as f64 + 24.0,
         top + cell * n as f64 + 40.0
@@ -173,11 +226,11 @@ pub fn heatmap(m: &Measurements, threshold: f64) -> String {
     out
 }
 
-/// Red below the threshold, shading to green at the median and above.
+/// A confirmed finding's cells.
+const RED: &str = "#e06666";
+
+/// Amber at or below the threshold, shading to green at the median and above.
 fn colour(fraction: f64, threshold: f64) -> String {
-    if fraction < threshold {
-        return "#e06666".into();
-    }
     let t = ((fraction - threshold) / (1.0 - threshold).max(1e-9)).clamp(0.0, 1.0);
     let mix = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
     format!(
@@ -190,6 +243,7 @@ fn colour(fraction: f64, threshold: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::verdict::Subject;
     use super::super::{NodeResult, PairResult};
     use super::*;
 
@@ -221,19 +275,40 @@ mod tests {
             }],
             seconds: 0.5,
         };
-        let t = table(&m, &[], 0.8);
+        let o = Outcome {
+            measurements: m,
+            judgement: Judgement::default(),
+        };
+        let t = table(&o, 0.8);
         assert!(t.contains("2 ranks on 2 nodes"), "{t}");
         assert!(t.contains("slowest small exchange 12.5 us (ranks 0 and 1)"));
         assert_eq!(t.matches("1.500").count(), 2, "symmetric matrix: {t}");
         assert!(t.contains("verdict: OK"));
-        let svg = heatmap(&m, 0.8);
+        assert!(t.contains("alone: nothing below 0.80 of its median in the rounds"));
+        let m = &o.measurements;
+        let svg = heatmap(m, &[], 0.8);
         let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
         assert_eq!(
             doc.descendants().filter(|n| n.has_tag_name("rect")).count(),
             5
         );
         assert!(svg.contains("h&lt;0&gt;"));
-        assert_eq!(colour(0.5, 0.8), "#e06666");
+        assert_eq!(
+            colour(0.5, 0.8),
+            "#ffe599",
+            "low in the rounds alone: amber"
+        );
+        let slow = Finding {
+            of: Subject::Node(1),
+            kind: "node".into(),
+            subject: "1 (h1)".into(),
+            value: 0.1,
+            concurrent: 0.1,
+            median: 1.5,
+            reference: String::new(),
+        };
+        let svg = heatmap(m, &[slow], 0.8);
+        assert_eq!(svg.matches(RED).count(), 2, "node 1's link, both ways");
         assert_eq!(colour(1.0, 0.8), "#93c47d");
     }
 }
