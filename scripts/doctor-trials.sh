@@ -25,7 +25,7 @@ run() { # SLOW-SPEC JSON -> stdout of the run; rc in $tmp/rc, seconds in $tmp/s
   end=$(date +%s.%N)
   echo "$end - $start" | bc >"$tmp/s"
 }
-findings() { sed -n '/^verdict/,$p' "$tmp/out" | tail -n +2; }
+findings() { sed -n '/^verdict/,$p' "$tmp/out" | tail -n +2 | grep '^  ' || true; }
 good=0 links=()
 for ((i = 1; i <= healthy; i++)); do
   run "" "$tmp/h.json"
