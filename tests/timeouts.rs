@@ -96,3 +96,125 @@ fn waits_shorter_than_the_timeout_pass() {
         job.describe()
     );
 }
+
+const STARTUP: &str = "RANKMESH_STARTUP_WORKER";
+/// The launcher's rank of the rank that never starts rankmesh.
+const ABSENT: &str = "RANKMESH_STARTUP_ABSENT";
+
+/// One rank of a start-up job: the absent one never calls `Runtime::init`
+/// (stuck before it, stopped, or a plain MPI program that sleeps after
+/// `MPI_Init`); the others call it and must be ended by the start-up watch.
+#[test]
+fn startup_worker() {
+    let Ok(mode) = std::env::var(STARTUP) else {
+        return;
+    };
+    let me: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let absent: usize = std::env::var(ABSENT).unwrap().parse().unwrap();
+    let long = std::time::Duration::from_secs(120);
+    if me == absent {
+        match mode.as_str() {
+            "stall" => std::thread::sleep(long),
+            // SAFETY: stops this process; the launcher kills it at the end.
+            "stop" => unsafe {
+                libc::raise(libc::SIGSTOP);
+            },
+            _ => {
+                let _universe = mpi::initialize().unwrap();
+                std::thread::sleep(long);
+            }
+        }
+        return;
+    }
+    let rt = rankmesh::Runtime::init();
+    println!("STARTED {me}: {}", rt.is_ok());
+}
+
+/// A 3-rank job whose rank `absent` never starts rankmesh (`mode`): every
+/// other rank names it (with its host) within the start-up timeout plus a
+/// few seconds, and the job ends non-zero.
+fn absent_rank_is_named(mode: &str, absent: usize) {
+    if std::env::var(STARTUP).is_ok() || std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let absent_s = absent.to_string();
+    let start = Instant::now();
+    let job = support::mpirun(
+        3,
+        &exe,
+        &["--exact", "startup_worker", "--nocapture"],
+        &[
+            (STARTUP, mode),
+            (ABSENT, &absent_s),
+            ("RANKMESH_INIT_TIMEOUT", "5"),
+        ],
+    );
+    let took = start.elapsed().as_secs_f64();
+    assert!(!job.ok(), "{mode}: {}", job.describe());
+    assert!(
+        !job.stdout.contains("STARTED"),
+        "{mode}: {}",
+        job.describe()
+    );
+    assert!(
+        took < 5.0 + 8.0,
+        "{mode}: ended {took:.1} s after launch, past the 5 s start-up timeout plus a few seconds: {}",
+        job.describe()
+    );
+    let step = if mode == "plain" {
+        "waiting in the world communicator's duplicate (MPI_Comm_dup)"
+    } else {
+        "waiting in MPI_Init"
+    };
+    let named = format!("; rank {absent} (on ");
+    let reports: Vec<&str> = job
+        .stderr
+        .lines()
+        .filter(|l| l.contains("start-up did not finish within 5.0 s (RANKMESH_INIT_TIMEOUT)"))
+        .collect();
+    assert_eq!(
+        reports.len(),
+        2,
+        "{mode}: every rank that arrived: {}",
+        job.describe()
+    );
+    for r in &reports {
+        assert!(
+            r.contains(step)
+                && r.contains(&named)
+                && r.ends_with("has not started rankmesh; ending the job"),
+            "{mode}: {r}\n{}",
+            job.describe()
+        );
+        assert!(!r.starts_with(&format!("rankmesh: rank {absent} ")), "{r}");
+    }
+    assert!(
+        !job.stderr.contains("panicked") && !job.stderr.contains("Signal:"),
+        "{mode}: a message, no panic or signal: {}",
+        job.describe()
+    );
+}
+
+#[test]
+fn a_rank_stalled_before_init_is_named() {
+    absent_rank_is_named("stall", 2);
+}
+
+#[test]
+fn rank_0_stalled_before_init_is_named() {
+    absent_rank_is_named("stall", 0);
+}
+
+#[test]
+fn a_rank_stopped_before_init_is_named() {
+    absent_rank_is_named("stop", 1);
+}
+
+#[test]
+fn a_plain_mpi_rank_that_never_starts_rankmesh_is_named() {
+    absent_rank_is_named("plain", 2);
+}

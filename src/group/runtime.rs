@@ -12,7 +12,9 @@ use crate::op::CheckMode;
 use crate::op::Op;
 use crate::parse::parse_whole_size;
 use crate::placement::{self, BindPolicy, Placement};
-use crate::watch::{local_ipv4, Board, GroupWatch, PeerFacts, Service, Watchdog, ADDRS};
+use crate::watch::{
+    local_ipv4, Board, GroupWatch, PeerFacts, Service, StartupWatch, Watchdog, ADDRS,
+};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
@@ -74,6 +76,12 @@ pub struct Options {
     /// aborted with a message naming the call (`RANKMESH_TIMEOUT` seconds,
     /// default 600, 0 = wait forever).
     pub timeout: Option<std::time::Duration>,
+    /// How long start-up (`Runtime::init`: `MPI_Init`, the world's
+    /// communicators, the node split, the exchanges after them) may take
+    /// before the job is ended with a message naming the ranks that never
+    /// arrived (`RANKMESH_INIT_TIMEOUT` seconds, default 300, 0 = wait
+    /// forever). Set it the same on every rank.
+    pub init_timeout: Option<std::time::Duration>,
     /// Largest serialised object a rank accepts from a peer
     /// (`RANKMESH_MAX_OBJECT_BYTES`, default 4 GiB): a header announcing
     /// more is an error before anything is allocated. Set it the same on
@@ -102,6 +110,7 @@ impl Default for Options {
             max_message_bytes: 1 << 30,
             bind: None,
             timeout: Some(std::time::Duration::from_secs(600)),
+            init_timeout: Some(std::time::Duration::from_secs(300)),
             max_object_bytes: 1 << 32,
             trace_dir: None,
             host_plane: ExecChoice::Auto,
@@ -124,7 +133,10 @@ impl Options {
                 byte_count("RANKMESH_MAX_OBJECT_BYTES", &v, 1, MAX_OBJECT_BYTES_LIMIT)?;
         }
         if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
-            o.timeout = parse_timeout(&v)?;
+            o.timeout = parse_timeout("RANKMESH_TIMEOUT", &v)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_INIT_TIMEOUT") {
+            o.init_timeout = parse_timeout("RANKMESH_INIT_TIMEOUT", &v)?;
         }
         if let Ok(v) = std::env::var("RANKMESH_TRACE_DIR") {
             if v.is_empty() {
@@ -168,23 +180,23 @@ const MAX_SHM_CHUNK: usize = 1 << 30;
 /// a forged header, so it cannot be lifted altogether.
 const MAX_OBJECT_BYTES_LIMIT: u64 = 1 << 40;
 
-/// Longest `RANKMESH_TIMEOUT` (one year): longer is a typo, not a wish.
+/// Longest non-zero timeout (one year): longer is a typo, not a wish.
 const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
-/// Shortest non-zero `RANKMESH_TIMEOUT`: below it, healthy calls would be killed.
+/// Shortest non-zero timeout: below it, healthy calls would be killed.
 const MIN_TIMEOUT_SECS: f64 = 0.1;
 
-/// `RANKMESH_TIMEOUT`: 0 (wait forever) or seconds in 0.1 ..= one year.
-fn parse_timeout(v: &str) -> Result<Option<std::time::Duration>> {
+/// A timeout variable `name`: 0 (wait forever) or seconds in 0.1 ..= one year.
+fn parse_timeout(name: &str, v: &str) -> Result<Option<std::time::Duration>> {
     let secs: f64 = v
         .trim()
         .parse()
-        .map_err(|_| Error::Launch(format!("RANKMESH_TIMEOUT={v:?} is not a number of seconds")))?;
+        .map_err(|_| Error::Launch(format!("{name}={v:?} is not a number of seconds")))?;
     if secs == 0.0 {
         return Ok(None);
     }
     if !(MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&secs) {
         return Err(Error::Launch(format!(
-            "RANKMESH_TIMEOUT={v:?} is out of range: 0 (never time out) or {MIN_TIMEOUT_SECS} ..= {MAX_TIMEOUT_SECS} seconds"
+            "{name}={v:?} is out of range: 0 (never time out) or {MIN_TIMEOUT_SECS} ..= {MAX_TIMEOUT_SECS} seconds"
         )));
     }
     Ok(Some(std::time::Duration::from_secs_f64(secs)))
@@ -227,12 +239,14 @@ impl Runtime {
         // group's TCP writers), which SINGLE promises it does not, but only
         // the main thread calls MPI — except the watchdog's MPI_Abort, which
         // ends the job. MULTIPLE would slow every call for nothing.
+        let startup = StartupWatch::start(options.init_timeout);
         let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| {
                 Error::Launch("MPI is already initialised: create one Runtime per process".into())
             })?;
+        startup.step("the world communicator's duplicate (MPI_Comm_dup)");
         let world_comm = universe.world().duplicate();
-        let (info, node_comm) = gather_world_info(&world_comm)?;
+        let (info, node_comm) = gather_world_info(&world_comm, &startup)?;
         let me = info.me();
         let view = MpiView {
             rank: info.rank,
@@ -242,6 +256,7 @@ impl Runtime {
         };
         let env = |k: &str| std::env::var(k).ok();
         let mut warnings = launcher::check(&env, &view)?;
+        startup.step("the binding's agreement (MPI_Allgather)");
         let placement = match options.bind {
             Some(policy) => Some(bind_everywhere(
                 &world_comm,
@@ -265,7 +280,9 @@ impl Runtime {
             nodes = info.node_count,
             "MPI initialised"
         );
+        startup.step("the watchdog's start (status board, service addresses)");
         let watchdog = start_watchdog(&world_comm, &info, node_comm, &options);
+        startup.finish();
         let everyone: Vec<usize> = (0..info.size).collect();
         let creation = watchdog.register("world".into(), &everyone);
         Ok(Runtime {
@@ -555,9 +572,13 @@ fn start_watchdog(
     )
 }
 
-fn gather_world_info(world: &SimpleCommunicator) -> Result<(WorldInfo, SimpleCommunicator)> {
+fn gather_world_info(
+    world: &SimpleCommunicator,
+    startup: &StartupWatch,
+) -> Result<(WorldInfo, SimpleCommunicator)> {
     let rank = world.rank() as usize;
     let size = world.size() as usize;
+    startup.step("the node split (MPI_Comm_split_type shared)");
     let node_comm = world.split_shared(rank as i32);
     let local_rank = node_comm.rank() as usize;
     let local_size = node_comm.size() as usize;
@@ -574,6 +595,7 @@ fn gather_world_info(world: &SimpleCommunicator) -> Result<(WorldInfo, SimpleCom
     let n = name.len().min(HOST_BYTES);
     mine[24..24 + n].copy_from_slice(&name[..n]);
     let mut all = vec![0u8; mine.len() * size];
+    startup.step("the exchange of hosts and nodes (MPI_Allgather)");
     world.all_gather_into(&mine[..], &mut all[..]);
     let word = |rec: &[u8], i: usize| {
         u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap_or_default())

@@ -9,16 +9,19 @@
 //! `MPI_Abort` and exit code [`TIMEOUT_EXIT`]. The hot path only stores a
 //! few atomics; the watchdog thread never calls MPI except to abort.
 
+mod arrival;
 mod board;
 pub(crate) mod clock;
 mod recorder;
 mod service;
+mod startup;
 
 pub(crate) use board::Board;
 use board::{BoardView, State, Status};
 use clock::{now_ns, secs};
 use recorder::Recorder;
 pub(crate) use service::{local_ipv4, Service, ADDRS};
+pub(crate) use startup::StartupWatch;
 
 use crate::agree::Descriptor;
 use crate::op::Op;
