@@ -175,9 +175,8 @@ fn run_doctor(rt: &Runtime, args: &DoctorArgs) -> rankmesh::Result<()> {
         Ok(())
     } else {
         Err(bad(format!(
-            "{} finding(s) below {:.2} of the reference, confirmed alone: {}",
+            "{} finding(s): {}",
             findings.len(),
-            cfg.threshold,
             findings
                 .iter()
                 .map(|f| format!("{} {}", f.kind, f.subject))

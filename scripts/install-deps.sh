@@ -2,13 +2,16 @@
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test rankmesh:
 # Open MPI (library, headers, mpirun), hwloc and libudev (placement),
 # libclang for rsmpi's bindgen, pkg-config;
-# with --test also Slurm and munge for the local-cluster tests.
+# with --test also Slurm and munge for the local-cluster tests, and pip for
+# NCCL's real library (scripts/fetch-nccl.sh).
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 need=()
 if [ "${1:-}" = "--test" ]; then
   command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
   command -v munged >/dev/null 2>&1 || need+=(munge)
+  # pip fetches NCCL's real library for the tests (scripts/fetch-nccl.sh).
+  command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || need+=(python3-pip)
 fi
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \

@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
+# NCCL's real library and headers (PyPI wheels, cached in .cache/nccl): the
+# tests that need them skip without them, and fail without them under CI=true.
+bash scripts/fetch-nccl.sh >/dev/null || echo "test.sh: NCCL's wheels not fetched; the real-library tests will skip" >&2
 # Open MPI refuses to run as root without these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec cargo test "$@"

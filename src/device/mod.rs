@@ -428,17 +428,29 @@ fn why_missing(e: &Error) -> String {
     }
 }
 
+/// How many CUDA devices this process sees (after `CUDA_VISIBLE_DEVICES`);
+/// the error says what is missing (driver, or the driver's answer).
+pub fn device_count() -> Result<usize> {
+    driver::driver_version().map_err(Error::Gpu)?;
+    visible_devices()
+}
+
+fn visible_devices() -> Result<usize> {
+    let n = CudaContext::device_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
+    Ok(n.max(0) as usize)
+}
+
 /// Which device local rank `local_rank` of `local_size` would drive, found
 /// without creating a context (no GPU memory is used): `rankmesh topo` shows it.
 /// Errors are [`Error::Gpu`] saying what is missing.
 pub fn probe(local_rank: usize, local_size: usize) -> Result<DeviceInfo> {
     let env = |k: &str| std::env::var(k).ok();
     let version = driver::driver_version().map_err(Error::Gpu)?;
-    let count = CudaContext::device_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
+    let count = visible_devices()?;
     let ordinal = select::choose_device(
         local_rank,
         local_size,
-        count.max(0) as usize,
+        count,
         env("RANKMESH_DEVICE").as_deref(),
         env("CUDA_VISIBLE_DEVICES").as_deref(),
     )

@@ -20,9 +20,11 @@ mod probe;
 pub mod report;
 pub mod verdict;
 
+use crate::dtype::DType;
 use crate::error::Result;
-use crate::group::Runtime;
+use crate::group::{Collectives, GroupCoordinator, Runtime};
 use crate::object::Objects;
+use crate::op::ReduceOp;
 use mpi::collective::SystemOperation;
 use mpi::topology::Color;
 use mpi::topology::SimpleCommunicator;
@@ -84,6 +86,44 @@ pub struct NodeResult {
     /// Bus bandwidth of an all_reduce over the node's ranks, GB/s (`None`
     /// on a node with one rank).
     pub all_reduce_busbw: Option<f64>,
+    /// Bus bandwidth of a device (NCCL) all_reduce over the node's ranks,
+    /// GB/s (`None` without GPUs on every rank, or on a node of one rank).
+    pub device_busbw: Option<f64>,
+    /// Why the node's device all_reduce failed, when it did.
+    pub device_error: Option<String>,
+}
+
+/// One rank's GPU stack.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceFacts {
+    /// World rank.
+    pub rank: usize,
+    /// Its node.
+    pub node: usize,
+    /// The NCCL library it loads (path, version), or why none.
+    pub nccl: std::result::Result<(String, String), String>,
+    /// CUDA devices it sees, or why none.
+    pub gpus: std::result::Result<usize, String>,
+}
+
+impl DeviceFacts {
+    /// This rank's, found without creating a context.
+    fn here(rank: usize, node: usize) -> DeviceFacts {
+        let env = |k: &str| std::env::var(k).ok();
+        DeviceFacts {
+            rank,
+            node,
+            nccl: crate::nccl::loader::load(&env)
+                .map(|n| (n.path().to_string(), n.version()))
+                .map_err(one_line),
+            gpus: crate::device::device_count().map_err(one_line),
+        }
+    }
+
+    /// A GPU and NCCL: the device plane can run here.
+    fn ready(&self) -> bool {
+        self.nccl.is_ok() && self.gpus.as_ref().is_ok_and(|n| *n > 0)
+    }
 }
 
 /// Everything a doctor run measured (complete on world rank 0).
@@ -101,6 +141,8 @@ pub struct Measurements {
     pub intra_node: Vec<PairResult>,
     /// Pairs of node leaders (`a`, `b` are node indices here).
     pub inter_node: Vec<PairResult>,
+    /// Every rank's GPU stack.
+    pub devices: Vec<DeviceFacts>,
     /// Wall time of the run, seconds.
     pub seconds: f64,
 }
@@ -157,6 +199,22 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
             .collect()
     };
     let local = node_ranks(node);
+
+    // 2c. Each node's device all_reduce, when every rank has a GPU and NCCL.
+    let facts = DeviceFacts::here(me, node);
+    let mut every = 0u8;
+    comm.all_reduce_into(&u8::from(facts.ready()), &mut every, SystemOperation::min());
+    let device_node = match every {
+        1 => {
+            let lists: Vec<Vec<usize>> = (0..info.node_count).map(node_ranks).collect();
+            rt.split_groups("node", &lists)?.filter(|g| g.size() > 1)
+        }
+        _ => None,
+    };
+    let device_run = device_node
+        .as_ref()
+        .map(|g| device_all_reduce(g, &node_comm, cfg.bytes, cfg.reps));
+    probe.barrier("node device all_reduce");
     let widest = info.ranks.iter().map(|r| r.local_size).max().unwrap_or(1);
     for (k, round) in rounds(widest).iter().enumerate() {
         if let Some(j) = partner(round, info.me().local_rank).filter(|j| *j < local.len()) {
@@ -190,9 +248,11 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
         host: info.me().host.clone(),
         ranks: local.clone(),
         all_reduce_busbw: node_busbw,
+        device_busbw: device_run.as_ref().and_then(|r| r.as_ref().ok().copied()),
+        device_error: device_run.and_then(|r| r.err()).map(|e| e.to_string()),
     });
     let world = rt.world_group()?;
-    let gathered = world.gather_object(&(mine, node_entry), 0)?;
+    let gathered = world.gather_object(&(mine, node_entry, facts), 0)?;
     let measured = gathered.map(|all| {
         let mut m = Measurements {
             bytes: cfg.bytes,
@@ -201,10 +261,12 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
             nodes: Vec::new(),
             intra_node: Vec::new(),
             inter_node: Vec::new(),
+            devices: Vec::new(),
             seconds: start.elapsed().as_secs_f64(),
         };
-        for (steps, node) in all {
+        for (steps, node, facts) in all {
             m.nodes.extend(node);
+            m.devices.push(facts);
             for s in steps {
                 match s {
                     Step::Reach(p) => m.reach.push(p),
@@ -243,6 +305,12 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
                 }
                 Task::AllReduce(n) if n == node => {
                     alone[k] = node_all_reduce(&node_comm, cfg.bytes, reps[k])
+                }
+                Task::DeviceAllReduce(n) if n == node => {
+                    if let Some(g) = &device_node {
+                        alone[k] =
+                            device_all_reduce(g, &node_comm, cfg.bytes, reps[k]).unwrap_or(0.0)
+                    }
                 }
                 _ => {}
             }
@@ -290,6 +358,59 @@ fn node_all_reduce(node_comm: &SimpleCommunicator, bytes: usize, reps: usize) ->
     node_comm.all_reduce_into(&best, &mut slowest, SystemOperation::max());
     let p = node_comm.size() as f64;
     bytes as f64 / slowest / 1e9 * 2.0 * (p - 1.0) / p
+}
+
+/// Bus bandwidth of a device all_reduce of `bytes` over `g` (a node's
+/// ranks), GB/s, as [`node_all_reduce`] on the host. Every rank prepares its
+/// buffer first and the node agrees that all did, so a rank that cannot
+/// never leaves the others in a collective.
+fn device_all_reduce(
+    g: &GroupCoordinator<'_>,
+    node_comm: &SimpleCommunicator,
+    bytes: usize,
+    reps: usize,
+) -> Result<f64> {
+    let prepared = g.device().and_then(|d| {
+        let t = d.gpu().zeros([bytes.div_ceil(4)], DType::F32)?;
+        Ok((d, t))
+    });
+    let mut all = 0u8;
+    node_comm.all_reduce_into(
+        &u8::from(prepared.is_ok()),
+        &mut all,
+        SystemOperation::min(),
+    );
+    let (d, mut t) = match (prepared, all) {
+        (Ok(p), 1) => p,
+        (Err(e), _) => return Err(e),
+        (Ok(_), _) => {
+            return Err(crate::Error::Gpu(
+                "another rank of the node could not prepare its device buffer".into(),
+            ))
+        }
+    };
+    d.all_reduce_in_place(&mut t, ReduceOp::Sum)?;
+    d.gpu().synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        d.all_reduce_in_place(&mut t, ReduceOp::Sum)?;
+        d.gpu().synchronize()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    let mut slowest = 0.0;
+    node_comm.all_reduce_into(&best, &mut slowest, SystemOperation::max());
+    let p = node_comm.size() as f64;
+    Ok(bytes as f64 / slowest / 1e9 * 2.0 * (p - 1.0) / p)
+}
+
+/// An error's text on one line (a report row or finding).
+fn one_line(e: crate::Error) -> String {
+    e.to_string()
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// One rank's finding, sent to rank 0.

@@ -97,6 +97,7 @@ pub fn table(o: &Outcome, threshold: f64) -> String {
             num(slowest.is_finite().then_some(slowest))
         );
     }
+    out += &devices(m);
     if m.nodes.len() > 1 {
         for (title, pick) in [
             (
@@ -131,9 +132,64 @@ pub fn table(o: &Outcome, threshold: f64) -> String {
     out
 }
 
+/// The GPU stack per node: devices, NCCL library, device all_reduce; one
+/// line where no rank has a GPU.
+fn devices(m: &Measurements) -> String {
+    let Some(first) = m.devices.first() else {
+        return String::new();
+    };
+    let nccl = |d: &super::DeviceFacts| match &d.nccl {
+        Ok((path, v)) => format!("NCCL {v} ({path})"),
+        Err(_) => "no NCCL".to_string(),
+    };
+    if m.devices
+        .iter()
+        .all(|d| !d.gpus.as_ref().is_ok_and(|n| *n > 0))
+    {
+        let why = match &first.gpus {
+            Ok(_) => "it sees 0 CUDA devices".to_string(),
+            Err(e) => e.clone(),
+        };
+        return format!(
+            "\ndevices: no GPU on any rank (rank {}: {why}); {}\n",
+            first.rank,
+            nccl(first)
+        );
+    }
+    let mut out = format!(
+        "\ndevices\n  {:>4}  {:<20}  {:>4}  {:<44}  {:>24}\n",
+        "node", "host", "gpus", "nccl", "device all_reduce (GB/s)"
+    );
+    for n in &m.nodes {
+        let mine: Vec<&super::DeviceFacts> =
+            m.devices.iter().filter(|d| d.node == n.node).collect();
+        let gpus = mine
+            .iter()
+            .filter_map(|d| d.gpus.as_ref().ok())
+            .max()
+            .map_or("-".to_string(), |g| g.to_string());
+        let mut libs: Vec<String> = mine.iter().map(|d| nccl(d)).collect();
+        libs.dedup();
+        let figure = match (&n.device_busbw, &n.device_error) {
+            (Some(b), _) => format!("{b:.3}"),
+            (None, Some(e)) => format!("failed: {e}"),
+            (None, None) => "-".to_string(),
+        };
+        out += &format!(
+            "  {:>4}  {:<20}  {:>4}  {:<44}  {:>24}\n",
+            n.node,
+            n.host,
+            gpus,
+            libs.join(", "),
+            figure
+        );
+    }
+    out
+}
+
 /// What the retakes found: how many, how long, and each suspect cleared.
 fn alone(j: &Judgement, threshold: f64) -> String {
-    let suspects = j.findings.len() + j.cleared.len();
+    let suspects = j.suspects;
     if suspects == 0 {
         return format!(
             "\nalone: nothing below {threshold:.2} of its median in the rounds, nothing retaken\n"
@@ -264,6 +320,8 @@ mod tests {
                     host: format!("h<{i}>"),
                     ranks: vec![i],
                     all_reduce_busbw: None,
+                    device_busbw: None,
+                    device_error: None,
                 })
                 .collect(),
             intra_node: vec![],
@@ -273,6 +331,14 @@ mod tests {
                 latency_us: 20.0,
                 bandwidth_gbs: 1.5,
             }],
+            devices: (0..2)
+                .map(|i| super::super::DeviceFacts {
+                    rank: i,
+                    node: i,
+                    nccl: Err("NCCL not found".into()),
+                    gpus: Err("no CUDA driver".into()),
+                })
+                .collect(),
             seconds: 0.5,
         };
         let o = Outcome {
@@ -285,6 +351,10 @@ mod tests {
         assert_eq!(t.matches("1.500").count(), 2, "symmetric matrix: {t}");
         assert!(t.contains("verdict: OK"));
         assert!(t.contains("alone: nothing below 0.80 of its median in the rounds"));
+        assert!(
+            t.contains("devices: no GPU on any rank (rank 0: no CUDA driver); no NCCL"),
+            "{t}"
+        );
         let m = &o.measurements;
         let svg = heatmap(m, &[], 0.8);
         let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
@@ -306,6 +376,7 @@ mod tests {
             concurrent: 0.1,
             median: 1.5,
             reference: String::new(),
+            note: None,
         };
         let svg = heatmap(m, &[slow], 0.8);
         assert_eq!(svg.matches(RED).count(), 2, "node 1's link, both ways");

@@ -11,7 +11,7 @@
 //!    suspect still below `threshold` × the median of the reference taken
 //!    alone becomes a [`Finding`] ([`confirm`]), with both figures.
 
-use super::{Measurements, PairResult};
+use super::{Measurements, NodeResult, PairResult};
 use serde::{Deserialize, Serialize};
 
 /// At most this many suspects are measured alone (the lowest first); the
@@ -36,6 +36,10 @@ pub enum Subject {
     Link(usize, usize),
     /// A node's all_reduce over its own ranks.
     NodeAllReduce(usize),
+    /// A node's device all_reduce (NCCL) over its own ranks.
+    NodeDeviceAllReduce(usize),
+    /// A node whose NCCL library differs from the job's or is missing.
+    Library(usize),
     /// A rank, judged by its pairs within its node.
     Rank(usize),
 }
@@ -56,6 +60,8 @@ impl Subject {
             Subject::Node(_) => "node",
             Subject::Link(..) => "link",
             Subject::NodeAllReduce(_) => "node all_reduce",
+            Subject::NodeDeviceAllReduce(_) => "node device all_reduce",
+            Subject::Library(_) => "nccl",
             Subject::Rank(_) => "rank",
         }
     }
@@ -66,6 +72,7 @@ impl Subject {
         match self {
             Subject::Node(_) | Subject::Link(..) => Scope::Between,
             Subject::NodeAllReduce(_) => Scope::AllReduce,
+            Subject::NodeDeviceAllReduce(_) | Subject::Library(_) => Scope::Device,
             Subject::Rank(_) => Scope::Within,
         }
     }
@@ -79,7 +86,10 @@ impl Subject {
                 .map_or(String::new(), |x| x.host.clone())
         };
         match *self {
-            Subject::Node(n) | Subject::NodeAllReduce(n) => format!("{n} ({})", host(n)),
+            Subject::Node(n)
+            | Subject::NodeAllReduce(n)
+            | Subject::NodeDeviceAllReduce(n)
+            | Subject::Library(n) => format!("{n} ({})", host(n)),
             Subject::Link(a, b) => format!("node {a} ({}) <-> node {b} ({})", host(a), host(b)),
             Subject::Rank(r) => r.to_string(),
         }
@@ -90,19 +100,48 @@ impl Subject {
 enum Scope {
     Between,
     AllReduce,
+    Device,
     Within,
 }
 
-const SCOPES: [Scope; 3] = [Scope::Between, Scope::AllReduce, Scope::Within];
+const SCOPES: [Scope; 4] = [
+    Scope::Between,
+    Scope::AllReduce,
+    Scope::Device,
+    Scope::Within,
+];
 
 impl Scope {
     fn unit(self) -> &'static str {
         match self {
             Scope::Between => "links",
             Scope::AllReduce => "node all_reduces",
+            Scope::Device => "node device all_reduces",
             Scope::Within => "pairs",
         }
     }
+}
+
+/// A figure each node has of its own (an all_reduce over its ranks, on the
+/// host or the device), with its subject and its retake.
+#[derive(Clone, Copy)]
+struct NodeWide {
+    figure: fn(&NodeResult) -> Option<f64>,
+    subject: fn(usize) -> Subject,
+    task: fn(usize) -> Task,
+}
+
+impl NodeWide {
+    const HOST: NodeWide = NodeWide {
+        figure: |n| n.all_reduce_busbw,
+        subject: Subject::NodeAllReduce,
+        task: Task::AllReduce,
+    };
+    const DEVICE: NodeWide = NodeWide {
+        figure: |n| n.device_busbw,
+        subject: Subject::NodeDeviceAllReduce,
+        task: Task::DeviceAllReduce,
+    };
 }
 
 /// Below the threshold in the concurrent rounds.
@@ -124,6 +163,8 @@ pub enum Task {
     Pair(usize, usize),
     /// A node's ranks run their all_reduce.
     AllReduce(usize),
+    /// A node's ranks run their device all_reduce.
+    DeviceAllReduce(usize),
 }
 
 /// What [`confirm`] needs: the tasks every rank runs in turn, which of them
@@ -141,7 +182,7 @@ pub struct Plan {
     /// Suspects over [`MAX_SUSPECTS`], judged by the rounds alone.
     unmeasured: Vec<Suspect>,
     /// The reference tasks of each scope (in `SCOPES` order).
-    references: [Vec<usize>; 3],
+    references: [Vec<usize>; 4],
 }
 
 /// One confirmed finding.
@@ -161,11 +202,16 @@ pub struct Finding {
     pub median: f64,
     /// What the reference is (`median of 6 links alone, 2.10-2.51 GB/s`).
     pub reference: String,
+    /// What is wrong, for a finding that is not a figure (a library).
+    pub note: Option<String>,
 }
 
 impl Finding {
     /// One line for the report.
     pub fn line(&self) -> String {
+        if let Some(note) = &self.note {
+            return format!("{} {}: {note}", self.kind, self.subject);
+        }
         format!(
             "{} {}: {:.3} GB/s alone ({:.3} in the rounds) is {:.2} of the reference {:.3} GB/s ({})",
             self.kind,
@@ -203,6 +249,8 @@ pub struct Judgement {
     pub cleared: Vec<Cleared>,
     /// Every retake: the task and its figure, GB/s.
     pub retakes: Vec<(Task, f64)>,
+    /// Suspects from the rounds (measured alone or not).
+    pub suspects: usize,
     /// Passes over the retakes (a suspect still low is measured again,
     /// up to [`PASSES`]).
     pub passes: usize,
@@ -285,15 +333,17 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
 
     // Within nodes: each node's all_reduce against the others', then ranks
     // against every intra-node pair.
-    let busbw: Vec<(usize, f64)> = m
-        .nodes
-        .iter()
-        .filter_map(|n| n.all_reduce_busbw.map(|b| (n.node, b)))
-        .collect();
-    if busbw.len() >= 2 {
-        let med = median(&busbw.iter().map(|x| x.1).collect::<Vec<_>>()).unwrap_or(0.0);
-        for (n, v) in busbw {
-            flag(Subject::NodeAllReduce(n), v, med);
+    for kind in [NodeWide::HOST, NodeWide::DEVICE] {
+        let busbw: Vec<(usize, f64)> = m
+            .nodes
+            .iter()
+            .filter_map(|n| (kind.figure)(n).map(|b| (n.node, b)))
+            .collect();
+        if busbw.len() >= 2 {
+            let med = median(&busbw.iter().map(|x| x.1).collect::<Vec<_>>()).unwrap_or(0.0);
+            for (n, v) in busbw {
+                flag((kind.subject)(n), v, med);
+            }
         }
     }
     let intra: Vec<f64> = m.intra_node.iter().map(|p| p.bandwidth_gbs).collect();
@@ -360,6 +410,7 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
         let tasks: Vec<Task> = match s.subject {
             Subject::Link(a, b) => leaders(a, b).into_iter().collect(),
             Subject::NodeAllReduce(n) => vec![Task::AllReduce(n)],
+            Subject::NodeDeviceAllReduce(n) | Subject::Library(n) => vec![Task::DeviceAllReduce(n)],
             Subject::Node(n) => {
                 let mut peers: Vec<&PairResult> = m
                     .inter_node
@@ -399,21 +450,21 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
                 .iter()
                 .filter_map(|l| leaders(l.a, l.b))
                 .collect(),
-            Scope::AllReduce => {
+            Scope::AllReduce | Scope::Device => {
+                let kind = match scope {
+                    Scope::AllReduce => NodeWide::HOST,
+                    _ => NodeWide::DEVICE,
+                };
                 let nodes: Vec<usize> = m
                     .nodes
                     .iter()
-                    .filter(|n| n.all_reduce_busbw.is_some())
+                    .filter(|n| (kind.figure)(n).is_some())
                     .map(|n| n.node)
-                    .filter(|n| {
-                        !suspects
-                            .iter()
-                            .any(|s| s.subject == Subject::NodeAllReduce(*n))
-                    })
+                    .filter(|n| !suspects.iter().any(|s| s.subject == (kind.subject)(*n)))
                     .collect();
                 spread(&nodes, REFERENCES)
                     .into_iter()
-                    .map(Task::AllReduce)
+                    .map(kind.task)
                     .collect()
             }
             Scope::Within => spread(&healthy_pairs, REFERENCES)
@@ -450,11 +501,13 @@ fn retake_reps(m: &Measurements, task: &Task) -> usize {
             (Some(x), Some(y)) if x != y => pair(&m.inter_node, x, y),
             _ => pair(&m.intra_node, a, b),
         },
-        Task::AllReduce(n) => m
-            .nodes
-            .iter()
-            .find(|x| x.node == n)
-            .and_then(|x| x.all_reduce_busbw),
+        Task::AllReduce(n) | Task::DeviceAllReduce(n) => {
+            let kind = match task {
+                Task::AllReduce(_) => NodeWide::HOST,
+                _ => NodeWide::DEVICE,
+            };
+            m.nodes.iter().find(|x| x.node == n).and_then(kind.figure)
+        }
     };
     match gbs.filter(|g| *g > 0.0) {
         Some(g) => {
@@ -538,6 +591,7 @@ impl Plan {
 /// rounds' figures.
 pub fn confirm(m: &Measurements, plan: &Plan, alone: &[f64], threshold: f64) -> Judgement {
     let mut j = Judgement {
+        suspects: plan.suspects.len() + plan.unmeasured.len(),
         retakes: plan
             .tasks
             .iter()
@@ -556,6 +610,7 @@ pub fn confirm(m: &Measurements, plan: &Plan, alone: &[f64], threshold: f64) -> 
                 concurrent: s.concurrent,
                 median: med,
                 reference: what,
+                note: None,
             });
         } else {
             j.cleared.push(Cleared {
@@ -578,14 +633,71 @@ pub fn confirm(m: &Measurements, plan: &Plan, alone: &[f64], threshold: f64) -> 
             reference: format!(
                 "median in the rounds; not retaken, past the first {MAX_SUSPECTS} suspects"
             ),
+            note: None,
         });
     }
+    j.findings.extend(libraries(m));
     j
+}
+
+/// The nodes whose ranks load another NCCL than most ranks of the job, or
+/// none where most do; nothing when no rank has NCCL (there is no GPU plane
+/// to judge). Paths may differ between nodes; versions may not.
+pub fn libraries(m: &Measurements) -> Vec<Finding> {
+    let found: Vec<&str> = m
+        .devices
+        .iter()
+        .filter_map(|d| d.nccl.as_ref().ok().map(|(_, v)| v.as_str()))
+        .collect();
+    let Some(usual) = most_common(&found) else {
+        return Vec::new();
+    };
+    let with = found.iter().filter(|v| **v == usual).count();
+    let total = m.devices.len();
+    let mut out = Vec::new();
+    for node in &m.nodes {
+        let odd: Vec<String> = m
+            .devices
+            .iter()
+            .filter(|d| d.node == node.node)
+            .filter_map(|d| match &d.nccl {
+                Ok((_, v)) if v == usual => None,
+                Ok((path, v)) => Some(format!("rank {} loads NCCL {v} ({path})", d.rank)),
+                Err(e) => Some(format!("rank {} has no NCCL ({e})", d.rank)),
+            })
+            .collect();
+        if !odd.is_empty() {
+            let subject = Subject::Library(node.node);
+            out.push(Finding {
+                of: subject,
+                kind: subject.kind().into(),
+                subject: subject.name(m),
+                value: 0.0,
+                concurrent: 0.0,
+                median: 0.0,
+                reference: String::new(),
+                note: Some(format!(
+                    "{}, where {with} of {total} ranks load NCCL {usual}",
+                    odd.join("; ")
+                )),
+            });
+        }
+    }
+    out
+}
+
+/// The value most entries share (the first of a tie); `None` if empty.
+fn most_common<'a>(values: &[&'a str]) -> Option<&'a str> {
+    values.iter().copied().max_by_key(|v| {
+        (
+            values.iter().filter(|x| *x == v).count(),
+            std::cmp::Reverse(values.iter().position(|x| x == v)),
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::NodeResult;
     use super::*;
 
     fn link(a: usize, b: usize, bw: f64) -> PairResult {
@@ -604,6 +716,8 @@ mod tests {
                 host: format!("h{i}"),
                 ranks: vec![i],
                 all_reduce_busbw: None,
+                device_busbw: None,
+                device_error: None,
             })
             .collect()
     }
@@ -616,6 +730,7 @@ mod tests {
             nodes: nodes(n),
             intra_node: vec![],
             inter_node: inter,
+            devices: vec![],
             seconds: 0.0,
         }
     }
@@ -781,6 +896,78 @@ mod tests {
             "{:?}",
             p.reps
         );
+    }
+
+    #[test]
+    fn a_node_whose_nccl_differs_or_is_missing_is_named() {
+        use super::super::DeviceFacts;
+        let mut m = run(vec![], 3);
+        let lib = |v: &str| Ok((format!("/opt/{v}/libnccl.so.2"), v.to_string()));
+        m.devices = vec![
+            DeviceFacts {
+                rank: 0,
+                node: 0,
+                nccl: lib("2.27.3"),
+                gpus: Ok(1),
+            },
+            DeviceFacts {
+                rank: 1,
+                node: 1,
+                nccl: lib("2.21.5"),
+                gpus: Ok(1),
+            },
+            DeviceFacts {
+                rank: 2,
+                node: 2,
+                nccl: Err("NCCL not found".into()),
+                gpus: Ok(1),
+            },
+            DeviceFacts {
+                rank: 3,
+                node: 0,
+                nccl: lib("2.27.3"),
+                gpus: Ok(1),
+            },
+        ];
+        let f = libraries(&m);
+        let lines: Vec<String> = f.iter().map(Finding::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "nccl 1 (h1): rank 1 loads NCCL 2.21.5 (/opt/2.21.5/libnccl.so.2), where 2 of 4 ranks load NCCL 2.27.3",
+                "nccl 2 (h2): rank 2 has no NCCL (NCCL not found), where 2 of 4 ranks load NCCL 2.27.3",
+            ]
+        );
+        // No NCCL anywhere: no GPU plane to judge, nothing flagged.
+        for d in &mut m.devices {
+            d.nccl = Err("NCCL not found".into());
+        }
+        assert!(libraries(&m).is_empty());
+    }
+
+    #[test]
+    fn node_device_all_reduce_is_judged_as_the_host_one() {
+        let mut m = run(vec![], 3);
+        for (n, bw) in [(0, 40.0), (1, 10.0), (2, 41.0)] {
+            m.nodes[n].device_busbw = Some(bw);
+        }
+        let (p, j) = judge_with(&m, |t| {
+            if *t == Task::DeviceAllReduce(1) {
+                11.0
+            } else {
+                40.0
+            }
+        });
+        assert_eq!(
+            p.tasks,
+            [
+                Task::DeviceAllReduce(1),
+                Task::DeviceAllReduce(0),
+                Task::DeviceAllReduce(2)
+            ]
+        );
+        assert_eq!(j.findings.len(), 1, "{j:?}");
+        assert_eq!(j.findings[0].kind, "node device all_reduce");
     }
 
     #[test]

@@ -356,6 +356,62 @@ pub fn drive() {
             ok.then_some(()).ok_or_else(|| format!("{doc:#}"))
         },
     );
+    trial(
+        "doctor reports each node's GPUs, NCCL and device all_reduce",
+        &mut failures,
+        || {
+            let job = support::mpirun(
+                3,
+                rankmesh_bin(),
+                &["doctor"],
+                &emu.env(&[("RANKMESH_EMU_GPUS", "3")]),
+            );
+            let row = job
+                .stdout
+                .lines()
+                .skip_while(|l| *l != "devices")
+                .nth(2)
+                .unwrap_or("");
+            // node 0, 3 GPUs, the emulator's NCCL, a device all_reduce figure.
+            let cells: Vec<&str> = row.split_whitespace().collect();
+            let ok = job.ok()
+                && cells.len() == 7
+                && cells[0] == "0"
+                && cells[2] == "3"
+                && cells[3..5] == ["NCCL", "2.27.3"]
+                && cells[5].contains("libnccl.so.2")
+                && cells[6].parse::<f64>().is_ok_and(|b| b > 0.0)
+                && job.stdout.contains("verdict: OK");
+            ok.then_some(()).ok_or_else(|| job.describe())
+        },
+    );
+    trial(
+        "doctor names the node whose rank has no NCCL",
+        &mut failures,
+        || {
+            let with = emu.env(&[("RANKMESH_EMU_GPUS", "3")]);
+            // Rank 2: the CUDA driver alone on its library path.
+            let ld = cuda_only.display().to_string();
+            let without = [
+                ("LD_LIBRARY_PATH", ld.as_str()),
+                ("RANKMESH_NCCL_LIB", "/nonexistent/libnccl.so.2"),
+                ("RANKMESH_EMU_GPUS", "3"),
+            ];
+            let job = support::mpirun_each(rankmesh_bin(), &["doctor"], &[&with, &with, &without]);
+            let finding = job
+                .stdout
+                .lines()
+                .skip_while(|l| !l.starts_with("verdict: FAILED"))
+                .skip(1)
+                .collect::<Vec<_>>();
+            let ok = !job.ok()
+                && finding.len() == 1
+                && finding[0].starts_with("  nccl 0 (")
+                && finding[0].contains("rank 2 has no NCCL (")
+                && finding[0].ends_with("where 2 of 3 ranks load NCCL 2.27.3");
+            ok.then_some(()).ok_or_else(|| job.describe())
+        },
+    );
     let bench = |np: usize, args: &[&str], extra: &[(&str, &str)]| {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
