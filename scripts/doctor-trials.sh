@@ -25,7 +25,9 @@ run() { # SLOW-SPEC JSON -> stdout of the run; rc in $tmp/rc, seconds in $tmp/s
   end=$(date +%s.%N)
   echo "$end - $start" | bc >"$tmp/s"
 }
-findings() { sed -n '/^verdict/,$p' "$tmp/out" | tail -n +2 | grep '^  ' || true; }
+# The report's finding lines: those after "verdict", up to the first that is
+# not indented (stderr follows, with mpirun's own indented lines).
+findings() { awk '/^verdict/ {on = 1; next} on && /^  / {print; next} on {exit}' "$tmp/out"; }
 good=0 links=()
 for ((i = 1; i <= healthy; i++)); do
   run "" "$tmp/h.json"

@@ -158,28 +158,11 @@ fn a_rate_limited_node_is_named_and_fails_the_run() {
     }
 }
 
-/// NCCL's real library (from its PyPI wheel, `scripts/fetch-nccl.sh`), or
-/// why there is none: absent, the test is skipped, except under `CI=true`.
-fn real_nccl() -> Option<std::path::PathBuf> {
-    let lib =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/nccl/nvidia/nccl/lib/libnccl.so.2");
-    if lib.exists() {
-        return Some(lib);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{} is missing under CI: scripts/fetch-nccl.sh fetches it",
-        lib.display()
-    );
-    eprintln!("SKIPPED: no {} (run scripts/fetch-nccl.sh)", lib.display());
-    None
-}
-
 /// With the real NCCL and no GPU: one line that says so and names the
 /// library found, and nothing flagged.
 #[test]
 fn without_gpus_the_device_check_is_one_line_naming_the_real_library() {
-    let Some(lib) = real_nccl() else {
+    let Some(lib) = support::real_nccl() else {
         return;
     };
     let lib = lib.to_str().unwrap();

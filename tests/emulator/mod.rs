@@ -412,6 +412,55 @@ pub fn drive() {
             ok.then_some(()).ok_or_else(|| job.describe())
         },
     );
+    // NCCL's real library (its PyPI wheel), which loads without a GPU.
+    if let Some(real) = support::real_nccl() {
+        let real = real.display().to_string();
+        trial(
+            "topo --json reports the real NCCL's version",
+            &mut failures,
+            || {
+                let job = support::mpirun(
+                    1,
+                    rankmesh_bin(),
+                    &["topo", "--json"],
+                    &[("RANKMESH_NCCL_LIB", &real)],
+                );
+                let doc: serde_json::Value = serde_json::from_str(job.stdout.trim())
+                    .map_err(|e| format!("{e}\n{}", job.describe()))?;
+                (job.ok()
+                    && doc["nccl"]["version"] == "2.32.3"
+                    && doc["nccl"]["path"] == real.as_str())
+                .then_some(())
+                .ok_or_else(|| format!("{doc:#}"))
+            },
+        );
+        trial(
+            "the real ncclCommInitRank under the emulated driver: its reason on every rank, in seconds",
+            &mut failures,
+            || {
+                let env = [
+                    ("LD_LIBRARY_PATH", emu.ld_path.as_str()),
+                    ("RANKMESH_NCCL_LIB", real.as_str()),
+                    ("RANKMESH_EMU_GPUS", "2"),
+                    ("RANKMESH_TIMEOUT", "60"),
+                ];
+                let start = std::time::Instant::now();
+                let args = ["bench", "all_reduce", "--backend", "nccl", "-b", "8", "-e", "8", "-n", "1", "-w", "0"];
+                let job = support::mpirun(2, rankmesh_bin(), &args, &env);
+                let took = start.elapsed().as_secs_f64();
+                let reason = "NCCL ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details) (code 1): Cuda failure 'CUDA driver version is insufficient for CUDA runtime version'";
+                let named = (0..2).all(|r| {
+                    job.stderr
+                        .lines()
+                        .any(|l| l.starts_with(&format!("rankmesh: error (rank {r}): ")) && l.ends_with(reason))
+                });
+                let clean = !job.stderr.contains("panicked") && !job.stderr.contains("Signal:");
+                (!job.ok() && named && clean && took < 30.0)
+                    .then_some(())
+                    .ok_or_else(|| format!("{took:.1} s\n{}", job.describe()))
+            },
+        );
+    }
     let bench = |np: usize, args: &[&str], extra: &[(&str, &str)]| {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);

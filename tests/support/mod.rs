@@ -154,3 +154,20 @@ pub fn network_namespaces_available() -> bool {
     }
     ok && fake_nodes_available()
 }
+
+/// NCCL's real library (from its PyPI wheel, `scripts/fetch-nccl.sh`), or
+/// why there is none: absent, the test is skipped, except under `CI=true`.
+pub fn real_nccl() -> Option<std::path::PathBuf> {
+    let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".cache/nccl/nvidia/nccl/lib/libnccl.so.2");
+    if lib.exists() {
+        return Some(lib);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{} is missing under CI: scripts/fetch-nccl.sh fetches it",
+        lib.display()
+    );
+    eprintln!("SKIPPED: no {} (run scripts/fetch-nccl.sh)", lib.display());
+    None
+}
