@@ -372,6 +372,21 @@ fn spread<T: Copy>(items: &[T], want: usize) -> Vec<T> {
     (0..want).map(|i| items[i * items.len() / want]).collect()
 }
 
+/// `member`'s pairs in `pairs` with peers that are `healthy`, the fastest
+/// in the rounds first, at most [`PER_SUSPECT`] of them: a suspect's retakes.
+fn best_peers<'m>(
+    pairs: &'m [PairResult],
+    member: usize,
+    healthy: impl Fn(usize) -> bool,
+) -> impl Iterator<Item = &'m PairResult> {
+    let mut peers: Vec<&PairResult> = pairs
+        .iter()
+        .filter(|l| (l.a == member || l.b == member) && healthy(l.a + l.b - member))
+        .collect();
+    peers.sort_by(|x, y| y.bandwidth_gbs.total_cmp(&x.bandwidth_gbs));
+    peers.into_iter().take(PER_SUSPECT)
+}
+
 /// The retakes that confirm or clear `suspects`: for a node or rank, up to
 /// three of its pairs with healthy peers; for a link or a node all_reduce,
 /// itself; per kind, up to six healthy measurements as the reference.
@@ -410,33 +425,15 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
         let tasks: Vec<Task> = match s.subject {
             Subject::Link(a, b) => leaders(a, b).into_iter().collect(),
             Subject::NodeAllReduce(n) => vec![Task::AllReduce(n)],
-            Subject::NodeDeviceAllReduce(n) | Subject::Library(n) => vec![Task::DeviceAllReduce(n)],
-            Subject::Node(n) => {
-                let mut peers: Vec<&PairResult> = m
-                    .inter_node
-                    .iter()
-                    .filter(|l| (l.a == n || l.b == n) && !suspect_node(l.a + l.b - n))
-                    .collect();
-                peers.sort_by(|x, y| y.bandwidth_gbs.total_cmp(&x.bandwidth_gbs));
-                peers
-                    .iter()
-                    .take(PER_SUSPECT)
-                    .filter_map(|l| leaders(l.a, l.b))
-                    .collect()
+            Subject::NodeDeviceAllReduce(n) | Subject::Library(n) => {
+                vec![Task::DeviceAllReduce(n)]
             }
-            Subject::Rank(r) => {
-                let mut peers: Vec<&PairResult> = m
-                    .intra_node
-                    .iter()
-                    .filter(|l| (l.a == r || l.b == r) && !suspect_rank(l.a + l.b - r))
-                    .collect();
-                peers.sort_by(|x, y| y.bandwidth_gbs.total_cmp(&x.bandwidth_gbs));
-                peers
-                    .iter()
-                    .take(PER_SUSPECT)
-                    .map(|l| Task::Pair(l.a, l.b))
-                    .collect()
-            }
+            Subject::Node(n) => best_peers(&m.inter_node, n, |x| !suspect_node(x))
+                .filter_map(|l| leaders(l.a, l.b))
+                .collect(),
+            Subject::Rank(r) => best_peers(&m.intra_node, r, |x| !suspect_rank(x))
+                .map(|l| Task::Pair(l.a, l.b))
+                .collect(),
         };
         let ids = tasks.into_iter().map(|t| task(&mut p, t)).collect();
         p.suspects.push((s.clone(), ids));
