@@ -374,11 +374,11 @@ fn spread<T: Copy>(items: &[T], want: usize) -> Vec<T> {
 
 /// `member`'s pairs in `pairs` with peers that are `healthy`, the fastest
 /// in the rounds first, at most [`PER_SUSPECT`] of them: a suspect's retakes.
-fn best_peers<'m>(
-    pairs: &'m [PairResult],
+fn best_peers(
+    pairs: &[PairResult],
     member: usize,
     healthy: impl Fn(usize) -> bool,
-) -> impl Iterator<Item = &'m PairResult> {
+) -> impl Iterator<Item = &PairResult> {
     let mut peers: Vec<&PairResult> = pairs
         .iter()
         .filter(|l| (l.a == member || l.b == member) && healthy(l.a + l.b - member))
