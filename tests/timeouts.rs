@@ -218,3 +218,52 @@ fn a_rank_stopped_before_init_is_named() {
 fn a_plain_mpi_rank_that_never_starts_rankmesh_is_named() {
     absent_rank_is_named("plain", 2);
 }
+
+const CREATE: &str = "RANKMESH_CREATE_WORKER";
+
+/// Rank 2 starts rankmesh and then never joins the group creation the
+/// others enter (a group of TP/SP/DP start-up, past `Runtime::init`).
+#[test]
+fn create_worker() {
+    if std::env::var(CREATE).is_err() {
+        return;
+    }
+    let rt = rankmesh::Runtime::init().unwrap();
+    if rt.rank() == 2 {
+        std::thread::sleep(std::time::Duration::from_secs(120));
+        return;
+    }
+    let mut ps = rankmesh::ParallelState::new(&rt).unwrap();
+    let made = ps.initialize_model_parallel(1, 1, None);
+    println!("CREATED {}: {}", rt.rank(), made.is_ok());
+}
+
+/// Group creation after start-up is a watched call: a rank that never
+/// joins it is named, with where it is, within RANKMESH_TIMEOUT.
+#[test]
+fn a_rank_missing_from_group_creation_is_named() {
+    if std::env::var(CREATE).is_ok()
+        || std::env::var(STARTUP).is_ok()
+        || std::env::var(WORKER).is_ok()
+    {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let job = support::mpirun(
+        3,
+        &exe,
+        &["--exact", "create_worker", "--nocapture"],
+        &[(CREATE, "1"), ("RANKMESH_TIMEOUT", "3")],
+    );
+    let took = start.elapsed().as_secs_f64();
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(took < 3.0 + 10.0, "{took:.1} s: {}", job.describe());
+    assert!(
+        job.stderr.contains("group rank 2 (world rank 2, host ")
+            && job.stderr.contains("has not entered this call"),
+        "{}",
+        job.describe()
+    );
+    assert_eq!(job.code, Some(75), "{}", job.describe());
+}
