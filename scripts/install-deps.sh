@@ -12,6 +12,8 @@ if [ "${1:-}" = "--test" ]; then
   command -v munged >/dev/null 2>&1 || need+=(munge)
   # pip fetches NCCL's real library for the tests (scripts/fetch-nccl.sh).
   command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || need+=(python3-pip)
+  # g++ compiles the NCCL header check (tests/nccl_abi.rs).
+  command -v g++ >/dev/null 2>&1 || need+=(g++)
 fi
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \
