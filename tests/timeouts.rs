@@ -261,7 +261,9 @@ fn a_rank_missing_from_group_creation_is_named() {
     assert!(took < 3.0 + 10.0, "{took:.1} s: {}", job.describe());
     assert!(
         job.stderr.contains("group rank 2 (world rank 2, host ")
-            && job.stderr.contains("has not entered this call"),
+            && job.stderr.contains(
+                "has not entered this call; it has made no call since its runtime started "
+            ),
         "{}",
         job.describe()
     );

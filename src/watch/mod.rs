@@ -346,6 +346,11 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
                         st.seq,
                         secs(st.for_ns)
                     ),
+                    // A slot names no group until its first call.
+                    State::Idle if st.group.is_empty() => format!(
+                        "{who}: has not entered this call; it has made no call since its runtime started {} ago",
+                        secs(st.for_ns)
+                    ),
                     State::Idle => format!(
                         "{who}: has not entered this call; it is in no call, its last call began {} ago",
                         secs(st.for_ns)
