@@ -6,6 +6,8 @@
 //!    does not answer is named and the job aborted, never left hanging;
 //! 2. **within nodes**: each node's ranks run an all_reduce on a node
 //!    communicator, and every pair of ranks on a node measures its bandwidth;
+//!    every rank reports its NCCL library and GPU count, and with a GPU and
+//!    NCCL on every rank each node runs a device all_reduce too;
 //! 3. **between nodes**: one leader rank per node measures bandwidth and
 //!    latency to every other node's leader, in rounds so pairs do not contend;
 //! 4. **alone**: whatever the rounds put below a fraction of the median of
@@ -200,6 +202,18 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
     };
     let local = node_ranks(node);
 
+    let widest = info.ranks.iter().map(|r| r.local_size).max().unwrap_or(1);
+    for (k, round) in rounds(widest).iter().enumerate() {
+        if let Some(j) = partner(round, info.me().local_rank).filter(|j| *j < local.len()) {
+            let peer = local[j];
+            let t = probe.best_exchange(peer, cfg.bytes, cfg.reps, "within a node");
+            if me < peer {
+                mine.push(Step::Intra(pair(me, peer, 0.0, t, cfg.bytes)));
+            }
+        }
+        probe.barrier(&format!("within-node round {k}"));
+    }
+
     // 2c. Each node's device all_reduce, when every rank has a GPU and NCCL.
     let facts = DeviceFacts::here(me, node);
     let mut every = 0u8;
@@ -215,17 +229,6 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
         .as_ref()
         .map(|g| device_all_reduce(g, &node_comm, cfg.bytes, cfg.reps));
     probe.barrier("node device all_reduce");
-    let widest = info.ranks.iter().map(|r| r.local_size).max().unwrap_or(1);
-    for (k, round) in rounds(widest).iter().enumerate() {
-        if let Some(j) = partner(round, info.me().local_rank).filter(|j| *j < local.len()) {
-            let peer = local[j];
-            let t = probe.best_exchange(peer, cfg.bytes, cfg.reps, "within a node");
-            if me < peer {
-                mine.push(Step::Intra(pair(me, peer, 0.0, t, cfg.bytes)));
-            }
-        }
-        probe.barrier(&format!("within-node round {k}"));
-    }
 
     // 3. Node leaders, node pair by node pair.
     let leader = |n: usize| node_ranks(n)[0];
@@ -249,7 +252,7 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
         ranks: local.clone(),
         all_reduce_busbw: node_busbw,
         device_busbw: device_run.as_ref().and_then(|r| r.as_ref().ok().copied()),
-        device_error: device_run.and_then(|r| r.err()).map(|e| e.to_string()),
+        device_error: device_run.and_then(|r| r.err()).map(one_line),
     });
     let world = rt.world_group()?;
     let gathered = world.gather_object(&(mine, node_entry, facts), 0)?;

@@ -637,6 +637,20 @@ pub fn confirm(m: &Measurements, plan: &Plan, alone: &[f64], threshold: f64) -> 
         });
     }
     j.findings.extend(libraries(m));
+    j.findings.extend(m.nodes.iter().filter_map(|n| {
+        let e = n.device_error.as_ref()?;
+        let subject = Subject::NodeDeviceAllReduce(n.node);
+        Some(Finding {
+            of: subject,
+            kind: subject.kind().into(),
+            subject: subject.name(m),
+            value: 0.0,
+            concurrent: 0.0,
+            median: 0.0,
+            reference: String::new(),
+            note: Some(format!("failed: {e}")),
+        })
+    }));
     j
 }
 
@@ -946,6 +960,18 @@ mod tests {
             d.nccl = Err("NCCL not found".into());
         }
         assert!(libraries(&m).is_empty());
+    }
+
+    #[test]
+    fn a_failed_device_all_reduce_is_a_finding() {
+        let mut m = run(vec![], 2);
+        m.nodes[1].device_error = Some("gpu: NCCL ncclCommInitRank failed".into());
+        let (_, j) = judge_with(&m, |_| 1.0);
+        let lines: Vec<String> = j.findings.iter().map(Finding::line).collect();
+        assert_eq!(
+            lines,
+            ["node device all_reduce 1 (h1): failed: gpu: NCCL ncclCommInitRank failed"]
+        );
     }
 
     #[test]
