@@ -52,6 +52,8 @@ pub struct DeviceInfo {
     pub bus_id: String,
     /// CUDA version the driver supports, e.g. `12.4`.
     pub driver: String,
+    /// Compute capability (major, minor), e.g. `(9, 0)` for Hopper.
+    pub compute_capability: (u32, u32),
 }
 
 /// This rank's GPU, stream and NCCL library (see the module docs).
@@ -466,11 +468,22 @@ pub fn probe(local_rank: usize, local_size: usize) -> Result<DeviceInfo> {
     let bus_id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned();
+    let attribute = |a| {
+        // SAFETY: `dev` came from cuDeviceGet.
+        unsafe { cu::device::get_attribute(dev, a) }
+            .map(|v| v.max(0) as u32)
+            .map_err(|e| cuda("cuDeviceGetAttribute", e))
+    };
+    let compute_capability = (
+        attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    );
     Ok(DeviceInfo {
         ordinal,
         name,
         bus_id,
         driver: driver::cuda_version(version),
+        compute_capability,
     })
 }
 

@@ -48,19 +48,24 @@ fn first_failure(records: &[u8]) -> Option<(usize, String)> {
         })
 }
 
-fn device_record(node: usize, bus_id: &str) -> [u8; DEVICE_BYTES] {
+/// A member's node, device bus id and compute capability, for the others.
+fn device_record(node: usize, bus_id: &str, sm: (u32, u32)) -> [u8; DEVICE_BYTES] {
     let mut rec = [0u8; DEVICE_BYTES];
     rec[..8].copy_from_slice(&(node as u64).to_le_bytes());
-    let n = bus_id.len().min(DEVICE_BYTES - 8);
+    let n = bus_id.len().min(DEVICE_BYTES - 16);
     rec[8..8 + n].copy_from_slice(&bus_id.as_bytes()[..n]);
+    rec[DEVICE_BYTES - 8..DEVICE_BYTES - 4].copy_from_slice(&sm.0.to_le_bytes());
+    rec[DEVICE_BYTES - 4..].copy_from_slice(&sm.1.to_le_bytes());
     rec
 }
 
-fn parse_device_record(rec: &[u8]) -> (usize, String) {
+fn parse_device_record(rec: &[u8]) -> (usize, String, (u32, u32)) {
+    let word = |at: usize| u32::from_le_bytes(rec[at..at + 4].try_into().expect("4 bytes"));
     let node = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes")) as usize;
-    let text = &rec[8..];
+    let text = &rec[8..DEVICE_BYTES - 8];
     let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
-    (node, String::from_utf8_lossy(&text[..end]).into_owned())
+    let bus = String::from_utf8_lossy(&text[..end]).into_owned();
+    (node, bus, (word(DEVICE_BYTES - 8), word(DEVICE_BYTES - 4)))
 }
 
 /// The unique-id message: a failure flag, then the id or NCCL's error text.
@@ -115,13 +120,20 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
         return Err(no_nccl(group.name(), rank, &msg));
     }
 
-    // (1) No two members on one GPU.
+    // (1) No two members on one GPU; the group reduces as its oldest GPU can.
     let node = group.runtime().world().me().node;
-    let mine = device_record(node, &gpu.info().bus_id);
+    let info = gpu.info();
+    let mine = device_record(node, &info.bus_id, info.compute_capability);
     let mut all = vec![0u8; DEVICE_BYTES * size];
     comm.all_gather_into(&mine[..], &mut all[..]);
-    let devices: Vec<(usize, String)> = all.chunks(DEVICE_BYTES).map(parse_device_record).collect();
+    let records: Vec<_> = all.chunks(DEVICE_BYTES).map(parse_device_record).collect();
+    let devices: Vec<(usize, String)> = records.iter().map(|(n, b, _)| (*n, b.clone())).collect();
     duplicate_devices(&devices).map_err(fail)?;
+    let sm = records
+        .iter()
+        .map(|r| r.2)
+        .min()
+        .unwrap_or(info.compute_capability);
 
     // (2) The unique id, made by the first member.
     let api = gpu.api()?;
@@ -136,7 +148,7 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     gpu.context()
         .bind_to_thread()
         .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
-    let created = NcclComm::init(api, id, size, me, group.name());
+    let created = NcclComm::init(api, id, (size, me), group.name(), sm);
     let outcome = created.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
     let mut statuses = vec![0u8; STATUS_BYTES * size];
     comm.all_gather_into(&status_record(&outcome)[..], &mut statuses[..]);
@@ -219,7 +231,9 @@ pub(crate) fn connect_pair<'rt>(
             format!("binding the CUDA context: {e}"),
         )
     })?;
-    let created = NcclComm::init(api, id, 2, usize::from(!low), &name);
+    // A pair only sends and receives: nothing it does depends on the peer's GPU.
+    let sm = gpu.info().compute_capability;
+    let created = NcclComm::init(api, id, (2, usize::from(!low)), &name, sm);
     let mine = status_record(&created.as_ref().map(|_| ()).map_err(|e| e.msg.clone()));
     let theirs = swap_status(&other, &mine);
     if let Some((_, msg)) = first_failure(&theirs) {
@@ -270,7 +284,10 @@ mod tests {
 
     #[test]
     fn device_records_round_trip() {
-        let r = device_record(7, "0000:1B:00.0");
-        assert_eq!(parse_device_record(&r), (7, "0000:1B:00.0".to_string()));
+        let r = device_record(7, "0000:1B:00.0", (9, 0));
+        assert_eq!(
+            parse_device_record(&r),
+            (7, "0000:1B:00.0".to_string(), (9, 0))
+        );
     }
 }

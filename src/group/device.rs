@@ -356,7 +356,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     ) -> std::result::Result<(), Fault> {
         if let Some(op) = reduce_op {
             let version = self.gpu.nccl().map_or(i32::MAX, |n| n.version_code());
-            reduced_as(t.dtype(), op, version)?;
+            reduced_as(t.dtype(), op, version, self.gpu.info().compute_capability)?;
         }
         if let Some(out) = out {
             self.copy(t, out)?;

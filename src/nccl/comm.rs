@@ -72,6 +72,9 @@ impl CommState {
 pub struct Communicator<'a> {
     api: &'a Api,
     state: Rc<CommState>,
+    /// The lowest compute capability among the members (what NCCL can
+    /// reduce depends on it).
+    sm: (u32, u32),
 }
 
 /// An open `ncclGroupStart` bracket; [`end`](GroupGuard::end) closes it and
@@ -103,13 +106,14 @@ impl Drop for GroupGuard<'_, '_> {
 }
 
 impl<'a> Communicator<'a> {
-    /// `ncclCommInitRank` (blocking: every member must call it with the same id).
+    /// `ncclCommInitRank` (blocking: every member must call it with the same
+    /// id); `sm` is the lowest compute capability among the members.
     pub fn init(
         api: &'a Api,
         id: UniqueId,
-        size: usize,
-        rank: usize,
+        (size, rank): (usize, usize),
         group: &str,
+        sm: (u32, u32),
     ) -> Result<Communicator<'a>, NcclError> {
         let mut raw: RawComm = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `id` came from ncclGetUniqueId on the first rank.
@@ -124,6 +128,7 @@ impl<'a> Communicator<'a> {
                 group: group.to_string(),
                 failure: RefCell::new(None),
             }),
+            sm,
         })
     }
 
@@ -177,7 +182,7 @@ impl<'a> Communicator<'a> {
     ) -> Result<(), NcclError> {
         // Before `raw()`: a dtype NCCL cannot reduce is the caller's error,
         // not the communicator's, so it stays usable.
-        let (dt, op) = reduced_as(dtype, op, self.api.version)?;
+        let (dt, op) = reduced_as(dtype, op, self.api.version, self.sm)?;
         let raw = self.raw()?;
         self.check(
             (self.api.all_reduce)(send, recv, count, dt, op, raw, stream),
@@ -202,7 +207,7 @@ impl<'a> Communicator<'a> {
     ) -> Result<(), NcclError> {
         // Before `raw()`: a dtype NCCL cannot reduce is the caller's error,
         // not the communicator's, so it stays usable.
-        let (dt, op) = reduced_as(dtype, op, self.api.version)?;
+        let (dt, op) = reduced_as(dtype, op, self.api.version, self.sm)?;
         let raw = self.raw()?;
         self.check(
             (self.api.reduce)(send, recv, count, dt, op, root as c_int, raw, stream),
@@ -225,7 +230,7 @@ impl<'a> Communicator<'a> {
     ) -> Result<(), NcclError> {
         // Before `raw()`: a dtype NCCL cannot reduce is the caller's error,
         // not the communicator's, so it stays usable.
-        let (dt, op) = reduced_as(dtype, op, self.api.version)?;
+        let (dt, op) = reduced_as(dtype, op, self.api.version, self.sm)?;
         let raw = self.raw()?;
         self.check(
             (self.api.reduce_scatter)(send, recv, recv_count, dt, op, raw, stream),

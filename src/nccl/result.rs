@@ -48,6 +48,10 @@ pub(crate) fn unique_id(api: &Api) -> Result<UniqueId, NcclError> {
 
 /// First NCCL with `ncclFloat8e4m3` / `ncclFloat8e5m2` (2.24.0).
 pub const FP8_VERSION: i32 = 22400;
+/// First compute capability NCCL reduces fp8 on (Hopper): below it the
+/// library refuses with "FP8 reduction support begins with sm90 capable
+/// devices".
+pub const FP8_REDUCE_SM: (u32, u32) = (9, 0);
 
 /// NCCL's own type for a dtype it names before 2.24; `None` for the ones it
 /// lacks (bool, 16-bit integers) or only names from 2.24 (fp8).
@@ -77,20 +81,33 @@ pub fn moved_as(d: DType, count: usize) -> (c_int, usize) {
     }
 }
 
-/// NCCL's type and operator for reducing `d` with `op` on NCCL `version`,
-/// or why NCCL cannot. Bool reduces as bytes with sum as max (OR) and
-/// prod as min (AND), as PyTorch does; avg of bools is refused earlier, by
-/// the op's own check.
-pub fn reduced_as(d: DType, op: ReduceOp, version: i32) -> Result<(c_int, c_int), NcclError> {
+/// NCCL's type and operator for reducing `d` with `op` on NCCL `version`
+/// and devices of compute capability `sm` (a group's lowest), or why NCCL
+/// cannot. Refused here, before NCCL is asked, a reduction leaves the
+/// communicator usable, and groups of every size refuse alike. Bool reduces
+/// as bytes with sum as max (OR) and prod as min (AND), as PyTorch does;
+/// avg of bools is refused earlier, by the op's own check.
+pub fn reduced_as(
+    d: DType,
+    op: ReduceOp,
+    version: i32,
+    sm: (u32, u32),
+) -> Result<(c_int, c_int), NcclError> {
     let fp8 = |t: c_int| {
-        if version >= FP8_VERSION {
-            Ok(t)
-        } else {
+        if version < FP8_VERSION {
             Err(NcclError::other(format!(
                 "NCCL {} cannot reduce {d}: NCCL's fp8 types arrived in 2.24 \
                  (moving {d} without reducing works on any version)",
                 super::loader::decode_version(version)
             )))
+        } else if sm < FP8_REDUCE_SM {
+            Err(NcclError::other(format!(
+                "NCCL cannot reduce {d} on sm {}.{}: NCCL reduces fp8 from sm {}.{} (Hopper) on \
+                 (moving {d} without reducing works on any GPU; reduce in f16 or bf16 here)",
+                sm.0, sm.1, FP8_REDUCE_SM.0, FP8_REDUCE_SM.1
+            )))
+        } else {
+            Ok(t)
         }
     };
     let t = match d {
@@ -146,6 +163,7 @@ mod tests {
     #[test]
     fn reductions_map_or_say_why_not() {
         let new = 22703;
+        let reduced_as = |d, op, v| reduced_as(d, op, v, (9, 0));
         assert_eq!(reduced_as(DType::F8E4M3, ReduceOp::Sum, new), Ok((10, 0)));
         assert_eq!(reduced_as(DType::F8E5M2, ReduceOp::Max, new), Ok((11, 2)));
         let old = reduced_as(DType::F8E5M2, ReduceOp::Sum, 22005).unwrap_err();
@@ -159,5 +177,26 @@ mod tests {
         let e = reduced_as(DType::U16, ReduceOp::Sum, new).unwrap_err();
         assert!(e.msg.contains("no 16-bit integer type"), "{e}");
         assert_eq!(reduced_as(DType::F32, ReduceOp::Avg, new), Ok((7, 4)));
+    }
+
+    #[test]
+    fn fp8_reductions_need_sm90() {
+        let ampere = super::reduced_as(DType::F8E4M3, ReduceOp::Sum, 22703, (8, 0)).unwrap_err();
+        assert!(
+            ampere
+                .msg
+                .starts_with("NCCL cannot reduce f8e4m3 on sm 8.0: NCCL reduces fp8 from sm 9.0"),
+            "{ampere}"
+        );
+        assert_eq!(
+            super::reduced_as(DType::F8E5M2, ReduceOp::Sum, 22703, (10, 0)),
+            Ok((11, 0))
+        );
+        // Other dtypes reduce on any device; fp8 moves anywhere.
+        assert_eq!(
+            super::reduced_as(DType::BF16, ReduceOp::Sum, 22703, (7, 0)),
+            Ok((9, 0))
+        );
+        assert_eq!(moved_as(DType::F8E4M3, 5), (nd::UINT8, 5));
     }
 }

@@ -83,12 +83,19 @@ impl<'rt> StatelessGroup<'rt> {
         gpu.context()
             .bind_to_thread()
             .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
+        // The group reduces as its oldest GPU can.
+        let mine = gpu.info().compute_capability;
+        let sm = self
+            .all_gather_obj(&mine)?
+            .into_iter()
+            .min()
+            .unwrap_or(mine);
         let created = Communicator::init(
             api,
             UniqueId::from_bytes(&id),
-            self.world_size(),
-            self.rank(),
+            (self.world_size(), self.rank()),
             &name,
+            sm,
         );
         let outcome: std::result::Result<(), String> =
             created.as_ref().map(|_| ()).map_err(|e| e.msg.clone());

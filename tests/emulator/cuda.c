@@ -23,6 +23,7 @@
  * RANKMESH_EMU_GPUS: devices shown (default 1).
  * RANKMESH_EMU_BUS: PCI bus id of device 0 (default: from the pid, so unique per process), to
  * provoke the duplicate-GPU check.
+ * RANKMESH_EMU_CC=M.m: the devices' compute capability (default 9.0).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -223,9 +224,15 @@ CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     return OK;
 }
 CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
-    (void)attr;
     (void)d;
-    *v = 1; /* memory pools supported: the async alloc path */
+    int major = 9, minor = 0;
+    const char *cc = getenv("RANKMESH_EMU_CC");
+    if (cc) sscanf(cc, "%d.%d", &major, &minor);
+    switch (attr) {
+    case 75: *v = major; break; /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+    case 76: *v = minor; break; /* ..._MINOR */
+    default: *v = 1;            /* memory pools supported: the async alloc path */
+    }
     return OK;
 }
 CUresult cuDeviceGetName(char *name, int len, CUdevice d) {

@@ -325,6 +325,20 @@ pub fn drive() {
                 .ok_or_else(|| job.describe())
         },
     );
+    // NCCL reduces fp8 from sm 9.0 on: below, every group size refuses it by
+    // name before NCCL is asked, and the communicator stays usable.
+    for np in [1, 3] {
+        trial(
+            &format!("fp8 reductions on sm 8.0 refused alike, np {np}"),
+            &mut failures,
+            || {
+                let mut env = emu.env(&worker);
+                env.push(("RANKMESH_EMU_GPUS", "3"));
+                env.push(("RANKMESH_EMU_CC", "8.0"));
+                checks_passed(&support::mpirun(np, &me(), &[], &env), np)
+            },
+        );
+    }
     trial(
         "one GPU shown per rank (--gpus-per-task)",
         &mut failures,

@@ -28,6 +28,8 @@
  * RANKMESH_EMU_INIT_FAIL=1: ncclCommInitRank fails on this rank.
  * RANKMESH_EMU_NCCL_VERSION=N: the version ncclGetVersion reports (default
  * 22703, 2.27.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
+ * RANKMESH_EMU_CC=M.m: the devices' compute capability (as cuda.c shows it,
+ * default 9.0); below 9.0 fp8 reductions are refused with NCCL's own text.
  */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -106,9 +108,25 @@ const char *ncclGetErrorString(ncclResult_t r) {
     }
 }
 
+/* The last error's text, per thread, as NCCL keeps it. */
+static __thread char last_error[256];
+
 const char *ncclGetLastError(void *comm) {
     (void)comm;
-    return "";
+    return last_error;
+}
+
+/* Below sm 9.0 NCCL refuses to reduce fp8 ("FP8 reduction support begins
+   with sm90 capable devices", invalid argument). */
+static int fp8_reduction_refused(int t) {
+    int major = 9;
+    const char *cc = getenv("RANKMESH_EMU_CC");
+    if (cc) sscanf(cc, "%d", &major);
+    if ((t == 10 || t == 11) && major < 9) {
+        snprintf(last_error, sizeof last_error, "FP8 reduction support begins with sm90 capable devices");
+        return 1;
+    }
+    return 0;
 }
 
 static void release(Comm *c);
@@ -676,6 +694,8 @@ static ncclResult_t collective(int kind, const void *s, void *r, size_t count, i
     ncclResult_t e = enter(c, t);
     if (e) return e;
     if ((kind == REDUCE || kind == BROADCAST) && (root < 0 || root >= c->size)) return INVALID_ARGUMENT;
+    if ((kind == ALL_REDUCE || kind == REDUCE || kind == REDUCE_SCATTER) && fp8_reduction_refused(t))
+        return INVALID_ARGUMENT;
     return submit((Job){kind, s, r, count, t, op, root, c, NULL, 0}, stream);
 }
 
