@@ -207,6 +207,20 @@ pub struct Finding {
 }
 
 impl Finding {
+    /// A finding that is not a figure: what is wrong with `subject`.
+    fn noted(subject: Subject, m: &Measurements, note: String) -> Finding {
+        Finding {
+            of: subject,
+            kind: subject.kind().into(),
+            subject: subject.name(m),
+            value: 0.0,
+            concurrent: 0.0,
+            median: 0.0,
+            reference: String::new(),
+            note: Some(note),
+        }
+    }
+
     /// One line for the report.
     pub fn line(&self) -> String {
         if let Some(note) = &self.note {
@@ -639,17 +653,11 @@ pub fn confirm(m: &Measurements, plan: &Plan, alone: &[f64], threshold: f64) -> 
     j.findings.extend(libraries(m));
     j.findings.extend(m.nodes.iter().filter_map(|n| {
         let e = n.device_error.as_ref()?;
-        let subject = Subject::NodeDeviceAllReduce(n.node);
-        Some(Finding {
-            of: subject,
-            kind: subject.kind().into(),
-            subject: subject.name(m),
-            value: 0.0,
-            concurrent: 0.0,
-            median: 0.0,
-            reference: String::new(),
-            note: Some(format!("failed: {e}")),
-        })
+        Some(Finding::noted(
+            Subject::NodeDeviceAllReduce(n.node),
+            m,
+            format!("failed: {e}"),
+        ))
     }));
     j
 }
@@ -681,20 +689,11 @@ pub fn libraries(m: &Measurements) -> Vec<Finding> {
             })
             .collect();
         if !odd.is_empty() {
-            let subject = Subject::Library(node.node);
-            out.push(Finding {
-                of: subject,
-                kind: subject.kind().into(),
-                subject: subject.name(m),
-                value: 0.0,
-                concurrent: 0.0,
-                median: 0.0,
-                reference: String::new(),
-                note: Some(format!(
-                    "{}, where {with} of {total} ranks load NCCL {usual}",
-                    odd.join("; ")
-                )),
-            });
+            let note = format!(
+                "{}, where {with} of {total} ranks load NCCL {usual}",
+                odd.join("; ")
+            );
+            out.push(Finding::noted(Subject::Library(node.node), m, note));
         }
     }
     out
