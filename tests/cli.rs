@@ -197,6 +197,8 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_TIMEOUT", "1e99", "RANKMESH_TIMEOUT=\"1e99\" is out of range: 0 (never time out) or 0.1 ..= 31536000 seconds"),
         ("RANKMESH_TIMEOUT", "1e-9", "RANKMESH_TIMEOUT=\"1e-9\" is out of range"),
         ("RANKMESH_TIMEOUT", "-1", "RANKMESH_TIMEOUT=\"-1\" is out of range"),
+        ("RANKMESH_INIT_TIMEOUT", "soon", "RANKMESH_INIT_TIMEOUT=\"soon\" is not a number of seconds"),
+        ("RANKMESH_INIT_TIMEOUT", "-5", "RANKMESH_INIT_TIMEOUT=\"-5\" is out of range: 0 (never time out) or 0.1 ..= 31536000 seconds"),
         ("RANKMESH_MAX_OBJECT_BYTES", "0", "RANKMESH_MAX_OBJECT_BYTES=\"0\" is not a byte count in 1..=1099511627776"),
         ("RANKMESH_TRACE_DIR", "", "RANKMESH_TRACE_DIR is set but empty"),
         ("RANKMESH_HOST_PLANE", "fast", "RANKMESH_HOST_PLANE=\"fast\" is not one of mpi, shm, hier, auto"),
