@@ -700,13 +700,15 @@ pub fn libraries(m: &Measurements) -> Vec<Finding> {
 }
 
 /// The value most entries share (the first of a tie); `None` if empty.
+/// One pass: a job has a version per rank, thousands of them.
 fn most_common<'a>(values: &[&'a str]) -> Option<&'a str> {
-    values.iter().copied().max_by_key(|v| {
-        (
-            values.iter().filter(|x| *x == v).count(),
-            std::cmp::Reverse(values.iter().position(|x| x == v)),
-        )
-    })
+    let mut seen: std::collections::HashMap<&str, (usize, usize)> = Default::default();
+    for (i, v) in values.iter().enumerate() {
+        seen.entry(v).or_insert((0, i)).0 += 1;
+    }
+    seen.into_iter()
+        .max_by_key(|(_, (count, first))| (*count, std::cmp::Reverse(*first)))
+        .map(|(v, _)| v)
 }
 
 #[cfg(test)]
@@ -954,6 +956,12 @@ mod tests {
                 "nccl 2 (h2): rank 2 has no NCCL (NCCL not found), where 2 of 4 ranks load NCCL 2.27.3",
             ]
         );
+        assert_eq!(
+            most_common(&["b", "a", "a", "b", "c"]),
+            Some("b"),
+            "first of a tie"
+        );
+        assert_eq!(most_common(&[]), None);
         // No NCCL anywhere: no GPU plane to judge, nothing flagged.
         for d in &mut m.devices {
             d.nccl = Err("NCCL not found".into());

@@ -66,7 +66,7 @@ fn launcher_size() -> usize {
 }
 
 /// This host's name.
-pub(crate) fn host_name() -> String {
+fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: `buf` is writable for its length.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
