@@ -1057,11 +1057,115 @@ fn main() {
         deferred_skipped_call();
     } else if std::env::var_os("RANKMESH_GPU_DEFERRED_MISMATCH").is_some() {
         deferred_mismatch();
+    } else if std::env::var_os("RANKMESH_GPU_SPLIT_CHECK").is_some() {
+        one_bootstrap();
+    } else if std::env::var_os("RANKMESH_GPU_DROP_CHECK").is_some() {
+        drop_with_a_quiet_peer();
     } else if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
         worker();
     } else {
         emulator::drive();
     }
+}
+
+/// A counter the NCCL emulator exports (`rankmesh_emu_inits`, ...), read
+/// from the library rankmesh loaded (`RANKMESH_NCCL_LIB`).
+fn emulator_count(name: &str) -> i32 {
+    let path = std::env::var("RANKMESH_NCCL_LIB").expect("the emulator's path");
+    // SAFETY: the emulator, already loaded by rankmesh; the counters are `int f(void)`.
+    unsafe {
+        let lib = libloading::Library::new(&path).expect("the emulator");
+        let f: libloading::Symbol<unsafe extern "C" fn() -> i32> =
+            lib.get(format!("{name}\0").as_bytes()).expect("a counter");
+        f()
+    }
+}
+
+/// `connect_devices`, then TP/SP/DP groups and a mesh: every group's device
+/// all_reduce matches the host one, and the job bootstrapped NCCL once (all
+/// other communicators are splits). Prints `SPLIT-OK rank R inits I splits S roots N`.
+fn one_bootstrap() {
+    let rt = Runtime::init().expect("MPI init");
+    let run = || -> Result<(i32, i32, i32), String> {
+        rt.connect_devices().map_err(e)?;
+        let mut ps = rankmesh::ParallelState::new(&rt).map_err(e)?;
+        let w = rt.size();
+        let tp = if w.is_multiple_of(2) { 2 } else { 1 };
+        ps.initialize_model_parallel(tp, 1, None).map_err(e)?;
+        let layout =
+            rankmesh::MeshLayout::row_major(w, &[("dp", w / tp), ("tp", tp)]).map_err(e)?;
+        let mesh = rankmesh::Mesh::new(&rt, layout, &[]).map_err(e)?;
+        let groups = [
+            ps.world().clone(),
+            ps.tp().map_err(e)?,
+            ps.sp().map_err(e)?,
+            ps.dp().map_err(e)?,
+            mesh.group(&["dp"]).map_err(e)?,
+            mesh.group(&["tp"]).map_err(e)?,
+        ];
+        let gpu = rt.gpu().map_err(e)?;
+        for g in &groups {
+            let x = random(17 + g.global_rank() as u64, 12, DType::F32);
+            let x = x.reshape([4, 3]).map_err(e)?;
+            let want = g.all_reduce(&x, ReduceOp::Sum).map_err(e)?;
+            let dg = g.device().map_err(e)?;
+            let got = gpu
+                .download(
+                    &dg.all_reduce(&gpu.upload(&x).map_err(e)?, ReduceOp::Sum)
+                        .map_err(e)?,
+                )
+                .map_err(e)?;
+            same(
+                &format!("device all_reduce on {}", g.name()),
+                &got,
+                &want,
+                Some(ReduceOp::Sum),
+            )?;
+        }
+        Ok((
+            emulator_count("rankmesh_emu_inits"),
+            emulator_count("rankmesh_emu_splits"),
+            emulator_count("rankmesh_emu_roots"),
+        ))
+    };
+    match run() {
+        Ok((inits, splits, roots)) => {
+            println!(
+                "SPLIT-OK rank {} inits {inits} splits {splits} roots {roots}",
+                rt.rank()
+            )
+        }
+        Err(m) => {
+            println!("SPLIT-FAILED rank {}: {m}", rt.rank());
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Rank 1 (RANKMESH_EMU_STALL=1) accepts a device all_reduce and never
+/// runs it, then stays quiet; rank 0 drops its group with the call still
+/// pending. Prints `DROP rank R after S s`: the drop must end near
+/// RANKMESH_TIMEOUT (finalize, then abort), not wait for the quiet peer.
+fn drop_with_a_quiet_peer() {
+    let rt = Runtime::init().expect("MPI init");
+    let world = rt.world_group().expect("world group");
+    let gpu = rt.gpu().expect("emulated GPU");
+    let dg = world.device().expect("device plane");
+    let x = gpu
+        .upload(&input(&[4, 3], DType::F32, rt.rank()))
+        .expect("upload");
+    let pending = dg.all_reduce(&x, ReduceOp::Sum).expect("enqueued");
+    if rt.rank() == 1 {
+        std::thread::sleep(std::time::Duration::from_secs(8));
+    }
+    let start = std::time::Instant::now();
+    drop(world);
+    println!(
+        "DROP rank {} after {:.1} s",
+        rt.rank(),
+        start.elapsed().as_secs_f64()
+    );
+    drop(pending);
 }
 
 fn worker() {

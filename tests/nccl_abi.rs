@@ -9,7 +9,8 @@
 //! C++ that `static_assert`s each against the header: the number of
 //! parameters, each parameter's and the result's ABI class (4-byte integer
 //! or enum, 8-byte unsigned, const or mutable pointer, a struct of its
-//! size), each enum value and `sizeof(ncclUniqueId)`. Changing one Rust
+//! size), each enum value, `sizeof(ncclUniqueId)`, and the offset and size
+//! of each field of the `ncclConfig_t` prefix rankmesh fills in. Changing one Rust
 //! prototype or value fails the compile, naming it.
 //!
 //! nccl.h includes `cuda_runtime.h` for two handle types only; the real one
@@ -112,7 +113,7 @@ fn class(rust: &str) -> Result<u32, String> {
         "c_int" | "NcclResult" => 3,
         "usize" => 4,
         // `ncclComm_t` and `cudaStream_t` are mutable pointers in C.
-        "RawComm" | "RawStream" => 2,
+        "RawComm" | "RawStream" | "RawWindow" => 2,
         "UniqueId" => 100 + 128,
         other => return Err(format!("no ABI class for Rust type `{other}`: add it")),
     })
@@ -141,6 +142,10 @@ fn c_name(rust: &str) -> Option<&'static str> {
         "MAX" => "ncclMax",
         "MIN" => "ncclMin",
         "AVG" => "ncclAvg",
+        "SPLIT_NOCOLOR" => "NCCL_SPLIT_NOCOLOR",
+        "CONFIG_UNDEF_INT" => "NCCL_CONFIG_UNDEF_INT",
+        "API_MAGIC" => "NCCL_API_MAGIC",
+        "WIN_COLL_SYMMETRIC" => "NCCL_WIN_COLL_SYMMETRIC",
         _ => return None,
     })
 }
@@ -148,8 +153,16 @@ fn c_name(rust: &str) -> Option<&'static str> {
 /// Every entry point rankmesh declares: (C symbol, params, result).
 fn entry_points() -> Vec<(String, Vec<String>, String)> {
     let sys = code(&std::fs::read_to_string(repo().join("src/nccl/sys.rs")).unwrap());
-    let alias_at = sys.find("type ReduceFn = ").expect("ReduceFn");
-    let alias = signature(&sys[alias_at + "type ReduceFn = ".len()..]);
+    // The function-pointer aliases (`type ReduceFn = unsafe extern "C" fn(..)`).
+    let aliases: std::collections::HashMap<String, (Vec<String>, String)> = sys
+        .split("type ")
+        .skip(1)
+        .filter_map(|t| {
+            let (name, rest) = t.split_once(" = ")?;
+            rest.starts_with("unsafe extern")
+                .then(|| (name.trim().to_string(), signature(rest)))
+        })
+        .collect();
     let body_at = sys.find("pub struct Api {").expect("struct Api") + "pub struct Api {".len();
     let body_end = body_at + sys[body_at..].find('}').unwrap();
     let mut out = Vec::new();
@@ -163,7 +176,7 @@ fn entry_points() -> Vec<(String, Vec<String>, String)> {
             .unwrap_or(ty);
         let (params, ret) = match ty {
             "c_int" => continue, // `version`, a value
-            "ReduceFn" => alias.clone(),
+            alias if aliases.contains_key(alias) => aliases[alias].clone(),
             _ => signature(ty),
         };
         let key = format!(" {}: sym(lib, \"", name.trim());
@@ -203,7 +216,41 @@ fn constants() -> Vec<(String, i64)> {
         .map(|c| {
             let (name, rest) = c.split_once(':').unwrap();
             let value = rest.split('=').nth(1).unwrap().split(';').next().unwrap();
-            (name.trim().to_string(), value.trim().parse().unwrap())
+            let value = value.trim();
+            let value = match value.strip_prefix("0x") {
+                Some(hex) => i64::from_str_radix(hex, 16).unwrap(),
+                None => value.parse().unwrap(),
+            };
+            (name.trim().to_string(), value)
+        })
+        .collect()
+}
+
+/// `nccl::sys::Config`'s fields in order: (C field, size in bytes).
+fn config_fields() -> Vec<(String, usize)> {
+    let sys = code(&std::fs::read_to_string(repo().join("src/nccl/sys.rs")).unwrap());
+    let at = sys.find("pub struct Config {").expect("struct Config") + "pub struct Config {".len();
+    let end = at + sys[at..].find('}').unwrap();
+    top_level(&sys[at..end])
+        .iter()
+        .map(|f| {
+            let (name, ty) = f.trim_start_matches("pub ").split_once(':').unwrap();
+            let size = match ty.trim() {
+                "usize" => 8,
+                "c_int" | "c_uint" => 4,
+                t if t.starts_with('*') => 8,
+                t => panic!("no size for Config field type {t}: add it"),
+            };
+            // snake_case to NCCL's camelCase, "ctas" as "CTAs".
+            let mut c = String::new();
+            for (i, part) in name.trim().split('_').enumerate() {
+                match (i, part) {
+                    (0, p) => c += p,
+                    (_, "ctas") => c += "CTAs",
+                    (_, p) => c += &(p[..1].to_uppercase() + &p[1..]),
+                }
+            }
+            (c, size)
         })
         .collect()
 }
@@ -253,6 +300,17 @@ template <class R, class... A> struct sig<R(A...)> {
             c_name(&name).ok_or_else(|| format!("nccl::sys::{name} has no C name here: add it"))?;
         cpp += &format!("static_assert({c} == {value}, \"rankmesh's {name} = {value}\");\n");
     }
+    // The config prefix: each field at the header's offset with its size
+    // (C layout: every field at a multiple of its size).
+    let mut offset = 0usize;
+    for (field, size) in config_fields() {
+        offset = offset.div_ceil(size) * size;
+        cpp += &format!(
+            "static_assert(offsetof(ncclConfig_t, {field}) == {offset} && sizeof(ncclConfig_t::{field}) == {size}, \"ncclConfig_t.{field}: rankmesh puts {size} bytes at {offset}\");\n"
+        );
+        offset += size;
+    }
+    cpp += &format!("static_assert(sizeof(ncclConfig_t) >= {offset}, \"ncclConfig_t prefix\");\n");
     cpp += "static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, \"ncclUniqueId\");\nint main() { return 0; }\n";
     Ok(cpp)
 }
@@ -274,7 +332,8 @@ fn declarations_match_nccl_h_and_cuda_h() {
     }
     let cpp = probe().unwrap();
     let points = entry_points();
-    assert!(points.len() >= 18, "{points:?}");
+    assert!(points.len() >= 29, "{points:?}");
+    assert_eq!(config_fields().len(), 9);
     std::fs::write(dir.join("abi.cc"), &cpp).unwrap();
     let out = Command::new("g++")
         .args(["-std=c++17", "-fsyntax-only"])

@@ -135,7 +135,13 @@ impl Gpu {
     }
 
     /// NCCL's entry points, or why this rank has none.
-    pub(crate) fn api(&self) -> Result<&Api> {
+    /// `RANKMESH_TIMEOUT`: how long device work and NCCL's background
+    /// work may take before communicators are aborted.
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    pub(crate) fn api(&self) -> Result<&'static Api> {
         self.nccl()?.api()
     }
 

@@ -2,23 +2,33 @@
 //!
 //! Every step that can fail on one rank is followed by an MPI exchange of
 //! the outcome, so all members return the same error instead of some of them
-//! blocking in NCCL: (1) all-gather of (node, PCI bus id) and the duplicate
-//! check, (2) the unique id from the first rank, with its status, (3)
-//! `ncclCommInitRank`, whose outcome is all-gathered, (4) a one-element
-//! warm-up all-reduce waited on with the polling loop.
+//! blocking in NCCL: (1) all-gather of (node, PCI bus id, compute
+//! capability) and the duplicate check, (2) the unique id from the first
+//! rank (or, past `RANKMESH_NCCL_RANKS_PER_ROOT` members, one id per root
+//! for `ncclCommInitRankScalable`), with its status, (3) non-blocking
+//! creation, polled to completion under `RANKMESH_TIMEOUT` and aborted past
+//! it, whose outcome is all-gathered (the error names every member that
+//! failed or did not finish), (4) a one-element warm-up all-reduce waited on
+//! with the polling loop.
+//!
+//! A group made after [`Runtime::connect_devices`](crate::Runtime::connect_devices)
+//! skips all of it: [`split`] derives its communicator from the world's with
+//! `ncclCommSplit`, one bootstrap for the whole job.
 
 use crate::device::select::duplicate_devices;
 use crate::device::Gpu;
 use crate::error::NcclError;
 use crate::error::{Error, Result};
 use crate::group::GroupCoordinator;
-use crate::nccl::comm::Communicator as NcclComm;
+use crate::nccl::comm::{Communicator as NcclComm, Membership, Origin};
 use crate::nccl::result::unique_id;
 use crate::nccl::sys::{Api, UniqueId, UNIQUE_ID_BYTES};
 use crate::op::Op;
 use crate::op::ReduceOp;
 use mpi::topology::Process;
+use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use std::time::{Duration, Instant};
 
 /// Bytes of one rank's status record (flag + text).
 const STATUS_BYTES: usize = 256;
@@ -35,17 +45,153 @@ fn status_record(outcome: &std::result::Result<(), String>) -> [u8; STATUS_BYTES
     rec
 }
 
-/// The first failing rank's message from all-gathered status records.
-fn first_failure(records: &[u8]) -> Option<(usize, String)> {
+/// Every failing rank's message from all-gathered status records.
+fn failures(records: &[u8]) -> Vec<(usize, String)> {
     records
         .chunks(STATUS_BYTES)
         .enumerate()
-        .find(|(_, r)| r[0] != 0)
+        .filter(|(_, r)| r[0] != 0)
         .map(|(rank, r)| {
             let text = &r[1..];
             let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
             (rank, String::from_utf8_lossy(&text[..end]).into_owned())
         })
+        .collect()
+}
+
+/// The first failing rank's message from all-gathered status records.
+fn first_failure(records: &[u8]) -> Option<(usize, String)> {
+    failures(records).into_iter().next()
+}
+
+/// How a failing member is named: the `label` of its ranks ("group",
+/// "world") and its rank there from its position in the records.
+pub(crate) struct Naming<'n> {
+    pub label: &'n str,
+    pub rank_of: &'n dyn Fn(usize) -> usize,
+}
+
+/// One line naming every member that failed: members with the same
+/// message share it ("group ranks 1, 3: ...").
+pub(crate) fn name_failures(failed: &[(usize, String)], naming: &Naming<'_>) -> String {
+    let mut parts: Vec<(Vec<usize>, &str)> = Vec::new();
+    for (at, msg) in failed {
+        let rank = (naming.rank_of)(*at);
+        match parts.iter_mut().find(|(_, m)| *m == msg.as_str()) {
+            Some((ranks, _)) => ranks.push(rank),
+            None => parts.push((vec![rank], msg)),
+        }
+    }
+    parts
+        .iter()
+        .map(|(ranks, msg)| {
+            let list = ranks
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+            format!("{} {noun} {list}: {msg}", naming.label)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Members above this many ranks bootstrap from several roots
+/// (`ncclCommInitRankScalable`, one unique id per this many ranks);
+/// `RANKMESH_NCCL_RANKS_PER_ROOT` sets it.
+pub(crate) const RANKS_PER_ROOT: usize = 256;
+
+/// How many roots a communicator of `size` members bootstraps from: one per
+/// `per_root` ranks when the library can (one otherwise).
+pub(crate) fn roots_for(size: usize, per_root: usize, scalable: bool) -> usize {
+    if scalable && size > per_root {
+        size.div_ceil(per_root.max(1))
+    } else {
+        1
+    }
+}
+
+/// The member that makes root `i`'s unique id: spread evenly over the members.
+fn root_rank(i: usize, roots: usize, size: usize) -> usize {
+    i * size / roots
+}
+
+/// `RANKMESH_NCCL_RANKS_PER_ROOT`, read where the job agrees on it.
+fn ranks_per_root() -> std::result::Result<usize, String> {
+    match std::env::var("RANKMESH_NCCL_RANKS_PER_ROOT") {
+        Err(_) => Ok(RANKS_PER_ROOT),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                format!("RANKMESH_NCCL_RANKS_PER_ROOT={v:?} is not a positive whole number")
+            }),
+    }
+}
+
+/// All-gathers one status record per member over `comm` while marking
+/// progress: members that finished creating wait here for one that may
+/// still be polling its own creation for up to `limit`, and the watchdog
+/// must not end the job for that wait. Past `limit` (a member that never
+/// comes) the marks stop and the watchdog takes over.
+fn gather_statuses(
+    comm: &SimpleCommunicator,
+    mine: &[u8; STATUS_BYTES],
+    limit: Option<Duration>,
+    beat: &dyn Fn(),
+) -> Vec<u8> {
+    let mut all = vec![0u8; STATUS_BYTES * comm.size() as usize];
+    let start = Instant::now();
+    mpi::request::scope(|scope| {
+        let mut req = comm.immediate_all_gather_into(scope, &mine[..], &mut all[..]);
+        loop {
+            match req.test() {
+                Ok(_) => break,
+                Err(r) => req = r,
+            }
+            if limit.is_none_or(|l| start.elapsed() < l) {
+                beat();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    all
+}
+
+/// Finishes a creation this rank started (`started`), then agrees on the
+/// outcome with every member (`exchange` all-gathers status records): `Ok`
+/// only where every member succeeded; otherwise this rank's communicator is
+/// aborted and the error names each member that failed or did not finish.
+pub(crate) fn agree_on_creation(
+    api: &Api,
+    started: std::result::Result<Option<NcclComm<'static>>, NcclError>,
+    beat: &dyn Fn(),
+    naming: &Naming<'_>,
+    exchange: impl FnOnce(&[u8; STATUS_BYTES]) -> Vec<u8>,
+) -> std::result::Result<Option<NcclComm<'static>>, NcclError> {
+    let done = started.and_then(|c| match c {
+        Some(c) => c.ready(beat).map(|()| Some(c)),
+        None => Ok(None),
+    });
+    let outcome = done.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
+    let all = exchange(&status_record(&outcome));
+    let failed = failures(&all);
+    if failed.is_empty() {
+        return done;
+    }
+    // Abort, not destroy: destroying can wait for the members that failed.
+    if let Ok(Some(c)) = &done {
+        c.state()
+            .abort(api, "a peer failed to create the communicator");
+    }
+    let code = done.err().map_or(0, |e| e.code);
+    Err(NcclError {
+        code,
+        msg: name_failures(&failed, naming),
+    })
 }
 
 /// A member's node, device bus id and compute capability, for the others.
@@ -104,21 +250,30 @@ fn no_nccl(what: &str, rank: usize, msg: &str) -> Error {
 }
 
 /// Creates `group`'s communicator (collective over the group).
-pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Result<NcclComm<'rt>> {
+pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclComm<'static>> {
     let fail = |msg: String| Error::invalid(Op::Connect, group.name(), msg);
     let nccl_fail = |source: NcclError| Error::nccl(Op::Connect, group.name(), source);
     let comm = group.raw_comm();
     let size = group.size();
     let me = group.rank_in_group();
     let _watch = group.watched(Op::Connect);
+    let pulse = group.runtime().watchdog().pulse();
+    let beat = || pulse.beat();
 
-    // (0) Every member has NCCL (a GPU may open without it).
+    // (0) Every member has NCCL (a GPU may open without it) and reads the
+    // same number of ranks per root.
     let mut statuses = vec![0u8; STATUS_BYTES * size];
-    let usable = gpu.api().map(|_| ()).map_err(|e| e.to_string());
+    let per_root = ranks_per_root();
+    let usable = gpu
+        .api()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+        .and(per_root.clone().map(|_| ()));
     comm.all_gather_into(&status_record(&usable)[..], &mut statuses[..]);
     if let Some((rank, msg)) = first_failure(&statuses) {
         return Err(no_nccl(group.name(), rank, &msg));
     }
+    let per_root = per_root.map_err(fail)?;
 
     // (1) No two members on one GPU; the group reduces as its oldest GPU can.
     let node = group.runtime().world().me().node;
@@ -135,33 +290,58 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
         .min()
         .unwrap_or(info.compute_capability);
 
-    // (2) The unique id, made by the first member.
+    // (2) The unique ids, made by the roots (the first member, or one
+    // member per `per_root`), all-gathered with their status.
     let api = gpu.api()?;
-    let mut packet = [0u8; 1 + UNIQUE_ID_BYTES];
-    if me == 0 {
-        packet = id_packet(api);
-    }
-    comm.process_at_rank(0).broadcast_into(&mut packet[..]);
-    let id = id_of(&packet, 0).map_err(nccl_fail)?;
+    let roots = roots_for(size, per_root, api.comm_init_rank_scalable.is_some());
+    let is_root = (0..roots).any(|i| root_rank(i, roots, size) == me);
+    let packet = if is_root {
+        id_packet(api)
+    } else {
+        [0u8; 1 + UNIQUE_ID_BYTES]
+    };
+    let mut packets = vec![0u8; (1 + UNIQUE_ID_BYTES) * size];
+    comm.all_gather_into(&packet[..], &mut packets[..]);
+    let ids = (0..roots)
+        .map(|i| {
+            let maker = root_rank(i, roots, size);
+            let at = maker * (1 + UNIQUE_ID_BYTES);
+            let p: &[u8; 1 + UNIQUE_ID_BYTES] = packets[at..at + 1 + UNIQUE_ID_BYTES]
+                .try_into()
+                .expect("one packet");
+            id_of(p, maker)
+        })
+        .collect::<std::result::Result<Vec<UniqueId>, NcclError>>()
+        .map_err(nccl_fail)?;
 
-    // (3) Every member initialises; all learn every outcome.
+    // (3) Every member creates (non-blocking) and polls; all learn every outcome.
     gpu.context()
         .bind_to_thread()
         .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
-    let created = NcclComm::init(api, id, (size, me), group.name(), sm);
-    let outcome = created.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
-    let mut statuses = vec![0u8; STATUS_BYTES * size];
-    comm.all_gather_into(&status_record(&outcome)[..], &mut statuses[..]);
-    if let Some((rank, msg)) = first_failure(&statuses) {
-        // Abort, not destroy: destroying can wait for the members that failed.
-        if let Ok(c) = created {
-            c.state().abort(api, "a peer failed to initialise");
-        }
-        return Err(nccl_fail(NcclError::other(format!(
-            "group rank {rank}: {msg}"
-        ))));
+    let membership = Membership {
+        size,
+        rank: me,
+        group: group.name(),
+        sm,
+        limit: gpu.timeout(),
+    };
+    let started = NcclComm::start(api, Origin::Ids(&ids), &membership);
+    let naming = Naming {
+        label: "group",
+        rank_of: &|r| r,
+    };
+    let nccl = agree_on_creation(api, started, &beat, &naming, |mine| {
+        gather_statuses(comm, mine, gpu.timeout(), &beat)
+    })
+    .map_err(nccl_fail)?
+    .expect("created from ids");
+    if roots > 1 {
+        tracing::debug!(
+            group = group.name(),
+            roots,
+            "NCCL bootstrap from several roots (ncclCommInitRankScalable)"
+        );
     }
-    let nccl = created.map_err(nccl_fail)?;
     gpu.register(nccl.state());
 
     // (4) Warm-up: NCCL connects lazily; pay that cost here, not in the first op.
@@ -189,18 +369,85 @@ pub(crate) fn connect<'rt>(group: &GroupCoordinator<'rt>, gpu: &'rt Gpu) -> Resu
     Ok(nccl)
 }
 
+/// What a split needs of the world's communicator: it, and every world
+/// rank's compute capability (a child reduces as its oldest GPU can).
+pub(crate) struct SplitParent {
+    pub comm: NcclComm<'static>,
+    pub sm: Vec<(u32, u32)>,
+}
+
+/// Derives a communicator for each list from the world's with
+/// `ncclCommSplit` (collective over the world: every rank calls it, one in
+/// no list with no color). Returns this rank's, named `name`, or `None`.
+pub(crate) fn split(
+    rt: &crate::Runtime,
+    parent: &SplitParent,
+    gpu: &Gpu,
+    lists: &[Vec<usize>],
+    name: &str,
+) -> Result<Option<NcclComm<'static>>> {
+    let nccl_fail = |source: NcclError| Error::nccl(Op::Connect, name, source);
+    let api = gpu.api()?;
+    let me = rt.rank();
+    let index = lists.iter().position(|l| l.contains(&me));
+    let (size, key, sm) = match index {
+        Some(i) => (
+            lists[i].len(),
+            lists[i].iter().position(|r| *r == me).unwrap_or(0),
+            lists[i]
+                .iter()
+                .map(|r| parent.sm[*r])
+                .min()
+                .unwrap_or((0, 0)),
+        ),
+        None => (0, 0, (0, 0)),
+    };
+    let membership = Membership {
+        size,
+        rank: key,
+        group: name,
+        sm,
+        limit: gpu.timeout(),
+    };
+    let pulse = rt.watchdog().pulse();
+    let beat = || pulse.beat();
+    let origin = Origin::Split {
+        parent: &parent.comm,
+        color: index,
+        key,
+    };
+    let started = NcclComm::start(api, origin, &membership);
+    let naming = Naming {
+        label: "world",
+        rank_of: &|r| r,
+    };
+    let made = agree_on_creation(api, started, &beat, &naming, |mine| {
+        gather_statuses(rt.world_comm(), mine, gpu.timeout(), &beat)
+    })
+    .map_err(|e| {
+        nccl_fail(NcclError {
+            code: e.code,
+            msg: format!("ncclCommSplit of the world's communicator: {}", e.msg),
+        })
+    })?;
+    if let Some(c) = &made {
+        gpu.register(c.state());
+    }
+    Ok(made)
+}
+
 /// Tag of a pair communicator's unique id and status messages.
 const TAG_PAIR: i32 = 0x5231;
 
 /// Creates the two-member communicator of this rank and group rank `peer`
 /// (both of them call it, inside an agreed point-to-point call): the lower
 /// rank makes the unique id and sends it over MPI; each tells the other
-/// whether its `ncclCommInitRank` worked, so both fail alike.
-pub(crate) fn connect_pair<'rt>(
-    group: &GroupCoordinator<'rt>,
-    gpu: &'rt Gpu,
+/// whether its creation worked, so both fail alike.
+pub(crate) fn connect_pair(
+    group: &GroupCoordinator<'_>,
+    gpu: &Gpu,
     peer: usize,
-) -> Result<NcclComm<'rt>> {
+) -> Result<NcclComm<'static>> {
     let name = format!("{} (pair {peer})", group.name());
     let nccl_fail = |source: NcclError| Error::nccl(Op::Connect, group.name(), source);
     let comm = group.raw_comm();
@@ -232,19 +479,36 @@ pub(crate) fn connect_pair<'rt>(
         )
     })?;
     // A pair only sends and receives: nothing it does depends on the peer's GPU.
-    let sm = gpu.info().compute_capability;
-    let created = NcclComm::init(api, id, (2, usize::from(!low)), &name, sm);
-    let mine = status_record(&created.as_ref().map(|_| ()).map_err(|e| e.msg.clone()));
-    let theirs = swap_status(&other, &mine);
-    if let Some((_, msg)) = first_failure(&theirs) {
-        if let Ok(c) = created {
-            c.state().abort(api, "the peer failed to initialise");
-        }
-        return Err(nccl_fail(NcclError::other(format!(
-            "group rank {peer}: {msg}"
-        ))));
-    }
-    let nccl = created.map_err(nccl_fail)?;
+    let membership = Membership {
+        size: 2,
+        rank: usize::from(!low),
+        group: &name,
+        sm: gpu.info().compute_capability,
+        limit: gpu.timeout(),
+    };
+    let pulse = group.runtime().watchdog().pulse();
+    let beat = || pulse.beat();
+    let started = NcclComm::start(api, Origin::Ids(&[id]), &membership);
+    let pair = [
+        group.rank_in_group().min(peer),
+        group.rank_in_group().max(peer),
+    ];
+    let naming = Naming {
+        label: "group",
+        rank_of: &|r| pair[r],
+    };
+    let nccl = agree_on_creation(api, started, &beat, &naming, |mine| {
+        // Status records in pair-rank order.
+        let theirs = swap_status(&other, mine);
+        let (first, second) = if low {
+            (mine, &theirs)
+        } else {
+            (&theirs, mine)
+        };
+        [&first[..], &second[..]].concat()
+    })
+    .map_err(nccl_fail)?
+    .expect("created from an id");
     gpu.register(nccl.state());
     Ok(nccl)
 }

@@ -91,6 +91,12 @@ impl<'rt> GroupCoordinator<'rt> {
         }))
     }
 
+    /// Takes `comm` (split from the world's at creation) as the group's
+    /// NCCL communicator.
+    pub(crate) fn adopt_nccl(&self, comm: NcclComm<'rt>) {
+        *self.inner.nccl.borrow_mut() = Some(comm);
+    }
+
     /// The NCCL communicator if one was created.
     pub(crate) fn existing_nccl_comm(&self) -> Option<Ref<'_, NcclComm<'rt>>> {
         Ref::filter_map(self.inner.nccl.borrow(), |c| c.as_ref()).ok()

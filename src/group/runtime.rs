@@ -1,5 +1,6 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
+use super::connect::{connect, split, SplitParent};
 use super::launcher::{self, MpiView};
 use super::GroupCoordinator;
 use crate::agree::Descriptor;
@@ -206,6 +207,10 @@ fn parse_timeout(name: &str, v: &str) -> Result<Option<std::time::Duration>> {
 /// outlive MPI finalisation, which happens when the `Runtime` is dropped.
 pub struct Runtime {
     // Field order is drop order: communicators before the universe.
+    /// The world's NCCL communicator once [`connect_devices`](Runtime::connect_devices)
+    /// made it: the parent every later group's communicator is split from.
+    /// Before the GPU, whose context it uses.
+    device_root: RefCell<Option<SplitParent>>,
     /// Opened at the first device call; the error is kept so every later
     /// call reports the same thing.
     gpu: OnceCell<std::result::Result<Gpu, String>>,
@@ -286,6 +291,7 @@ impl Runtime {
         let everyone: Vec<usize> = (0..info.size).collect();
         let creation = watchdog.register("world".into(), &everyone);
         Ok(Runtime {
+            device_root: RefCell::new(None),
             gpu: OnceCell::new(),
             shm_windows: RefCell::new(Vec::new()),
             world_comm,
@@ -386,7 +392,69 @@ impl Runtime {
 
     /// A group over the whole world, named `world`.
     pub fn world_group(&self) -> Result<GroupCoordinator<'_>> {
-        self.creating(|| GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into()))
+        self.creating(|| {
+            let group = GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into())?;
+            let everyone = [(0..self.size()).collect::<Vec<_>>()];
+            if let Some(comm) = self.split_devices(&everyone, "world")? {
+                group.adopt_nccl(comm);
+            }
+            Ok(group)
+        })
+    }
+
+    /// Creates the world's NCCL communicator on this rank's GPU: the job's
+    /// one NCCL bootstrap (unique ids over MPI, non-blocking creation under
+    /// `RANKMESH_TIMEOUT`). Every group made afterwards by
+    /// [`world_group`](Self::world_group), [`split_groups`](Self::split_groups)
+    /// or a [`Mesh`](crate::Mesh) gets its communicator from this one with
+    /// `ncclCommSplit`, at creation, with no bootstrap of its own. Groups made
+    /// before, [`subgroup`](Self::subgroup)s and stateless groups bootstrap
+    /// their own on first device use. Collective over the world; a second
+    /// call does nothing. Needs NCCL 2.18 or newer to split (older ones:
+    /// groups keep their own bootstrap).
+    pub fn connect_devices(&self) -> Result<()> {
+        if self.device_root.borrow().is_some() {
+            return Ok(());
+        }
+        self.creating(|| {
+            let gpu = self.gpu();
+            let verdict =
+                self.agree_on_world("a GPU for the world's NCCL communicator", 0, gpu.is_ok());
+            let gpu = gpu?;
+            verdict?;
+            let world = GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into())?;
+            let comm = connect(&world, gpu)?;
+            let cc = gpu.info().compute_capability;
+            let mut all = vec![0u32; 2 * self.size()];
+            self.world_comm
+                .all_gather_into(&[cc.0, cc.1][..], &mut all[..]);
+            let sm = all.chunks(2).map(|c| (c[0], c[1])).collect();
+            *self.device_root.borrow_mut() = Some(SplitParent { comm, sm });
+            Ok(())
+        })
+    }
+
+    /// Whether the world's NCCL communicator exists (groups made now are split from it).
+    pub fn devices_connected(&self) -> bool {
+        self.device_root.borrow().is_some()
+    }
+
+    /// After [`connect_devices`](Self::connect_devices): this rank's
+    /// communicator of `lists` split from the world's (collective over the
+    /// world); `None` before it, or for a rank in no list.
+    fn split_devices(
+        &self,
+        lists: &[Vec<usize>],
+        name: &str,
+    ) -> Result<Option<crate::nccl::comm::Communicator<'static>>> {
+        let root = self.device_root.borrow();
+        let Some(parent) = root.as_ref() else {
+            return Ok(None);
+        };
+        if parent.comm.api().comm_split.is_none() {
+            return Ok(None);
+        }
+        split(self, parent, self.gpu()?, lists, name)
     }
 
     /// Builds one group per list with a single `MPI_Comm_split` over the world
@@ -423,14 +491,22 @@ impl Runtime {
             lists[i].iter().position(|r| *r == self.rank()).unwrap_or(0)
         });
         let comm = self.world_comm.split_by_color_with_key(color, key as i32);
-        match (index, comm) {
+        let group = match (index, comm) {
             (Some(i), Some(comm)) => {
                 let group = GroupCoordinator::new(self, comm, format!("{name}:{i}"))?;
                 debug_assert_eq!(group.ranks(), lists[i].as_slice());
-                Ok(Some(group))
+                Some(group)
             }
-            _ => Ok(None),
+            _ => None,
+        };
+        // Every world rank takes part in the split, members of no list too.
+        let label = index.map_or_else(|| format!("{name} (no group)"), |i| format!("{name}:{i}"));
+        if let Some(device) = self.split_devices(lists, &label)? {
+            if let Some(g) = &group {
+                g.adopt_nccl(device);
+            }
         }
+        Ok(group)
     }
 
     /// Builds a group over `ranks` (world ranks, in group-rank order) with

@@ -1,15 +1,21 @@
-//! One NCCL communicator, owned: created with `ncclCommInitRank`, destroyed
-//! (or aborted after an error) when dropped, and asked for asynchronous
-//! errors while the host waits on device work.
+//! One NCCL communicator, owned: created non-blocking (`ncclCommInitRankConfig`,
+//! `ncclCommInitRankScalable` or `ncclCommSplit` with `blocking = 0`) and
+//! polled while NCCL works in the background, so a creation that never ends
+//! is aborted instead of hanging; finalized, then destroyed (or aborted) when
+//! dropped; and asked for asynchronous errors while the host waits on device
+//! work. A library older than 2.14 (no configs) gets the blocking calls.
 
 use super::result::{check, error_of, moved_as, reduced_as};
-use super::sys::{Api, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SUCCESS};
+use super::sys::{
+    Api, Config, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SPLIT_NOCOLOR, SUCCESS,
+};
 use crate::dtype::DType;
 use crate::error::NcclError;
 use crate::op::ReduceOp;
 use std::cell::{Cell, RefCell};
 use std::os::raw::{c_int, c_void};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 /// What the runtime's waiting loop needs to poll a communicator: its handle,
 /// its group's name, and whether it already failed. Shared (weakly) with the
@@ -29,40 +35,145 @@ impl CommState {
     /// Polls `ncclCommGetAsyncError`; on an error the communicator is
     /// aborted (so device work waiting on a dead peer is released) and the
     /// error returned.
-    pub(crate) fn poll(&self, api: &Api) -> Result<(), NcclError> {
+    pub(crate) fn poll(self: &Rc<Self>, api: &Api) -> Result<(), NcclError> {
         if let Some(f) = self.failure.borrow().as_ref() {
             return Err(f.clone());
         }
-        let raw = self.raw.get();
-        if raw.is_null() {
-            return Ok(());
+        match self.state(api) {
+            SUCCESS | IN_PROGRESS => Ok(()),
+            bad => {
+                let e = error_of(api, self.raw.get(), bad, "asynchronous error");
+                self.abort(api, &e.msg);
+                Err(e)
+            }
         }
-        let mut state: NcclResult = SUCCESS;
-        // SAFETY: `raw` is a live communicator (nulled when destroyed).
-        let rc = unsafe { (api.comm_get_async_error)(raw, &mut state) };
-        let bad = if rc != SUCCESS { rc } else { state };
-        if bad == SUCCESS || bad == IN_PROGRESS {
-            return Ok(());
-        }
-        let e = error_of(api, raw, bad, "asynchronous error");
-        self.abort(api, &e.msg);
-        Err(e)
     }
 
-    /// Aborts the communicator (idempotent) and remembers why.
-    pub(crate) fn abort(&self, api: &Api, why: &str) {
+    /// `ncclCommGetAsyncError`: the communicator's state (success for one
+    /// already gone).
+    fn state(&self, api: &Api) -> NcclResult {
+        let raw = self.raw.get();
+        if raw.is_null() {
+            return SUCCESS;
+        }
+        let mut state: NcclResult = SUCCESS;
+        // SAFETY: `raw` is a live communicator (nulled when aborted or destroyed).
+        let rc = unsafe { (api.comm_get_async_error)(raw, &mut state) };
+        if rc != SUCCESS {
+            rc
+        } else {
+            state
+        }
+    }
+
+    /// Aborts the communicator (idempotent) and remembers why. Inside an
+    /// open `ncclGroupStart` bracket the abort waits for the bracket's end:
+    /// the calls queued in it still refer to the communicator, and
+    /// `ncclGroupEnd` would touch it after abort freed it.
+    pub(crate) fn abort(self: &Rc<Self>, api: &Api, why: &str) {
+        {
+            let mut f = self.failure.borrow_mut();
+            if f.is_none() {
+                *f = Some(NcclError::other(format!(
+                    "NCCL communicator aborted after: {why}"
+                )));
+            }
+        }
+        if BRACKET.with(|b| b.defer(self)) {
+            return;
+        }
+        self.abort_now(api);
+    }
+
+    fn abort_now(&self, api: &Api) {
         let raw = self.raw.replace(std::ptr::null_mut());
         if !raw.is_null() {
             // SAFETY: `raw` is live and, after this, never used again.
             unsafe { (api.comm_abort)(raw) };
         }
-        let mut f = self.failure.borrow_mut();
-        if f.is_none() {
-            *f = Some(NcclError::other(format!(
-                "NCCL communicator aborted after: {why}"
-            )));
+    }
+
+    /// Polls until NCCL's background work on the communicator (creation, a
+    /// call that answered `ncclInProgress`, finalize) is done, at most
+    /// `limit`, calling `beat` now and then (a watched call that is still
+    /// making progress). The error names `what`; the communicator is not
+    /// aborted here.
+    fn settle(
+        &self,
+        api: &Api,
+        what: &str,
+        limit: Option<Duration>,
+        beat: &dyn Fn(),
+    ) -> Result<(), Settled> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            match self.state(api) {
+                SUCCESS => return Ok(()),
+                IN_PROGRESS => {}
+                bad => return Err(Settled::Failed(error_of(api, self.raw.get(), bad, what))),
+            }
+            if limit.is_some_and(|l| start.elapsed() > l) {
+                return Err(Settled::TimedOut);
+            }
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                if spins.is_multiple_of(2000) {
+                    beat();
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
         }
     }
+}
+
+/// How a [`CommState::settle`] ended badly.
+enum Settled {
+    Failed(NcclError),
+    TimedOut,
+}
+
+/// The thread's open `ncclGroupStart` brackets: NCCL's group is per
+/// thread and spans every communicator (pair communicators share one), so
+/// aborts requested inside it are held here until it closes.
+struct Bracket {
+    depth: Cell<u32>,
+    doomed: RefCell<Vec<Rc<CommState>>>,
+}
+
+impl Bracket {
+    /// Whether a bracket is open (then `c` is aborted when it closes).
+    fn defer(&self, c: &Rc<CommState>) -> bool {
+        if self.depth.get() == 0 {
+            return false;
+        }
+        self.doomed.borrow_mut().push(c.clone());
+        true
+    }
+
+    /// After `ncclGroupEnd`: one bracket fewer; at the outermost, the
+    /// aborts held back run.
+    fn close(&self, api: &Api) {
+        let depth = self.depth.get().saturating_sub(1);
+        self.depth.set(depth);
+        if depth == 0 {
+            let doomed = std::mem::take(&mut *self.doomed.borrow_mut());
+            for c in doomed {
+                c.abort_now(api);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static BRACKET: Bracket = const {
+        Bracket {
+            depth: Cell::new(0),
+            doomed: RefCell::new(Vec::new()),
+        }
+    };
 }
 
 /// An NCCL communicator for one group. Every method enqueues on the stream
@@ -75,6 +186,13 @@ pub struct Communicator<'a> {
     /// The lowest compute capability among the members (what NCCL can
     /// reduce depends on it).
     sm: (u32, u32),
+    /// Made with `blocking = 0`: calls may answer `ncclInProgress`, and the
+    /// communicator can be finalized under a limit.
+    non_blocking: bool,
+    /// How long NCCL may stay in progress (`RANKMESH_TIMEOUT`).
+    limit: Option<Duration>,
+    /// The call that created it, for errors while it settles.
+    made_by: &'static str,
 }
 
 /// An open `ncclGroupStart` bracket; [`end`](GroupGuard::end) closes it and
@@ -91,6 +209,7 @@ impl GroupGuard<'_, '_> {
         self.open = false;
         // SAFETY: closes the bracket this guard opened.
         let rc = unsafe { (self.comm.api.group_end)() };
+        BRACKET.with(|b| b.close(self.comm.api));
         self.comm.check(rc, "ncclGroupEnd")
     }
 }
@@ -101,35 +220,161 @@ impl Drop for GroupGuard<'_, '_> {
             // SAFETY: closes the bracket this guard opened; the error (if
             // any) was already reported by the call that failed inside it.
             unsafe { (self.comm.api.group_end)() };
+            BRACKET.with(|b| b.close(self.comm.api));
         }
     }
 }
 
+/// How a communicator comes to be.
+pub(crate) enum Origin<'p, 'a> {
+    /// From unique ids: one (`ncclCommInitRankConfig`) or several roots'
+    /// (`ncclCommInitRankScalable`).
+    Ids(&'p [UniqueId]),
+    /// From a parent's bootstrap (`ncclCommSplit`); `None` as color: this
+    /// rank joins none of the split's communicators.
+    Split {
+        parent: &'p Communicator<'a>,
+        color: Option<usize>,
+        key: usize,
+    },
+}
+
+/// What a communicator's members share: their count, this one's rank, the
+/// group's name, its lowest compute capability, and how long NCCL may take.
+pub(crate) struct Membership<'g> {
+    pub size: usize,
+    pub rank: usize,
+    pub group: &'g str,
+    pub sm: (u32, u32),
+    pub limit: Option<Duration>,
+}
+
 impl<'a> Communicator<'a> {
-    /// `ncclCommInitRank` (blocking: every member must call it with the same
-    /// id); `sm` is the lowest compute capability among the members.
-    pub fn init(
+    /// Starts creating a communicator (collective over its members; over
+    /// the parent's for a split). Non-blocking where the library can: the
+    /// result may still be in progress, and [`ready`](Self::ready) waits for
+    /// it. `None`: a split this rank does not join.
+    pub(crate) fn start(
         api: &'a Api,
-        id: UniqueId,
-        (size, rank): (usize, usize),
-        group: &str,
-        sm: (u32, u32),
-    ) -> Result<Communicator<'a>, NcclError> {
+        origin: Origin<'_, 'a>,
+        m: &Membership<'_>,
+    ) -> Result<Option<Communicator<'a>>, NcclError> {
+        let non_blocking = api.comm_init_rank_config.is_some() && api.comm_finalize.is_some();
+        let mut config = Config::new(!non_blocking);
         let mut raw: RawComm = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer; `id` came from ncclGetUniqueId on the first rank.
-        let rc = unsafe { (api.comm_init_rank)(&mut raw, size as c_int, id, rank as c_int) };
-        if rc != SUCCESS {
-            return Err(error_of(api, raw, rc, "ncclCommInitRank failed"));
+        let (size, rank) = (m.size as c_int, m.rank as c_int);
+        // SAFETY: `raw` and `config` are valid for the call; ids came from
+        // ncclGetUniqueId on their roots; the parent is live.
+        let (rc, what) = unsafe {
+            match origin {
+                Origin::Ids([id]) => match api.comm_init_rank_config.filter(|_| non_blocking) {
+                    Some(f) => (
+                        f(&mut raw, size, *id, rank, &mut config),
+                        "ncclCommInitRankConfig",
+                    ),
+                    None => (
+                        (api.comm_init_rank)(&mut raw, size, *id, rank),
+                        "ncclCommInitRank",
+                    ),
+                },
+                Origin::Ids(ids) => {
+                    let f = api.comm_init_rank_scalable.ok_or_else(|| {
+                        NcclError::other(
+                            "this NCCL has no ncclCommInitRankScalable (2.23 or newer)",
+                        )
+                    })?;
+                    let mut ids = ids.to_vec();
+                    let n = ids.len() as c_int;
+                    (
+                        f(&mut raw, size, rank, n, ids.as_mut_ptr(), &mut config),
+                        "ncclCommInitRankScalable",
+                    )
+                }
+                Origin::Split { parent, color, key } => {
+                    let f = api.comm_split.ok_or_else(|| {
+                        NcclError::other("this NCCL has no ncclCommSplit (2.18 or newer)")
+                    })?;
+                    let parent_raw = parent.raw()?;
+                    let color = color.map_or(SPLIT_NOCOLOR, |c| c as c_int);
+                    let rc = f(parent_raw, color, key as c_int, &mut raw, &mut config);
+                    // A non-blocking parent runs the split in the background too.
+                    let rc = if rc == IN_PROGRESS {
+                        parent.settled(rc, "ncclCommSplit")
+                    } else {
+                        rc
+                    };
+                    (rc, "ncclCommSplit")
+                }
+            }
+        };
+        if rc != SUCCESS && rc != IN_PROGRESS {
+            let e = error_of(api, raw, rc, &format!("{what} failed"));
+            if !raw.is_null() {
+                // SAFETY: a communicator NCCL handed out before failing; never used again.
+                unsafe { (api.comm_abort)(raw) };
+            }
+            return Err(e);
         }
-        Ok(Communicator {
+        if raw.is_null() {
+            return Ok(None); // NCCL_SPLIT_NOCOLOR
+        }
+        Ok(Some(Communicator {
             api,
             state: Rc::new(CommState {
                 raw: Cell::new(raw),
-                group: group.to_string(),
+                group: m.group.to_string(),
                 failure: RefCell::new(None),
             }),
-            sm,
-        })
+            sm: m.sm,
+            non_blocking,
+            limit: m.limit,
+            made_by: what,
+        }))
+    }
+
+    /// Waits until NCCL finished creating the communicator, at most the
+    /// limit; `beat` marks progress for the watchdog meanwhile. On an error
+    /// or at the limit the communicator is aborted.
+    pub(crate) fn ready(&self, beat: &dyn Fn()) -> Result<(), NcclError> {
+        let failed = format!("{} failed", self.made_by);
+        match self.state.settle(self.api, &failed, self.limit, beat) {
+            Ok(()) => Ok(()),
+            Err(Settled::Failed(e)) => {
+                self.state.abort(self.api, &e.msg);
+                Err(e)
+            }
+            Err(Settled::TimedOut) => {
+                let why = format!(
+                    "{} did not finish within {} s (RANKMESH_TIMEOUT); aborted",
+                    self.made_by,
+                    self.limit.unwrap_or_default().as_secs_f64()
+                );
+                self.state.abort(self.api, &why);
+                Err(NcclError {
+                    code: IN_PROGRESS,
+                    msg: why,
+                })
+            }
+        }
+    }
+
+    /// A call's code once NCCL is done with it: `ncclInProgress` (a
+    /// non-blocking communicator working in the background) is polled until
+    /// it settles, at most the limit.
+    fn settled(&self, rc: NcclResult, what: &str) -> NcclResult {
+        if rc != IN_PROGRESS {
+            return rc;
+        }
+        match self.state.settle(self.api, what, self.limit, &|| {}) {
+            Ok(()) => SUCCESS,
+            Err(Settled::Failed(e)) => e.code,
+            Err(Settled::TimedOut) => IN_PROGRESS,
+        }
+    }
+
+    /// The entry points it calls.
+    pub(crate) fn api(&self) -> &'a Api {
+        self.api
     }
 
     /// The shared state the runtime polls.
@@ -146,6 +391,7 @@ impl<'a> Communicator<'a> {
 
     /// A return code as a result; an error aborts the communicator.
     fn check(&self, rc: NcclResult, what: &str) -> Result<(), NcclError> {
+        let rc = self.settled(rc, what);
         let r = check(self.api, self.state.raw.get(), rc, what);
         if let Err(e) = &r {
             self.state.abort(self.api, &e.msg);
@@ -160,6 +406,7 @@ impl<'a> Communicator<'a> {
         // SAFETY: opens a group bracket; the guard closes it.
         let rc = unsafe { (self.api.group_start)() };
         self.check(rc, "ncclGroupStart")?;
+        BRACKET.with(|b| b.depth.set(b.depth.get() + 1));
         Ok(GroupGuard {
             comm: self,
             open: true,
@@ -323,18 +570,46 @@ impl<'a> Communicator<'a> {
 }
 
 impl Drop for Communicator<'_> {
+    /// Destroying waits for the communicator's work, and a peer that left
+    /// without an error would hold it forever: a non-blocking communicator
+    /// is finalized and polled at most the limit first, and aborted when
+    /// that fails or runs out. One that failed is aborted.
     fn drop(&mut self) {
-        let raw = self.state.raw.replace(std::ptr::null_mut());
-        if raw.is_null() {
-            return; // aborted already
+        if self.state.failure.borrow().is_some() {
+            self.state.abort_now(self.api);
+            return;
         }
-        // Destroy waits for outstanding work; a communicator with a pending
-        // asynchronous error would never finish it, so abort that one instead.
-        let mut state: NcclResult = SUCCESS;
+        let raw = self.state.raw.get();
+        if raw.is_null() {
+            return;
+        }
+        let finalized = match self.api.comm_finalize.filter(|_| self.non_blocking) {
+            Some(finalize) => {
+                // SAFETY: `raw` is live; finalize only flushes it.
+                let rc = unsafe { finalize(raw) };
+                match self.settled(rc, "ncclCommFinalize") {
+                    SUCCESS => true,
+                    rc => {
+                        let why = if rc == IN_PROGRESS {
+                            format!(
+                                "its work did not finish within {} s (RANKMESH_TIMEOUT)",
+                                self.limit.unwrap_or_default().as_secs_f64()
+                            )
+                        } else {
+                            error_of(self.api, raw, rc, "ncclCommFinalize failed").msg
+                        };
+                        tracing::warn!(group = %self.state.group, "NCCL communicator aborted at drop: {why}");
+                        false
+                    }
+                }
+            }
+            // Blocking (NCCL < 2.14): destroy unless an error shows.
+            None => self.state.state(self.api) == SUCCESS,
+        };
+        self.state.raw.set(std::ptr::null_mut());
         // SAFETY: `raw` is live and not used after this block.
         unsafe {
-            let rc = (self.api.comm_get_async_error)(raw, &mut state);
-            if rc == SUCCESS && (state == SUCCESS || state == IN_PROGRESS) {
+            if finalized {
                 (self.api.comm_destroy)(raw);
             } else {
                 (self.api.comm_abort)(raw);

@@ -12,7 +12,10 @@ pub const MIN_VERSION: i32 = 21000;
 pub struct Nccl {
     path: String,
     version: i32,
-    api: std::result::Result<Api, String>,
+    /// Leaked on purpose: the library is never unloaded (below), so its
+    /// entry points live as long as the process, and communicators the
+    /// runtime keeps (the world's, the parent of every split) can hold them.
+    api: std::result::Result<&'static Api, String>,
     // Never unloaded: NCCL's own threads (proxies, and the emulator's stream
     // workers) may still run its code after the last communicator is gone,
     // and an unloaded library under a running thread is a crash at exit.
@@ -46,9 +49,10 @@ impl Nccl {
 
     /// The entry points, or why this library cannot drive the device plane
     /// (too old, or a symbol missing).
-    pub fn api(&self) -> Result<&Api> {
+    pub fn api(&self) -> Result<&'static Api> {
         self.api
             .as_ref()
+            .copied()
             .map_err(|m| Error::Gpu(format!("NCCL {} at {}: {m}", self.version(), self.path)))
     }
 }
@@ -163,7 +167,7 @@ pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
                         } else {
                             // SAFETY: `lib` is NCCL (it answered ncclGetVersion) and
                             // outlives `api` (field order in `Nccl`).
-                            unsafe { Api::load(&lib, v) }
+                            unsafe { Api::load(&lib, v) }.map(|api| &*Box::leak(Box::new(api)))
                         };
                         return Ok(Nccl {
                             path: cand,

@@ -3,10 +3,12 @@
 //! the [loader](super::loader) opened. No safety beyond the C contract here;
 //! [`comm`](super::comm) wraps it.
 
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 /// `ncclComm_t`.
 pub type RawComm = *mut c_void;
+/// `ncclWindow_t` (a symmetric-memory registration).
+pub type RawWindow = *mut c_void;
 /// `cudaStream_t` (the same handle as the driver's `CUstream`).
 pub type RawStream = *mut c_void;
 /// `ncclResult_t`.
@@ -16,6 +18,13 @@ pub type NcclResult = c_int;
 pub const SUCCESS: NcclResult = 0;
 /// `ncclInProgress` (NCCL ≥ 2.14: a non-blocking call still running).
 pub const IN_PROGRESS: NcclResult = 7;
+
+/// `NCCL_SPLIT_NOCOLOR`: the color of a rank that joins none of a split's communicators.
+pub const SPLIT_NOCOLOR: c_int = -1;
+/// `NCCL_CONFIG_UNDEF_INT`: a config field left to NCCL.
+pub const CONFIG_UNDEF_INT: c_int = -2147483648;
+/// `NCCL_API_MAGIC`: marks a config made as `NCCL_CONFIG_INITIALIZER` makes it.
+pub const API_MAGIC: c_uint = 0xcafebeef;
 
 /// `NCCL_UNIQUE_ID_BYTES`.
 pub const UNIQUE_ID_BYTES: usize = 128;
@@ -76,6 +85,42 @@ pub mod redop {
     pub const AVG: c_int = 4;
 }
 
+/// `ncclConfig_t` up to `splitShare`: the fields NCCL 2.18 had. The struct
+/// is versioned and append-only; NCCL reads `size` bytes and leaves the
+/// fields past them at their defaults, so an older prefix is valid for every
+/// newer library (tests/nccl_abi.rs holds the offsets to the real header).
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct Config {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub blocking: c_int,
+    pub cga_cluster_size: c_int,
+    pub min_ctas: c_int,
+    pub max_ctas: c_int,
+    pub net_name: *const c_char,
+    pub split_share: c_int,
+}
+
+impl Config {
+    /// `NCCL_CONFIG_INITIALIZER` with `blocking` set: the header version the
+    /// prefix matches is 2.18.0.
+    pub fn new(blocking: bool) -> Config {
+        Config {
+            size: std::mem::size_of::<Config>(),
+            magic: API_MAGIC,
+            version: 21800,
+            blocking: c_int::from(blocking),
+            cga_cluster_size: CONFIG_UNDEF_INT,
+            min_ctas: CONFIG_UNDEF_INT,
+            max_ctas: CONFIG_UNDEF_INT,
+            net_name: std::ptr::null(),
+            split_share: CONFIG_UNDEF_INT,
+        }
+    }
+}
+
 type ReduceFn = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -134,7 +179,64 @@ pub struct Api {
         unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult,
     pub group_start: unsafe extern "C" fn() -> NcclResult,
     pub group_end: unsafe extern "C" fn() -> NcclResult,
+    /// NCCL ≥ 2.14: creation with a config (non-blocking, used only
+    /// together with `comm_finalize`).
+    pub comm_init_rank_config: Option<
+        unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int, *mut Config) -> NcclResult,
+    >,
+    /// NCCL ≥ 2.14: flushes a communicator's work before it is destroyed.
+    pub comm_finalize: Option<unsafe extern "C" fn(RawComm) -> NcclResult>,
+    /// NCCL ≥ 2.18: a communicator per color, from a parent's bootstrap.
+    pub comm_split: Option<
+        unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut Config) -> NcclResult,
+    >,
+    /// NCCL ≥ 2.23: creation bootstrapped from several roots.
+    pub comm_init_rank_scalable: Option<
+        unsafe extern "C" fn(
+            *mut RawComm,
+            c_int,
+            c_int,
+            c_int,
+            *mut UniqueId,
+            *mut Config,
+        ) -> NcclResult,
+    >,
+    /// NCCL ≥ 2.28: native all-to-all.
+    pub all_to_all: Option<
+        unsafe extern "C" fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            c_int,
+            RawComm,
+            RawStream,
+        ) -> NcclResult,
+    >,
+    /// NCCL ≥ 2.28: native gather onto a root.
+    pub gather: Option<RootedFn>,
+    /// NCCL ≥ 2.28: native scatter from a root.
+    pub scatter: Option<RootedFn>,
+    /// NCCL ≥ 2.19: buffer registration.
+    pub comm_register:
+        Option<unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult>,
+    pub comm_deregister: Option<unsafe extern "C" fn(RawComm, *mut c_void) -> NcclResult>,
+    /// NCCL ≥ 2.27: symmetric-memory windows.
+    pub comm_window_register: Option<
+        unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut RawWindow, c_int) -> NcclResult,
+    >,
+    pub comm_window_deregister: Option<unsafe extern "C" fn(RawComm, RawWindow) -> NcclResult>,
 }
+
+/// `ncclGather` / `ncclScatter`: (send, recv, count, dtype, root, comm, stream).
+type RootedFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    RawStream,
+) -> NcclResult;
 
 /// Resolves one symbol as a plain function pointer.
 ///
@@ -171,6 +273,17 @@ impl Api {
             recv: sym(lib, "ncclRecv")?,
             group_start: sym(lib, "ncclGroupStart")?,
             group_end: sym(lib, "ncclGroupEnd")?,
+            comm_init_rank_config: sym(lib, "ncclCommInitRankConfig").ok(),
+            comm_finalize: sym(lib, "ncclCommFinalize").ok(),
+            comm_split: sym(lib, "ncclCommSplit").ok(),
+            comm_init_rank_scalable: sym(lib, "ncclCommInitRankScalable").ok(),
+            all_to_all: sym(lib, "ncclAlltoAll").ok(),
+            gather: sym(lib, "ncclGather").ok(),
+            scatter: sym(lib, "ncclScatter").ok(),
+            comm_register: sym(lib, "ncclCommRegister").ok(),
+            comm_deregister: sym(lib, "ncclCommDeregister").ok(),
+            comm_window_register: sym(lib, "ncclCommWindowRegister").ok(),
+            comm_window_deregister: sym(lib, "ncclCommWindowDeregister").ok(),
         })
     }
 

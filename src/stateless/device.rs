@@ -14,7 +14,7 @@ use super::StatelessGroup;
 use crate::agree::{agree, agree_peers, Descriptor};
 use crate::device::{DeviceTensor, Gpu};
 use crate::error::{Error, Result};
-use crate::nccl::comm::Communicator;
+use crate::nccl::comm::{Communicator, Membership, Origin};
 use crate::nccl::result::unique_id;
 use crate::nccl::sys::{RawStream, UniqueId, UNIQUE_ID_BYTES};
 use crate::op::Op;
@@ -90,13 +90,20 @@ impl<'rt> StatelessGroup<'rt> {
             .into_iter()
             .min()
             .unwrap_or(mine);
-        let created = Communicator::init(
-            api,
-            UniqueId::from_bytes(&id),
-            (self.world_size(), self.rank()),
-            &name,
+        // Created non-blocking and polled under RANKMESH_TIMEOUT (aborted past it).
+        let membership = Membership {
+            size: self.world_size(),
+            rank: self.rank(),
+            group: &name,
             sm,
-        );
+            limit: gpu.timeout(),
+        };
+        let created =
+            Communicator::start(api, Origin::Ids(&[UniqueId::from_bytes(&id)]), &membership)
+                .and_then(|c| {
+                    let c = c.expect("created from an id");
+                    c.ready(&|| {}).map(|()| c)
+                });
         let outcome: std::result::Result<(), String> =
             created.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
         let outcomes = self.all_gather_obj(&outcome)?;

@@ -49,7 +49,38 @@ pub fn build(dir: &Path) -> Result<(), String> {
         .args(["-O1", "-shared", "-fPIC", "-o"])
         .arg(dir.join("libnccl.so.2"))
         .arg(src.join("nccl.c"))
-        .args(["-lm", "-ldl"]))
+        .args(["-lm", "-ldl", "-pthread"]))?;
+    // NCCL 2.18: configs and splits, none of the later entry points.
+    let old = dir.join("nccl-2.18");
+    std::fs::create_dir_all(&old).map_err(|e| e.to_string())?;
+    run(Command::new("mpicc")
+        .args(["-DEMU_NCCL_2_18", "-O1", "-shared", "-fPIC", "-o"])
+        .arg(old.join("libnccl.so.2"))
+        .arg(src.join("nccl.c"))
+        .args(["-lm", "-ldl", "-pthread"]))?;
+    // Under AddressSanitizer (its runtime preloaded, see `asan_runtime`): a
+    // freed communicator is really freed, so a use after abort is reported.
+    let asan = dir.join("asan");
+    std::fs::create_dir_all(&asan).map_err(|e| e.to_string())?;
+    run(Command::new("mpicc")
+        .args(["-fsanitize=address", "-g", "-O1", "-shared", "-fPIC", "-o"])
+        .arg(asan.join("libnccl.so.2"))
+        .arg(src.join("nccl.c"))
+        .args(["-lm", "-ldl", "-pthread"]))
+}
+
+/// gcc's AddressSanitizer runtime, to preload into a process that loads the
+/// ASan build of the emulator.
+fn asan_runtime() -> Result<String, String> {
+    let out = Command::new("gcc")
+        .arg("-print-file-name=libasan.so")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Path::new(&path)
+        .is_absolute()
+        .then_some(path)
+        .ok_or_else(|| "gcc has no libasan.so (install libasan8)".into())
 }
 
 struct Emulator {
@@ -449,7 +480,7 @@ pub fn drive() {
             },
         );
         trial(
-            "the real ncclCommInitRank under the emulated driver: its reason on every rank, in seconds",
+            "the real ncclCommInitRankConfig under the emulated driver: its reason on every rank, in seconds",
             &mut failures,
             || {
                 let env = [
@@ -462,7 +493,7 @@ pub fn drive() {
                 let args = ["bench", "all_reduce", "--backend", "nccl", "-b", "8", "-e", "8", "-n", "1", "-w", "0"];
                 let job = support::mpirun(2, rankmesh_bin(), &args, &env);
                 let took = start.elapsed().as_secs_f64();
-                let reason = "NCCL ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details) (code 1): Cuda failure 'CUDA driver version is insufficient for CUDA runtime version'";
+                let reason = "NCCL ncclCommInitRankConfig failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details) (code 1): Cuda failure 'CUDA driver version is insufficient for CUDA runtime version'";
                 let named = (0..2).all(|r| {
                     job.stderr
                         .lines()
@@ -715,7 +746,7 @@ pub fn drive() {
         },
     );
     trial(
-        "ncclCommInitRank failing: error on every rank",
+        "non-blocking creation failing: error on every rank, naming each",
         &mut failures,
         || {
             let job = bench(
@@ -723,7 +754,7 @@ pub fn drive() {
                 &["all_reduce", "-b", "8", "-e", "8", "--backend", "nccl"],
                 &[("RANKMESH_EMU_GPUS", "2"), ("RANKMESH_EMU_INIT_FAIL", "1")],
             );
-            fails_everywhere(&job, 2, "connect on world: group rank 0: NCCL ncclCommInitRank failed: unhandled system error")
+            fails_everywhere(&job, 2, "connect on world: group ranks 0, 1: NCCL ncclCommInitRankConfig failed: unhandled system error")
         },
     );
     trial(
@@ -750,9 +781,172 @@ pub fn drive() {
             fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
         },
     );
+    lifecycle_trials(&emu, &mut failures);
     let _ = std::fs::remove_dir_all(&emu.dir);
     if failures > 0 {
         println!("{failures} emulated trial(s) failed");
         std::process::exit(1);
     }
+}
+
+/// The communicator life cycle: one bootstrap per job (splits, scalable
+/// roots), non-blocking creation that never finishes, an abort inside an
+/// open group, and a drop while a quiet peer holds work.
+fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
+    let split_check = |np: usize, nccl: &str, extra: &[(&str, &str)]| {
+        let gpus = np.to_string();
+        let mut env = emu.env(&[
+            ("RANKMESH_GPU_SPLIT_CHECK", "1"),
+            ("RANKMESH_EMU_GPUS", &gpus),
+        ]);
+        env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
+        env.push(("RANKMESH_NCCL_LIB", nccl));
+        env.extend_from_slice(extra);
+        let job = support::mpirun(np, &me(), &[], &env);
+        let lines: Vec<&str> = job
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("SPLIT-OK"))
+            .collect();
+        (job.ok() && lines.len() == np)
+            .then_some(lines.iter().map(|l| l.to_string()).collect::<Vec<_>>())
+            .ok_or_else(|| job.describe())
+    };
+    // World, TP, SP, DP, and the mesh's two dimensions: six splits of the
+    // one communicator bootstrapped by connect_devices.
+    let want = |roots: usize| {
+        move |lines: Vec<String>| -> Result<(), String> {
+            let ok = lines
+                .iter()
+                .all(|l| l.ends_with(&format!("inits 1 splits 6 roots {roots}")));
+            ok.then_some(()).ok_or_else(|| lines.join("\n"))
+        }
+    };
+    let nccl_2_18 = emu.dir.join("nccl-2.18/libnccl.so.2").display().to_string();
+    for (np, lib, extra, roots, what) in [
+        (4, emu.nccl.as_str(), vec![], 0, "NCCL 2.27"),
+        (3, emu.nccl.as_str(), vec![], 0, "NCCL 2.27, odd world"),
+        (3, nccl_2_18.as_str(), vec![], 0, "NCCL 2.18"),
+        (
+            4,
+            emu.nccl.as_str(),
+            vec![("RANKMESH_NCCL_RANKS_PER_ROOT", "2")],
+            2,
+            "RANKMESH_NCCL_RANKS_PER_ROOT=2: ncclCommInitRankScalable from 2 roots",
+        ),
+    ] {
+        trial(
+            &format!("one NCCL bootstrap per job, groups split from it ({what}), np {np}"),
+            failures,
+            || split_check(np, lib, &extra).and_then(want(roots)),
+        );
+    }
+    trial(
+        "non-blocking creation that never finishes: aborted at RANKMESH_TIMEOUT, every rank names the rank",
+        failures,
+        || {
+            let start = std::time::Instant::now();
+            let job = support::mpirun(
+                3,
+                rankmesh_bin(),
+                &["bench", "all_reduce", "--backend", "nccl", "-b", "8", "-e", "8"],
+                &emu.env(&[
+                    ("RANKMESH_EMU_GPUS", "3"),
+                    ("RANKMESH_EMU_INIT_HANG", "1"),
+                    ("RANKMESH_TIMEOUT", "3"),
+                ]),
+            );
+            let took = start.elapsed().as_secs_f64();
+            fails_everywhere(
+                &job,
+                3,
+                "connect on world: group rank 1: ncclCommInitRankConfig did not finish within 3 s (RANKMESH_TIMEOUT); aborted",
+            )?;
+            (job.code != Some(rankmesh::TIMEOUT_EXIT) && took < 20.0)
+                .then_some(())
+                .ok_or_else(|| format!("{took:.1} s, not the watchdog's exit\n{}", job.describe()))
+        },
+    );
+    // all_to_all on 3 ranks queues a send and a receive, then the refused
+    // second send: aborting at once would free the communicator under the
+    // queued calls that ncclGroupEnd then flushes.
+    let asan_lib = emu.dir.join("asan/libnccl.so.2").display().to_string();
+    for asan in [false, true] {
+        trial(
+            &format!(
+                "a send refused inside an open NCCL group: the group closes before the abort{}",
+                if asan {
+                    " (AddressSanitizer build)"
+                } else {
+                    ""
+                }
+            ),
+            failures,
+            || {
+                let mut env =
+                    emu.env(&[("RANKMESH_EMU_GPUS", "3"), ("RANKMESH_EMU_FAIL_SEND", "2")]);
+                let preload;
+                if asan {
+                    preload = asan_runtime()?;
+                    env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
+                    env.extend([
+                        ("RANKMESH_NCCL_LIB", asan_lib.as_str()),
+                        ("LD_PRELOAD", preload.as_str()),
+                        ("ASAN_OPTIONS", "detect_leaks=0"),
+                    ]);
+                }
+                let job = support::mpirun(
+                    3,
+                    rankmesh_bin(),
+                    &[
+                        "bench",
+                        "alltoall",
+                        "--backend",
+                        "nccl",
+                        "-b",
+                        "96",
+                        "-e",
+                        "96",
+                        "-n",
+                        "4",
+                        "-w",
+                        "0",
+                    ],
+                    &env,
+                );
+                let refused = job.stderr.contains("RANKMESH_EMU_FAIL_SEND=2");
+                let misuse = job.stderr.contains("rankmesh NCCL emulator:")
+                    || job.stderr.contains("AddressSanitizer");
+                (!job.ok() && refused && !misuse && !job.stderr.contains("panicked"))
+                    .then_some(())
+                    .ok_or_else(|| job.describe())
+            },
+        );
+    }
+    trial(
+        "dropping a communicator while a quiet peer holds its work: finalize, then abort at RANKMESH_TIMEOUT",
+        failures,
+        || {
+            let job = support::mpirun(
+                2,
+                &me(),
+                &[],
+                &emu.env(&[
+                    ("RANKMESH_GPU_DROP_CHECK", "1"),
+                    ("RANKMESH_EMU_GPUS", "2"),
+                    ("RANKMESH_EMU_STALL", "1"),
+                    ("RANKMESH_TIMEOUT", "3"),
+                ]),
+            );
+            let took = job
+                .stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("DROP rank 0 after "))
+                .and_then(|t| t.trim_end_matches(" s").parse::<f64>().ok());
+            let loud = job.stderr.contains("rankmesh NCCL emulator:");
+            (job.ok() && took.is_some_and(|t| (2.5..6.0).contains(&t)) && !loud)
+                .then_some(())
+                .ok_or_else(|| format!("drop took {took:?} s\n{}", job.describe()))
+        },
+    );
 }

@@ -26,11 +26,30 @@
  * RANKMESH_EMU_FAIL_AFTER=N: after N collective calls on this rank, report
  * ncclRemoteError (6) from ncclCommGetAsyncError (a "failed peer").
  * RANKMESH_EMU_INIT_FAIL=1: ncclCommInitRank fails on this rank.
+ * RANKMESH_EMU_INIT_HANG=R: a non-blocking creation on world rank R
+ * connects to its peers and then never finishes (a transport stuck in setup).
+ * RANKMESH_EMU_STALL=R: world rank R accepts calls after each communicator's
+ * first (rankmesh's warm-up) and never runs them (a peer alive but gone
+ * quiet, with no error).
+ * RANKMESH_EMU_FAIL_SEND=N: this rank's N-th ncclSend (from 1) is refused.
+ *
+ * Non-blocking creation (ncclCommInitRankConfig / ...Scalable with
+ * blocking = 0) bootstraps in a thread and answers ncclInProgress until it
+ * is done, as NCCL does; such communicators always move data over TCP (the
+ * thread may not call MPI). ncclCommSplit exchanges colors over MPI (it is
+ * called on rankmesh's MPI thread) and builds the children's mesh at once;
+ * a non-blocking child still answers ncclInProgress to its first poll.
+ * An aborted communicator is poisoned, not freed, so a later use of it is
+ * reported (and the ASan build frees it, so ASan sees the use).
+ * Compiled with -DEMU_NCCL_2_18, the library is NCCL 2.18.5: configs and
+ * splits, but no registration (2.19), scalable init (2.23), windows (2.27)
+ * or ncclAlltoAll / ncclGather / ncclScatter (2.28).
  * RANKMESH_EMU_NCCL_VERSION=N: the version ncclGetVersion reports (default
  * 22703, 2.27.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
  * RANKMESH_EMU_CC=M.m: the devices' compute capability (as cuda.c shows it,
  * default 9.0); below 9.0 fp8 reductions are refused with NCCL's own text.
  */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -39,6 +58,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,16 +73,38 @@ typedef struct {
 } ncclUniqueId;
 
 typedef struct Comm {
+    uint32_t magic; /* ALIVE; DEAD once aborted or destroyed (then never touched again) */
     MPI_Comm mpi;
     int *socks; /* TCP mode: the connection to each member (-1 for self); NULL in MPI mode */
+    int *world; /* each member's MPI_COMM_WORLD rank (splits exchange over it) */
+    int same_job;
     int rank, size;
     long calls;
     int aborted;
     int err;       /* asynchronous error of a call run on a stream */
     long inflight; /* calls enqueued on streams and not yet run */
+    int nonblocking;
+    int ready;      /* 0 while a non-blocking creation runs in the background */
+    int polls_busy; /* ncclInProgress answers still due (a split settling) */
+    int finalizing;
+    long splits;    /* splits of this communicator so far (their message tags) */
+    pthread_t init_thread;
+    int has_thread;
 } Comm;
 
-enum { SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM_ERROR = 2, INTERNAL = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE = 6 };
+enum { ALIVE = 0x4c4d4f43, DEAD = 0xdeadc0de };
+
+/* Counters the tests read (dlsym): bootstraps from unique ids, splits, the
+   roots of the last scalable bootstrap, registrations. */
+static int count_inits, count_splits, count_roots, count_registered, count_windows, live_registrations;
+int rankmesh_emu_inits(void) { return count_inits; }
+int rankmesh_emu_splits(void) { return count_splits; }
+int rankmesh_emu_roots(void) { return count_roots; }
+int rankmesh_emu_registered(void) { return count_registered; }
+int rankmesh_emu_windows(void) { return count_windows; }
+int rankmesh_emu_live_registrations(void) { return live_registrations; }
+
+enum { SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM_ERROR = 2, INTERNAL = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE = 6, IN_PROGRESS_RC = 7 };
 
 static const char MAGIC[8] = "rkmEMU01";
 
@@ -87,7 +129,11 @@ static int version(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("RANKMESH_EMU_NCCL_VERSION");
+#ifdef EMU_NCCL_2_18
+        v = e ? atoi(e) : 21805;
+#else
         v = e ? atoi(e) : 22703;
+#endif
     }
     return v;
 }
@@ -283,29 +329,56 @@ typedef struct {
     char job[94];
 } Hello;
 
-ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank) {
-    IdFields f;
-    memcpy(&f, id.internal, sizeof f);
-    if (memcmp(f.magic, MAGIC, 8) != 0 || (unsigned char)id.internal[127] != 0xff)
-        return INVALID_ARGUMENT;
-    if (rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
-    if ((rank == 0) != (f.pid == (int32_t)getpid())) return INVALID_USAGE; /* rank 0 made the id */
-    const char *fail = getenv("RANKMESH_EMU_INIT_FAIL");
-    int world;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+/* The members' mesh: connect to the lower ranks (at their listeners'
+ * `ports`), accept the higher ones on `listener`. */
+static ncclResult_t mesh(int *socks, int rank, int nranks, const uint16_t *ports, int listener) {
+    for (int j = 0; j < rank; j++) {
+        if (socks[j] >= 0) continue; /* the root's connection, kept */
+        socks[j] = dial(htonl(INADDR_LOOPBACK), ports[j]);
+        if (socks[j] < 0 || put(socks[j], &rank, sizeof rank)) return SYSTEM_ERROR;
+    }
+    int missing = 0; /* higher ranks not yet connected: they dial in, in any order */
+    for (int n = rank + 1; n < nranks; n++) missing += socks[n] < 0;
+    while (missing--) {
+        int who, fd = accept_one(listener);
+        if (fd < 0 || get(fd, &who, sizeof who) || who <= rank || who >= nranks || socks[who] >= 0) return SYSTEM_ERROR;
+        socks[who] = fd;
+    }
+    return SUCCESS;
+}
+
+static Comm *new_comm(int rank, int nranks) {
+    Comm *c = calloc(1, sizeof *c);
+    c->magic = ALIVE;
+    c->rank = rank;
+    c->size = nranks;
+    c->ready = 1;
+    c->world = calloc((size_t)nranks, sizeof(int));
+    return c;
+}
+
+/* Connects `c` to its members through the root in `f`: TCP when asked
+ * (`force_tcp`), when a member is in another job or streams run
+ * asynchronously, else an MPI communicator of the members' job. */
+static ncclResult_t bootstrap(Comm *c, IdFields f, int world, int force_tcp) {
+    int rank = c->rank, nranks = c->size;
     Hello me = {rank, nranks, world, 0, {0}};
     job_of(me.job, sizeof me.job);
     int *socks = malloc(sizeof(int) * (size_t)nranks);
     for (int i = 0; i < nranks; i++) socks[i] = -1;
     Hello *all = calloc((size_t)nranks, sizeof *all);
-    int listener = -1, tcp = 0;
+    int listener = -1, tcp = force_tcp;
     if (rank == 0) {
         all[0] = me;
         for (int i = 1; i < nranks; i++) {
             Hello h;
             int fd = accept_one(f.listener);
-            if (fd < 0 || get(fd, &h, sizeof h) || h.rank <= 0 || h.rank >= nranks || socks[h.rank] >= 0) {
-                if (fd >= 0) close(fd);
+            if (fd < 0) {
+                close(f.listener);
+                return SYSTEM_ERROR;
+            }
+            if (get(fd, &h, sizeof h) || h.rank <= 0 || h.rank >= nranks || socks[h.rank] >= 0) {
+                close(fd);
                 i--;
                 continue;
             }
@@ -325,86 +398,363 @@ ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank)
             get(socks[0], all, sizeof *all * (size_t)nranks))
             return SYSTEM_ERROR;
     }
-    Comm *c = calloc(1, sizeof *c);
-    c->rank = rank;
-    c->size = nranks;
+    c->same_job = 1;
+    for (int i = 0; i < nranks; i++) {
+        c->world[i] = all[i].world;
+        c->same_job &= strcmp(all[i].job, me.job) == 0;
+    }
+    ncclResult_t rc = SUCCESS;
     if (tcp) {
-        /* The mesh: connect to the lower ranks, accept the higher ones. */
-        for (int j = 1; j < rank; j++) {
-            socks[j] = dial(htonl(INADDR_LOOPBACK), all[j].port);
-            if (socks[j] < 0 || put(socks[j], &rank, sizeof rank)) return SYSTEM_ERROR;
-        }
-        for (int n = rank + 1; n < nranks && rank > 0; n++) {
-            int who, fd = accept_one(listener);
-            if (fd < 0 || get(fd, &who, sizeof who) || who <= rank || who >= nranks) return SYSTEM_ERROR;
-            socks[who] = fd;
-        }
+        uint16_t *ports = calloc((size_t)nranks, sizeof *ports);
+        for (int i = 0; i < nranks; i++) ports[i] = all[i].port;
+        rc = mesh(socks, rank, nranks, ports, listener);
+        free(ports);
         c->socks = socks;
     } else {
         /* One job: an MPI communicator of the members' world ranks. */
-        int *members = malloc(sizeof(int) * (size_t)nranks);
-        for (int i = 0; i < nranks; i++) members[i] = all[i].world;
         MPI_Group wg, mine;
         MPI_Comm_group(MPI_COMM_WORLD, &wg);
-        MPI_Group_incl(wg, nranks, members, &mine);
+        MPI_Group_incl(wg, nranks, c->world, &mine);
         MPI_Comm_create_group(MPI_COMM_WORLD, mine, 30000 + (int)(f.port % 1000), &c->mpi);
         MPI_Group_free(&mine);
         MPI_Group_free(&wg);
-        free(members);
         for (int i = 0; i < nranks; i++)
             if (socks[i] >= 0) close(socks[i]);
         free(socks);
     }
     if (listener >= 0) close(listener);
     free(all);
-    if (fail && atoi(fail)) {
+    return rc;
+}
+
+/* The checks every creation from a unique id makes. */
+static ncclResult_t valid_id(const ncclUniqueId *id, IdFields *f) {
+    memcpy(f, id->internal, sizeof *f);
+    if (memcmp(f->magic, MAGIC, 8) != 0 || (unsigned char)id->internal[127] != 0xff) {
+        snprintf(last_error, sizeof last_error, "invalid unique id (not made by ncclGetUniqueId)");
+        return INVALID_ARGUMENT;
+    }
+    return SUCCESS;
+}
+
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && atoi(v);
+}
+
+ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank) {
+    IdFields f;
+    if (valid_id(&id, &f)) return INVALID_ARGUMENT;
+    if (rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
+    if ((rank == 0) != (f.pid == (int32_t)getpid())) return INVALID_USAGE; /* rank 0 made the id */
+    int world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    Comm *c = new_comm(rank, nranks);
+    count_inits++;
+    ncclResult_t rc = bootstrap(c, f, world, 0);
+    if (rc == SUCCESS && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
+    if (rc) {
         release(c);
-        return SYSTEM_ERROR;
+        return rc;
     }
     *out = c;
     return SUCCESS;
 }
 
+/* ---- configs and non-blocking creation ---- */
+
+/* The prefix of ncclConfig_t the emulator reads (its layout is held to
+   nccl.h by tests/nccl_abi.rs through rankmesh's own Config). */
+typedef struct {
+    size_t size;
+    unsigned magic, version;
+    int blocking;
+} ConfigHead;
+
+/* Whether a config asks for blocking calls; -1 for a config NCCL refuses. */
+static int config_blocking(const void *config) {
+    if (!config) return 1;
+    ConfigHead h;
+    memcpy(&h, config, sizeof h);
+    if (h.magic != 0xcafebeef || h.size < sizeof h) {
+        snprintf(last_error, sizeof last_error, "ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER");
+        return -1;
+    }
+    return h.version < 21400 || h.blocking == (int)0x80000000 ? 1 : h.blocking != 0;
+}
+
+typedef struct {
+    Comm *c;
+    IdFields f;
+    int world;
+} InitJob;
+
+static void *init_in_background(void *p) {
+    InitJob *j = p;
+    Comm *c = j->c;
+    ncclResult_t rc = bootstrap(c, j->f, j->world, 1);
+    if (rc == SUCCESS && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
+    if (rc) {
+        snprintf(last_error, sizeof last_error, "bootstrap failed");
+        __atomic_store_n(&c->err, rc, __ATOMIC_RELEASE);
+    } else if (!(getenv("RANKMESH_EMU_INIT_HANG") && atoi(getenv("RANKMESH_EMU_INIT_HANG")) == j->world)) {
+        __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+    }
+    free(j);
+    __atomic_store_n(&c->has_thread, 0, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Creation from `id` as `config` asks: blocking, or in a thread. */
+static ncclResult_t create(Comm **out, int nranks, IdFields f, int rank, const void *config) {
+    int blocking = config_blocking(config);
+    if (blocking < 0) return INVALID_ARGUMENT;
+    if (rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
+    if ((rank == 0) != (f.pid == (int32_t)getpid())) return INVALID_USAGE;
+    int world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    Comm *c = new_comm(rank, nranks);
+    count_inits++;
+    if (blocking) {
+        ncclResult_t rc = bootstrap(c, f, world, 0);
+        if (rc == SUCCESS && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
+        if (rc) {
+            release(c);
+            return rc;
+        }
+        *out = c;
+        return SUCCESS;
+    }
+    c->nonblocking = 1;
+    c->ready = 0;
+    InitJob *j = malloc(sizeof *j);
+    *j = (InitJob){c, f, world};
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 << 10);
+    c->has_thread = 1;
+    int made = pthread_create(&c->init_thread, &attr, init_in_background, j);
+    pthread_attr_destroy(&attr);
+    if (made != 0) {
+        fprintf(stderr, "rankmesh NCCL emulator: no thread for a non-blocking creation (%s)\n", strerror(made));
+        c->has_thread = 0;
+        free(j);
+        release(c);
+        return SYSTEM_ERROR;
+    }
+    *out = c;
+    return IN_PROGRESS_RC;
+}
+
+ncclResult_t ncclCommInitRankConfig(Comm **out, int nranks, ncclUniqueId id, int rank, void *config) {
+    IdFields f;
+    if (valid_id(&id, &f)) return INVALID_ARGUMENT;
+    return create(out, nranks, f, rank, config);
+}
+
+#ifndef EMU_NCCL_2_18
+/* Several roots' ids: checked (valid, distinct, root 0 made by rank 0),
+ * counted, and bootstrapped through the first root. */
+ncclResult_t ncclCommInitRankScalable(Comm **out, int nranks, int rank, int nId, ncclUniqueId *ids, void *config) {
+    if (nId < 1 || nId > nranks || !ids) return INVALID_ARGUMENT;
+    IdFields f, first;
+    for (int i = 0; i < nId; i++) {
+        if (valid_id(&ids[i], &f)) return INVALID_ARGUMENT;
+        for (int j = 0; j < i; j++)
+            if (memcmp(&ids[i], &ids[j], sizeof ids[i]) == 0) {
+                snprintf(last_error, sizeof last_error, "unique ids %d and %d are the same", j, i);
+                return INVALID_ARGUMENT;
+            }
+    }
+    valid_id(&ids[0], &first);
+    count_roots = nId;
+    return create(out, nranks, first, rank, config);
+}
+#endif
+
+/* Whether the background creation thread is gone (it runs detached and
+ * clears the flag as its last touch of the communicator). */
+static int thread_done(Comm *c) { return !__atomic_load_n(&c->has_thread, __ATOMIC_ACQUIRE); }
+
+/* Frees what the communicator holds and poisons it: every later use is
+ * reported instead of reading freed memory. The ASan build frees the
+ * struct too, so AddressSanitizer reports such a use as use-after-free. */
 static void release(Comm *c) {
     if (c->socks) {
         for (int i = 0; i < c->size; i++)
             if (c->socks[i] >= 0) close(c->socks[i]);
         free(c->socks);
-    } else {
+        c->socks = NULL;
+    } else if (c->mpi != MPI_COMM_NULL && c->mpi) {
         MPI_Comm_free(&c->mpi);
     }
+    free(c->world);
+    c->world = NULL;
+    c->magic = DEAD;
+#if defined(__SANITIZE_ADDRESS__)
     free(c);
+#endif
 }
 static long inflight(Comm *c) { return __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE); }
 
-/* Waits (up to 30 s) for the calls still queued on streams, as NCCL's
- * destroy flushes them; a communicator they never release is leaked. */
+/* A communicator handle that is not a live one (aborted, destroyed, never made). */
+static int dead(const Comm *c, const char *call) {
+    if (c && c->magic == ALIVE) return 0;
+    fprintf(stderr, "rankmesh NCCL emulator: %s on communicator %p, which is %s\n", call, (void *)c,
+            c ? "aborted or destroyed" : "null");
+    snprintf(last_error, sizeof last_error, "%s: invalid communicator", call);
+    return 1;
+}
+
+/* Unlike NCCL, which blocks until the work is done (a peer that never
+ * comes holds it forever), a destroy with calls in flight fails loudly:
+ * finalize and wait first, or abort. */
 ncclResult_t ncclCommDestroy(Comm *c) {
-    for (int i = 0; i < 3000000 && inflight(c); i++) usleep(10);
-    if (!inflight(c)) release(c);
+    if (dead(c, "ncclCommDestroy")) return INVALID_USAGE;
+    long n = inflight(c);
+    if (n || !thread_done(c)) {
+        fprintf(stderr, "rankmesh NCCL emulator: ncclCommDestroy with %ld call(s) in flight on rank %d: "
+                        "finalize and wait for them, or abort\n", n, c->rank);
+        snprintf(last_error, sizeof last_error, "ncclCommDestroy with %ld call(s) in flight", n);
+        return INVALID_USAGE;
+    }
+    if (live_registrations)
+        fprintf(stderr, "rankmesh NCCL emulator: ncclCommDestroy with %d buffer registration(s) left\n",
+                live_registrations);
+    release(c);
     return SUCCESS;
 }
+
+/* Flushes the communicator's work: non-blocking, it answers ncclInProgress
+ * and ncclCommGetAsyncError says when the queue is empty. */
+ncclResult_t ncclCommFinalize(Comm *c) {
+    if (dead(c, "ncclCommFinalize")) return INVALID_USAGE;
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
+        snprintf(last_error, sizeof last_error, "ncclCommFinalize on a communicator still being created");
+        return INVALID_USAGE;
+    }
+    c->finalizing = 1;
+    if (c->nonblocking) return inflight(c) ? IN_PROGRESS_RC : SUCCESS;
+    while (inflight(c) && !__atomic_load_n(&c->err, __ATOMIC_ACQUIRE)) usleep(50);
+    return __atomic_load_n(&c->err, __ATOMIC_ACQUIRE);
+}
+
 /* Queued calls fail at once: the sockets are shut down under them. Like
  * NCCL's abort, it returns once they are done (up to 10 s; a communicator
- * still referenced by queued calls after that is leaked). */
+ * still referenced by queued calls, or by a creation thread, after that is
+ * left alive). */
 ncclResult_t ncclCommAbort(Comm *c) {
+    if (dead(c, "ncclCommAbort")) return INVALID_USAGE;
     __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE);
     if (c->socks)
         for (int i = 0; i < c->size; i++)
             if (c->socks[i] >= 0) shutdown(c->socks[i], SHUT_RDWR);
-    for (int i = 0; i < 1000000 && inflight(c); i++) usleep(10);
-    if (!inflight(c)) release(c);
+    for (int i = 0; i < 1000000 && (inflight(c) || !thread_done(c)); i++) usleep(10);
+    if (!inflight(c) && thread_done(c)) release(c);
     return SUCCESS;
 }
 ncclResult_t ncclCommGetAsyncError(Comm *c, ncclResult_t *e) {
+    if (dead(c, "ncclCommGetAsyncError")) return INVALID_USAGE;
     static long fail_after = -2;
     if (fail_after == -2) {
         const char *after = getenv("RANKMESH_EMU_FAIL_AFTER");
         fail_after = after ? atol(after) : -1;
     }
     int err = __atomic_load_n(&c->err, __ATOMIC_ACQUIRE);
-    *e = err ? err : (fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
+    if (err) {
+        *e = err;
+    } else if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) || (c->finalizing && inflight(c))) {
+        *e = IN_PROGRESS_RC;
+    } else if (c->polls_busy > 0) {
+        c->polls_busy--;
+        *e = IN_PROGRESS_RC;
+    } else {
+        *e = (fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
+    }
     return SUCCESS;
+}
+
+/* ---- splits ---- */
+
+/* What each member of a split's parent says: its color, key and listener. */
+typedef struct {
+    int32_t color, key, rank;
+    uint16_t port;
+} SplitHello;
+
+static int by_key(const void *a, const void *b) {
+    const SplitHello *x = a, *y = b;
+    return x->key != y->key ? (x->key < y->key ? -1 : 1) : (x->rank < y->rank ? -1 : x->rank > y->rank);
+}
+
+/* Collective over the parent: members of one color get a communicator,
+ * ordered by key (then parent rank); NCCL_SPLIT_NOCOLOR (-1) gets none.
+ * The exchange runs over MPI_COMM_WORLD between the parent's members (the
+ * parent's own links may carry queued work on a stream thread). */
+ncclResult_t ncclCommSplit(Comm *parent, int color, int key, Comm **out, void *config) {
+    if (dead(parent, "ncclCommSplit")) return INVALID_USAGE;
+    int blocking = config_blocking(config);
+    if (blocking < 0) return INVALID_ARGUMENT;
+    if (!__atomic_load_n(&parent->ready, __ATOMIC_ACQUIRE) || !parent->same_job) {
+        snprintf(last_error, sizeof last_error, "ncclCommSplit: parent %s",
+                 parent->same_job ? "still being created" : "spans jobs (not emulated)");
+        return INVALID_USAGE;
+    }
+    if (color < -1) return INVALID_ARGUMENT;
+    SplitHello me = {color, key, parent->rank, 0};
+    int listener = color >= 0 ? listen_local(&me.port) : -1;
+    SplitHello *all = calloc((size_t)parent->size, sizeof *all);
+    int tag = 31000 + (int)(parent->splits++ % 1000);
+    /* Gather at parent rank 0, which sends the table back to everyone. */
+    if (parent->rank == 0) {
+        all[0] = me;
+        for (int r = 1; r < parent->size; r++)
+            MPI_Recv(&all[r], sizeof *all, MPI_BYTE, parent->world[r], tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (int r = 1; r < parent->size; r++)
+            MPI_Send(all, (int)(sizeof *all * (size_t)parent->size), MPI_BYTE, parent->world[r], tag, MPI_COMM_WORLD);
+    } else {
+        MPI_Send(&me, sizeof me, MPI_BYTE, parent->world[0], tag, MPI_COMM_WORLD);
+        MPI_Recv(all, (int)(sizeof *all * (size_t)parent->size), MPI_BYTE, parent->world[0], tag, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    }
+    *out = NULL;
+    if (color < 0) {
+        free(all);
+        return SUCCESS;
+    }
+    unsigned n = 0;
+    for (int r = 0; r < parent->size; r++)
+        if (all[r].color == color) all[n++] = all[r];
+    qsort(all, (size_t)n, sizeof *all, by_key);
+    int rank = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (all[i].rank == parent->rank) rank = (int)i;
+    Comm *c = new_comm(rank, (int)n);
+    c->same_job = 1;
+    uint16_t *ports = calloc((size_t)n, sizeof *ports);
+    int *socks = malloc(sizeof(int) * (size_t)n);
+    for (unsigned i = 0; i < n; i++) {
+        ports[i] = all[i].port;
+        socks[i] = -1;
+        c->world[i] = parent->world[all[i].rank];
+    }
+    ncclResult_t rc = mesh(socks, rank, (int)n, ports, listener);
+    close(listener);
+    free(ports);
+    free(all);
+    c->socks = socks;
+    if (rc) {
+        release(c);
+        return rc;
+    }
+    count_splits++;
+    if (!blocking) {
+        c->nonblocking = 1;
+        c->polls_busy = 1;
+    }
+    *out = c;
+    return blocking ? SUCCESS : IN_PROGRESS_RC;
 }
 
 /* ncclDataType_t: element sizes. */
@@ -555,11 +905,34 @@ static ncclResult_t bcast(void *r, size_t bytes, int root, Comm *c) {
     return rc;
 }
 
-static ncclResult_t enter(Comm *c, int t) {
-    if (!c || c->aborted) return INVALID_USAGE;
-    if (!elem(t)) return INVALID_ARGUMENT;
+/* The checks NCCL makes of every call (ncclEnqueueCheck / ArgsCheck). */
+static ncclResult_t enter(Comm *c, int t, const char *call) {
+    if (dead(c, call)) return INVALID_USAGE;
+    if (c->aborted) return INVALID_USAGE;
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
+        snprintf(last_error, sizeof last_error, "%s: communicator is still being created (poll ncclCommGetAsyncError)",
+                 call);
+        return INVALID_USAGE;
+    }
+    if (!elem(t)) {
+        snprintf(last_error, sizeof last_error, "%s: invalid type %d", call, t);
+        return INVALID_ARGUMENT;
+    }
     c->calls++;
     return SUCCESS;
+}
+
+/* A null buffer for a non-zero count (NCCL: "%s : %s argument is NULL"). */
+static ncclResult_t null_buffer(const void *p, size_t count, const char *call, const char *which) {
+    if (p || !count) return SUCCESS;
+    snprintf(last_error, sizeof last_error, "%s : %s argument is NULL", call, which);
+    return INVALID_ARGUMENT;
+}
+
+/* Whether [a, a+n) and [b, b+m) share a byte. */
+static int overlap(const void *a, size_t n, const void *b, size_t m) {
+    const char *x = a, *y = b;
+    return n && m && x < y + m && y < x + n;
 }
 
 static ncclResult_t all_reduce_bytes(const void *s, void *r, size_t count, int t, int op, Comm *c, int root) {
@@ -581,7 +954,7 @@ typedef struct {
 } P2p;
 
 /* One call as it runs on its stream. */
-enum { ALL_REDUCE, REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, P2P };
+enum { ALL_REDUCE, REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, P2P, ALL_TO_ALL, GATHER, SCATTER };
 typedef struct {
     int kind;
     const void *s;
@@ -623,6 +996,31 @@ static ncclResult_t run_p2p(P2p *q, int n) {
     return rc;
 }
 
+/* ncclAlltoAll / ncclGather / ncclScatter as the point-to-point calls they
+ * are made of (block p of the send side goes to p; block p of the receive
+ * side comes from p). */
+static ncclResult_t rooted_or_all(Job *j, size_t chunk) {
+    Comm *c = j->c;
+    P2p *q = calloc(2 * (size_t)c->size, sizeof *q);
+    int n = 0, me = c->rank;
+    char *s = (char *)j->s, *r = j->r;
+    for (int p = 0; p < c->size; p++) {
+        int send = j->kind == ALL_TO_ALL || (j->kind == GATHER && p == j->root) || (j->kind == SCATTER && me == j->root);
+        int recv = j->kind == ALL_TO_ALL || (j->kind == GATHER && me == j->root) || (j->kind == SCATTER && p == j->root);
+        char *from = j->kind == GATHER ? s : s + (size_t)p * chunk;
+        char *into = j->kind == SCATTER ? r : r + (size_t)p * chunk;
+        if (p == me && send && recv) {
+            if (from != into) memcpy(into, from, chunk);
+            continue;
+        }
+        if (send) q[n++] = (P2p){1, from, (int)chunk, p, c, NULL};
+        if (recv) q[n++] = (P2p){0, into, (int)chunk, p, c, NULL};
+    }
+    ncclResult_t rc = run_p2p(q, n);
+    free(q);
+    return rc;
+}
+
 static ncclResult_t run_job(Job *j) {
     Comm *c = j->c;
     size_t bytes = j->count * elem(j->t);
@@ -641,8 +1039,10 @@ static ncclResult_t run_job(Job *j) {
     case ALL_GATHER:
         return allgather(j->s, j->r, bytes, c);
     case BROADCAST:
-        if (c->rank == j->root && j->s != j->r) memmove(j->r, j->s, bytes);
+        if (c->rank == j->root && j->s != j->r) memcpy(j->r, j->s, bytes);
         return bcast(j->r, bytes, j->root, c);
+    case ALL_TO_ALL: case GATHER: case SCATTER:
+        return rooted_or_all(j, bytes);
     default:
         return run_p2p(j->batch, j->nbatch);
     }
@@ -671,8 +1071,20 @@ static int skip_transfers(void) {
     return skip;
 }
 
+/* Whether this is RANKMESH_EMU_STALL's rank (asked on the calling thread, which may call MPI). */
+static int stalled(void) {
+    static int stall = -1;
+    if (stall < 0) {
+        const char *v = getenv("RANKMESH_EMU_STALL");
+        int world = -2;
+        if (v) MPI_Comm_rank(MPI_COMM_WORLD, &world);
+        stall = v && atoi(v) == world;
+    }
+    return stall;
+}
+
 static ncclResult_t submit(Job j, void *stream) {
-    if (skip_transfers()) {
+    if (skip_transfers() || (j.c->calls > 1 && stalled())) {
         free(j.batch);
         return SUCCESS;
     }
@@ -689,13 +1101,45 @@ static ncclResult_t submit(Job j, void *stream) {
     return SUCCESS;
 }
 
+static const char *const CALLS[] = {"AllReduce", "Reduce", "ReduceScatter", "AllGather", "Broadcast", "P2P",
+                                    "AlltoAll", "Gather", "Scatter"};
+
 static ncclResult_t collective(int kind, const void *s, void *r, size_t count, int t, int op, int root, Comm *c,
                                void *stream) {
-    ncclResult_t e = enter(c, t);
+    const char *call = CALLS[kind];
+    ncclResult_t e = enter(c, t, call);
     if (e) return e;
-    if ((kind == REDUCE || kind == BROADCAST) && (root < 0 || root >= c->size)) return INVALID_ARGUMENT;
-    if ((kind == ALL_REDUCE || kind == REDUCE || kind == REDUCE_SCATTER) && fp8_reduction_refused(t))
+    int rooted = kind == REDUCE || kind == BROADCAST || kind == GATHER || kind == SCATTER;
+    if (rooted && (root < 0 || root >= c->size)) {
+        snprintf(last_error, sizeof last_error, "%s : invalid root %d (root should be in the 0..%d range)", call, root,
+                 c->size);
         return INVALID_ARGUMENT;
+    }
+    int reducing = kind == ALL_REDUCE || kind == REDUCE || kind == REDUCE_SCATTER;
+    if (reducing && (op < 0 || op > 4)) {
+        snprintf(last_error, sizeof last_error, "%s : invalid reduction operation %d", call, op);
+        return INVALID_ARGUMENT;
+    }
+    if (reducing && fp8_reduction_refused(t)) return INVALID_ARGUMENT;
+    /* What each side holds, in bytes, on this rank. */
+    size_t e_ = elem(t), n = (size_t)c->size, chunk = count * e_, sbytes = chunk, rbytes = chunk;
+    if (kind == ALL_GATHER || kind == GATHER) rbytes = chunk * n;
+    if (kind == REDUCE_SCATTER || kind == SCATTER) sbytes = chunk * n;
+    if (kind == ALL_TO_ALL) sbytes = rbytes = chunk * n;
+    int sends = !(kind == SCATTER && c->rank != root), recvs = !(kind == GATHER && c->rank != root);
+    if ((sends && (e = null_buffer(s, sbytes, call, "sendbuff"))) || (recvs && (e = null_buffer(r, rbytes, call, "recvbuff"))))
+        return e;
+    /* In place is only where NCCL defines it; any other overlap is refused. */
+    const char *sc = s, *rc_ = r;
+    int in_place_ok = (kind == ALL_GATHER && sc == rc_ + (size_t)c->rank * chunk) ||
+                      (kind == GATHER && sc == rc_ + (size_t)root * chunk) ||
+                      (kind == REDUCE_SCATTER && rc_ == sc + (size_t)c->rank * chunk) ||
+                      (kind == SCATTER && rc_ == sc + (size_t)root * chunk) ||
+                      ((kind == ALL_REDUCE || kind == REDUCE || kind == BROADCAST) && sc == rc_);
+    if (sends && recvs && !in_place_ok && overlap(s, sbytes, r, rbytes)) {
+        snprintf(last_error, sizeof last_error, "%s : send and receive buffers overlap but are not in place", call);
+        return INVALID_ARGUMENT;
+    }
     return submit((Job){kind, s, r, count, t, op, root, c, NULL, 0}, stream);
 }
 
@@ -715,12 +1159,81 @@ ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int t, int root
     return collective(BROADCAST, s, r, count, t, 0, root, c, stream);
 }
 
+#ifndef EMU_NCCL_2_18
+ncclResult_t ncclAlltoAll(const void *s, void *r, size_t count, int t, Comm *c, void *stream) {
+    return collective(ALL_TO_ALL, s, r, count, t, 0, 0, c, stream);
+}
+ncclResult_t ncclGather(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
+    return collective(GATHER, s, r, count, t, 0, root, c, stream);
+}
+ncclResult_t ncclScatter(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
+    return collective(SCATTER, s, r, count, t, 0, root, c, stream);
+}
+
+/* ---- registration (2.19) and symmetric windows (2.27) ---- */
+
+typedef struct {
+    uint32_t magic;
+    Comm *comm;
+    void *buf;
+    size_t size;
+} Registration;
+
+static ncclResult_t register_buffer(Comm *c, void *buf, size_t size, void **handle, const char *call, int window) {
+    if (dead(c, call)) return INVALID_USAGE;
+    if (!buf || !size || !handle) {
+        snprintf(last_error, sizeof last_error, "%s: null buffer or zero size", call);
+        return INVALID_ARGUMENT;
+    }
+    if (window && ((uintptr_t)buf % 4096 || size % 4096)) {
+        snprintf(last_error, sizeof last_error, "%s: buffer %p of %zu bytes is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)", call, buf, size);
+        return INVALID_ARGUMENT;
+    }
+    Registration *reg = malloc(sizeof *reg);
+    *reg = (Registration){ALIVE, c, buf, size};
+    *handle = reg;
+    live_registrations++;
+    if (window) count_windows++; else count_registered++;
+    return SUCCESS;
+}
+
+static ncclResult_t deregister(Comm *c, void *handle, const char *call) {
+    Registration *reg = handle;
+    if (dead(c, call)) return INVALID_USAGE;
+    if (!reg || reg->magic != ALIVE || reg->comm != c) {
+        snprintf(last_error, sizeof last_error, "%s: not a registration of this communicator", call);
+        return INVALID_ARGUMENT;
+    }
+    reg->magic = DEAD;
+    free(reg);
+    live_registrations--;
+    return SUCCESS;
+}
+
+ncclResult_t ncclCommRegister(Comm *c, void *buf, size_t size, void **handle) {
+    return register_buffer(c, buf, size, handle, "ncclCommRegister", 0);
+}
+ncclResult_t ncclCommDeregister(Comm *c, void *handle) { return deregister(c, handle, "ncclCommDeregister"); }
+ncclResult_t ncclCommWindowRegister(Comm *c, void *buf, size_t size, void **win, int flags) {
+    (void)flags;
+    return register_buffer(c, buf, size, win, "ncclCommWindowRegister", 1);
+}
+ncclResult_t ncclCommWindowDeregister(Comm *c, void *win) { return deregister(c, win, "ncclCommWindowDeregister"); }
+#endif
+
 static P2p queue[4096];
 static int queued, depth;
 
 /* The calls queued since the group began, as one job on the first call's stream. */
 static ncclResult_t flush(void) {
     if (!queued) return SUCCESS;
+    for (int i = 0; i < queued; i++)
+        if (queue[i].comm->magic != ALIVE) {
+            fprintf(stderr, "rankmesh NCCL emulator: ncclGroupEnd: a call queued in the group refers to "
+                            "communicator %p, aborted inside the group (use after free)\n", (void *)queue[i].comm);
+            queued = 0;
+            return INTERNAL;
+        }
     P2p *batch = malloc(sizeof *batch * (size_t)queued);
     memcpy(batch, queue, sizeof *batch * (size_t)queued);
     int n = queued;
@@ -729,8 +1242,19 @@ static ncclResult_t flush(void) {
 }
 
 static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer, Comm *c, void *stream) {
-    ncclResult_t e = enter(c, t);
+    const char *call = send ? "Send" : "Recv";
+    ncclResult_t e = enter(c, t, call);
     if (e) return e;
+    if ((e = null_buffer(buf, count, call, "buff"))) return e;
+    static long sends, fail_send = -2;
+    if (fail_send == -2) {
+        const char *v = getenv("RANKMESH_EMU_FAIL_SEND");
+        fail_send = v ? atol(v) : -1;
+    }
+    if (send && ++sends == fail_send) {
+        snprintf(last_error, sizeof last_error, "Send : refused (RANKMESH_EMU_FAIL_SEND=%ld)", fail_send);
+        return SYSTEM_ERROR;
+    }
     if (peer < 0 || peer >= c->size || queued == 4096) return INVALID_ARGUMENT;
     queue[queued++] = (P2p){send, (void *)buf, (int)(count * elem(t)), peer, c, stream};
     return depth ? SUCCESS : flush();
