@@ -153,7 +153,7 @@ fn c_name(rust: &str) -> Option<&'static str> {
 /// Every entry point rankmesh declares: (C symbol, params, result).
 fn entry_points() -> Vec<(String, Vec<String>, String)> {
     let sys = code(&std::fs::read_to_string(repo().join("src/nccl/sys.rs")).unwrap());
-    // The function-pointer aliases (`type ReduceFn = unsafe extern "C" fn(..)`).
+    // The function-pointer aliases (`type CollFn = unsafe extern "C" fn(..)`).
     let aliases: std::collections::HashMap<String, (Vec<String>, String)> = sys
         .split("type ")
         .skip(1)

@@ -121,7 +121,9 @@ impl Config {
     }
 }
 
-type ReduceFn = unsafe extern "C" fn(
+/// `(send, recv, count, dtype, op or root, comm, stream)`: ncclAllReduce and
+/// ncclReduceScatter (an operator), ncclGather and ncclScatter (a root).
+type CollFn = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
     usize,
@@ -144,8 +146,8 @@ pub struct Api {
     pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     /// NCCL ≥ 2.13; `None` before.
     pub get_last_error: Option<unsafe extern "C" fn(RawComm) -> *const c_char>,
-    pub all_reduce: ReduceFn,
-    pub reduce_scatter: ReduceFn,
+    pub all_reduce: CollFn,
+    pub reduce_scatter: CollFn,
     pub reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -213,9 +215,9 @@ pub struct Api {
         ) -> NcclResult,
     >,
     /// NCCL ≥ 2.28: native gather onto a root.
-    pub gather: Option<RootedFn>,
+    pub gather: Option<CollFn>,
     /// NCCL ≥ 2.28: native scatter from a root.
-    pub scatter: Option<RootedFn>,
+    pub scatter: Option<CollFn>,
     /// NCCL ≥ 2.19: buffer registration.
     pub comm_register:
         Option<unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult>,
@@ -226,17 +228,6 @@ pub struct Api {
     >,
     pub comm_window_deregister: Option<unsafe extern "C" fn(RawComm, RawWindow) -> NcclResult>,
 }
-
-/// `ncclGather` / `ncclScatter`: (send, recv, count, dtype, root, comm, stream).
-type RootedFn = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    RawComm,
-    RawStream,
-) -> NcclResult;
 
 /// Resolves one symbol as a plain function pointer.
 ///

@@ -442,25 +442,6 @@ static int env_on(const char *name) {
     return v && atoi(v);
 }
 
-ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank) {
-    IdFields f;
-    if (valid_id(&id, &f)) return INVALID_ARGUMENT;
-    if (rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
-    if ((rank == 0) != (f.pid == (int32_t)getpid())) return INVALID_USAGE; /* rank 0 made the id */
-    int world;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world);
-    Comm *c = new_comm(rank, nranks);
-    count_inits++;
-    ncclResult_t rc = bootstrap(c, f, world, 0);
-    if (rc == SUCCESS && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
-    if (rc) {
-        release(c);
-        return rc;
-    }
-    *out = c;
-    return SUCCESS;
-}
-
 /* ---- configs and non-blocking creation ---- */
 
 /* The prefix of ncclConfig_t the emulator reads (its layout is held to
@@ -545,6 +526,12 @@ static ncclResult_t create(Comm **out, int nranks, IdFields f, int rank, const v
     }
     *out = c;
     return IN_PROGRESS_RC;
+}
+
+ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank) {
+    IdFields f;
+    if (valid_id(&id, &f)) return INVALID_ARGUMENT;
+    return create(out, nranks, f, rank, NULL);
 }
 
 ncclResult_t ncclCommInitRankConfig(Comm **out, int nranks, ncclUniqueId id, int rank, void *config) {
