@@ -87,6 +87,12 @@ pub struct NcclInfo {
     pub version: String,
     /// Library path or name it was loaded as.
     pub path: String,
+    /// Collectives the device plane runs as NCCL's own calls instead of
+    /// grouped sends and receives (`alltoall`, `gather`, `scatter`; NCCL 2.28).
+    pub native_collectives: Vec<String>,
+    /// The optional entry points the library exports (non-blocking and
+    /// scalable creation, split, registration, ...), by C name.
+    pub optional_entry_points: Vec<String>,
 }
 
 impl TopoReport {
@@ -142,9 +148,21 @@ impl TopoReport {
             dp: layout.dp,
             ranks,
             nccl: crate::nccl::loader::load(&|k| std::env::var(k).ok())
-                .map(|n| NcclInfo {
-                    version: n.version(),
-                    path: n.path().to_string(),
+                .map(|n| {
+                    let api = n.api().ok();
+                    let names = |f: fn(&crate::nccl::sys::Api) -> Vec<&'static str>| {
+                        api.map(f)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(String::from)
+                            .collect()
+                    };
+                    NcclInfo {
+                        version: n.version(),
+                        path: n.path().to_string(),
+                        native_collectives: names(crate::nccl::sys::Api::native_collectives),
+                        optional_entry_points: names(crate::nccl::sys::Api::optional_entry_points),
+                    }
                 })
                 .map_err(|e| tracing::debug!("{e}"))
                 .ok(),

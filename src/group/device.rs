@@ -394,6 +394,10 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     ) -> std::result::Result<(), Fault> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
         let count = block / dtype.size();
+        if comm.has_native_collectives() {
+            // SAFETY: both buffers hold `size` blocks of `count` elements.
+            return Ok(unsafe { comm.all_to_all(src, dst, count, dtype, self.raw()) }?);
+        }
         let fused = comm.group()?;
         for r in (0..size).filter(|r| *r != me) {
             // SAFETY: blocks `r` of both buffers hold `count` elements.
@@ -548,6 +552,22 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             let s = self.enqueue()?;
             let src = t.ptr_on(s)?;
             let (n, dt) = (t.numel(), t.dtype());
+            if comm.has_native_collectives() {
+                let blocks = (me == dst)
+                    .then(|| self.scratch(t.nbytes() * size))
+                    .transpose()?;
+                let bp = match &blocks {
+                    Some(b) => b.ptr_on(s)?,
+                    None => std::ptr::null_mut(),
+                };
+                // SAFETY: `t` holds `n` elements; on the root `blocks` holds `n × size`.
+                unsafe { comm.gather(src, bp, n, dt, dst, self.raw()) }?;
+                if me != dst {
+                    return Ok(());
+                }
+                let plan = concat_dim_copies(t.shape(), d, size, dt.size());
+                return Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?);
+            }
             if me != dst {
                 // SAFETY: `t` is alive until the stream runs the send.
                 return Ok(unsafe { comm.send(src, n, dt, dst, self.raw()) }?);
@@ -590,6 +610,13 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             let s = self.enqueue()?;
             let (n, dt) = (out.numel(), out.dtype());
             let out_p = out.ptr_on(s)?;
+            let native = comm.has_native_collectives();
+            if me != src && native {
+                // SAFETY: `out` holds `n` elements; the send side is the root's only.
+                return Ok(unsafe {
+                    comm.scatter(std::ptr::null(), out_p, n, dt, src, self.raw())
+                }?);
+            }
             if me != src {
                 // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
                 return Ok(unsafe { comm.recv(out_p, n, dt, src, self.raw()) }?);
@@ -603,6 +630,10 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                 blocks = p;
             }
             let bytes = out.nbytes();
+            if native {
+                // SAFETY: `blocks` holds `size` blocks of `n` elements; `out` one.
+                return Ok(unsafe { comm.scatter(blocks, out_p, n, dt, src, self.raw()) }?);
+            }
             let fused = comm.group()?;
             for r in (0..size).filter(|r| *r != me) {
                 // SAFETY: block `r` of `blocks` holds `n` elements.

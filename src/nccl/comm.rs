@@ -526,6 +526,89 @@ impl<'a> Communicator<'a> {
         )
     }
 
+    /// Whether `ncclAlltoAll`, `ncclGather` and `ncclScatter` exist (NCCL
+    /// 2.28): callers use them instead of grouped sends and receives.
+    pub fn has_native_collectives(&self) -> bool {
+        self.api.all_to_all.is_some() && self.api.gather.is_some() && self.api.scatter.is_some()
+    }
+
+    /// `ncclAlltoAll`: block `r` (`count` elements) of `send` to rank `r`,
+    /// block `r` of `recv` from it.
+    ///
+    /// # Safety
+    /// Both buffers hold `count × size` elements on this device, apart,
+    /// alive until `stream` has run the call. Only where
+    /// [`has_native_collectives`](Self::has_native_collectives).
+    pub unsafe fn all_to_all(
+        &self,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        stream: RawStream,
+    ) -> Result<(), NcclError> {
+        let f = self
+            .api
+            .all_to_all
+            .ok_or_else(|| NcclError::other("no ncclAlltoAll"))?;
+        let raw = self.raw()?;
+        let (dt, count) = moved_as(dtype, count);
+        self.check(f(send, recv, count, dt, raw, stream), "ncclAlltoAll")
+    }
+
+    /// `ncclGather`: `count` elements of every rank's `send`, in rank order,
+    /// into `recv` on `root` (null elsewhere).
+    ///
+    /// # Safety
+    /// As [`all_to_all`](Self::all_to_all); `recv` holds `count × size`
+    /// elements on `root`.
+    pub unsafe fn gather(
+        &self,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: RawStream,
+    ) -> Result<(), NcclError> {
+        let f = self
+            .api
+            .gather
+            .ok_or_else(|| NcclError::other("no ncclGather"))?;
+        let raw = self.raw()?;
+        let (dt, count) = moved_as(dtype, count);
+        self.check(
+            f(send, recv, count, dt, root as c_int, raw, stream),
+            "ncclGather",
+        )
+    }
+
+    /// `ncclScatter`: block `r` (`count` elements) of `send` on `root` into
+    /// rank `r`'s `recv` (`send` null off the root).
+    ///
+    /// # Safety
+    /// As [`gather`](Self::gather), the other way round.
+    pub unsafe fn scatter(
+        &self,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: RawStream,
+    ) -> Result<(), NcclError> {
+        let f = self
+            .api
+            .scatter
+            .ok_or_else(|| NcclError::other("no ncclScatter"))?;
+        let raw = self.raw()?;
+        let (dt, count) = moved_as(dtype, count);
+        self.check(
+            f(send, recv, count, dt, root as c_int, raw, stream),
+            "ncclScatter",
+        )
+    }
+
     /// `ncclSend` of `count` elements to `peer` (inside a [`group`](Self::group)
     /// when the peer sends back, so neither side waits for the other).
     ///

@@ -278,6 +278,47 @@ impl Api {
         })
     }
 
+    /// The collectives the library runs natively that rankmesh otherwise
+    /// builds from grouped sends and receives (`ncclAlltoAll`, `ncclGather`,
+    /// `ncclScatter`: NCCL 2.28), by the symbols it exports.
+    pub fn native_collectives(&self) -> Vec<&'static str> {
+        [
+            ("alltoall", self.all_to_all.is_some()),
+            ("gather", self.gather.is_some()),
+            ("scatter", self.scatter.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, has)| has.then_some(name))
+        .collect()
+    }
+
+    /// The optional entry points the library exports, by C name.
+    pub fn optional_entry_points(&self) -> Vec<&'static str> {
+        [
+            (
+                "ncclCommInitRankConfig",
+                self.comm_init_rank_config.is_some(),
+            ),
+            ("ncclCommFinalize", self.comm_finalize.is_some()),
+            ("ncclCommSplit", self.comm_split.is_some()),
+            (
+                "ncclCommInitRankScalable",
+                self.comm_init_rank_scalable.is_some(),
+            ),
+            ("ncclAlltoAll", self.all_to_all.is_some()),
+            ("ncclGather", self.gather.is_some()),
+            ("ncclScatter", self.scatter.is_some()),
+            ("ncclCommRegister", self.comm_register.is_some()),
+            (
+                "ncclCommWindowRegister",
+                self.comm_window_register.is_some(),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, has)| has.then_some(name))
+        .collect()
+    }
+
     /// `ncclGetErrorString(rc)` as text.
     pub fn error_string(&self, rc: NcclResult) -> String {
         // SAFETY: NCCL returns a static NUL-terminated string for any code.

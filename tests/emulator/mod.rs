@@ -58,12 +58,21 @@ pub fn build(dir: &Path) -> Result<(), String> {
         .arg(old.join("libnccl.so.2"))
         .arg(src.join("nccl.c"))
         .args(["-lm", "-ldl", "-pthread"]))?;
-    // Under AddressSanitizer (its runtime preloaded, see `asan_runtime`): a
-    // freed communicator is really freed, so a use after abort is reported.
+    // NCCL 2.18 under AddressSanitizer (its runtime preloaded, see
+    // `asan_runtime`): a freed communicator is really freed, so a use after
+    // abort is reported.
     let asan = dir.join("asan");
     std::fs::create_dir_all(&asan).map_err(|e| e.to_string())?;
     run(Command::new("mpicc")
-        .args(["-fsanitize=address", "-g", "-O1", "-shared", "-fPIC", "-o"])
+        .args([
+            "-DEMU_NCCL_2_18",
+            "-fsanitize=address",
+            "-g",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
         .arg(asan.join("libnccl.so.2"))
         .arg(src.join("nccl.c"))
         .args(["-lm", "-ldl", "-pthread"]))
@@ -393,7 +402,9 @@ pub fn drive() {
             let doc: serde_json::Value = serde_json::from_str(job.stdout.trim())
                 .map_err(|e| format!("{e}\n{}", job.describe()))?;
             let ok = job.ok()
-                && doc["nccl"]["version"] == "2.27.3"
+                && doc["nccl"]["version"] == "2.28.3"
+                && doc["nccl"]["native_collectives"]
+                    == serde_json::json!(["alltoall", "gather", "scatter"])
                 && (0..3).all(|r| {
                     let d = &doc["ranks"][r]["device"];
                     d["ordinal"] == r && d["driver"] == "12.4" && d["bus_id"].as_str().is_some()
@@ -423,7 +434,7 @@ pub fn drive() {
                 && cells.len() == 7
                 && cells[0] == "0"
                 && cells[2] == "3"
-                && cells[3..5] == ["NCCL", "2.27.3"]
+                && cells[3..5] == ["NCCL", "2.28.3"]
                 && cells[5].contains("libnccl.so.2")
                 && cells[6].parse::<f64>().is_ok_and(|b| b > 0.0)
                 && job.stdout.contains("verdict: OK");
@@ -453,7 +464,7 @@ pub fn drive() {
                 && finding.len() == 1
                 && finding[0].starts_with("  nccl 0 (")
                 && finding[0].contains("rank 2 has no NCCL (")
-                && finding[0].ends_with("where 2 of 3 ranks load NCCL 2.27.3");
+                && finding[0].ends_with("where 2 of 3 ranks load NCCL 2.28.3");
             ok.then_some(()).ok_or_else(|| job.describe())
         },
     );
@@ -474,7 +485,12 @@ pub fn drive() {
                     .map_err(|e| format!("{e}\n{}", job.describe()))?;
                 (job.ok()
                     && doc["nccl"]["version"] == "2.32.3"
-                    && doc["nccl"]["path"] == real.as_str())
+                    && doc["nccl"]["path"] == real.as_str()
+                    && doc["nccl"]["native_collectives"]
+                        == serde_json::json!(["alltoall", "gather", "scatter"])
+                    && doc["nccl"]["optional_entry_points"]
+                        .as_array()
+                        .is_some_and(|a| a.len() == 9))
                 .then_some(())
                 .ok_or_else(|| format!("{doc:#}"))
             },
@@ -550,7 +566,7 @@ pub fn drive() {
                     && job.stdout.contains("# Out of bounds values : 0 OK")
                     && job.stdout.contains("raw NCCL")
                     && job.stdout.contains("rankmesh CUDA emulator")
-                    && job.stdout.contains("nccl-library=22703");
+                    && job.stdout.contains("nccl-library=22803");
                 ok.then_some(()).ok_or_else(|| job.describe())
             },
         );
@@ -656,7 +672,7 @@ pub fn drive() {
             let ok = job.ok()
                 && row["nccl_baseline"]["bw_ratio"].as_f64().is_some()
                 && row.get("mpi_baseline").is_none()
-                && doc["nccl_version"] == 22703
+                && doc["nccl_version"] == 22803
                 && doc["config"]["devices"][1]["device"] == 1
                 && doc["config"]["devices"][0]["device_info"]
                     .as_str()
@@ -823,9 +839,31 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
         }
     };
     let nccl_2_18 = emu.dir.join("nccl-2.18/libnccl.so.2").display().to_string();
+    // Without ncclAlltoAll / ncclGather / ncclScatter (2.18): the same
+    // device checks over grouped sends and receives.
+    trial(
+        "NCCL 2.18 (no native all-to-all, gather, scatter): topo says so, emulated device checks pass, np 3",
+        failures,
+        || {
+            let mut env = emu.env(&[("RANKMESH_EMU_GPUS", "3")]);
+            env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
+            env.push(("RANKMESH_NCCL_LIB", nccl_2_18.as_str()));
+            let topo = support::mpirun(1, rankmesh_bin(), &["topo", "--json"], &env);
+            let doc: serde_json::Value = serde_json::from_str(topo.stdout.trim())
+                .map_err(|e| format!("{e}\n{}", topo.describe()))?;
+            let want = serde_json::json!(["ncclCommInitRankConfig", "ncclCommFinalize", "ncclCommSplit"]);
+            if doc["nccl"]["native_collectives"] != serde_json::json!([]) || doc["nccl"]["optional_entry_points"] != want {
+                return Err(format!("{doc:#}"));
+            }
+            // The path is chosen by the symbols, not the version: reported
+            // as 2.28.3, the fp8 reductions stay in the checks.
+            env.extend([("RANKMESH_GPU_WORKER", "1"), ("RANKMESH_EMU_NCCL_VERSION", "22803")]);
+            checks_passed(&support::mpirun(3, &me(), &[], &env), 3)
+        },
+    );
     for (np, lib, extra, roots, what) in [
-        (4, emu.nccl.as_str(), vec![], 0, "NCCL 2.27"),
-        (3, emu.nccl.as_str(), vec![], 0, "NCCL 2.27, odd world"),
+        (4, emu.nccl.as_str(), vec![], 0, "NCCL 2.28"),
+        (3, emu.nccl.as_str(), vec![], 0, "NCCL 2.28, odd world"),
         (3, nccl_2_18.as_str(), vec![], 0, "NCCL 2.18"),
         (
             4,
@@ -867,9 +905,10 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
                 .ok_or_else(|| format!("{took:.1} s, not the watchdog's exit\n{}", job.describe()))
         },
     );
-    // all_to_all on 3 ranks queues a send and a receive, then the refused
-    // second send: aborting at once would free the communicator under the
-    // queued calls that ncclGroupEnd then flushes.
+    // all_to_all on 3 ranks over NCCL 2.18 (grouped sends and receives: no
+    // ncclAlltoAll) queues a send and a receive, then the refused second
+    // send: aborting at once would free the communicator under the queued
+    // calls that ncclGroupEnd then flushes.
     let asan_lib = emu.dir.join("asan/libnccl.so.2").display().to_string();
     for asan in [false, true] {
         trial(
@@ -885,15 +924,17 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
             || {
                 let mut env =
                     emu.env(&[("RANKMESH_EMU_GPUS", "3"), ("RANKMESH_EMU_FAIL_SEND", "2")]);
+                env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
                 let preload;
                 if asan {
                     preload = asan_runtime()?;
-                    env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
                     env.extend([
                         ("RANKMESH_NCCL_LIB", asan_lib.as_str()),
                         ("LD_PRELOAD", preload.as_str()),
                         ("ASAN_OPTIONS", "detect_leaks=0"),
                     ]);
+                } else {
+                    env.push(("RANKMESH_NCCL_LIB", nccl_2_18.as_str()));
                 }
                 let job = support::mpirun(
                     3,

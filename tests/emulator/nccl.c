@@ -45,7 +45,7 @@
  * splits, but no registration (2.19), scalable init (2.23), windows (2.27)
  * or ncclAlltoAll / ncclGather / ncclScatter (2.28).
  * RANKMESH_EMU_NCCL_VERSION=N: the version ncclGetVersion reports (default
- * 22703, 2.27.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
+ * 22803, 2.28.3); below 22400 the fp8 types are refused, as NCCL < 2.24 does.
  * RANKMESH_EMU_CC=M.m: the devices' compute capability (as cuda.c shows it,
  * default 9.0); below 9.0 fp8 reductions are refused with NCCL's own text.
  */
@@ -132,7 +132,7 @@ static int version(void) {
 #ifdef EMU_NCCL_2_18
         v = e ? atoi(e) : 21805;
 #else
-        v = e ? atoi(e) : 22703;
+        v = e ? atoi(e) : 22803;
 #endif
     }
     return v;
