@@ -46,9 +46,18 @@ typedef uint64_t CUdeviceptr;
 #define INVALID_HANDLE 400
 #define NOT_READY 600
 
+#define INVALID_CONTEXT 201
+
 static int initialised;
 static char fake_ctx;
 static __thread CUcontext current;
+
+/* As the driver: memory, stream and event calls need a current context
+   (CUDA_ERROR_INVALID_CONTEXT without one). */
+#define NEED_CONTEXT()                        \
+    do {                                      \
+        if (!current) return INVALID_CONTEXT; \
+    } while (0)
 
 static int gpus(void) {
     static int n = -1;
@@ -223,15 +232,24 @@ CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     *d = ordinal;
     return OK;
 }
+/* The attributes asked of it, with an H100's values; any other is refused
+   (CUDA_ERROR_INVALID_VALUE), so a new query shows up here instead of
+   reading a made-up value. */
 CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
-    (void)d;
+    if (d < 0 || d >= gpus()) return INVALID_DEVICE;
     int major = 9, minor = 0;
     const char *cc = getenv("RANKMESH_EMU_CC");
     if (cc) sscanf(cc, "%d.%d", &major, &minor);
     switch (attr) {
-    case 75: *v = major; break; /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
-    case 76: *v = minor; break; /* ..._MINOR */
-    default: *v = 1;            /* memory pools supported: the async alloc path */
+    case 11: *v = 2147483647; break;  /* CU_DEVICE_ATTRIBUTE_MAX_PITCH */
+    case 16: *v = 132; break;         /* ..._MULTIPROCESSOR_COUNT */
+    case 41: *v = 1; break;           /* ..._UNIFIED_ADDRESSING */
+    case 75: *v = major; break;       /* ..._COMPUTE_CAPABILITY_MAJOR */
+    case 76: *v = minor; break;       /* ..._COMPUTE_CAPABILITY_MINOR */
+    case 115: *v = 1; break;          /* ..._MEMORY_POOLS_SUPPORTED: the async alloc path */
+    default:
+        fprintf(stderr, "rankmesh CUDA emulator: cuDeviceGetAttribute(%d) is not emulated\n", attr);
+        return INVALID_VALUE;
     }
     return OK;
 }
@@ -266,11 +284,13 @@ CUresult cuCtxSetCurrent(CUcontext c) {
     return OK;
 }
 CUresult cuCtxSynchronize(void) {
+    NEED_CONTEXT();
     all_streams_wait();
     return OK;
 }
 
 CUresult cuStreamCreate(void **s, unsigned flags) {
+    NEED_CONTEXT();
     (void)flags;
     *s = new_stream();
     return OK;
@@ -318,6 +338,7 @@ static void await(void *p) {
 }
 
 CUresult cuEventCreate(Event **e, unsigned flags) {
+    NEED_CONTEXT();
     (void)flags;
     *e = calloc(1, sizeof **e);
     return *e ? OK : OUT_OF_MEMORY;
@@ -395,15 +416,21 @@ static CUdeviceptr *boxed(CUdeviceptr p) {
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) {
+    NEED_CONTEXT();
     (void)s;
     return alloc(p, n);
 }
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc(p, n); }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    NEED_CONTEXT();
+    return alloc(p, n);
+}
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
+    NEED_CONTEXT();
     enqueue(s, poison_free, boxed(p));
     return OK;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
+    NEED_CONTEXT();
     all_streams_wait();
     CUdeviceptr *b = boxed(p);
     poison_free(b);
@@ -436,6 +463,7 @@ static CUresult enqueue_copy(void *s, char *dst, const char *src, size_t n, int 
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
+    NEED_CONTEXT();
     Copy *c = malloc(sizeof *c);
     *c = (Copy){(char *)(uintptr_t)p, NULL, n, 0, 1, v};
     enqueue(s, do_copy, c);
@@ -443,17 +471,20 @@ CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
 }
 /* Pageable source: staged now, so the caller may reuse it at once. */
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+    NEED_CONTEXT();
     char *staged = malloc(n ? n : 1);
     memcpy(staged, src, n);
     return enqueue_copy(s, (char *)(uintptr_t)dst, staged, n, 1);
 }
 /* Pageable destination: the copy waits for the stream and is done on return. */
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+    NEED_CONTEXT();
     stream_wait(stream_of(s));
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return OK;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
+    NEED_CONTEXT();
     return enqueue_copy(s, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, 0);
 }
 
@@ -483,8 +514,11 @@ static void do_copy_2d(void *p) {
 }
 
 CUresult cuMemcpy2DAsync_v2(const Memcpy2D *c, void *s) {
+    NEED_CONTEXT();
     if (c->srcMemoryType != 2 || c->dstMemoryType != 2) return INVALID_VALUE;
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes) return INVALID_VALUE;
+    /* CU_DEVICE_ATTRIBUTE_MAX_PITCH: a pitch beyond it is refused (use a 1-D copy). */
+    if (c->srcPitch > 2147483647u || c->dstPitch > 2147483647u) return INVALID_VALUE;
     Memcpy2D *copy = malloc(sizeof *copy);
     *copy = *c;
     enqueue(s, do_copy_2d, copy);

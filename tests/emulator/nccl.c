@@ -831,13 +831,18 @@ static double rounded(double v, int t) {
 }
 
 /* Element-wise reduction of `n` contributions (rank order) into dst, the
- * partial result rounded to the dtype after each step (a hop). */
+ * partial result rounded to the dtype after each step (a hop). avg is
+ * NCCL's: for floating types a sum of the contributions each first
+ * multiplied by 1/n rounded to the type (its PreMulSum), for integers the
+ * sum divided by n (SumPostDiv, truncating). */
 static void reduce_into(void *dst, const char *all, size_t count, int t, int op, int n) {
     size_t e = elem(t), stride = count * e;
+    int floating = t >= 6;
+    double scale = op == 4 && floating ? rounded(1.0 / n, t) : 1.0;
     for (size_t i = 0; i < count; i++) {
-        double acc = load(all + i * e, t);
+        double acc = rounded(load(all + i * e, t) * scale, t);
         for (int r = 1; r < n; r++) {
-            double v = load(all + (size_t)r * stride + i * e, t);
+            double v = rounded(load(all + (size_t)r * stride + i * e, t) * scale, t);
             switch (op) {
             case 0: case 4: acc += v; break;
             case 1: acc *= v; break;
@@ -846,10 +851,7 @@ static void reduce_into(void *dst, const char *all, size_t count, int t, int op,
             }
             acc = rounded(acc, t);
         }
-        if (op == 4) {
-            acc /= n;
-            if (t <= 5) acc = (double)(int64_t)acc; /* integer avg truncates */
-        }
+        if (op == 4 && !floating) acc = (double)(int64_t)(acc / n); /* integer avg truncates */
         store((char *)dst + i * e, t, acc);
     }
 }
@@ -860,7 +862,8 @@ static ncclResult_t allgather(const void *s, void *r, size_t bytes, Comm *c) {
         MPI_Allgather(s, (int)bytes, MPI_BYTE, r, (int)bytes, MPI_BYTE, c->mpi);
         return SUCCESS;
     }
-    memmove((char *)r + (size_t)c->rank * bytes, s, bytes);
+    /* In place (s is this rank's block) or apart: overlaps were refused. */
+    if ((char *)r + (size_t)c->rank * bytes != s) memcpy((char *)r + (size_t)c->rank * bytes, s, bytes);
     Xfer *x = calloc(2 * (size_t)c->size, sizeof *x);
     int n = 0;
     for (int p = 0; p < c->size; p++) {
