@@ -15,22 +15,17 @@
 //!
 //! nccl.h includes `cuda_runtime.h` for two handle types only; the real one
 //! needs nvcc's `crt/` headers, so a two-line stand-in defines them as
-//! `driver_types.h` does. Everything else is the real header.
+//! `driver_types.h` does (`support::real_nccl_includes`). Everything else is
+//! the real header. The NCCL emulator compiles against the same headers
+//! (tests/emulator/mod.rs), so its definitions cannot drift either.
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `nvidia/` of the unpacked wheels, or `None` (skipped; an error under CI).
-fn headers() -> Option<PathBuf> {
-    let lib = support::real_nccl()?;
-    // .cache/nccl/nvidia/nccl/lib/libnccl.so.2 -> .cache/nccl/nvidia
-    Some(lib.parent()?.parent()?.parent()?.to_path_buf())
 }
 
 /// Splits `s` at commas outside brackets.
@@ -317,19 +312,10 @@ template <class R, class... A> struct sig<R(A...)> {
 
 #[test]
 fn declarations_match_nccl_h_and_cuda_h() {
-    let Some(nvidia) = headers() else {
+    let dir = std::env::temp_dir().join(format!("rankmesh-nccl-abi-{}", std::process::id()));
+    let Some(includes) = support::real_nccl_includes(&dir) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("rankmesh-nccl-abi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("cuda_runtime.h"),
-        "#include <stddef.h>\ntypedef struct CUstream_st *cudaStream_t;\ntypedef struct CUevent_st *cudaEvent_t;\n",
-    )
-    .unwrap();
-    for empty in ["cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h"] {
-        std::fs::write(dir.join(empty), "").unwrap();
-    }
     let cpp = probe().unwrap();
     let points = entry_points();
     assert!(points.len() >= 29, "{points:?}");
@@ -337,12 +323,7 @@ fn declarations_match_nccl_h_and_cuda_h() {
     std::fs::write(dir.join("abi.cc"), &cpp).unwrap();
     let out = Command::new("g++")
         .args(["-std=c++17", "-fsyntax-only"])
-        .arg(format!("-I{}", dir.display()))
-        .arg(format!("-I{}", nvidia.join("nccl/include").display()))
-        .arg(format!(
-            "-I{}",
-            nvidia.join("cuda_runtime/include").display()
-        ))
+        .args(includes.iter().map(|d| format!("-I{}", d.display())))
         .arg(dir.join("abi.cc"))
         .output()
         .expect("g++");

@@ -45,37 +45,36 @@ pub fn build(dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
     std::os::unix::fs::symlink("libcuda.so", dir.join("libcuda.so.1"))
         .map_err(|e| e.to_string())?;
-    run(Command::new("mpicc")
-        .args(["-O1", "-shared", "-fPIC", "-o"])
-        .arg(dir.join("libnccl.so.2"))
-        .arg(src.join("nccl.c"))
-        .args(["-lm", "-ldl", "-pthread"]))?;
+    // Against the real nccl.h when its wheel is here (always under CI): a
+    // definition that drifts from NCCL's declaration does not compile.
+    let header: Vec<String> = match support::real_nccl_includes(&dir.join("nccl-h")) {
+        Some(dirs) => std::iter::once("-DRANKMESH_REAL_NCCL_H".to_string())
+            .chain(dirs.iter().map(|d| format!("-I{}", d.display())))
+            .collect(),
+        None => Vec::new(),
+    };
+    let nccl = |flags: &[&str], out: PathBuf| {
+        run(Command::new("mpicc")
+            .args(flags)
+            .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC"])
+            .args(&header)
+            .arg("-o")
+            .arg(out)
+            .arg(src.join("nccl.c"))
+            .args(["-lm", "-ldl", "-pthread"]))
+    };
+    nccl(&[], dir.join("libnccl.so.2"))?;
     // NCCL 2.18: configs and splits, none of the later entry points.
-    let old = dir.join("nccl-2.18");
-    std::fs::create_dir_all(&old).map_err(|e| e.to_string())?;
-    run(Command::new("mpicc")
-        .args(["-DEMU_NCCL_2_18", "-O1", "-shared", "-fPIC", "-o"])
-        .arg(old.join("libnccl.so.2"))
-        .arg(src.join("nccl.c"))
-        .args(["-lm", "-ldl", "-pthread"]))?;
+    std::fs::create_dir_all(dir.join("nccl-2.18")).map_err(|e| e.to_string())?;
+    nccl(&["-DEMU_NCCL_2_18"], dir.join("nccl-2.18/libnccl.so.2"))?;
     // NCCL 2.18 under AddressSanitizer (its runtime preloaded, see
     // `asan_runtime`): a freed communicator is really freed, so a use after
     // abort is reported.
-    let asan = dir.join("asan");
-    std::fs::create_dir_all(&asan).map_err(|e| e.to_string())?;
-    run(Command::new("mpicc")
-        .args([
-            "-DEMU_NCCL_2_18",
-            "-fsanitize=address",
-            "-g",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-o",
-        ])
-        .arg(asan.join("libnccl.so.2"))
-        .arg(src.join("nccl.c"))
-        .args(["-lm", "-ldl", "-pthread"]))
+    std::fs::create_dir_all(dir.join("asan")).map_err(|e| e.to_string())?;
+    nccl(
+        &["-DEMU_NCCL_2_18", "-fsanitize=address", "-g"],
+        dir.join("asan/libnccl.so.2"),
+    )
 }
 
 /// gcc's AddressSanitizer runtime, to preload into a process that loads the

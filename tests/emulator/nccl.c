@@ -67,12 +67,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef RANKMESH_REAL_NCCL_H
+/* The real header (tests/emulator/mod.rs builds with it when the wheels are
+   there): every definition below must match its declaration, or the build
+   fails with "conflicting types". */
+#include <nccl.h>
+#else
+/* nccl.h's types as it spells them, for builds without the wheels. */
 typedef int ncclResult_t;
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
 typedef struct {
     char internal[128];
 } ncclUniqueId;
+typedef struct ncclComm *ncclComm_t;
+typedef struct ncclConfig_v23100 ncclConfig_t;
+typedef struct ncclWindow_vidmem *ncclWindow_t;
+typedef struct CUstream_st *cudaStream_t;
+#endif
 
-typedef struct Comm {
+typedef struct ncclComm {
     uint32_t magic; /* ALIVE; DEAD once aborted or destroyed (then never touched again) */
     MPI_Comm mpi;
     int *socks; /* TCP mode: the connection to each member (-1 for self); NULL in MPI mode */
@@ -157,7 +171,7 @@ const char *ncclGetErrorString(ncclResult_t r) {
 /* The last error's text, per thread, as NCCL keeps it. */
 static __thread char last_error[256];
 
-const char *ncclGetLastError(void *comm) {
+const char *ncclGetLastError(ncclComm_t comm) {
     (void)comm;
     return last_error;
 }
@@ -474,7 +488,7 @@ static void *init_in_background(void *p) {
     InitJob *j = p;
     Comm *c = j->c;
     ncclResult_t rc = bootstrap(c, j->f, j->world, 1);
-    if (rc == SUCCESS && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
+    if (!rc && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
     if (rc) {
         snprintf(last_error, sizeof last_error, "bootstrap failed");
         __atomic_store_n(&c->err, rc, __ATOMIC_RELEASE);
@@ -498,7 +512,7 @@ static ncclResult_t create(Comm **out, int nranks, IdFields f, int rank, const v
     count_inits++;
     if (blocking) {
         ncclResult_t rc = bootstrap(c, f, world, 0);
-        if (rc == SUCCESS && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
+        if (!rc && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
         if (rc) {
             release(c);
             return rc;
@@ -528,13 +542,13 @@ static ncclResult_t create(Comm **out, int nranks, IdFields f, int rank, const v
     return IN_PROGRESS_RC;
 }
 
-ncclResult_t ncclCommInitRank(Comm **out, int nranks, ncclUniqueId id, int rank) {
+ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
     IdFields f;
     if (valid_id(&id, &f)) return INVALID_ARGUMENT;
     return create(out, nranks, f, rank, NULL);
 }
 
-ncclResult_t ncclCommInitRankConfig(Comm **out, int nranks, ncclUniqueId id, int rank, void *config) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config) {
     IdFields f;
     if (valid_id(&id, &f)) return INVALID_ARGUMENT;
     return create(out, nranks, f, rank, config);
@@ -543,7 +557,8 @@ ncclResult_t ncclCommInitRankConfig(Comm **out, int nranks, ncclUniqueId id, int
 #ifndef EMU_NCCL_2_18
 /* Several roots' ids: checked (valid, distinct, root 0 made by rank 0),
  * counted, and bootstrapped through the first root. */
-ncclResult_t ncclCommInitRankScalable(Comm **out, int nranks, int rank, int nId, ncclUniqueId *ids, void *config) {
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *out, int nranks, int rank, int nId, ncclUniqueId *ids,
+                                      ncclConfig_t *config) {
     if (nId < 1 || nId > nranks || !ids) return INVALID_ARGUMENT;
     IdFields f, first;
     for (int i = 0; i < nId; i++) {
@@ -597,7 +612,7 @@ static int dead(const Comm *c, const char *call) {
 /* Unlike NCCL, which blocks until the work is done (a peer that never
  * comes holds it forever), a destroy with calls in flight fails loudly:
  * finalize and wait first, or abort. */
-ncclResult_t ncclCommDestroy(Comm *c) {
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (dead(c, "ncclCommDestroy")) return INVALID_USAGE;
     long n = inflight(c);
     if (n || !thread_done(c)) {
@@ -615,7 +630,7 @@ ncclResult_t ncclCommDestroy(Comm *c) {
 
 /* Flushes the communicator's work: non-blocking, it answers ncclInProgress
  * and ncclCommGetAsyncError says when the queue is empty. */
-ncclResult_t ncclCommFinalize(Comm *c) {
+ncclResult_t ncclCommFinalize(ncclComm_t c) {
     if (dead(c, "ncclCommFinalize")) return INVALID_USAGE;
     if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
         snprintf(last_error, sizeof last_error, "ncclCommFinalize on a communicator still being created");
@@ -631,7 +646,7 @@ ncclResult_t ncclCommFinalize(Comm *c) {
  * NCCL's abort, it returns once they are done (up to 10 s; a communicator
  * still referenced by queued calls, or by a creation thread, after that is
  * left alive). */
-ncclResult_t ncclCommAbort(Comm *c) {
+ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (dead(c, "ncclCommAbort")) return INVALID_USAGE;
     __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE);
     if (c->socks)
@@ -641,7 +656,7 @@ ncclResult_t ncclCommAbort(Comm *c) {
     if (!inflight(c) && thread_done(c)) release(c);
     return SUCCESS;
 }
-ncclResult_t ncclCommGetAsyncError(Comm *c, ncclResult_t *e) {
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
     if (dead(c, "ncclCommGetAsyncError")) return INVALID_USAGE;
     static long fail_after = -2;
     if (fail_after == -2) {
@@ -679,7 +694,7 @@ static int by_key(const void *a, const void *b) {
  * ordered by key (then parent rank); NCCL_SPLIT_NOCOLOR (-1) gets none.
  * The exchange runs over MPI_COMM_WORLD between the parent's members (the
  * parent's own links may carry queued work on a stream thread). */
-ncclResult_t ncclCommSplit(Comm *parent, int color, int key, Comm **out, void *config) {
+ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *out, ncclConfig_t *config) {
     if (dead(parent, "ncclCommSplit")) return INVALID_USAGE;
     int blocking = config_blocking(config);
     if (blocking < 0) return INVALID_ARGUMENT;
@@ -1133,30 +1148,36 @@ static ncclResult_t collective(int kind, const void *s, void *r, size_t count, i
     return submit((Job){kind, s, r, count, t, op, root, c, NULL, 0}, stream);
 }
 
-ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, int t, int op, Comm *c, void *stream) {
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                           cudaStream_t stream) {
     return collective(ALL_REDUCE, s, r, count, t, op, 0, c, stream);
 }
-ncclResult_t ncclReduce(const void *s, void *r, size_t count, int t, int op, int root, Comm *c, void *stream) {
+ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, int root, ncclComm_t c,
+                        cudaStream_t stream) {
     return collective(REDUCE, s, r, count, t, op, root, c, stream);
 }
-ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, int t, int op, Comm *c, void *stream) {
+ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                               cudaStream_t stream) {
     return collective(REDUCE_SCATTER, s, r, recvcount, t, op, 0, c, stream);
 }
-ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, int t, Comm *c, void *stream) {
+ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, ncclDataType_t t, ncclComm_t c, cudaStream_t stream) {
     return collective(ALL_GATHER, s, r, sendcount, t, 0, 0, c, stream);
 }
-ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
+ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                           cudaStream_t stream) {
     return collective(BROADCAST, s, r, count, t, 0, root, c, stream);
 }
 
 #ifndef EMU_NCCL_2_18
-ncclResult_t ncclAlltoAll(const void *s, void *r, size_t count, int t, Comm *c, void *stream) {
+ncclResult_t ncclAlltoAll(const void *s, void *r, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t stream) {
     return collective(ALL_TO_ALL, s, r, count, t, 0, 0, c, stream);
 }
-ncclResult_t ncclGather(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
+ncclResult_t ncclGather(const void *s, void *r, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                        cudaStream_t stream) {
     return collective(GATHER, s, r, count, t, 0, root, c, stream);
 }
-ncclResult_t ncclScatter(const void *s, void *r, size_t count, int t, int root, Comm *c, void *stream) {
+ncclResult_t ncclScatter(const void *s, void *r, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                         cudaStream_t stream) {
     return collective(SCATTER, s, r, count, t, 0, root, c, stream);
 }
 
@@ -1200,15 +1221,17 @@ static ncclResult_t deregister(Comm *c, void *handle, const char *call) {
     return SUCCESS;
 }
 
-ncclResult_t ncclCommRegister(Comm *c, void *buf, size_t size, void **handle) {
+ncclResult_t ncclCommRegister(const ncclComm_t c, void *buf, size_t size, void **handle) {
     return register_buffer(c, buf, size, handle, "ncclCommRegister", 0);
 }
-ncclResult_t ncclCommDeregister(Comm *c, void *handle) { return deregister(c, handle, "ncclCommDeregister"); }
-ncclResult_t ncclCommWindowRegister(Comm *c, void *buf, size_t size, void **win, int flags) {
+ncclResult_t ncclCommDeregister(const ncclComm_t c, void *handle) { return deregister(c, handle, "ncclCommDeregister"); }
+ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buf, size_t size, ncclWindow_t *win, int flags) {
     (void)flags;
-    return register_buffer(c, buf, size, win, "ncclCommWindowRegister", 1);
+    return register_buffer(c, buf, size, (void **)win, "ncclCommWindowRegister", 1);
 }
-ncclResult_t ncclCommWindowDeregister(Comm *c, void *win) { return deregister(c, win, "ncclCommWindowDeregister"); }
+ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win) {
+    return deregister(c, (void *)win, "ncclCommWindowDeregister");
+}
 #endif
 
 static P2p queue[4096];
@@ -1250,10 +1273,10 @@ static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer
     return depth ? SUCCESS : flush();
 }
 
-ncclResult_t ncclSend(const void *s, size_t count, int t, int peer, Comm *c, void *stream) {
+ncclResult_t ncclSend(const void *s, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
     return p2p(1, s, count, t, peer, c, stream);
 }
-ncclResult_t ncclRecv(void *r, size_t count, int t, int peer, Comm *c, void *stream) {
+ncclResult_t ncclRecv(void *r, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
     return p2p(0, r, count, t, peer, c, stream);
 }
 ncclResult_t ncclGroupStart(void) {

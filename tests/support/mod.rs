@@ -171,3 +171,29 @@ pub fn real_nccl() -> Option<std::path::PathBuf> {
     eprintln!("SKIPPED: no {} (run scripts/fetch-nccl.sh)", lib.display());
     None
 }
+
+/// Include directories that compile C against NCCL's real `nccl.h` and
+/// CUDA's `cuda.h` (from their wheels): a scratch directory holding the
+/// two-line stand-in for `cuda_runtime.h` (nccl.h needs only its stream and
+/// event handle types; the real one needs nvcc's `crt/` headers) and empty
+/// fp16/bf16/fp8 headers, then the wheels' include directories. `None`
+/// where `real_nccl` is.
+pub fn real_nccl_includes(scratch: &std::path::Path) -> Option<Vec<std::path::PathBuf>> {
+    let lib = real_nccl()?;
+    // .cache/nccl/nvidia/nccl/lib/libnccl.so.2 -> .cache/nccl/nvidia
+    let nvidia = lib.parent()?.parent()?.parent()?.to_path_buf();
+    std::fs::create_dir_all(scratch).ok()?;
+    std::fs::write(
+        scratch.join("cuda_runtime.h"),
+        "#include <stddef.h>\ntypedef struct CUstream_st *cudaStream_t;\ntypedef struct CUevent_st *cudaEvent_t;\n",
+    )
+    .ok()?;
+    for empty in ["cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h"] {
+        std::fs::write(scratch.join(empty), "").ok()?;
+    }
+    Some(vec![
+        scratch.to_path_buf(),
+        nvidia.join("nccl/include"),
+        nvidia.join("cuda_runtime/include"),
+    ])
+}
