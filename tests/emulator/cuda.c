@@ -49,8 +49,13 @@ typedef uint64_t CUdeviceptr;
 #define INVALID_CONTEXT 201
 
 static int initialised;
-static char fake_ctx;
+/* One primary context per device: a call tells which device is current. */
+static char fake_ctx[64];
 static __thread CUcontext current;
+
+/* The ordinal of the thread's current context, -1 without one (the NCCL
+   emulator checks calls against its communicator's device). */
+int rankmesh_emu_current_device(void) { return current ? (int)((char *)current - fake_ctx) : -1; }
 
 /* As the driver: memory, stream and event calls need a current context
    (CUDA_ERROR_INVALID_CONTEXT without one). */
@@ -267,8 +272,8 @@ CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
     return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
-    (void)d;
-    *c = &fake_ctx;
+    if (d < 0 || d >= gpus() || d >= (int)sizeof fake_ctx) return INVALID_DEVICE;
+    *c = &fake_ctx[d];
     return OK;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {

@@ -808,6 +808,28 @@ pub fn drive() {
 /// roots), non-blocking creation that never finishes, an abort inside an
 /// open group, and a drop while a quiet peer holds work.
 fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
+    trial(
+        "the NCCL and CUDA emulators refuse what NCCL and the driver refuse (called directly, np 2)",
+        failures,
+        || {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator/strict.c");
+            let exe = emu.dir.join("strict");
+            let built = Command::new("mpicc")
+                .args(["-O1", "-Wall", "-o"])
+                .arg(&exe)
+                .arg(&src)
+                .arg(format!("-L{}", emu.dir.display()))
+                .args(["-l:libnccl.so.2", "-lcuda"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !built.status.success() {
+                return Err(String::from_utf8_lossy(&built.stderr).into_owned());
+            }
+            let job = support::mpirun(2, &exe, &[], &emu.env(&[("RANKMESH_EMU_GPUS", "2")]));
+            let ok = (0..2).all(|r| job.stdout.contains(&format!("STRICT-OK rank {r}")));
+            (job.ok() && ok).then_some(()).ok_or_else(|| job.describe())
+        },
+    );
     let split_check = |np: usize, nccl: &str, extra: &[(&str, &str)]| {
         let gpus = np.to_string();
         let mut env = emu.env(&[

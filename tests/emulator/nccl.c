@@ -104,6 +104,7 @@ typedef struct ncclComm {
     long splits;    /* splits of this communicator so far (their message tags) */
     pthread_t init_thread;
     int has_thread;
+    int device; /* the current device when it was created (-1: unknown) */
 } Comm;
 
 enum { ALIVE = 0x4c4d4f43, DEAD = 0xdeadc0de };
@@ -361,8 +362,22 @@ static ncclResult_t mesh(int *socks, int rank, int nranks, const uint16_t *ports
     return SUCCESS;
 }
 
+/* The device of the calling thread's current context (emulator/cuda.c), -1 if unknown. */
+static int current_device(void) {
+    static int (*f)(void);
+    static int tried;
+    if (!tried) {
+        tried = 1;
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = (int (*)(void))dlsym(h, "rankmesh_emu_current_device");
+    }
+    return f ? f() : -1;
+}
+
 static Comm *new_comm(int rank, int nranks) {
     Comm *c = calloc(1, sizeof *c);
+    c->device = current_device();
     c->magic = ALIVE;
     c->rank = rank;
     c->size = nranks;
@@ -922,6 +937,12 @@ static ncclResult_t enter(Comm *c, int t, const char *call) {
     if (!elem(t)) {
         snprintf(last_error, sizeof last_error, "%s: invalid type %d", call, t);
         return INVALID_ARGUMENT;
+    }
+    int dev = current_device();
+    if (c->device >= 0 && dev != c->device) {
+        snprintf(last_error, sizeof last_error, "%s: communicator of device %d used while device %d is current", call,
+                 c->device, dev);
+        return INVALID_USAGE;
     }
     c->calls++;
     return SUCCESS;

@@ -1,0 +1,118 @@
+/* The NCCL emulator refuses what NCCL refuses: called directly (no
+ * rankmesh), on 2 ranks, each call's code is checked. Prints
+ * "STRICT-OK rank R" or "STRICT-FAILED rank R: ..." lines.
+ *
+ * Built by tests/emulator/mod.rs against the emulators (libnccl.so.2,
+ * libcuda.so); run with RANKMESH_EMU_GPUS=2 under mpirun -np 2. */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int ncclResult_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+typedef struct ncclComm *ncclComm_t;
+typedef struct {
+    size_t size;
+    unsigned magic, version;
+    int blocking, cga, min_ctas, max_ctas;
+    const char *net;
+    int split_share;
+} Config;
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *, int, ncclUniqueId, int, Config *);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *);
+ncclResult_t ncclCommDestroy(ncclComm_t);
+ncclResult_t ncclCommAbort(ncclComm_t);
+ncclResult_t ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, void *);
+ncclResult_t ncclAllGather(const void *, void *, size_t, int, ncclComm_t, void *);
+ncclResult_t ncclReduceScatter(const void *, void *, size_t, int, int, ncclComm_t, void *);
+ncclResult_t ncclSend(const void *, size_t, int, int, ncclComm_t, void *);
+typedef int CUresult;
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(void **, int);
+CUresult cuCtxSetCurrent(void *);
+CUresult cuStreamCreate(void **, unsigned);
+CUresult cuMemAlloc_v2(uint64_t *, size_t);
+CUresult cuStreamSynchronize(void *);
+
+enum { F32 = 7, SUM = 0, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7 };
+
+static int rank, failed;
+
+static void expect(const char *what, ncclResult_t got, ncclResult_t want) {
+    if (got != want) {
+        printf("STRICT-FAILED rank %d: %s returned %d, want %d\n", rank, what, got, want);
+        failed = 1;
+    }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    void *ctx[2], *stream;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx[0], rank);
+    cuDevicePrimaryCtxRetain(&ctx[1], 1 - rank);
+    expect("cuMemAlloc without a current context", cuMemAlloc_v2(&(uint64_t){0}, 64), 201);
+    cuCtxSetCurrent(ctx[0]);
+    cuStreamCreate(&stream, 0);
+    uint64_t a, b;
+    cuMemAlloc_v2(&a, 4096);
+    cuMemAlloc_v2(&b, 4096);
+    float *buf = (float *)(uintptr_t)a, *other = (float *)(uintptr_t)b;
+
+    ncclUniqueId id;
+    if (rank == 0) ncclGetUniqueId(&id);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    Config bad = {sizeof bad, 0x12345678u, 21800, 0, 0, 0, 0, NULL, 0};
+    ncclComm_t comm = NULL;
+    expect("a config not made by NCCL_CONFIG_INITIALIZER", ncclCommInitRankConfig(&comm, 2, id, rank, &bad),
+           INVALID_ARGUMENT);
+    Config cfg = {sizeof cfg, 0xcafebeefu, 21800, 0, (int)0x80000000, (int)0x80000000, (int)0x80000000, NULL,
+                  (int)0x80000000};
+    expect("non-blocking ncclCommInitRankConfig", ncclCommInitRankConfig(&comm, 2, id, rank, &cfg), IN_PROGRESS);
+    ncclResult_t state = IN_PROGRESS;
+    int early = ncclAllReduce(buf, buf, 4, F32, SUM, comm, stream);
+    expect("a call while the communicator is still being created", early, INVALID_USAGE);
+    for (int i = 0; i < 600000 && state == IN_PROGRESS; i++) {
+        ncclCommGetAsyncError(comm, &state);
+        usleep(10);
+    }
+    expect("creation", state, 0);
+
+    expect("null send buffer", ncclAllReduce(NULL, buf, 4, F32, SUM, comm, stream), INVALID_ARGUMENT);
+    expect("null receive buffer", ncclAllReduce(buf, NULL, 4, F32, SUM, comm, stream), INVALID_ARGUMENT);
+    expect("operator out of range", ncclAllReduce(buf, other, 4, F32, 9, comm, stream), INVALID_ARGUMENT);
+    /* all_gather of 4 per rank: in place only at recv + rank * 4. */
+    expect("all_gather, overlapping at the wrong offset",
+           ncclAllGather(buf + (rank == 0 ? 1 : 0), buf, 4, F32, comm, stream), INVALID_ARGUMENT);
+    /* reduce_scatter of 4 per rank: in place only at send + rank * 4. */
+    expect("reduce_scatter, overlapping at the wrong offset",
+           ncclReduceScatter(buf, buf + (rank == 0 ? 2 : 1), 4, F32, SUM, comm, stream), INVALID_ARGUMENT);
+    cuCtxSetCurrent(ctx[1]);
+    expect("the communicator used while another device is current",
+           ncclAllReduce(buf, other, 4, F32, SUM, comm, stream), INVALID_USAGE);
+    cuCtxSetCurrent(ctx[0]);
+    /* Rank 0's all-reduce waits for rank 1, which has not called it yet:
+       a destroy now would wait forever on a real GPU. */
+    if (rank == 0) {
+        expect("an all_reduce", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream), 0);
+        usleep(100000);
+        expect("a destroy with work in flight", ncclCommDestroy(comm), INVALID_USAGE);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) expect("the matching all_reduce", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream), 0);
+    cuStreamSynchronize(stream);
+    expect("a destroy once the work is done", ncclCommDestroy(comm), 0);
+    expect("a call on a destroyed communicator", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream),
+           INVALID_USAGE);
+    if (!failed) printf("STRICT-OK rank %d\n", rank);
+    MPI_Finalize();
+    return failed;
+}
