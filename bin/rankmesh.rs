@@ -303,8 +303,9 @@ struct BenchArgs {
     cudagraph: Option<String>,
     #[arg(short = 'C', long = "report_cputime", hide = true)]
     report_cputime: Option<String>,
-    #[arg(short = 'R', long = "local_register", hide = true)]
-    local_register: Option<String>,
+    /// Buffer registration, as nccl-tests: 0 none, 1 ncclCommRegister, 2 symmetric windows (ncclCommWindowRegister); buffers from ncclMemAlloc (--backend nccl).
+    #[arg(short = 'R', long = "local_register", default_value_t = 0)]
+    local_register: u8,
 }
 
 /// What `--baseline` times beside rankmesh's calls.
@@ -334,7 +335,6 @@ impl BenchArgs {
             ("-y", &self.stream_null),
             ("-G", &self.cudagraph),
             ("-C", &self.report_cputime),
-            ("-R", &self.local_register),
         ]
         .iter()
         .filter_map(|(flag, v)| {
@@ -402,6 +402,14 @@ impl BenchArgs {
             corrupt: self.corrupt,
             min_bw,
             progress: true,
+            register: match self.local_register {
+                r @ 0..=2 => r,
+                r => {
+                    return Err(usage(format!(
+                        "-R {r}: use 0 (none), 1 (ncclCommRegister) or 2 (symmetric windows)"
+                    )))
+                }
+            },
         })
     }
 }

@@ -87,6 +87,10 @@ pub struct BenchConfig {
     pub min_bw: Option<f64>,
     /// Show progress on stderr when it is a terminal.
     pub progress: bool,
+    /// `-R` as nccl-tests: 0 plain buffers; 1 buffers from `ncclMemAlloc`
+    /// registered with `ncclCommRegister`; 2 registered as symmetric windows
+    /// (`ncclCommWindowRegister`). Device plane only.
+    pub register: u8,
 }
 
 /// nccl-tests' type names (its `-d` names, and what its tables print);

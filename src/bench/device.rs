@@ -4,18 +4,85 @@
 //! the baseline.
 
 use super::entries::Split;
-use super::{BenchConfig, BenchPlane};
-use crate::device::DeviceTensor;
+use super::{BenchConfig, BenchPlane, Held, HeldBox};
+use crate::device::{DeviceTensor, Gpu};
 use crate::error::NcclError;
 use crate::error::{Error, Result};
 use crate::group::DeviceGroup;
+use crate::group::GroupCoordinator;
+use crate::nccl::comm::{RegisteredBuffer, Registration};
 use crate::op::Op;
 use crate::tensor::Tensor;
-use crate::Collectives;
+use crate::{Collectives, Objects};
 use std::os::raw::c_void;
 
-/// The device plane of a group.
-pub(super) struct DeviceBench<'g, 'rt>(pub DeviceGroup<'g, 'rt>);
+/// The device plane of a group, with its buffers registered as `-R` asks.
+pub(super) struct DeviceBench<'g, 'rt>(pub DeviceGroup<'g, 'rt>, Option<Registration>);
+
+impl<'g, 'rt> DeviceBench<'g, 'rt> {
+    pub(super) fn new(dg: DeviceGroup<'g, 'rt>, register: Option<Registration>) -> Self {
+        DeviceBench(dg, register)
+    }
+}
+
+/// `-R`'s registration where every rank's NCCL has it (agreed over the
+/// world: a window is collective), and the note the header prints when it
+/// is asked for and not done.
+pub(super) fn registration(
+    cfg: &BenchConfig,
+    dg: Option<&DeviceGroup<'_, '_>>,
+    world: &GroupCoordinator<'_>,
+) -> Result<(Option<Registration>, Option<String>)> {
+    let kind = match cfg.register {
+        0 => return Ok((None, None)),
+        1 => Registration::Local,
+        _ => Registration::Symmetric,
+    };
+    let Some(dg) = dg else {
+        let note = format!(
+            "Option -R {} applies to the device plane (--backend nccl). Ignoring",
+            cfg.register
+        );
+        return Ok((None, Some(note)));
+    };
+    let nccl = dg.gpu().nccl()?;
+    let lacking = kind
+        .missing(nccl.api()?)
+        .map(|m| format!("NCCL {} has no {m}", nccl.version()));
+    let all: Vec<Option<String>> = world.all_gather_object(&lacking)?;
+    match all
+        .iter()
+        .enumerate()
+        .find_map(|(r, l)| l.as_ref().map(|l| (r, l)))
+    {
+        Some((rank, why)) => Ok((
+            None,
+            Some(format!(
+                "Option -R {}: {why} on rank {rank}; buffers are not registered",
+                cfg.register
+            )),
+        )),
+        None => Ok((Some(kind), None)),
+    }
+}
+
+/// A registered buffer, freed only once the device is done with it.
+struct Registered<'rt> {
+    gpu: &'rt Gpu,
+    buf: Option<RegisteredBuffer<'rt>>,
+}
+
+impl Held for Registered<'_> {}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        // The stream may still read the buffer: wait, then deregister and free.
+        if let Err(e) = self.gpu.synchronize() {
+            tracing::warn!("a registered bench buffer freed after a failed wait: {e}");
+        }
+        self.buf.take();
+    }
+}
 
 impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
     type C = DeviceGroup<'g, 'rt>;
@@ -26,6 +93,28 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
 
     fn upload(&self, t: &Tensor) -> Result<DeviceTensor> {
         self.0.gpu().upload(t)
+    }
+
+    fn buffer(&self, t: &Tensor) -> Result<(DeviceTensor, Option<HeldBox<'rt>>)> {
+        let Some(kind) = self.1 else {
+            return Ok((self.upload(t)?, None));
+        };
+        let gpu = self.0.gpu();
+        let buf = self
+            .0
+            .comm()?
+            .alloc_registered(t.nbytes(), kind)
+            .map_err(|e| Error::nccl(Op::Connect, self.0.group().name(), e))?;
+        // SAFETY: `buf` holds `t.nbytes()` bytes of this device's memory and
+        // is freed only after the device is done (`Registered::drop`, which
+        // `Buffers` drops after this tensor).
+        let mut d = unsafe { DeviceTensor::from_raw(buf.address(), t.dtype(), t.shape().to_vec()) };
+        gpu.upload_into(t, &mut d)?;
+        let held = Registered {
+            gpu,
+            buf: Some(buf),
+        };
+        Ok((d, Some(Box::new(held))))
     }
 
     fn upload_into(&self, t: &Tensor, d: &mut DeviceTensor) -> Result<()> {

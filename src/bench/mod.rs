@@ -178,6 +178,9 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
     };
     let devices = world.gather_object(&device, 0)?.unwrap_or_default();
     let nccl_version = dg.map_or(0, |d| d.gpu().nccl().map_or(0, |n| n.version_code()));
+    // -R: what every rank's library can register, agreed (a window is
+    // collective); a library without it runs unregistered, as nccl-tests.
+    let (registration, register_note) = device::registration(cfg, dg.as_ref(), &world)?;
     if is_main {
         let (step, factor) = if cfg.step_factor > 1 {
             (cfg.step_factor, true)
@@ -197,6 +200,9 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             nccl_version,
         };
         write_out(out, &format::preamble(&pre))?;
+        if let Some(note) = &register_note {
+            write_out(out, &format!("# {note}\n"))?;
+        }
         let lines: String = devices
             .iter()
             .map(|d| {
@@ -221,7 +227,12 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
     while cfg.cycles == 0 || cycle < cfg.cycles {
         cycle += 1;
         let rows = match &dg {
-            Some(dg) => one_sweep(&device::DeviceBench(*dg), cfg, &sweep, cycle == 1)?,
+            Some(dg) => one_sweep(
+                &device::DeviceBench::new(*dg, registration),
+                cfg,
+                &sweep,
+                cycle == 1,
+            )?,
             None => one_sweep(&host::HostBench(&group), cfg, &sweep, cycle == 1)?,
         };
         // Each group's first rank holds its rows; world rank 0 prints them all.
@@ -313,6 +324,12 @@ pub(crate) trait BenchPlane<'rt> {
     /// A plane tensor holding `t`.
     fn upload(&self, t: &Tensor) -> Result<PlaneT<'rt, Self>>;
 
+    /// A benchmark buffer holding `t`, and what keeps its memory (a
+    /// registered buffer, `-R`): by default an upload, with nothing held.
+    fn buffer(&self, t: &Tensor) -> Result<(PlaneT<'rt, Self>, Option<HeldBox<'rt>>)> {
+        Ok((self.upload(t)?, None))
+    }
+
     /// Overwrites `d` with `t` (same shape and dtype).
     fn upload_into(&self, t: &Tensor, d: &mut PlaneT<'rt, Self>) -> Result<()>;
 
@@ -340,6 +357,13 @@ pub(crate) trait BenchPlane<'rt> {
         output: &mut PlaneT<'rt, Self>,
     ) -> Result<()>;
 }
+
+/// Memory a bench buffer lives in, released when dropped (after the
+/// buffer's tensor, which only borrows it).
+pub(crate) trait Held {}
+
+/// What a plane holds for one buffer.
+pub(crate) type HeldBox<'rt> = Box<dyn Held + 'rt>;
 
 /// The tensor type of a bench plane.
 pub(crate) type PlaneT<'rt, P> = <<P as BenchPlane<'rt>>::C as Collectives<'rt>>::Tensor;
@@ -403,6 +427,9 @@ struct Buffers<'rt, P: BenchPlane<'rt>> {
     output: PlaneT<'rt, P>,
     /// The uneven entries' counts on this rank.
     split: Split,
+    /// The memory under `input` and `output` when the plane keeps it
+    /// (dropped after them: fields drop in order).
+    _held: [Option<HeldBox<'rt>>; 2],
 }
 
 impl<'rt, P: BenchPlane<'rt>> Buffers<'rt, P> {
@@ -413,11 +440,14 @@ impl<'rt, P: BenchPlane<'rt>> Buffers<'rt, P> {
         let host = cfg
             .op
             .buffers(count, cfg.dtype, who, cfg.redop, cfg.root, &split)?;
+        let (input, held_in) = p.buffer(&host.0)?;
+        let (output, held_out) = p.buffer(&host.1)?;
         Ok(Buffers {
-            input: p.upload(&host.0)?,
-            output: p.upload(&host.1)?,
+            input,
+            output,
             host,
             split,
+            _held: [held_in, held_out],
         })
     }
 

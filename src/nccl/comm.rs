@@ -8,6 +8,7 @@
 use super::result::{check, error_of, moved_as, reduced_as};
 use super::sys::{
     Api, Config, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SPLIT_NOCOLOR, SUCCESS,
+    WIN_COLL_SYMMETRIC,
 };
 use crate::dtype::DType;
 use crate::error::NcclError;
@@ -221,6 +222,77 @@ impl Drop for GroupGuard<'_, '_> {
             // any) was already reported by the call that failed inside it.
             unsafe { (self.comm.api.group_end)() };
             BRACKET.with(|b| b.close(self.comm.api));
+        }
+    }
+}
+
+/// How a buffer is registered with a communicator (nccl-tests' `-R`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// `ncclCommRegister` (NCCL 2.19): local, NCCL may skip its copies.
+    Local,
+    /// `ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC` (NCCL 2.27):
+    /// collective, every member registers its buffer at the same point.
+    Symmetric,
+}
+
+impl Registration {
+    /// What the library lacks for this registration, when it does.
+    pub fn missing(self, api: &Api) -> Option<&'static str> {
+        match self {
+            _ if api.mem_alloc.is_none() || api.mem_free.is_none() => Some("ncclMemAlloc (2.19)"),
+            Registration::Local if api.comm_register.is_none() || api.comm_deregister.is_none() => {
+                Some("ncclCommRegister (2.19)")
+            }
+            Registration::Symmetric
+                if api.comm_window_register.is_none() || api.comm_window_deregister.is_none() =>
+            {
+                Some("ncclCommWindowRegister (2.27)")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `bytes` of device memory from `ncclMemAlloc`, registered with a
+/// communicator; deregistered (while the communicator lives) and freed when
+/// dropped. The caller makes sure no work uses it by then.
+pub struct RegisteredBuffer<'a> {
+    api: &'a Api,
+    state: Rc<CommState>,
+    ptr: *mut c_void,
+    handle: *mut c_void,
+    kind: Registration,
+}
+
+impl RegisteredBuffer<'_> {
+    /// The buffer's device address.
+    pub fn address(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl Drop for RegisteredBuffer<'_> {
+    fn drop(&mut self) {
+        let raw = self.state.raw.get();
+        // SAFETY: `handle` came from registering `ptr` with this communicator
+        // (skipped once it is gone: its registrations went with it); `ptr`
+        // from ncclMemAlloc, unused by now (the caller's promise).
+        unsafe {
+            if !raw.is_null() && !self.handle.is_null() {
+                let rc = match self.kind {
+                    Registration::Local => self.api.comm_deregister.map(|f| f(raw, self.handle)),
+                    Registration::Symmetric => {
+                        self.api.comm_window_deregister.map(|f| f(raw, self.handle))
+                    }
+                };
+                if let Some(rc) = rc.filter(|rc| *rc != SUCCESS && *rc != IN_PROGRESS) {
+                    tracing::warn!("NCCL deregistration failed: {}", self.api.error_string(rc));
+                }
+            }
+            if let Some(free) = self.api.mem_free {
+                free(self.ptr);
+            }
         }
     }
 }
@@ -524,6 +596,59 @@ impl<'a> Communicator<'a> {
             (self.api.broadcast)(send, recv, count, dt, root as c_int, raw, stream),
             "ncclBroadcast",
         )
+    }
+
+    /// `bytes` from `ncclMemAlloc`, registered as `kind` asks (collective
+    /// over the members for [`Registration::Symmetric`]).
+    pub fn alloc_registered(
+        &self,
+        bytes: usize,
+        kind: Registration,
+    ) -> Result<RegisteredBuffer<'a>, NcclError> {
+        if let Some(missing) = kind.missing(self.api) {
+            return Err(NcclError::other(format!("this NCCL has no {missing}")));
+        }
+        let raw = self.raw()?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        let alloc = self.api.mem_alloc.expect("checked above");
+        // SAFETY: `ptr` is a valid out-pointer; at least one byte is asked for.
+        check(
+            self.api,
+            raw,
+            unsafe { alloc(&mut ptr, bytes.max(1)) },
+            "ncclMemAlloc",
+        )?;
+        let mut buf = RegisteredBuffer {
+            api: self.api,
+            state: self.state.clone(),
+            ptr,
+            handle: std::ptr::null_mut(),
+            kind,
+        };
+        // SAFETY: `ptr` holds `bytes` from ncclMemAlloc; `handle` is an out-pointer.
+        let rc = unsafe {
+            match kind {
+                Registration::Local => (self.api.comm_register.expect("checked"))(
+                    raw,
+                    ptr,
+                    bytes.max(1),
+                    &mut buf.handle,
+                ),
+                Registration::Symmetric => (self.api.comm_window_register.expect("checked"))(
+                    raw,
+                    ptr,
+                    bytes.max(1),
+                    &mut buf.handle,
+                    WIN_COLL_SYMMETRIC,
+                ),
+            }
+        };
+        let what = match kind {
+            Registration::Local => "ncclCommRegister",
+            Registration::Symmetric => "ncclCommWindowRegister",
+        };
+        self.check(rc, what)?;
+        Ok(buf)
     }
 
     /// Whether `ncclAlltoAll`, `ncclGather` and `ncclScatter` exist (NCCL

@@ -26,6 +26,9 @@ pub const CONFIG_UNDEF_INT: c_int = -2147483648;
 /// `NCCL_API_MAGIC`: marks a config made as `NCCL_CONFIG_INITIALIZER` makes it.
 pub const API_MAGIC: c_uint = 0xcafebeef;
 
+/// `NCCL_WIN_COLL_SYMMETRIC`: a window every rank registers at the same offset.
+pub const WIN_COLL_SYMMETRIC: c_int = 1;
+
 /// `NCCL_UNIQUE_ID_BYTES`.
 pub const UNIQUE_ID_BYTES: usize = 128;
 
@@ -218,6 +221,9 @@ pub struct Api {
     pub gather: Option<CollFn>,
     /// NCCL ≥ 2.28: native scatter from a root.
     pub scatter: Option<CollFn>,
+    /// NCCL ≥ 2.19: memory NCCL can register (cuMem-backed, granularity-aligned).
+    pub mem_alloc: Option<unsafe extern "C" fn(*mut *mut c_void, usize) -> NcclResult>,
+    pub mem_free: Option<unsafe extern "C" fn(*mut c_void) -> NcclResult>,
     /// NCCL ≥ 2.19: buffer registration.
     pub comm_register:
         Option<unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult>,
@@ -271,6 +277,8 @@ impl Api {
             all_to_all: sym(lib, "ncclAlltoAll").ok(),
             gather: sym(lib, "ncclGather").ok(),
             scatter: sym(lib, "ncclScatter").ok(),
+            mem_alloc: sym(lib, "ncclMemAlloc").ok(),
+            mem_free: sym(lib, "ncclMemFree").ok(),
             comm_register: sym(lib, "ncclCommRegister").ok(),
             comm_deregister: sym(lib, "ncclCommDeregister").ok(),
             comm_window_register: sym(lib, "ncclCommWindowRegister").ok(),
@@ -308,6 +316,7 @@ impl Api {
             ("ncclAlltoAll", self.all_to_all.is_some()),
             ("ncclGather", self.gather.is_some()),
             ("ncclScatter", self.scatter.is_some()),
+            ("ncclMemAlloc", self.mem_alloc.is_some()),
             ("ncclCommRegister", self.comm_register.is_some()),
             (
                 "ncclCommWindowRegister",

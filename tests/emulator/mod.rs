@@ -489,7 +489,7 @@ pub fn drive() {
                         == serde_json::json!(["alltoall", "gather", "scatter"])
                     && doc["nccl"]["optional_entry_points"]
                         .as_array()
-                        .is_some_and(|a| a.len() == 9))
+                        .is_some_and(|a| a.len() == 10))
                 .then_some(())
                 .ok_or_else(|| format!("{doc:#}"))
             },
@@ -900,6 +900,66 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
             || split_check(np, lib, &extra).and_then(want(roots)),
         );
     }
+    for (r, counter) in [("1", "registered"), ("2", "windows")] {
+        trial(
+            &format!("bench -R {r}: buffers from ncclMemAlloc, registered ({counter}), validated, all released"),
+            failures,
+            || {
+                let job = support::mpirun(
+                    2,
+                    rankmesh_bin(),
+                    &["bench", "all_reduce", "--backend", "nccl", "-b", "8", "-e", "64K", "-f", "4", "-R", r],
+                    &emu.env(&[("RANKMESH_EMU_GPUS", "2"), ("RANKMESH_EMU_COUNTS", "1")]),
+                );
+                let counts: Vec<&str> = job.stdout.lines().filter(|l| l.starts_with("emulator counts:")).collect();
+                let used = counts.iter().all(|l| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix(&format!("{counter}=")))
+                        .and_then(|n| n.parse::<u32>().ok())
+                        .is_some_and(|n| n >= 2 * 7)
+                });
+                let released = counts.iter().all(|l| l.ends_with(" live=0"));
+                let valid = job.stdout.contains("# Out of bounds values : 0 OK");
+                (job.ok() && counts.len() == 2 && used && released && valid && !job.stdout.contains("Option -R"))
+                    .then_some(())
+                    .ok_or_else(|| job.describe())
+            },
+        );
+    }
+    trial(
+        "bench -R 2 on NCCL 2.18: the header says why, the run is unregistered and validated",
+        failures,
+        || {
+            let mut env = emu.env(&[("RANKMESH_EMU_GPUS", "2")]);
+            env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
+            env.push(("RANKMESH_NCCL_LIB", nccl_2_18.as_str()));
+            let job = support::mpirun(
+                2,
+                rankmesh_bin(),
+                &[
+                    "bench",
+                    "all_reduce",
+                    "--backend",
+                    "nccl",
+                    "-b",
+                    "8",
+                    "-e",
+                    "1K",
+                    "-f",
+                    "4",
+                    "-R",
+                    "2",
+                ],
+                &env,
+            );
+            let note = "# Option -R 2: NCCL 2.18.5 has no ncclMemAlloc (2.19) on rank 0; buffers are not registered";
+            (job.ok()
+                && job.stdout.lines().any(|l| l == note)
+                && job.stdout.contains("# Out of bounds values : 0 OK"))
+            .then_some(())
+            .ok_or_else(|| job.describe())
+        },
+    );
     trial(
         "non-blocking creation that never finishes: aborted at RANKMESH_TIMEOUT, every rank names the rank",
         failures,

@@ -1217,8 +1217,9 @@ static ncclResult_t register_buffer(Comm *c, void *buf, size_t size, void **hand
         snprintf(last_error, sizeof last_error, "%s: null buffer or zero size", call);
         return INVALID_ARGUMENT;
     }
-    if (window && ((uintptr_t)buf % 4096 || size % 4096)) {
-        snprintf(last_error, sizeof last_error, "%s: buffer %p of %zu bytes is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)", call, buf, size);
+    if (window && (uintptr_t)buf % 4096) {
+        snprintf(last_error, sizeof last_error,
+                 "%s: buffer %p is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)", call, buf);
         return INVALID_ARGUMENT;
     }
     Registration *reg = malloc(sizeof *reg);
@@ -1240,6 +1241,25 @@ static ncclResult_t deregister(Comm *c, void *handle, const char *call) {
     free(reg);
     live_registrations--;
     return SUCCESS;
+}
+
+/* Memory NCCL can register: page-aligned, as cuMem allocations are. */
+ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
+    if (!ptr || !size) return INVALID_ARGUMENT;
+    return posix_memalign(ptr, 4096, size) ? SYSTEM_ERROR : SUCCESS;
+}
+ncclResult_t ncclMemFree(void *ptr) {
+    free(ptr);
+    return SUCCESS;
+}
+
+/* RANKMESH_EMU_COUNTS=1: the registration counters, printed at exit. */
+static void print_counts(void) {
+    printf("emulator counts: registered=%d windows=%d live=%d\n", count_registered, count_windows,
+           live_registrations);
+}
+__attribute__((constructor)) static void counts_at_exit(void) {
+    if (env_on("RANKMESH_EMU_COUNTS")) atexit(print_counts);
 }
 
 ncclResult_t ncclCommRegister(const ncclComm_t c, void *buf, size_t size, void **handle) {

@@ -37,6 +37,7 @@ fn config(op: &'static Entry, dtype: DType, redop: ReduceOp, root: usize) -> Ben
         corrupt: false,
         min_bw: None,
         progress: false,
+        register: 0,
     }
 }
 
