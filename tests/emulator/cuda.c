@@ -33,10 +33,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef RANKMESH_REAL_CUDA_H
+/* The real header (tests/emulator/mod.rs builds with it when the wheel is
+   there): every definition below must match its declaration. */
+#include <cuda.h>
+#else
+/* cuda.h's types as it spells them, for builds without the wheel. */
 typedef int CUresult;
 typedef int CUdevice;
-typedef void *CUcontext;
-typedef uint64_t CUdeviceptr;
+typedef int CUdevice_attribute;
+typedef struct CUctx_st *CUcontext;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+#endif
 
 #define OK 0
 #define INVALID_VALUE 1
@@ -50,12 +60,15 @@ typedef uint64_t CUdeviceptr;
 
 static int initialised;
 /* One primary context per device: a call tells which device is current. */
-static char fake_ctx[64];
+struct CUctx_st {
+    char unused;
+};
+static struct CUctx_st fake_ctx[64];
 static __thread CUcontext current;
 
 /* The ordinal of the thread's current context, -1 without one (the NCCL
    emulator checks calls against its communicator's device). */
-int rankmesh_emu_current_device(void) { return current ? (int)((char *)current - fake_ctx) : -1; }
+int rankmesh_emu_current_device(void) { return current ? (int)(current - fake_ctx) : -1; }
 
 /* As the driver: memory, stream and event calls need a current context
    (CUDA_ERROR_INVALID_CONTEXT without one). */
@@ -101,7 +114,7 @@ typedef struct Work {
     struct Work *next;
 } Work;
 
-typedef struct Stream {
+typedef struct CUstream_st {
     pthread_mutex_t mu;
     pthread_cond_t wake, idle;
     Work *head, *tail;
@@ -148,7 +161,7 @@ static Stream *new_stream(void) {
     return s;
 }
 
-static Stream *stream_of(void *h) {
+static Stream *stream_of(CUstream h) {
     if (h) return h;
     pthread_mutex_lock(&streams_mu);
     int make = !null_stream;
@@ -165,7 +178,7 @@ static Stream *stream_of(void *h) {
 /* Runs fn(arg) on the stream, after the work enqueued before it; frees
  * `arg` after. Work (copies, NCCL calls, frees) starts after a random delay;
  * event records and waits do not, so a missing wait loses a fair race. */
-static void enqueue_as(void *h, void (*fn)(void *), void *arg, int delayed) {
+static void enqueue_as(CUstream h, void (*fn)(void *), void *arg, int delayed) {
     Stream *s = stream_of(h);
     if (!async_mode()) {
         fn(arg);
@@ -185,7 +198,7 @@ static void enqueue_as(void *h, void (*fn)(void *), void *arg, int delayed) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static void enqueue(void *h, void (*fn)(void *), void *arg) { enqueue_as(h, fn, arg, 1); }
+static void enqueue(CUstream h, void (*fn)(void *), void *arg) { enqueue_as(h, fn, arg, 1); }
 
 /* The NCCL emulator's way in: its calls run on the stream like kernels. */
 typedef struct {
@@ -199,7 +212,7 @@ static void run_foreign(void *p) {
 int rankmesh_emu_enqueue(void *stream, void (*fn)(void *), void *arg) {
     Foreign *f = malloc(sizeof *f);
     *f = (Foreign){fn, arg};
-    enqueue(stream, run_foreign, f);
+    enqueue((CUstream)stream, run_foreign, f);
     return 0;
 }
 
@@ -240,7 +253,7 @@ CUresult cuDeviceGet(CUdevice *d, int ordinal) {
 /* The attributes asked of it, with an H100's values; any other is refused
    (CUDA_ERROR_INVALID_VALUE), so a new query shows up here instead of
    reading a made-up value. */
-CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
     if (d < 0 || d >= gpus()) return INVALID_DEVICE;
     int major = 9, minor = 0;
     const char *cc = getenv("RANKMESH_EMU_CC");
@@ -272,7 +285,7 @@ CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
     return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
-    if (d < 0 || d >= gpus() || d >= (int)sizeof fake_ctx) return INVALID_DEVICE;
+    if (d < 0 || d >= gpus() || d >= (int)(sizeof fake_ctx / sizeof fake_ctx[0])) return INVALID_DEVICE;
     *c = &fake_ctx[d];
     return OK;
 }
@@ -294,32 +307,32 @@ CUresult cuCtxSynchronize(void) {
     return OK;
 }
 
-CUresult cuStreamCreate(void **s, unsigned flags) {
+CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     NEED_CONTEXT();
     (void)flags;
     *s = new_stream();
     return OK;
 }
 /* Streams are kept: work may still be queued, as CUDA allows at destroy. */
-CUresult cuStreamDestroy_v2(void *s) {
+CUresult cuStreamDestroy_v2(CUstream s) {
     (void)s;
     return OK;
 }
-CUresult cuStreamQuery(void *h) {
+CUresult cuStreamQuery(CUstream h) {
     Stream *s = stream_of(h);
     pthread_mutex_lock(&s->mu);
     long pending = s->pending;
     pthread_mutex_unlock(&s->mu);
     return pending ? NOT_READY : OK;
 }
-CUresult cuStreamSynchronize(void *h) {
+CUresult cuStreamSynchronize(CUstream h) {
     stream_wait(stream_of(h));
     return OK;
 }
 
 /* ---- events: a count of records and of records reached ---- */
 
-typedef struct {
+typedef struct CUevent_st {
     long recorded, reached;
 } Event;
 
@@ -342,24 +355,24 @@ static void await(void *p) {
     while (load(&st->e->reached) < st->target) usleep(10);
 }
 
-CUresult cuEventCreate(Event **e, unsigned flags) {
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
     NEED_CONTEXT();
     (void)flags;
     *e = calloc(1, sizeof **e);
     return *e ? OK : OUT_OF_MEMORY;
 }
-CUresult cuEventRecord(Event *e, void *s) {
+CUresult cuEventRecord(CUevent e, CUstream s) {
     if (!e) return INVALID_HANDLE;
     EventStep *st = malloc(sizeof *st);
     *st = (EventStep){e, __atomic_add_fetch(&e->recorded, 1, __ATOMIC_ACQ_REL)};
     enqueue_as(s, reach, st, 0);
     return OK;
 }
-CUresult cuEventRecordWithFlags(Event *e, void *s, unsigned flags) {
+CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned flags) {
     (void)flags;
     return cuEventRecord(e, s);
 }
-CUresult cuStreamWaitEvent(void *s, Event *e, unsigned flags) {
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
     (void)flags;
     if (!e) return INVALID_HANDLE;
     EventStep *st = malloc(sizeof *st);
@@ -367,18 +380,18 @@ CUresult cuStreamWaitEvent(void *s, Event *e, unsigned flags) {
     enqueue_as(s, await, st, 0);
     return OK;
 }
-CUresult cuEventQuery(Event *e) {
+CUresult cuEventQuery(CUevent e) {
     if (!e) return INVALID_HANDLE;
     return load(&e->reached) >= load(&e->recorded) ? OK : NOT_READY;
 }
-CUresult cuEventSynchronize(Event *e) {
+CUresult cuEventSynchronize(CUevent e) {
     if (!e) return INVALID_HANDLE;
     long target = load(&e->recorded);
     while (load(&e->reached) < target) usleep(10);
     return OK;
 }
 /* Kept: queued steps may still point at it (a few bytes per event). */
-CUresult cuEventDestroy_v2(Event *e) {
+CUresult cuEventDestroy_v2(CUevent e) {
     (void)e;
     return OK;
 }
@@ -420,7 +433,7 @@ static CUdeviceptr *boxed(CUdeviceptr p) {
     return b;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) {
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     NEED_CONTEXT();
     (void)s;
     return alloc(p, n);
@@ -429,7 +442,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     NEED_CONTEXT();
     return alloc(p, n);
 }
-CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     NEED_CONTEXT();
     enqueue(s, poison_free, boxed(p));
     return OK;
@@ -460,14 +473,14 @@ static void do_copy(void *p) {
     if (c->owned_src) free((void *)c->src);
 }
 
-static CUresult enqueue_copy(void *s, char *dst, const char *src, size_t n, int owned) {
+static CUresult enqueue_copy(CUstream s, char *dst, const char *src, size_t n, int owned) {
     Copy *c = malloc(sizeof *c);
     *c = (Copy){dst, src, n, owned, 0, 0};
     enqueue(s, do_copy, c);
     return OK;
 }
 
-CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
     NEED_CONTEXT();
     Copy *c = malloc(sizeof *c);
     *c = (Copy){(char *)(uintptr_t)p, NULL, n, 0, 1, v};
@@ -475,24 +488,27 @@ CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
     return OK;
 }
 /* Pageable source: staged now, so the caller may reuse it at once. */
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     NEED_CONTEXT();
     char *staged = malloc(n ? n : 1);
     memcpy(staged, src, n);
     return enqueue_copy(s, (char *)(uintptr_t)dst, staged, n, 1);
 }
 /* Pageable destination: the copy waits for the stream and is done on return. */
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     NEED_CONTEXT();
     stream_wait(stream_of(s));
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return OK;
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     NEED_CONTEXT();
     return enqueue_copy(s, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, 0);
 }
 
+#ifdef RANKMESH_REAL_CUDA_H
+typedef CUDA_MEMCPY2D Memcpy2D;
+#else
 /* CUDA_MEMCPY2D, as in cuda.h. */
 typedef struct {
     size_t srcXInBytes, srcY;
@@ -509,6 +525,7 @@ typedef struct {
     size_t dstPitch;
     size_t WidthInBytes, Height;
 } Memcpy2D;
+#endif
 
 static void do_copy_2d(void *p) {
     Memcpy2D *c = p;
@@ -518,7 +535,7 @@ static void do_copy_2d(void *p) {
         memcpy(dst + row * c->dstPitch, src + row * c->srcPitch, c->WidthInBytes);
 }
 
-CUresult cuMemcpy2DAsync_v2(const Memcpy2D *c, void *s) {
+CUresult cuMemcpy2DAsync_v2(const Memcpy2D *c, CUstream s) {
     NEED_CONTEXT();
     if (c->srcMemoryType != 2 || c->dstMemoryType != 2) return INVALID_VALUE;
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes) return INVALID_VALUE;

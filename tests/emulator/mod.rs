@@ -36,8 +36,21 @@ pub fn build(dir: &Path) -> Result<(), String> {
             Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
         }
     };
+    // Against the real nccl.h and cuda.h when their wheels are here (always
+    // under CI): a definition that drifts from the header's declaration
+    // does not compile.
+    let includes = support::real_nccl_includes(&dir.join("headers"));
+    let header = |define: &str| -> Vec<String> {
+        includes.as_ref().map_or_else(Vec::new, |dirs| {
+            std::iter::once(format!("-D{define}"))
+                .chain(dirs.iter().map(|d| format!("-I{}", d.display())))
+                .collect()
+        })
+    };
     run(Command::new("cc")
-        .args(["-O1", "-shared", "-fPIC", "-o"])
+        .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC"])
+        .args(header("RANKMESH_REAL_CUDA_H"))
+        .arg("-o")
         .arg(dir.join("libcuda.so"))
         .arg(src.join("cuda.c"))
         .arg(&stub_file)
@@ -45,19 +58,11 @@ pub fn build(dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
     std::os::unix::fs::symlink("libcuda.so", dir.join("libcuda.so.1"))
         .map_err(|e| e.to_string())?;
-    // Against the real nccl.h when its wheel is here (always under CI): a
-    // definition that drifts from NCCL's declaration does not compile.
-    let header: Vec<String> = match support::real_nccl_includes(&dir.join("nccl-h")) {
-        Some(dirs) => std::iter::once("-DRANKMESH_REAL_NCCL_H".to_string())
-            .chain(dirs.iter().map(|d| format!("-I{}", d.display())))
-            .collect(),
-        None => Vec::new(),
-    };
     let nccl = |flags: &[&str], out: PathBuf| {
         run(Command::new("mpicc")
             .args(flags)
             .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC"])
-            .args(&header)
+            .args(header("RANKMESH_REAL_NCCL_H"))
             .arg("-o")
             .arg(out)
             .arg(src.join("nccl.c"))
