@@ -22,7 +22,7 @@ use crate::device::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
 use crate::group::{Collectives, P2p};
-use crate::nccl::comm::Communicator;
+use crate::nccl::comm::{Communicator, Rooted};
 use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
 use crate::op::ReduceOp;
@@ -561,7 +561,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
                     None => std::ptr::null_mut(),
                 };
                 // SAFETY: `t` holds `n` elements; on the root `blocks` holds `n × size`.
-                unsafe { comm.gather(src, bp, n, dt, dst, self.raw()) }?;
+                unsafe { comm.rooted(Rooted::Gather, src, bp, n, dt, dst, self.raw()) }?;
                 if me != dst {
                     return Ok(());
                 }
@@ -614,7 +614,15 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             if me != src && native {
                 // SAFETY: `out` holds `n` elements; the send side is the root's only.
                 return Ok(unsafe {
-                    comm.scatter(std::ptr::null(), out_p, n, dt, src, self.raw())
+                    comm.rooted(
+                        Rooted::Scatter,
+                        std::ptr::null(),
+                        out_p,
+                        n,
+                        dt,
+                        src,
+                        self.raw(),
+                    )
                 }?);
             }
             if me != src {
@@ -632,7 +640,9 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             let bytes = out.nbytes();
             if native {
                 // SAFETY: `blocks` holds `size` blocks of `n` elements; `out` one.
-                return Ok(unsafe { comm.scatter(blocks, out_p, n, dt, src, self.raw()) }?);
+                return Ok(unsafe {
+                    comm.rooted(Rooted::Scatter, blocks, out_p, n, dt, src, self.raw())
+                }?);
             }
             let fused = comm.group()?;
             for r in (0..size).filter(|r| *r != me) {

@@ -297,6 +297,15 @@ impl Drop for RegisteredBuffer<'_> {
     }
 }
 
+/// The native rooted collectives.
+#[derive(Clone, Copy, Debug)]
+pub enum Rooted {
+    /// `ncclGather`.
+    Gather,
+    /// `ncclScatter`.
+    Scatter,
+}
+
 /// How a communicator comes to be.
 pub(crate) enum Origin<'p, 'a> {
     /// From unique ids: one (`ncclCommInitRankConfig`) or several roots'
@@ -681,14 +690,17 @@ impl<'a> Communicator<'a> {
         self.check(f(send, recv, count, dt, raw, stream), "ncclAlltoAll")
     }
 
-    /// `ncclGather`: `count` elements of every rank's `send`, in rank order,
-    /// into `recv` on `root` (null elsewhere).
+    /// `ncclGather` (`count` elements of every rank's `send`, in rank order,
+    /// into `recv` on `root`; `recv` null elsewhere) or `ncclScatter` (block
+    /// `r` of `send` on `root` into rank `r`'s `recv`; `send` null off the root).
     ///
     /// # Safety
-    /// As [`all_to_all`](Self::all_to_all); `recv` holds `count × size`
-    /// elements on `root`.
-    pub unsafe fn gather(
+    /// As [`all_to_all`](Self::all_to_all); the root's side holds
+    /// `count × size` elements, the other `count`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rooted(
         &self,
+        op: Rooted,
         send: *const c_void,
         recv: *mut c_void,
         count: usize,
@@ -696,42 +708,14 @@ impl<'a> Communicator<'a> {
         root: usize,
         stream: RawStream,
     ) -> Result<(), NcclError> {
-        let f = self
-            .api
-            .gather
-            .ok_or_else(|| NcclError::other("no ncclGather"))?;
+        let (f, name) = match op {
+            Rooted::Gather => (self.api.gather, "ncclGather"),
+            Rooted::Scatter => (self.api.scatter, "ncclScatter"),
+        };
+        let f = f.ok_or_else(|| NcclError::other(format!("this NCCL has no {name}")))?;
         let raw = self.raw()?;
         let (dt, count) = moved_as(dtype, count);
-        self.check(
-            f(send, recv, count, dt, root as c_int, raw, stream),
-            "ncclGather",
-        )
-    }
-
-    /// `ncclScatter`: block `r` (`count` elements) of `send` on `root` into
-    /// rank `r`'s `recv` (`send` null off the root).
-    ///
-    /// # Safety
-    /// As [`gather`](Self::gather), the other way round.
-    pub unsafe fn scatter(
-        &self,
-        send: *const c_void,
-        recv: *mut c_void,
-        count: usize,
-        dtype: DType,
-        root: usize,
-        stream: RawStream,
-    ) -> Result<(), NcclError> {
-        let f = self
-            .api
-            .scatter
-            .ok_or_else(|| NcclError::other("no ncclScatter"))?;
-        let raw = self.raw()?;
-        let (dt, count) = moved_as(dtype, count);
-        self.check(
-            f(send, recv, count, dt, root as c_int, raw, stream),
-            "ncclScatter",
-        )
+        self.check(f(send, recv, count, dt, root as c_int, raw, stream), name)
     }
 
     /// `ncclSend` of `count` elements to `peer` (inside a [`group`](Self::group)

@@ -104,9 +104,18 @@ struct Emulator {
 
 impl Emulator {
     fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        self.env_with(&self.nccl, extra)
+    }
+
+    /// As `env`, with the NCCL library at `nccl` (another build).
+    fn env_with<'a>(
+        &'a self,
+        nccl: &'a str,
+        extra: &[(&'a str, &'a str)],
+    ) -> Vec<(&'a str, &'a str)> {
         let mut env = vec![
             ("LD_LIBRARY_PATH", self.ld_path.as_str()),
-            ("RANKMESH_NCCL_LIB", self.nccl.as_str()),
+            ("RANKMESH_NCCL_LIB", nccl),
             ("RANKMESH_TIMEOUT", "60"),
         ];
         env.extend_from_slice(extra);
@@ -837,12 +846,13 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     );
     let split_check = |np: usize, nccl: &str, extra: &[(&str, &str)]| {
         let gpus = np.to_string();
-        let mut env = emu.env(&[
-            ("RANKMESH_GPU_SPLIT_CHECK", "1"),
-            ("RANKMESH_EMU_GPUS", &gpus),
-        ]);
-        env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
-        env.push(("RANKMESH_NCCL_LIB", nccl));
+        let mut env = emu.env_with(
+            nccl,
+            &[
+                ("RANKMESH_GPU_SPLIT_CHECK", "1"),
+                ("RANKMESH_EMU_GPUS", &gpus),
+            ],
+        );
         env.extend_from_slice(extra);
         let job = support::mpirun(np, &me(), &[], &env);
         let lines: Vec<&str> = job
@@ -871,9 +881,7 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
         "NCCL 2.18 (no native all-to-all, gather, scatter): topo says so, emulated device checks pass, np 3",
         failures,
         || {
-            let mut env = emu.env(&[("RANKMESH_EMU_GPUS", "3")]);
-            env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
-            env.push(("RANKMESH_NCCL_LIB", nccl_2_18.as_str()));
+            let mut env = emu.env_with(&nccl_2_18, &[("RANKMESH_EMU_GPUS", "3")]);
             let topo = support::mpirun(1, rankmesh_bin(), &["topo", "--json"], &env);
             let doc: serde_json::Value = serde_json::from_str(topo.stdout.trim())
                 .map_err(|e| format!("{e}\n{}", topo.describe()))?;
@@ -935,9 +943,7 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
         "bench -R 2 on NCCL 2.18: the header says why, the run is unregistered and validated",
         failures,
         || {
-            let mut env = emu.env(&[("RANKMESH_EMU_GPUS", "2")]);
-            env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
-            env.push(("RANKMESH_NCCL_LIB", nccl_2_18.as_str()));
+            let env = emu.env_with(&nccl_2_18, &[("RANKMESH_EMU_GPUS", "2")]);
             let job = support::mpirun(
                 2,
                 rankmesh_bin(),
@@ -1008,19 +1014,18 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
             ),
             failures,
             || {
-                let mut env =
-                    emu.env(&[("RANKMESH_EMU_GPUS", "3"), ("RANKMESH_EMU_FAIL_SEND", "2")]);
-                env.retain(|(k, _)| *k != "RANKMESH_NCCL_LIB");
+                let lib = if asan { &asan_lib } else { &nccl_2_18 };
+                let mut env = emu.env_with(
+                    lib,
+                    &[("RANKMESH_EMU_GPUS", "3"), ("RANKMESH_EMU_FAIL_SEND", "2")],
+                );
                 let preload;
                 if asan {
                     preload = asan_runtime()?;
                     env.extend([
-                        ("RANKMESH_NCCL_LIB", asan_lib.as_str()),
                         ("LD_PRELOAD", preload.as_str()),
                         ("ASAN_OPTIONS", "detect_leaks=0"),
                     ]);
-                } else {
-                    env.push(("RANKMESH_NCCL_LIB", nccl_2_18.as_str()));
                 }
                 let job = support::mpirun(
                     3,
