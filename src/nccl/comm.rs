@@ -441,11 +441,19 @@ impl<'a> Communicator<'a> {
 
     /// A call's code once NCCL is done with it: `ncclInProgress` (a
     /// non-blocking communicator working in the background) is polled until
-    /// it settles, at most the limit.
+    /// it settles, at most the limit. Inline: every enqueue passes here.
+    #[inline]
     fn settled(&self, rc: NcclResult, what: &str) -> NcclResult {
-        if rc != IN_PROGRESS {
-            return rc;
+        if rc == IN_PROGRESS {
+            self.settle_in_progress(what)
+        } else {
+            rc
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_in_progress(&self, what: &str) -> NcclResult {
         match self.state.settle(self.api, what, self.limit, &|| {}) {
             Ok(()) => SUCCESS,
             Err(Settled::Failed(e)) => e.code,
