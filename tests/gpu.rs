@@ -1081,9 +1081,10 @@ fn emulator_count(name: &str) -> i32 {
     }
 }
 
-/// `connect_devices`, then TP/SP/DP groups and a mesh: every group's device
-/// all_reduce matches the host one, and the job bootstrapped NCCL once (all
-/// other communicators are splits). Prints `SPLIT-OK rank R inits I splits S roots N`.
+/// `connect_devices`, then TP/SP/DP groups, a mesh and a split that leaves
+/// ranks 2.. out: every group's device all_reduce matches the host one, and
+/// the job bootstrapped NCCL once (all other communicators are splits).
+/// Prints `SPLIT-OK rank R inits I splits S roots N`.
 fn one_bootstrap() {
     let rt = Runtime::init().expect("MPI init");
     let run = || -> Result<(i32, i32, i32), String> {
@@ -1103,8 +1104,17 @@ fn one_bootstrap() {
             mesh.group(&["dp"]).map_err(e)?,
             mesh.group(&["tp"]).map_err(e)?,
         ];
+        // A split that leaves ranks out: they pass no color and get no group.
+        let part = rt.split_groups("part", &[vec![0, 1]]).map_err(e)?;
+        if part.is_some() != (rt.rank() < 2) {
+            return Err(format!(
+                "rank {} in the group of [0, 1]: {}",
+                rt.rank(),
+                part.is_some()
+            ));
+        }
         let gpu = rt.gpu().map_err(e)?;
-        for g in &groups {
+        for g in groups.iter().chain(part.iter()) {
             let x = random(17 + g.global_rank() as u64, 12, DType::F32);
             let x = x.reshape([4, 3]).map_err(e)?;
             let want = g.all_reduce(&x, ReduceOp::Sum).map_err(e)?;

@@ -864,13 +864,20 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
             .then_some(lines.iter().map(|l| l.to_string()).collect::<Vec<_>>())
             .ok_or_else(|| job.describe())
     };
-    // World, TP, SP, DP, and the mesh's two dimensions: six splits of the
-    // one communicator bootstrapped by connect_devices.
+    // World, TP, SP, DP, the mesh's two dimensions, and a group of ranks 0
+    // and 1 only: seven splits of the one communicator bootstrapped by
+    // connect_devices on ranks 0 and 1, six on the others (no color).
     let want = |roots: usize| {
         move |lines: Vec<String>| -> Result<(), String> {
-            let ok = lines
-                .iter()
-                .all(|l| l.ends_with(&format!("inits 1 splits 6 roots {roots}")));
+            let ok = lines.iter().all(|l| {
+                let splits =
+                    if l.starts_with("SPLIT-OK rank 0 ") || l.starts_with("SPLIT-OK rank 1 ") {
+                        7
+                    } else {
+                        6
+                    };
+                l.ends_with(&format!("inits 1 splits {splits} roots {roots}"))
+            });
             ok.then_some(()).ok_or_else(|| lines.join("\n"))
         }
     };
