@@ -134,13 +134,13 @@ impl Gpu {
         self.nccl.as_ref().map_err(|m| Error::Gpu(m.clone()))
     }
 
-    /// NCCL's entry points, or why this rank has none.
     /// `RANKMESH_TIMEOUT`: how long device work and NCCL's background
     /// work may take before communicators are aborted.
     pub(crate) fn timeout(&self) -> Option<Duration> {
         self.timeout
     }
 
+    /// NCCL's entry points, or why this rank has none.
     pub(crate) fn api(&self) -> Result<&'static Api> {
         self.nccl()?.api()
     }

@@ -31,7 +31,7 @@ use mpi::traits::*;
 use std::time::{Duration, Instant};
 
 /// Bytes of one rank's status record (flag + text).
-const STATUS_BYTES: usize = 256;
+pub(crate) const STATUS_BYTES: usize = 256;
 /// Bytes of one rank's device record (node + bus id).
 const DEVICE_BYTES: usize = 64;
 
@@ -73,7 +73,7 @@ pub(crate) struct Naming<'n> {
 
 /// One line naming every member that failed: members with the same
 /// message share it ("group ranks 1, 3: ...").
-pub(crate) fn name_failures(failed: &[(usize, String)], naming: &Naming<'_>) -> String {
+fn name_failures(failed: &[(usize, String)], naming: &Naming<'_>) -> String {
     let mut parts: Vec<(Vec<usize>, &str)> = Vec::new();
     for (at, msg) in failed {
         let rank = (naming.rank_of)(*at);
@@ -100,11 +100,11 @@ pub(crate) fn name_failures(failed: &[(usize, String)], naming: &Naming<'_>) -> 
 /// Members above this many ranks bootstrap from several roots
 /// (`ncclCommInitRankScalable`, one unique id per this many ranks);
 /// `RANKMESH_NCCL_RANKS_PER_ROOT` sets it.
-pub(crate) const RANKS_PER_ROOT: usize = 256;
+const RANKS_PER_ROOT: usize = 256;
 
 /// How many roots a communicator of `size` members bootstraps from: one per
 /// `per_root` ranks when the library can (one otherwise).
-pub(crate) fn roots_for(size: usize, per_root: usize, scalable: bool) -> usize {
+fn roots_for(size: usize, per_root: usize, scalable: bool) -> usize {
     if scalable && size > per_root {
         size.div_ceil(per_root.max(1))
     } else {
@@ -161,24 +161,35 @@ fn gather_statuses(
     all
 }
 
-/// Finishes a creation this rank started (`started`), then agrees on the
-/// outcome with every member (`exchange` all-gathers status records): `Ok`
-/// only where every member succeeded; otherwise this rank's communicator is
-/// aborted and the error names each member that failed or did not finish.
-pub(crate) fn agree_on_creation(
-    api: &Api,
+/// Waits for a creation this rank started (see [`NcclComm::ready`]).
+pub(crate) fn finish_creation(
     started: std::result::Result<Option<NcclComm<'static>>, NcclError>,
     beat: &dyn Fn(),
-    naming: &Naming<'_>,
-    exchange: impl FnOnce(&[u8; STATUS_BYTES]) -> Vec<u8>,
 ) -> std::result::Result<Option<NcclComm<'static>>, NcclError> {
-    let done = started.and_then(|c| match c {
+    started.and_then(|c| match c {
         Some(c) => c.ready(beat).map(|()| Some(c)),
         None => Ok(None),
-    });
-    let outcome = done.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
-    let all = exchange(&status_record(&outcome));
-    let failed = failures(&all);
+    })
+}
+
+/// This rank's status record of a finished creation, for the others.
+pub(crate) fn creation_record(
+    done: &std::result::Result<Option<NcclComm<'static>>, NcclError>,
+) -> [u8; STATUS_BYTES] {
+    status_record(&done.as_ref().map(|_| ()).map_err(|e| e.msg.clone()))
+}
+
+/// The verdict on a creation from every member's status record (`all`, in
+/// member order): `Ok` only where every member succeeded; otherwise this
+/// rank's communicator is aborted and the error names each member that
+/// failed or did not finish.
+pub(crate) fn judge_creation(
+    api: &Api,
+    done: std::result::Result<Option<NcclComm<'static>>, NcclError>,
+    all: &[u8],
+    naming: &Naming<'_>,
+) -> std::result::Result<Option<NcclComm<'static>>, NcclError> {
+    let failed = failures(all);
     if failed.is_empty() {
         return done;
     }
@@ -192,6 +203,20 @@ pub(crate) fn agree_on_creation(
         code,
         msg: name_failures(&failed, naming),
     })
+}
+
+/// Finishes a creation this rank started, then agrees on the outcome with
+/// every member (`exchange` all-gathers status records over MPI).
+fn agree_on_creation(
+    api: &Api,
+    started: std::result::Result<Option<NcclComm<'static>>, NcclError>,
+    beat: &dyn Fn(),
+    naming: &Naming<'_>,
+    exchange: impl FnOnce(&[u8; STATUS_BYTES]) -> Vec<u8>,
+) -> std::result::Result<Option<NcclComm<'static>>, NcclError> {
+    let done = finish_creation(started, beat);
+    let all = exchange(&creation_record(&done));
+    judge_creation(api, done, &all, naming)
 }
 
 /// A member's node, device bus id and compute capability, for the others.

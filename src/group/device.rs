@@ -611,23 +611,23 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             let (n, dt) = (out.numel(), out.dtype());
             let out_p = out.ptr_on(s)?;
             let native = comm.has_native_collectives();
-            if me != src && native {
-                // SAFETY: `out` holds `n` elements; the send side is the root's only.
-                return Ok(unsafe {
-                    comm.rooted(
-                        Rooted::Scatter,
-                        std::ptr::null(),
-                        out_p,
-                        n,
-                        dt,
-                        src,
-                        self.raw(),
-                    )
-                }?);
-            }
             if me != src {
-                // SAFETY: `out` holds `n` elements, alive until the stream runs the receive.
-                return Ok(unsafe { comm.recv(out_p, n, dt, src, self.raw()) }?);
+                // SAFETY: `out` holds `n` elements, alive until the stream
+                // runs the call; the send side is the root's only.
+                return Ok(unsafe {
+                    match native {
+                        true => comm.rooted(
+                            Rooted::Scatter,
+                            std::ptr::null(),
+                            out_p,
+                            n,
+                            dt,
+                            src,
+                            self.raw(),
+                        ),
+                        false => comm.recv(out_p, n, dt, src, self.raw()),
+                    }
+                }?);
             }
             let mut packed = None;
             let mut blocks = t.ptr_on(s)?;

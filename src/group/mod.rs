@@ -6,7 +6,7 @@
 pub(crate) mod batch;
 mod call;
 mod collectives;
-mod connect;
+pub(crate) mod connect;
 mod device;
 mod executors;
 mod host;

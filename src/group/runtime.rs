@@ -434,11 +434,6 @@ impl Runtime {
         })
     }
 
-    /// Whether the world's NCCL communicator exists (groups made now are split from it).
-    pub fn devices_connected(&self) -> bool {
-        self.device_root.borrow().is_some()
-    }
-
     /// After [`connect_devices`](Self::connect_devices): this rank's
     /// communicator of `lists` split from the world's (collective over the
     /// world); `None` before it, or for a rank in no list.

@@ -692,7 +692,7 @@ impl<'a> Communicator<'a> {
         let f = self
             .api
             .all_to_all
-            .ok_or_else(|| NcclError::other("no ncclAlltoAll"))?;
+            .ok_or_else(|| NcclError::other("this NCCL has no ncclAlltoAll"))?;
         let raw = self.raw()?;
         let (dt, count) = moved_as(dtype, count);
         self.check(f(send, recv, count, dt, raw, stream), "ncclAlltoAll")

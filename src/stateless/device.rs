@@ -14,6 +14,9 @@ use super::StatelessGroup;
 use crate::agree::{agree, agree_peers, Descriptor};
 use crate::device::{DeviceTensor, Gpu};
 use crate::error::{Error, Result};
+use crate::group::connect::{
+    creation_record, finish_creation, judge_creation, Naming, STATUS_BYTES,
+};
 use crate::nccl::comm::{Communicator, Membership, Origin};
 use crate::nccl::result::unique_id;
 use crate::nccl::sys::{RawStream, UniqueId, UNIQUE_ID_BYTES};
@@ -98,24 +101,21 @@ impl<'rt> StatelessGroup<'rt> {
             sm,
             limit: gpu.timeout(),
         };
-        let created =
-            Communicator::start(api, Origin::Ids(&[UniqueId::from_bytes(&id)]), &membership)
-                .and_then(|c| {
-                    let c = c.expect("created from an id");
-                    c.ready(&|| {}).map(|()| c)
-                });
-        let outcome: std::result::Result<(), String> =
-            created.as_ref().map(|_| ()).map_err(|e| e.msg.clone());
-        let outcomes = self.all_gather_obj(&outcome)?;
-        if let Some((rank, Err(msg))) = outcomes.iter().enumerate().find(|(_, o)| o.is_err()) {
-            if let Ok(c) = created {
-                c.state().abort(api, "a peer failed to initialise");
-            }
-            return Err(fail(format!(
-                "ncclCommInitRank failed on member {rank}: {msg}"
-            )));
+        let started =
+            Communicator::start(api, Origin::Ids(&[UniqueId::from_bytes(&id)]), &membership);
+        // Every member learns every outcome over the group's links.
+        let done = finish_creation(started, &|| {});
+        let all: Vec<Vec<u8>> = self.all_gather_obj(&creation_record(&done).to_vec())?;
+        if let Some(r) = all.iter().position(|rec| rec.len() != STATUS_BYTES) {
+            return Err(fail(format!("member {r} sent a malformed creation status")));
         }
-        let comm = created.map_err(|e| Error::nccl(Op::Connect, &name, e))?;
+        let naming = Naming {
+            label: "member",
+            rank_of: &|r| r,
+        };
+        let comm = judge_creation(api, done, &all.concat(), &naming)
+            .map_err(|e| Error::nccl(Op::Connect, &name, e))?
+            .expect("created from an id");
         gpu.register(comm.state());
         Ok(StatelessDevice {
             group: self,

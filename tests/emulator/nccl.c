@@ -386,6 +386,11 @@ static Comm *new_comm(int rank, int nranks) {
     return c;
 }
 
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && atoi(v);
+}
+
 /* Connects `c` to its members through the root in `f`: TCP when asked
  * (`force_tcp`), when a member is in another job or streams run
  * asynchronously, else an MPI communicator of the members' job. */
@@ -453,7 +458,8 @@ static ncclResult_t bootstrap(Comm *c, IdFields f, int world, int force_tcp) {
     }
     if (listener >= 0) close(listener);
     free(all);
-    return rc;
+    /* RANKMESH_EMU_INIT_FAIL: a creation that connected and then fails here. */
+    return rc ? rc : env_on("RANKMESH_EMU_INIT_FAIL") ? SYSTEM_ERROR : SUCCESS;
 }
 
 /* The checks every creation from a unique id makes. */
@@ -464,11 +470,6 @@ static ncclResult_t valid_id(const ncclUniqueId *id, IdFields *f) {
         return INVALID_ARGUMENT;
     }
     return SUCCESS;
-}
-
-static int env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && atoi(v);
 }
 
 /* ---- configs and non-blocking creation ---- */
@@ -503,9 +504,7 @@ static void *init_in_background(void *p) {
     InitJob *j = p;
     Comm *c = j->c;
     ncclResult_t rc = bootstrap(c, j->f, j->world, 1);
-    if (!rc && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
     if (rc) {
-        snprintf(last_error, sizeof last_error, "bootstrap failed");
         __atomic_store_n(&c->err, rc, __ATOMIC_RELEASE);
     } else if (!(getenv("RANKMESH_EMU_INIT_HANG") && atoi(getenv("RANKMESH_EMU_INIT_HANG")) == j->world)) {
         __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
@@ -527,7 +526,6 @@ static ncclResult_t create(Comm **out, int nranks, IdFields f, int rank, const v
     count_inits++;
     if (blocking) {
         ncclResult_t rc = bootstrap(c, f, world, 0);
-        if (!rc && env_on("RANKMESH_EMU_INIT_FAIL")) rc = SYSTEM_ERROR;
         if (rc) {
             release(c);
             return rc;
