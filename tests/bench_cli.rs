@@ -453,6 +453,10 @@ fn ignored_and_bad_options() {
         ),
         (vec!["all_reduce", "-z", "4"], "-z 4: use 0 (none)"),
         (
+            vec!["all_reduce", "-R", "3"],
+            "-R 3: use 0 (none), 1 (ncclCommRegister) or 2 (symmetric windows)",
+        ),
+        (
             vec!["all_reduce", "-b", "12X"],
             "invalid size specified for 'minbytes'",
         ),

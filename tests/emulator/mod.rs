@@ -979,6 +979,28 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
         },
     );
     trial(
+        "connect_devices without a CUDA driver: the same error on every rank, no hang",
+        failures,
+        || {
+            // The emulated NCCL, but no emulated libcuda on the loader path.
+            let env = [
+                ("RANKMESH_NCCL_LIB", emu.nccl.as_str()),
+                ("RANKMESH_GPU_SPLIT_CHECK", "1"),
+                ("RANKMESH_TIMEOUT", "60"),
+            ];
+            let job = support::mpirun(2, &me(), &[], &env);
+            let named = (0..2).all(|r| {
+                job.stdout.lines().any(|l| {
+                    l.starts_with(&format!("SPLIT-FAILED rank {r}: "))
+                        && l.contains("no CUDA driver on this host")
+                })
+            });
+            (!job.ok() && named && !job.stderr.contains("panicked"))
+                .then_some(())
+                .ok_or_else(|| job.describe())
+        },
+    );
+    trial(
         "non-blocking creation that never finishes: aborted at RANKMESH_TIMEOUT, every rank names the rank",
         failures,
         || {
