@@ -83,6 +83,11 @@ pub(crate) trait Blocks: Copy {
     /// Bytes of block `r`.
     fn len(&self, r: usize) -> usize;
 
+    /// Where block `r` starts in the buffer. Relative to it, a block's runs
+    /// lie alike on every rank: equal layouts are the same everywhere, and
+    /// spans are contiguous.
+    fn start(&self, r: usize) -> usize;
+
     /// The runs of bytes `off..off + len` of block `r`: `(position in the
     /// buffer, position in the range, length)`.
     fn runs(&self, r: usize, off: usize, len: usize)
@@ -132,6 +137,11 @@ impl Blocks for BlockLayout {
     }
 
     #[inline(always)]
+    fn start(&self, r: usize) -> usize {
+        r * self.extent
+    }
+
+    #[inline(always)]
     fn runs(
         &self,
         r: usize,
@@ -161,6 +171,11 @@ impl Blocks for Spans<'_> {
     #[inline(always)]
     fn len(&self, r: usize) -> usize {
         self.0[r].len()
+    }
+
+    #[inline(always)]
+    fn start(&self, r: usize) -> usize {
+        self.0[r].start
     }
 
     #[inline(always)]

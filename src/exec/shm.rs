@@ -33,10 +33,11 @@
 //! `osc/sm` synchronises inside `MPI_Win_free`), and groups are dropped in
 //! whatever order each rank's program drops them.
 
+use super::cma::{self, pair_runs};
 use super::combine::combine;
 use super::copy::{copy_bytes, split_lens, stream_bytes};
 use super::executor::HostMoves;
-use super::mpi::{BlockLayout, Blocks, MpiExec, Spans};
+use super::mpi::{BlockLayout, Blocks, Spans};
 use crate::agree::Descriptor;
 use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::dtype::DType;
@@ -115,12 +116,11 @@ struct Place {
     inline: bool,
 }
 
-/// Longest block an uneven all-to-all moves through the window; longer
-/// ones go through MPI, whose shared-memory transport copies them once
-/// (CMA) where the window copies twice. Measured on 2 ranks
-/// (docs/BENCHMARKS.md, "Uneven ops"): the window ahead up to 4 MiB
-/// blocks, MPI from 8 MiB.
-pub(crate) const SHM_ALL_TO_ALL_UP_TO: usize = 4 << 20;
+/// Blocks of at least this many bytes make an all-to-all read its peers'
+/// blocks straight from their buffers (one copy, [`cma`](super::cma))
+/// instead of through the window (two). Measured on 2 ranks
+/// (docs/BENCHMARKS.md, "Single-copy all-to-all").
+pub(crate) const SINGLE_COPY_FROM: usize = 16 << 10;
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
 /// fastest for 64 MiB all-reduces on 2 ranks here (256 KiB took twice as long).
 pub const DEFAULT_CHUNK: usize = 1 << 20;
@@ -207,13 +207,26 @@ pub(crate) struct ShmExec {
     disagreement: RefCell<Option<Vec<Descriptor>>>,
     /// Spins before a waiting rank yields.
     spins: u32,
+    /// Large all-to-alls read peers' buffers with one copy: this rank's
+    /// setting until a read is refused (then off for the window's life,
+    /// and [`cma::refused`] turns it off for the process's other windows).
+    single_copy: Cell<bool>,
 }
 
 impl ShmExec {
     /// The plane of group rank `me` over `window`; `oversubscribed`: the
-    /// node runs more ranks than this rank has cores.
-    pub(crate) fn new(window: Rc<ShmWindow>, me: usize, oversubscribed: bool) -> ShmExec {
+    /// node runs more ranks than this rank has cores; `single_copy`: large
+    /// all-to-alls may read peers' buffers directly (`RANKMESH_SINGLE_COPY`).
+    pub(crate) fn new(
+        window: Rc<ShmWindow>,
+        me: usize,
+        oversubscribed: bool,
+        single_copy: bool,
+    ) -> ShmExec {
         let size = window.slots.len();
+        if single_copy {
+            cma::allow_peer_reads();
+        }
         ShmExec {
             window,
             me,
@@ -228,6 +241,7 @@ impl ShmExec {
             } else {
                 SPINS
             },
+            single_copy: Cell::new(single_copy),
         }
     }
 
@@ -605,13 +619,11 @@ impl ShmExec {
     /// rank publishes its [count table](Links::table) beside the data area
     /// and the pieces in it, then reads its peers' entries for it, judges
     /// its links ([`Links::judge`]), and takes the pieces of the links that
-    /// agreed. Longer blocks continue through the window, or through MPI
-    /// past [`SHM_ALL_TO_ALL_UP_TO`] (the longest block is the same on
-    /// every rank, so is the choice).
+    /// agreed. Longer blocks continue as an equal all-to-all's do (the
+    /// longest block is the same on every rank, so is the path).
     pub(crate) fn all_to_all_v(
         &self,
         pulse: &Pulse,
-        mpi: &MpiExec,
         (send, out): (&[u8], &mut [u8]),
         (sc, rc): (&[usize], &[usize]),
         row: usize,
@@ -660,17 +672,13 @@ impl ShmExec {
                 spans.iter().enumerate().map(left).collect()
             };
             let (sent, got) = (rest(&sent), rest(&got));
-            if longest > SHM_ALL_TO_ALL_UP_TO {
-                mpi.all_to_all_v(send, &sent, out, &got, longest - m);
-            } else {
-                self.exchange_blocks(
-                    pulse,
-                    Some((send, Spans(&sent))),
-                    Some((out, Spans(&got))),
-                    longest - m,
-                    None,
-                )?;
-            }
+            self.exchange_blocks(
+                pulse,
+                Some((send, Spans(&sent))),
+                Some((out, Spans(&got))),
+                longest - m,
+                None,
+            )?;
         }
         Ok(links)
     }
@@ -710,6 +718,11 @@ impl ShmExec {
         longest: usize,
         sender: Option<usize>,
     ) -> Result<(), Fault> {
+        if let (None, Some((src, from)), Some((dst, to))) = (sender, send, out.as_mut()) {
+            if longest >= SINGLE_COPY_FROM && self.single_copy(pulse, (src, from), (dst, *to))? {
+                return Ok(());
+            }
+        }
         let p = self.size;
         let senders = match sender {
             Some(s) => s..s + 1,
@@ -745,6 +758,95 @@ impl ShmExec {
             }
         }
         Ok(())
+    }
+}
+
+impl ShmExec {
+    /// An all-to-all with one copy: every rank publishes its pid and where
+    /// each of its blocks starts, then reads its block of every peer's
+    /// `send` straight into `out` (`process_vm_readv`), and a second phase
+    /// keeps each `send` unchanged until every peer has read it.
+    ///
+    /// `Ok(false)` when the window must move the call instead: some rank
+    /// does not use single copies (its setting, or an earlier refusal), or
+    /// the kernel refused a read on some rank. The second phase carries
+    /// that verdict, so every rank falls back at the same call (and `out` is
+    /// rewritten whole); the window keeps to two copies from then on.
+    fn single_copy<S: Blocks, O: Blocks>(
+        &self,
+        pulse: &Pulse,
+        (send, from): (&[u8], S),
+        (out, to): (&mut [u8], O),
+    ) -> Result<bool, Fault> {
+        let (p, me) = (self.size, self.me);
+        // Word 0: the pid (0: no single copy here); word 1 + r: where
+        // block r starts in this rank's memory.
+        let words = 1 + p;
+        let place = self.begin_phase(8 * words);
+        let mut table = Vec::with_capacity(words);
+        table.push(match self.single_copy.get() && !cma::refused() {
+            true => u64::from(std::process::id()),
+            false => 0,
+        });
+        table.extend((0..p).map(|r| (send.as_ptr() as usize + from.start(r)) as u64));
+        self.own(place, 0, 8 * words)
+            .copy_from_slice(bytemuck::cast_slice(&table));
+        self.sync(pulse)?;
+        let word = |r: usize, i: usize| {
+            let bytes = self.peer(r, place, 8 * i, 8);
+            u64::from_ne_bytes(bytes.try_into().expect("8 bytes")) as usize
+        };
+        if (0..p).any(|r| word(r, 0) == 0) {
+            return Ok(false);
+        }
+        let mut refusal = None;
+        let mut segments = Vec::new();
+        let base = out.as_mut_ptr();
+        // Each rank starts with the next one, so no one rank is read by all.
+        for s in (1..p).map(|k| (me + k) % p) {
+            let n = to.len(s);
+            let theirs = word(s, 1 + me);
+            let mine = from.start(me);
+            segments.clear();
+            pair_runs(
+                to.runs(s, 0, n)
+                    .map(|(at, pos, len)| (base.wrapping_add(at), pos, len)),
+                from.runs(me, 0, n)
+                    .map(|(at, pos, len)| (theirs + (at - mine), pos, len)),
+                &mut segments,
+            );
+            // SAFETY: the segments lie inside `out` (its layout's runs),
+            // which only this call writes.
+            if let Err(e) = unsafe { cma::read_from(word(s, 0) as u32, &segments) } {
+                refusal = Some((s, e));
+                break;
+            }
+            pulse.beat();
+        }
+        if refusal.is_none() {
+            from.copy_to(send, me, to, out, me, 0, to.len(me));
+        }
+        let place = self.begin_phase(1);
+        self.own(place, 0, 1)[0] = u8::from(refusal.is_some());
+        self.sync(pulse)?;
+        let refused: Vec<usize> = (0..p)
+            .filter(|r| self.peer(*r, place, 0, 1)[0] != 0)
+            .collect();
+        if refused.is_empty() {
+            return Ok(true);
+        }
+        self.single_copy.set(false);
+        if cma::mark_refused() {
+            match refusal {
+                Some((s, e)) => tracing::debug!(
+                    "shared-memory all-to-all: reading local rank {s}'s buffer with process_vm_readv was refused ({e}); copying through shared memory from now on"
+                ),
+                None => tracing::debug!(
+                    "shared-memory all-to-all: single-copy reads were refused on local rank(s) {refused:?}; copying through shared memory from now on"
+                ),
+            }
+        }
+        Ok(false)
     }
 }
 

@@ -124,7 +124,8 @@ pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> Sh
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    ShmExec::new(window, me, rt.world().me().local_size > cores)
+    let oversubscribed = rt.world().me().local_size > cores;
+    ShmExec::new(window, me, oversubscribed, rt.options().single_copy)
 }
 
 /// Whether a group whose members gave `facts` (world rank, choice code,

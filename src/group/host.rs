@@ -267,8 +267,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     // On one node the counts travel with the first pieces.
                     HostExec::Shm(shm) if self.size() > 1 => {
                         let buffers = (t.bytes(), out.bytes_mut());
-                        shm.plane
-                            .all_to_all_v(&shm.pulse, &self.mpi(), buffers, counts, row)?
+                        shm.plane.all_to_all_v(&shm.pulse, buffers, counts, row)?
                     }
                     _ => {
                         let links = self.swap_counts(send_counts, recv_counts)?;

@@ -99,6 +99,11 @@ pub struct Options {
     /// shared-memory window (`RANKMESH_SHM_CHUNK_BYTES`, default 1 MiB,
     /// rounded up to whole pages).
     pub shm_chunk_bytes: usize,
+    /// Whether large all-to-alls within a node read each peer's buffer with
+    /// one copy (`RANKMESH_SINGLE_COPY`: `cma`, the default, or `none`, as
+    /// Open MPI's `btl_vader_single_copy_mechanism` spells them). Where the
+    /// kernel refuses, a window falls back to two copies by itself.
+    pub single_copy: bool,
     /// When device calls agree on their descriptors (`RANKMESH_CHECK`:
     /// `strict`, `deferred` — the default — or `off`). Set it the same on
     /// every rank: a group's members check it.
@@ -116,6 +121,7 @@ impl Default for Options {
             trace_dir: None,
             host_plane: ExecChoice::Auto,
             shm_chunk_bytes: crate::exec::shm::DEFAULT_CHUNK,
+            single_copy: true,
             check: CheckMode::Deferred,
         }
     }
@@ -154,6 +160,17 @@ impl Options {
         if let Ok(v) = std::env::var("RANKMESH_SHM_CHUNK_BYTES") {
             o.shm_chunk_bytes =
                 byte_count("RANKMESH_SHM_CHUNK_BYTES", &v, 4096, MAX_SHM_CHUNK as u64)? as usize;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_SINGLE_COPY") {
+            o.single_copy = match v.trim() {
+                "cma" => true,
+                "none" => false,
+                _ => {
+                    return Err(Error::Launch(format!(
+                        "RANKMESH_SINGLE_COPY={v:?} is not one of cma, none"
+                    )))
+                }
+            };
         }
         if let Ok(v) = std::env::var("RANKMESH_CHECK") {
             o.check = v

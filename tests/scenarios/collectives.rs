@@ -316,7 +316,7 @@ fn all_to_all_4d(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
     }
 }
 
-fn all_to_all_4d_shaped(
+pub(super) fn all_to_all_4d_shaped(
     g: &rankmesh::GroupCoordinator<'_>,
     dtype: DType,
     (b, s, h, d): (usize, usize, usize, usize),

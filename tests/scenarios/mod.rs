@@ -14,6 +14,7 @@ mod mesh;
 mod nodes;
 mod objects;
 mod p2p;
+mod single_copy;
 pub mod planes;
 pub mod reference;
 mod stateless;
@@ -369,6 +370,20 @@ pub const ALL: &[Scenario] = &[
         sizes: &[2, 3],
         env: &[],
         run: streamed::run,
+    },
+    Scenario {
+        name: "single_copy",
+        nodes: &[],
+        sizes: &[2, 3, 4],
+        env: &[],
+        run: single_copy::run,
+    },
+    Scenario {
+        name: "single_copy_off",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[("RANKMESH_SINGLE_COPY", "none")],
+        run: single_copy::run,
     },
     Scenario {
         name: "large_buffers",

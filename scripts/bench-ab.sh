@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Two rankmesh builds against each other and against raw MPI, alternated:
+# for each run and op, `rankmesh bench OP --baseline mpi` once with BASE and
+# once with NEW. Prints, per op and size, the median times, BASE/NEW (above
+# 1: NEW is faster) and each build's median ratio to raw MPI (raw time /
+# rankmesh time). Ranks are bound to cores, as in bench-host-plane.sh.
+# Usage: scripts/bench-ab.sh BASE NEW "OP OP..." [RUNS] [NP] [bench flags...]
+#   e.g. scripts/bench-ab.sh /tmp/rankmesh-main target/release/rankmesh "alltoall" 3 2 -b 16K -e 64M -f 4
+set -euo pipefail
+base=${1:?usage: $0 BASE NEW \"OP OP...\" [RUNS] [NP] [bench flags...]}
+new=${2:?usage: $0 BASE NEW \"OP OP...\" [RUNS] [NP] [bench flags...]}
+ops=${3:?usage: $0 BASE NEW \"OP OP...\" [RUNS] [NP] [bench flags...]}
+runs=${4:-3}
+np=${5:-2}
+shift $(( $# < 5 ? $# : 5 ))
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for run in $(seq "$runs"); do
+  for op in $ops; do
+    for side in base new; do
+      bin=$base; [ "$side" = new ] && bin=$new
+      RANKMESH_MPIRUN_BIND=${RANKMESH_MPIRUN_BIND:-core} "$here/mpirun-local.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
+        > "$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+      # "# rankmesh --baseline" rows: size time busbw rawtime rawbusbw ratio +time
+      awk -v op="$op" -v side="$side" '/^# +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ {print op, side, $2, $3, $5}' "$tmp/out" >> "$tmp/rows"
+    done
+  done
+done
+python3 - "$tmp/rows" "$runs" <<'PY'
+import sys, collections, statistics as st
+rows, runs = sys.argv[1], sys.argv[2]
+d = collections.defaultdict(list)
+for line in open(rows):
+    op, side, size, t, raw = line.split()
+    d[(op, int(size), side)].append((float(t), float(raw)))
+print(f"{'op':>14} {'size (B)':>10} {'base us':>9} {'new us':>9} {'base/new':>8} {'raw/base':>8} {'raw/new':>8}  ({runs} alternating runs, medians)")
+for op, size in sorted({(k[0], k[1]) for k in d}, key=lambda k: (k[0], k[1])):
+    b, n = d[(op, size, "base")], d[(op, size, "new")]
+    bt, nt = st.median(x[0] for x in b), st.median(x[0] for x in n)
+    rb, rn = st.median(x[1] / x[0] for x in b), st.median(x[1] / x[0] for x in n)
+    print(f"{op:>14} {size:>10} {bt:9.1f} {nt:9.1f} {bt / nt:8.2f} {rb:8.2f} {rn:8.2f}")
+PY

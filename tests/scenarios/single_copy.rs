@@ -1,0 +1,48 @@
+//! All-to-alls whose blocks pass the shared-memory executor's single-copy
+//! crossover (1 MiB): contiguous blocks, FastVideo's strided 4-D blocks
+//! (runs of an odd number of bytes included) and uneven blocks, each
+//! against the serial reference. On one node these read each peer's buffer
+//! straight into the output (`process_vm_readv`); with
+//! `RANKMESH_SINGLE_COPY=none`, or where the kernel refuses, they move
+//! through the window, and the results must be the same.
+
+use super::collectives::all_to_all_4d_shaped;
+use super::planes::check_long_blocks;
+use super::reference::random_f32;
+use rankmesh::Collectives as _;
+use rankmesh::{DType, Runtime, Tensor};
+
+pub fn run(rt: &Runtime) {
+    let g = rt.world_group().unwrap();
+    let (p, me) = (g.size(), g.rank_in_group());
+
+    // Contiguous blocks of 1 MiB + 12 bytes of random f32, and of u8.
+    let per = (1 << 18) + 3;
+    let all: Vec<Vec<f32>> = (0..p).map(|r| random_f32(r as u64 + 7, p * per)).collect();
+    let x = Tensor::from_vec([p * per], all[me].clone()).unwrap();
+    let got = g.all_to_all(&x).unwrap();
+    let want: Vec<f32> = (0..p)
+        .flat_map(|s| all[s][me * per..(me + 1) * per].to_vec())
+        .collect();
+    assert!(
+        got.as_slice::<f32>().unwrap() == want.as_slice(),
+        "all_to_all of {per} f32 per block, np{p}: rank {me}'s output differs"
+    );
+    let per = (1 << 20) + 5;
+    let byte = |s: usize, k: usize| ((s * 131 + k * 7 + k / 251) % 253) as u8;
+    let x = Tensor::from_vec([p * per], (0..p * per).map(|k| byte(me, k)).collect()).unwrap();
+    let got = g.all_to_all(&x).unwrap();
+    let bad = (0..p * per).find(|&i| {
+        let (s, k) = (i / per, i % per);
+        got.as_slice::<u8>().unwrap()[i] != byte(s, me * per + k)
+    });
+    assert_eq!(bad, None, "all_to_all of {per} u8 per block, np{p}");
+
+    // Strided 4-D blocks past 1 MiB: 2 × 64 runs of h·d elements; d odd
+    // in bf16 makes every run an odd multiple of 2 bytes.
+    all_to_all_4d_shaped(&g, DType::F32, (2, 64, 2, 1100));
+    all_to_all_4d_shaped(&g, DType::BF16, (2, 64, 2, 2049));
+
+    // Uneven blocks past 4 MiB, each of a different length.
+    check_long_blocks(&g).unwrap();
+}
