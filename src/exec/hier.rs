@@ -1,17 +1,31 @@
-//! The hierarchical host executor, for groups whose members span nodes
-//! with at least two of them on one node: shared memory within each node,
-//! MPI among one leader per node, shared memory back out — so only one rank
-//! per node crosses the network, once per call.
+//! The node-aware host executor, for groups whose members span nodes with
+//! at least two of them on one node: shared memory within each node and
+//! MPI across nodes, every local rank carrying its share of the network
+//! traffic.
 //!
 //! The members of a node, in group-rank order, share a window (the
-//! [shared-memory executor](super::shm) on a communicator of their own);
-//! the leaders (each node's lowest group rank, ordered by it, so a leader's
-//! rank among them is its node's index) share an MPI communicator.
-//! all-reduce, reduce, reduce-scatter, broadcast, all-gather and barrier
-//! run in those three stages (a reduce-scatter's leaders exchange node
-//! shares: each node's members' blocks). Gathers, scatters and all-to-all
-//! move data between particular pairs of ranks, where staging through
-//! leaders only adds copies: they run on MPI over the whole group.
+//! [shared-memory executor](super::shm) on a communicator of their own).
+//! Across nodes run *rails*: rail `i` holds local index `i` of every node,
+//! ordered by node, for `i` below the smallest node's member count (so on
+//! nodes of equal size every member is on one rail). The rails move, for
+//! the ops that pay:
+//! - **all-reduce**: a reduce-scatter within the node into one slice per
+//!   rail, each rail all-reduces its slice across nodes, an all-gather
+//!   within the node;
+//! - **reduce-scatter** (equal nodes): a reduce-scatter within the node
+//!   that leaves local rank `i` the node's sums of the blocks of rail `i`'s
+//!   members, then the rail's reduce-scatter;
+//! - **all-gather** (equal nodes): the rail's all-gather, then one within
+//!   the node, straight into the group's order;
+//! - **broadcast**: the root's node shares the buffer, each rail carries
+//!   its slice to the other nodes, which all-gather it.
+//!
+//! Nodes of unequal size run reduce-scatter and all-gather through one
+//! leader per node (each node's lowest group rank), as reduce and barrier
+//! always do. Gathers, scatters and all-to-all move data between particular
+//! pairs of ranks, where staging only adds copies: they run on MPI over the
+//! whole group, and so does every op below its crossover
+//! ([`Hier::staged`]) unless `RANKMESH_HOST_PLANE=hier` forces the stages.
 //!
 //! Reductions combine each node's values first, then the nodes' results:
 //! narrow floats (f16, bf16, fp8) are rounded once per stage, as NCCL's
@@ -20,13 +34,28 @@
 
 use super::combine::divide;
 use super::executor::HostMoves;
-use super::mpi::{BlockLayout, MpiExec};
+use super::mpi::{BlockLayout, Gathered, MpiExec, Spans};
 use super::shm::{ShmCall, ShmExec};
+use crate::dtype::DType;
 use crate::error::Fault;
-use crate::op::ReduceOp;
+use crate::op::{Op, ReduceOp};
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use std::cell::{RefCell, RefMut};
+use std::ops::Range;
+
+/// Sizes (bytes, as the bench counts them: the buffer, or an all-gather's
+/// output, or a reduce-scatter's input) from which `auto` runs an op in
+/// stages; below them the op runs flat on MPI. Measured on 2 fake nodes of
+/// 2 ranks with 1 Gbit/s links (docs/BENCHMARKS.md, "Node-aware executor").
+pub(crate) const STAGED_FROM: [(Op, usize); 5] = [
+    (Op::AllReduce, 256 << 10),
+    (Op::ReduceScatter, 256 << 10),
+    (Op::AllGather, 256 << 10),
+    (Op::Broadcast, 256 << 10),
+    (Op::Reduce, 256 << 10),
+];
 
 /// Where each member of a group lives, by node.
 pub(crate) struct NodeMap {
@@ -70,6 +99,25 @@ impl NodeMap {
             .position(|m| *m == r)
             .expect("a member of its node")
     }
+
+    /// Rails: the fewest members a node has.
+    fn rails(&self) -> usize {
+        self.members.iter().map(Vec::len).min().unwrap_or(1)
+    }
+
+    /// Whether every node has as many members.
+    fn even(&self) -> bool {
+        self.members.iter().all(|m| m.len() == self.members[0].len())
+    }
+
+    /// On equal nodes: by local index `i`, then node `k`, the group rank of
+    /// node `k`'s member `i` (the blocks rail `i` carries, in rail order).
+    fn by_rail(&self) -> Vec<usize> {
+        let per = self.members[0].len();
+        (0..per)
+            .flat_map(|i| self.members.iter().map(move |m| m[i]))
+            .collect()
+    }
 }
 
 /// A group's hierarchy, made at its first host collective (collective).
@@ -80,18 +128,28 @@ pub(crate) struct Hier {
     local: Option<ShmExec>,
     /// The leaders' communicator, on leaders only.
     leaders: Option<SimpleCommunicator>,
+    /// This rank's rail, on ranks whose local index is below the rails.
+    rail: Option<SimpleCommunicator>,
+    /// [`NodeMap::by_rail`] on equal nodes; empty otherwise.
+    by_rail: Vec<usize>,
+    /// `RANKMESH_HOST_PLANE=hier`: every op that has stages runs them.
+    forced: bool,
     max_message_bytes: usize,
+    /// Slice-sized tensors and bytes the stages reuse across calls.
+    scratch: [RefCell<Option<Tensor>>; 2],
+    scratch_bytes: RefCell<Vec<u8>>,
 }
 
 impl Hier {
     /// Splits `comm` (the group's, this rank being group rank `me`) by
-    /// node and into leaders; `local_plane` makes the node's shared-memory
-    /// executor from the node's communicator.
+    /// node, into rails and into leaders; `local_plane` makes the node's
+    /// shared-memory executor from the node's communicator; `forced`: run
+    /// the stages at every size.
     pub(crate) fn new(
         comm: &SimpleCommunicator,
         map: NodeMap,
         me: usize,
-        max_message_bytes: usize,
+        (max_message_bytes, forced): (usize, bool),
         local_plane: impl FnOnce(&SimpleCommunicator, usize) -> ShmExec,
     ) -> Hier {
         let node = map.node_of[me];
@@ -105,13 +163,30 @@ impl Hier {
             Color::undefined()
         };
         let leaders = comm.split_by_color_with_key(leader_color, me as i32);
+        let rail_color = if local_index < map.rails() {
+            Color::with_value(local_index as i32)
+        } else {
+            Color::undefined()
+        };
+        // Keyed by node, so a rail's rank is its member's node index.
+        let rail = comm.split_by_color_with_key(rail_color, node as i32);
         let local = (map.members[node].len() > 1).then(|| local_plane(&node_comm, local_index));
+        let by_rail = if map.even() {
+            map.by_rail()
+        } else {
+            Vec::new()
+        };
         Hier {
             map,
             me,
             local,
             leaders,
+            rail,
+            by_rail,
+            forced,
             max_message_bytes,
+            scratch: Default::default(),
+            scratch_bytes: RefCell::new(Vec::new()),
         }
     }
 
@@ -119,10 +194,52 @@ impl Hier {
     fn here(&self) -> (usize, usize) {
         (self.map.node_of[self.me], self.map.local_index(self.me))
     }
+
+    /// Whether `op` on `bytes` runs in stages (else flat on MPI).
+    pub(crate) fn staged(&self, op: Op, bytes: usize) -> bool {
+        let from = STAGED_FROM.iter().find(|(o, _)| *o == op);
+        from.is_some_and(|(_, from)| self.forced || bytes >= *from)
+    }
+
+    /// Scratch tensor `k` holding `elems` elements of `dtype` (reused while
+    /// they stay the same; its contents are whatever the last call left).
+    fn scratch(&self, k: usize, elems: usize, dtype: DType) -> Result<RefMut<'_, Tensor>, Fault> {
+        let mut slot = self.scratch[k].borrow_mut();
+        if !slot
+            .as_ref()
+            .is_some_and(|t| t.dtype() == dtype && t.numel() == elems)
+        {
+            *slot = Some(Tensor::zeros([elems], dtype)?);
+        }
+        Ok(RefMut::map(slot, |t| t.as_mut().expect("set above")))
+    }
+
+    /// Scratch bytes, `len` of them.
+    fn scratch_bytes(&self, len: usize) -> RefMut<'_, [u8]> {
+        let mut v = self.scratch_bytes.borrow_mut();
+        if v.len() < len {
+            v.resize(len, 0);
+        }
+        RefMut::map(v, |v| &mut v[..len])
+    }
+
+    /// By local index on this rank's node: the bytes of an `elems`-element
+    /// buffer its rail carries (one slice per rail; none past the rails).
+    fn slices(&self, elems: usize, elem: usize) -> Vec<Range<usize>> {
+        let rails = self.map.rails();
+        let on_node = self.map.members[self.here().0].len();
+        let end = elems * elem;
+        (0..on_node)
+            .map(|i| match i < rails {
+                true => (i * elems / rails) * elem..((i + 1) * elems / rails) * elem,
+                false => end..end,
+            })
+            .collect()
+    }
 }
 
-/// One host call on a [`Hier`]: its three stages, and MPI over the whole
-/// group for the moves that stay flat.
+/// One host call on a [`Hier`]: its stages, and MPI over the whole group
+/// for the moves that stay flat.
 pub(crate) struct HierCall<'a> {
     pub(crate) hier: &'a Hier,
     /// MPI over the group's communicator.
@@ -148,11 +265,32 @@ impl HierCall<'_> {
         (comm.size() > 1).then(|| MpiExec::new(comm, self.hier.max_message_bytes, self.pulse))
     }
 
+    fn rail(&self) -> Option<MpiExec<'_>> {
+        let comm = self.hier.rail.as_ref()?;
+        Some(MpiExec::new(comm, self.hier.max_message_bytes, self.pulse))
+    }
+
     /// Broadcasts `buf` from local index `root` across this rank's node.
     fn local_broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
         match self.local() {
             Some(node) => node.broadcast(buf, root),
             None => Ok(()),
+        }
+    }
+
+    /// Every local rank's slice `slices[i]` of `out`, from its `mine`.
+    fn local_all_gather(
+        &self,
+        mine: &[u8],
+        slices: &[Range<usize>],
+        out: &mut [u8],
+    ) -> Result<(), Fault> {
+        match self.local() {
+            Some(node) => node.all_gather_blocks(mine, Spans(slices), out),
+            None => {
+                out.copy_from_slice(mine);
+                Ok(())
+            }
         }
     }
 
@@ -171,6 +309,127 @@ impl HierCall<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// reduce-scatter through rails (equal nodes): local rank `i` reduces
+    /// the node's share of rail `i`'s members' blocks, the rail
+    /// reduce-scatters them across nodes.
+    fn reduce_scatter_on_rails(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let (b, dtype) = (out.nbytes(), out.dtype());
+        let nodes = self.hier.map.members.len();
+        let blocks = Gathered {
+            sub: b,
+            per: nodes,
+            order: &self.hier.by_rail,
+        };
+        let mut share = self.hier.scratch(0, nodes * out.numel(), dtype)?;
+        match self.local() {
+            Some(node) => {
+                node.reduce_scatter_blocks(packed.bytes(), blocks, share.bytes_mut(), dtype, op)?
+            }
+            // A node of one on equal nodes: every node has one member.
+            None => share.bytes_mut().copy_from_slice(packed.bytes()),
+        }
+        let rail = self.rail().expect("on equal nodes every member is on a rail");
+        rail.reduce_scatter_block_into(&share, out, op);
+        Ok(())
+    }
+
+    /// reduce-scatter through the leaders (unequal nodes): the node's sum on
+    /// its leader; the leaders' reduce-scatter, node k getting its members'
+    /// blocks; each leader's scatter over its node's window.
+    fn reduce_scatter_by_leaders(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let b = out.nbytes();
+        let (dtype, elems) = (packed.dtype(), out.numel());
+        let (node, local) = self.hier.here();
+        let members = &self.hier.map.members;
+        let mut acc = self.hier.scratch(0, packed.numel(), dtype)?;
+        self.reduce_to_leader(packed, &mut acc, op)?;
+        // On the leader: every node's part, `most` blocks, its members'
+        // first (nodes may differ in size; the padding's reduction is read
+        // by no one), then the leaders' reduce-scatter leaves this node's.
+        let most = members.iter().map(Vec::len).max().unwrap_or(1);
+        let mut part = None;
+        if local == 0 {
+            let mut ordered = Tensor::zeros([members.len() * most * elems], dtype)?;
+            for (k, ranks) in members.iter().enumerate() {
+                for (j, r) in ranks.iter().enumerate() {
+                    let at = (k * most + j) * b;
+                    ordered.bytes_mut()[at..at + b]
+                        .copy_from_slice(&acc.bytes()[r * b..(r + 1) * b]);
+                }
+            }
+            let leaders = self.leaders().expect("unequal nodes: two or more");
+            let mut mine = self.hier.scratch(1, most * elems, dtype)?;
+            leaders.reduce_scatter_block_into(&ordered, &mut mine, op);
+            part = Some(mine);
+        }
+        let share = part.as_ref().map(|t| &t.bytes()[..members[node].len() * b]);
+        match (self.local(), share) {
+            (Some(n), share) => n.scatter(share, out.bytes_mut(), 0),
+            // A node of one: this rank is its leader.
+            (None, Some(share)) => {
+                out.bytes_mut().copy_from_slice(share);
+                Ok(())
+            }
+            (None, None) => unreachable!("a rank alone on its node leads it"),
+        }
+    }
+
+    /// all-gather through rails (equal nodes): the rail's all-gather of
+    /// this rank's block, then the node's, each rank's share landing where
+    /// its rail's members' blocks go.
+    fn all_gather_on_rails(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let b = block.len();
+        let nodes = self.hier.map.members.len();
+        let mut share = self.hier.scratch_bytes(nodes * b);
+        let rail = self.rail().expect("on equal nodes every member is on a rail");
+        rail.all_gather_into(block, &mut share);
+        let blocks = Gathered {
+            sub: b,
+            per: nodes,
+            order: &self.hier.by_rail,
+        };
+        match self.local() {
+            Some(node) => node.all_gather_blocks(&share, blocks, out),
+            None => {
+                out.copy_from_slice(&share);
+                Ok(())
+            }
+        }
+    }
+
+    /// all-gather through the leaders (unequal nodes).
+    fn all_gather_by_leaders(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let b = block.len();
+        let local = self.hier.here().1;
+        let mine = match self.local() {
+            Some(n) => n.gather(block, 0)?,
+            None => Some(block.to_vec()),
+        };
+        if local == 0 {
+            let mine = mine.expect("the node's leader gathers");
+            let members = &self.hier.map.members;
+            let leaders = self.leaders().expect("unequal nodes: two or more");
+            let lens: Vec<usize> = members.iter().map(|m| m.len() * b).collect();
+            let blobs = leaders.all_gather_varcount(&mine, &lens);
+            for (blob, ranks) in blobs.iter().zip(members) {
+                for (j, r) in ranks.iter().enumerate() {
+                    out[r * b..(r + 1) * b].copy_from_slice(&blob[j * b..(j + 1) * b]);
+                }
+            }
+        }
+        self.local_broadcast(out, 0)
     }
 }
 
@@ -197,16 +456,32 @@ impl HostMoves for HierCall<'_> {
     }
 
     fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
-        self.reduce_to_leader(input, out, staged(op))?;
-        // Every leader is in a leaders' communicator of two or more nodes.
-        if let Some(leaders) = self.leaders() {
-            let node_sum = out.clone();
-            leaders.all_reduce_into(&node_sum, out, staged(op));
+        if !self.hier.staged(Op::AllReduce, input.nbytes()) {
+            return HostMoves::all_reduce_into(&self.flat, input, out, op);
+        }
+        let dtype = input.dtype();
+        let slices = self.hier.slices(input.numel(), dtype.size());
+        let local = self.hier.here().1;
+        let elems = slices[local].len() / dtype.size();
+        let mut summed = self.hier.scratch(0, elems, dtype)?;
+        let mut reduced = self.hier.scratch(1, elems, dtype)?;
+        match self.local() {
+            Some(node) => node.reduce_scatter_blocks(
+                input.bytes(),
+                Spans(&slices),
+                summed.bytes_mut(),
+                dtype,
+                staged(op),
+            )?,
+            None => summed.bytes_mut().copy_from_slice(input.bytes()),
+        }
+        if let Some(rail) = self.rail() {
+            rail.all_reduce_into(&summed, &mut reduced, staged(op));
             if op == ReduceOp::Avg {
-                divide(out.dtype(), out.bytes_mut(), self.members());
+                divide(dtype, reduced.bytes_mut(), self.members());
             }
         }
-        self.local_broadcast(out.bytes_mut(), 0)
+        self.local_all_gather(reduced.bytes(), &slices, out.bytes_mut())
     }
 
     fn reduce_into_root(
@@ -216,17 +491,24 @@ impl HostMoves for HierCall<'_> {
         root: usize,
         op: ReduceOp,
     ) -> Result<(), Fault> {
+        if !self.hier.staged(Op::Reduce, input.nbytes()) {
+            return HostMoves::reduce_into_root(&self.flat, input, out, root, op);
+        }
         let (node, local) = self.hier.here();
         let root_node = self.hier.map.node_of[root];
-        let mut acc = input.clone();
+        let (elems, dtype) = (input.numel(), input.dtype());
+        let mut acc = self.hier.scratch(0, elems, dtype)?;
         self.reduce_to_leader(input, &mut acc, staged(op))?;
+        let mut result = self.hier.scratch(1, elems, dtype)?;
         if local == 0 {
-            if let Some(leaders) = self.leaders() {
-                let node_sum = acc.clone();
-                leaders.reduce_into_root(&node_sum, &mut acc, root_node, staged(op));
+            match self.leaders() {
+                Some(leaders) => {
+                    leaders.reduce_into_root(&acc, &mut result, root_node, staged(op))
+                }
+                None => result.bytes_mut().copy_from_slice(acc.bytes()),
             }
             if node == root_node && op == ReduceOp::Avg {
-                divide(acc.dtype(), acc.bytes_mut(), self.members());
+                divide(dtype, result.bytes_mut(), self.members());
             }
         }
         if node == root_node {
@@ -234,10 +516,10 @@ impl HostMoves for HierCall<'_> {
             // leader gets it over the node's window.
             let root_local = self.hier.map.local_index(root);
             if root_local != 0 {
-                self.local_broadcast(acc.bytes_mut(), 0)?;
+                self.local_broadcast(result.bytes_mut(), 0)?;
             }
             if self.hier.me == root {
-                out.bytes_mut().copy_from_slice(acc.bytes());
+                out.bytes_mut().copy_from_slice(result.bytes());
             }
         }
         Ok(())
@@ -249,45 +531,12 @@ impl HostMoves for HierCall<'_> {
         out: &mut Tensor,
         op: ReduceOp,
     ) -> Result<(), Fault> {
-        // The node's sum on its leader; the leaders' reduce-scatter, node k
-        // getting its members' blocks; each leader's scatter over its
-        // node's window. Only the node shares cross the network.
-        let b = out.nbytes();
-        let (node, local) = self.hier.here();
-        let members = &self.hier.map.members;
-        let mut acc = packed.clone();
-        self.reduce_to_leader(packed, &mut acc, staged(op))?;
-        // On the leader: every node's part, `most` blocks, its members'
-        // first (nodes may differ in size; the padding's reduction is read
-        // by no one), then the leaders' reduce-scatter leaves this node's.
-        let mut part = None;
-        if local == 0 {
-            let most = members.iter().map(Vec::len).max().unwrap_or(1);
-            let elems = b / packed.dtype().size();
-            let mut ordered = Tensor::zeros([members.len() * most * elems], packed.dtype())?;
-            for (k, ranks) in members.iter().enumerate() {
-                for (j, r) in ranks.iter().enumerate() {
-                    let at = (k * most + j) * b;
-                    ordered.bytes_mut()[at..at + b]
-                        .copy_from_slice(&acc.bytes()[r * b..(r + 1) * b]);
-                }
-            }
-            part = Some(match self.leaders() {
-                Some(leaders) => {
-                    let mut mine = Tensor::zeros([most * elems], packed.dtype())?;
-                    leaders.reduce_scatter_block_into(&ordered, &mut mine, staged(op));
-                    mine
-                }
-                // One node: its part is every block.
-                None => ordered,
-            });
+        if !self.hier.staged(Op::ReduceScatter, packed.nbytes()) {
+            return HostMoves::reduce_scatter_block_into(&self.flat, packed, out, op);
         }
-        let share = part.as_ref().map(|t| &t.bytes()[..members[node].len() * b]);
-        match (self.local(), share) {
-            (Some(n), share) => n.scatter(share, out.bytes_mut(), 0)?,
-            // A node of one: this rank is its leader.
-            (None, Some(share)) => out.bytes_mut().copy_from_slice(share),
-            (None, None) => unreachable!("a rank alone on its node leads it"),
+        match self.hier.by_rail.is_empty() {
+            false => self.reduce_scatter_on_rails(packed, out, staged(op))?,
+            true => self.reduce_scatter_by_leaders(packed, out, staged(op))?,
         }
         if op == ReduceOp::Avg {
             divide(out.dtype(), out.bytes_mut(), self.members());
@@ -296,29 +545,13 @@ impl HostMoves for HierCall<'_> {
     }
 
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
-        let b = block.len();
-        let local = self.hier.here().1;
-        let mine = match self.local() {
-            Some(n) => n.gather(block, 0)?,
-            None => Some(block.to_vec()),
-        };
-        if local == 0 {
-            let mine = mine.expect("the node's leader gathers");
-            let members = &self.hier.map.members;
-            let blobs = match self.leaders() {
-                Some(leaders) => {
-                    let lens: Vec<usize> = members.iter().map(|m| m.len() * b).collect();
-                    leaders.all_gather_varcount(&mine, &lens)
-                }
-                None => vec![mine],
-            };
-            for (blob, ranks) in blobs.iter().zip(members) {
-                for (j, r) in ranks.iter().enumerate() {
-                    out[r * b..(r + 1) * b].copy_from_slice(&blob[j * b..(j + 1) * b]);
-                }
-            }
+        if !self.hier.staged(Op::AllGather, out.len()) {
+            return HostMoves::all_gather_into(&self.flat, block, out);
         }
-        self.local_broadcast(out, 0)
+        match self.hier.by_rail.is_empty() {
+            false => self.all_gather_on_rails(block, out),
+            true => self.all_gather_by_leaders(block, out),
+        }
     }
 
     fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
@@ -339,19 +572,24 @@ impl HostMoves for HierCall<'_> {
     }
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
-        let (node, _) = self.hier.here();
+        if !self.hier.staged(Op::Broadcast, buf.len()) {
+            return HostMoves::broadcast(&self.flat, buf, root);
+        }
+        let (node, local) = self.hier.here();
         let root_node = self.hier.map.node_of[root];
-        let root_local = self.hier.map.local_index(root);
-        // The root's node first, when the root is not its leader; then the
-        // leaders; then every node whose members do not have it yet.
-        if node == root_node && root_local != 0 {
-            self.local_broadcast(buf, root_local)?;
+        // The root's node shares the whole buffer; each rail carries its
+        // slice from there; every other node all-gathers the slices.
+        if node == root_node {
+            self.local_broadcast(buf, self.hier.map.local_index(root))?;
         }
-        if let Some(leaders) = self.leaders() {
-            leaders.broadcast(buf, root_node);
+        let slices = self.hier.slices(buf.len(), 1);
+        if let Some(rail) = self.rail() {
+            rail.broadcast(&mut buf[slices[local].clone()], root_node);
         }
-        if node != root_node || root_local == 0 {
-            self.local_broadcast(buf, 0)?;
+        if node != root_node {
+            let mut mine = self.hier.scratch_bytes(slices[local].len());
+            mine.copy_from_slice(&buf[slices[local].clone()]);
+            self.local_all_gather(&mine, &slices, buf)?;
         }
         Ok(())
     }
@@ -389,5 +627,20 @@ mod tests {
         assert!(map.worth_it());
         assert!(!NodeMap::new(&[1, 2, 3]).worth_it());
         assert!(!NodeMap::new(&[1, 1, 1]).worth_it());
+    }
+
+    #[test]
+    fn rails_follow_the_smallest_node() {
+        // Nodes of 2 and 3 members: two rails; a node of one: one rail.
+        let map = NodeMap::new(&[5, 5, 6, 6, 6]);
+        assert_eq!((map.rails(), map.even()), (2, false));
+        assert_eq!(NodeMap::new(&[1, 2, 2]).rails(), 1);
+        // Equal nodes, members alternating: rail 0 carries ranks 0 and 1,
+        // rail 1 ranks 2 and 3.
+        let map = NodeMap::new(&[7, 8, 7, 8]);
+        assert!(map.even());
+        assert_eq!(map.by_rail(), [0, 1, 2, 3]);
+        let map = NodeMap::new(&[7, 7, 8, 8]);
+        assert_eq!(map.by_rail(), [0, 2, 1, 3]);
     }
 }

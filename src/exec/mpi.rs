@@ -191,6 +191,48 @@ impl Blocks for Spans<'_> {
     }
 }
 
+/// Blocks made of equal sub-blocks placed anywhere: block `r` is the
+/// `per` sub-blocks of `sub` bytes at indices `order[r * per..][..per]`
+/// (a node's share of a group's blocks, in the group's order).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gathered<'a> {
+    pub sub: usize,
+    pub per: usize,
+    pub order: &'a [usize],
+}
+
+impl Blocks for Gathered<'_> {
+    #[inline(always)]
+    fn len(&self, _: usize) -> usize {
+        self.per * self.sub
+    }
+
+    #[inline(always)]
+    fn start(&self, r: usize) -> usize {
+        self.order[r * self.per] * self.sub
+    }
+
+    fn runs(
+        &self,
+        r: usize,
+        off: usize,
+        len: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize)> {
+        let g = *self;
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let pos = off + done;
+                let (k, col) = (pos / g.sub, pos % g.sub);
+                let run = (g.sub - col).min(len - done);
+                let item = (g.order[r * g.per + k] * g.sub + col, done, run);
+                done += run;
+                item
+            })
+        })
+    }
+}
+
 /// A committed MPI datatype, freed on drop.
 struct OwnedType(ffi::MPI_Datatype);
 
@@ -1151,7 +1193,23 @@ fn scatter_round(out: &mut [Vec<u8>], tmp: &[u8], counts: &[i32], displs: &[i32]
 
 #[cfg(test)]
 mod tests {
-    use super::BlockLayout;
+    use super::{BlockLayout, Blocks};
+
+    #[test]
+    fn gathered_blocks_take_their_sub_blocks_in_order() {
+        // Sub-blocks of 3 bytes; block 0 is sub-blocks 2 and 0, block 1 is 1 and 3.
+        let g = super::Gathered {
+            sub: 3,
+            per: 2,
+            order: &[2, 0, 1, 3],
+        };
+        let runs: Vec<_> = g.runs(0, 1, 4).collect();
+        assert_eq!(runs, [(7, 0, 2), (0, 2, 2)]);
+        let buf: Vec<u8> = (0..12).collect();
+        let mut got = [0u8; 6];
+        g.read(&buf, 1, 0, &mut got);
+        assert_eq!(got, [3, 4, 5, 9, 10, 11]);
+    }
 
     #[test]
     fn block_layouts_follow_the_dim() {

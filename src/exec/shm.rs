@@ -574,18 +574,18 @@ impl ShmExec {
         self.reduce_pieces(pulse, None, t.bytes_mut(), n, dtype, op, true)
     }
 
-    /// Every rank's `mine` (`len(r)` bytes from rank `r`, known to all)
-    /// into `out`, concatenated in rank order, on the ranks that pass one
-    /// (an all-gather, or a gather to the rank that does).
-    fn gather_v(
+    /// Every rank's `mine` (`blocks.len(r)` bytes from rank `r`, known to
+    /// all) into block `r` of `out`, laid out by `blocks`, on the ranks
+    /// that pass one (an all-gather, or a gather to the rank that does).
+    fn gather_blocks<B: Blocks>(
         &self,
         pulse: &Pulse,
         mine: &[u8],
-        len: impl Fn(usize) -> usize,
+        blocks: B,
         mut out: Option<&mut [u8]>,
     ) -> Result<(), Fault> {
-        let longest = (0..self.size).map(&len).max().unwrap_or(0);
-        let put = output_copy((0..self.size).map(&len).sum());
+        let longest = (0..self.size).map(|r| blocks.len(r)).max().unwrap_or(0);
+        let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         for (off, m) in pieces(longest, self.chunk()) {
             let place = self.begin_phase(m);
             let own = mine.len().saturating_sub(off).min(m);
@@ -594,19 +594,19 @@ impl ShmExec {
             }
             self.sync(pulse)?;
             if let Some(out) = out.as_deref_mut() {
-                let mut at = 0;
                 for r in 0..self.size {
-                    let len = len(r);
-                    let n = len.saturating_sub(off).min(m);
-                    if n > 0 {
-                        // This rank's own piece from its block, still in cache.
-                        let from = match r == self.me {
-                            true => &mine[off..off + n],
-                            false => self.peer(r, place, 0, n),
-                        };
-                        put(&mut out[at + off..at + off + n], from);
+                    let n = blocks.len(r).saturating_sub(off).min(m);
+                    if n == 0 {
+                        continue;
                     }
-                    at += len;
+                    // This rank's own piece from its block, still in cache.
+                    let from = match r == self.me {
+                        true => &mine[off..off + n],
+                        false => self.peer(r, place, 0, n),
+                    };
+                    for (at, pos, len) in blocks.runs(r, off, n) {
+                        put(&mut out[at..at + len], &from[pos..pos + len]);
+                    }
                 }
             }
         }
@@ -891,10 +891,66 @@ fn contiguous(block: usize) -> BlockLayout {
     }
 }
 
+/// Contiguous blocks of `lens[r]` bytes, one after another.
+fn concatenated(lens: &[usize]) -> Vec<Range<usize>> {
+    let mut at = 0;
+    lens.iter()
+        .map(|n| {
+            at += n;
+            at - n..at
+        })
+        .collect()
+}
+
 /// One call's view of a group's [`ShmExec`]: the plane and the watchdog's pulse.
 pub(crate) struct ShmCall<'a> {
     pub(crate) plane: &'a ShmExec,
     pub(crate) pulse: Pulse<'a>,
+}
+
+impl ShmCall<'_> {
+    /// Rank `r` gets in `out` the reduction of every rank's block `r` of
+    /// `input`, laid out by `blocks` (`out` holds `blocks.len(me)` bytes).
+    pub(crate) fn reduce_scatter_blocks<B: Blocks>(
+        &self,
+        input: &[u8],
+        blocks: B,
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let plane = self.plane;
+        let (p, me) = (plane.size, plane.me);
+        let longest = (0..p).map(|r| blocks.len(r)).max().unwrap_or(0);
+        let part = |r: usize, off: usize, m: usize| blocks.len(r).saturating_sub(off).min(m);
+        for (off, m) in pieces(longest, plane.block_piece()) {
+            let place = plane.begin_phase(p * m);
+            // This rank's own block is read from its input, not published.
+            for r in (0..p).filter(|r| *r != me) {
+                blocks.read(input, r, off, plane.own(place, r * m, part(r, off, m)));
+            }
+            plane.sync(&self.pulse)?;
+            for (at, pos, len) in blocks.runs(me, off, part(me, off, m)) {
+                let piece_of = |q| match q == me {
+                    true => &input[at..at + len],
+                    false => plane.peer(q, place, me * m + pos, len),
+                };
+                combine(dtype, op, p, piece_of, &mut out[off + pos..off + pos + len]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank's `mine` into block `r` of `out`, laid out by `blocks`.
+    pub(crate) fn all_gather_blocks<B: Blocks>(
+        &self,
+        mine: &[u8],
+        blocks: B,
+        out: &mut [u8],
+    ) -> Result<(), Fault> {
+        self.plane
+            .gather_blocks(&self.pulse, mine, blocks, Some(out))
+    }
 }
 
 impl HostMoves for ShmCall<'_> {
@@ -942,37 +998,22 @@ impl HostMoves for ShmCall<'_> {
         out: &mut Tensor,
         op: ReduceOp,
     ) -> Result<(), Fault> {
-        let plane = self.plane;
-        let (p, me, dtype) = (plane.size, plane.me, packed.dtype());
-        let block = out.nbytes();
-        let (input, out) = (packed.bytes(), out.bytes_mut());
-        for (off, m) in pieces(block, plane.block_piece()) {
-            let place = plane.begin_phase(p * m);
-            let mine = |r: usize| &input[r * block + off..r * block + off + m];
-            // This rank's own block is read from its input, not published.
-            for r in (0..p).filter(|r| *r != me) {
-                copy_bytes(plane.own(place, r * m, m), mine(r));
-            }
-            plane.sync(&self.pulse)?;
-            let piece_of = |q| match q == me {
-                true => mine(me),
-                false => plane.peer(q, place, me * m, m),
-            };
-            combine(dtype, op, p, piece_of, &mut out[off..off + m]);
-        }
-        Ok(())
+        let layout = contiguous(out.nbytes());
+        let dtype = packed.dtype();
+        self.reduce_scatter_blocks(packed.bytes(), layout, out.bytes_mut(), dtype, op)
     }
 
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
-        let n = block.len();
-        self.plane.gather_v(&self.pulse, block, |_| n, Some(out))
+        let layout = contiguous(block.len());
+        self.plane
+            .gather_blocks(&self.pulse, block, layout, Some(out))
     }
 
     fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
         let plane = self.plane;
         let mut out = (plane.me == root).then(|| vec![0u8; block.len() * plane.size]);
-        let n = block.len();
-        plane.gather_v(&self.pulse, block, |_| n, out.as_deref_mut())?;
+        let layout = contiguous(block.len());
+        plane.gather_blocks(&self.pulse, block, layout, out.as_deref_mut())?;
         Ok(out)
     }
 
@@ -984,14 +1025,16 @@ impl HostMoves for ShmCall<'_> {
     ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
         let gets = root.is_none_or(|r| r == self.plane.me);
         let mut flat = gets.then(|| vec![0u8; lens.iter().sum()]);
+        let spans = concatenated(lens);
         self.plane
-            .gather_v(&self.pulse, mine, |r| lens[r], flat.as_deref_mut())?;
+            .gather_blocks(&self.pulse, mine, Spans(&spans), flat.as_deref_mut())?;
         Ok(flat.map(|flat| split_lens(&flat, lens)))
     }
 
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+        let spans = concatenated(lens);
         self.plane
-            .gather_v(&self.pulse, mine, |r| lens[r], Some(out))
+            .gather_blocks(&self.pulse, mine, Spans(&spans), Some(out))
     }
 
     fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {

@@ -46,7 +46,10 @@ impl<'rt> GroupCoordinator<'rt> {
                 &self.inner.comm,
                 NodeMap::new(nodes),
                 self.rank_in_group(),
-                rt.options().max_message_bytes,
+                (
+                    rt.options().max_message_bytes,
+                    rt.options().host_plane == ExecChoice::Hier,
+                ),
                 |node_comm, local| shm_exec(rt, node_comm, local),
             )
         }))

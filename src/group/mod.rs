@@ -129,8 +129,8 @@ impl<'rt> GroupCoordinator<'rt> {
         }
         let shm_wanted = executors::choose_shm(rt, &name, choice, &facts)?;
         let nodes: Vec<usize> = ranks.iter().map(|r| rt.world().ranks[*r].node).collect();
-        let hier_nodes =
-            (choice == ExecChoice::Hier && NodeMap::new(&nodes).worth_it()).then_some(nodes);
+        let spans_nodes = matches!(choice, ExecChoice::Auto | ExecChoice::Hier);
+        let hier_nodes = (spans_nodes && NodeMap::new(&nodes).worth_it()).then_some(nodes);
         let watch = rt.watchdog().register(Arc::from(name), &ranks);
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {

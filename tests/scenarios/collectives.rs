@@ -24,7 +24,7 @@ pub fn run(rt: &Runtime) {
         (1, _) => "local",
         (_, "mpi") => "mpi",
         _ if one_node => "shm",
-        (_, "hier") if some_node_shared => "hier",
+        (_, "hier" | "auto" | "") if some_node_shared => "hier",
         _ => "mpi",
     };
     assert_eq!(g.host_executor(), executor, "the executor of {}", g.name());
