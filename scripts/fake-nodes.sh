@@ -9,7 +9,9 @@
 # and address (10.77.N.1+i on a bridge, one veth pair per node), so Open MPI's
 # TCP really crosses a link per node. RANKMESH_FAKE_SLOW=I:RATE rate-limits
 # node I's link in both directions with a tbf qdisc (e.g. 1:20mbit; this
-# kernel has tbf and htb, not netem). Needs root; everything is removed on exit.
+# kernel has tbf and htb, not netem); RANKMESH_FAKE_LINK=RATE limits every
+# node's link so (e.g. 1gbit: a cluster's node links). Needs root;
+# everything is removed on exit.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nodes="$1" per_node="$2"
@@ -55,10 +57,18 @@ if [[ "${RANKMESH_FAKE_NET:-0}" == 1 ]]; then
     ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
   done
+  limit() { # node, rate
+    tc qdisc add dev "rm${tag}v$1" root tbf rate "$2" burst 32kb latency 500ms
+    ip netns exec "rm$tag-n$1" tc qdisc add dev eth0 root tbf rate "$2" burst 32kb latency 500ms
+  }
+  if [[ -n "${RANKMESH_FAKE_LINK:-}" ]]; then
+    for ((i = 0; i < nodes; i++)); do limit "$i" "$RANKMESH_FAKE_LINK"; done
+  fi
   if [[ -n "${RANKMESH_FAKE_SLOW:-}" ]]; then
-    slow="${RANKMESH_FAKE_SLOW%%:*}" rate="${RANKMESH_FAKE_SLOW#*:}"
-    tc qdisc add dev "rm${tag}v$slow" root tbf rate "$rate" burst 32kb latency 500ms
-    ip netns exec "rm$tag-n$slow" tc qdisc add dev eth0 root tbf rate "$rate" burst 32kb latency 500ms
+    slow="${RANKMESH_FAKE_SLOW%%:*}"
+    tc qdisc del dev "rm${tag}v$slow" root 2>/dev/null || true
+    ip netns exec "rm$tag-n$slow" tc qdisc del dev eth0 root 2>/dev/null || true
+    limit "$slow" "${RANKMESH_FAKE_SLOW#*:}"
   fi
   iface="$subnet.0/24"
 else

@@ -218,6 +218,9 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             })
             .collect();
         write_out(out, &lines)?;
+        if let Some(line) = executors_by_size(&group, cfg, &sizes(cfg)).filter(|_| !cfg.device) {
+            write_out(out, &line)?;
+        }
         write_out(out, &format::header())?;
     }
 
@@ -707,4 +710,38 @@ fn measure_size<'rt, P: BenchPlane<'rt>>(
     };
     let per_iter = <[PerIter; 2]>::try_from(per_iter).ok();
     Ok(sizing.row(g, cfg, [cells[0], cells[1]], baseline, per_iter))
+}
+
+/// For a group spanning nodes, which host executor each size of the sweep
+/// runs on (the node-aware stages pay from a crossover per op), as one `#`
+/// line of ranges; `None` where one executor runs every size (the device
+/// lines name it).
+fn executors_by_size(
+    group: &GroupCoordinator,
+    cfg: &BenchConfig,
+    sweep: &[usize],
+) -> Option<String> {
+    if group.host_executor() != "hier" {
+        return None;
+    }
+    let name = |e: &str| match e {
+        "hier" => "node-aware (shared memory within nodes, MPI across them)",
+        _ => "MPI (flat)",
+    };
+    let mut runs: Vec<(usize, usize, &str)> = Vec::new();
+    for &size in sweep {
+        let e = group.host_executor_for(cfg.op.op, size);
+        match runs.last_mut() {
+            Some(last) if last.2 == e => last.1 = size,
+            _ => runs.push((size, size, e)),
+        }
+    }
+    let parts: Vec<String> = runs
+        .iter()
+        .map(|(lo, hi, e)| match lo == hi {
+            true => format!("{lo} B {}", name(e)),
+            false => format!("{lo}-{hi} B {}", name(e)),
+        })
+        .collect();
+    Some(format!("#  Host executor by size: {}\n", parts.join("; ")))
 }

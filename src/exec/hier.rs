@@ -32,9 +32,9 @@
 //! hierarchical algorithms round at every hop, and `Avg` sums through both
 //! stages and divides once at the end.
 
-use super::combine::divide;
+use super::combine::{combine, divide};
 use super::executor::HostMoves;
-use super::mpi::{BlockLayout, Gathered, MpiExec, Spans};
+use super::mpi::{BlockLayout, Gathered, MpiExec, Spans, Swap};
 use super::shm::{ShmCall, ShmExec};
 use crate::dtype::DType;
 use crate::error::Fault;
@@ -45,17 +45,59 @@ use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use std::cell::{RefCell, RefMut};
 use std::ops::Range;
 
-/// Sizes (bytes, as the bench counts them: the buffer, or an all-gather's
-/// output, or a reduce-scatter's input) from which `auto` runs an op in
-/// stages; below them the op runs flat on MPI. Measured on 2 fake nodes of
-/// 2 ranks with 1 Gbit/s links (docs/BENCHMARKS.md, "Node-aware executor").
-pub(crate) const STAGED_FROM: [(Op, usize); 5] = [
-    (Op::AllReduce, 256 << 10),
-    (Op::ReduceScatter, 256 << 10),
-    (Op::AllGather, 256 << 10),
-    (Op::Broadcast, 256 << 10),
-    (Op::Reduce, 256 << 10),
+/// Sizes (bytes, as the bench counts them: the buffer, an all-gather's
+/// output, a reduce-scatter's input) from which `auto` runs an op in
+/// stages; below them, and for the ops not listed (broadcast: one flow
+/// already fills a node's link; barrier; the pairwise moves), the op runs
+/// flat on MPI. Measured on 2 fake nodes of 2 ranks with 1 Gbit/s links
+/// (docs/BENCHMARKS.md, "Node-aware executor").
+const STAGED_FROM: [(Op, usize); 4] = [
+    (Op::AllReduce, 1 << 20),
+    (Op::ReduceScatter, 64 << 10),
+    (Op::AllGather, 32 << 10),
+    (Op::Reduce, 1 << 20),
 ];
+
+/// Ops the stages can run (`RANKMESH_HOST_PLANE=hier` runs them at every size).
+const HAS_STAGES: [Op; 6] = [
+    Op::AllReduce,
+    Op::ReduceScatter,
+    Op::AllGather,
+    Op::Reduce,
+    Op::Broadcast,
+    Op::Barrier,
+];
+
+/// Whether `op` on `bytes` runs in stages on a group spanning nodes;
+/// `forced`: `RANKMESH_HOST_PLANE=hier`.
+pub(crate) fn runs_staged(op: Op, bytes: usize, forced: bool) -> bool {
+    match forced {
+        true => HAS_STAGES.contains(&op),
+        false => STAGED_FROM
+            .iter()
+            .any(|(o, from)| *o == op && bytes >= *from),
+    }
+}
+
+/// How a group spanning nodes runs its host ops, for the debug log.
+pub(crate) fn describe(map: &NodeMap, forced: bool) -> String {
+    let sizes: Vec<String> = map.members.iter().map(|m| m.len().to_string()).collect();
+    let when = match forced {
+        true => "every op that has stages in stages (RANKMESH_HOST_PLANE=hier)".to_string(),
+        false => {
+            let from: Vec<String> = STAGED_FROM
+                .iter()
+                .map(|(op, from)| format!("{} from {from} B", op.name()))
+                .collect();
+            format!("{} in stages, the rest flat on MPI", from.join(", "))
+        }
+    };
+    format!(
+        "node-aware across {} nodes of {} ranks: {when}",
+        sizes.len(),
+        sizes.join("+")
+    )
+}
 
 /// Where each member of a group lives, by node.
 pub(crate) struct NodeMap {
@@ -107,7 +149,9 @@ impl NodeMap {
 
     /// Whether every node has as many members.
     fn even(&self) -> bool {
-        self.members.iter().all(|m| m.len() == self.members[0].len())
+        self.members
+            .iter()
+            .all(|m| m.len() == self.members[0].len())
     }
 
     /// On equal nodes: by local index `i`, then node `k`, the group rank of
@@ -196,9 +240,8 @@ impl Hier {
     }
 
     /// Whether `op` on `bytes` runs in stages (else flat on MPI).
-    pub(crate) fn staged(&self, op: Op, bytes: usize) -> bool {
-        let from = STAGED_FROM.iter().find(|(o, _)| *o == op);
-        from.is_some_and(|(_, from)| self.forced || bytes >= *from)
+    fn staged(&self, op: Op, bytes: usize) -> bool {
+        runs_staged(op, bytes, self.forced)
     }
 
     /// Scratch tensor `k` holding `elems` elements of `dtype` (reused while
@@ -278,7 +321,7 @@ impl HierCall<'_> {
         }
     }
 
-    /// Every local rank's slice `slices[i]` of `out`, from its `mine`.
+    /// Every local rank's `slices[i]` of `out`, from its `mine`.
     fn local_all_gather(
         &self,
         mine: &[u8],
@@ -287,8 +330,9 @@ impl HierCall<'_> {
     ) -> Result<(), Fault> {
         match self.local() {
             Some(node) => node.all_gather_blocks(mine, Spans(slices), out),
+            // Alone on its node: its one slice.
             None => {
-                out.copy_from_slice(mine);
+                out[slices[0].clone()].copy_from_slice(mine);
                 Ok(())
             }
         }
@@ -335,7 +379,9 @@ impl HierCall<'_> {
             // A node of one on equal nodes: every node has one member.
             None => share.bytes_mut().copy_from_slice(packed.bytes()),
         }
-        let rail = self.rail().expect("on equal nodes every member is on a rail");
+        let rail = self
+            .rail()
+            .expect("on equal nodes every member is on a rail");
         rail.reduce_scatter_block_into(&share, out, op);
         Ok(())
     }
@@ -393,7 +439,9 @@ impl HierCall<'_> {
         let b = block.len();
         let nodes = self.hier.map.members.len();
         let mut share = self.hier.scratch_bytes(nodes * b);
-        let rail = self.rail().expect("on equal nodes every member is on a rail");
+        let rail = self
+            .rail()
+            .expect("on equal nodes every member is on a rail");
         rail.all_gather_into(block, &mut share);
         let blocks = Gathered {
             sub: b,
@@ -433,6 +481,32 @@ impl HierCall<'_> {
     }
 }
 
+/// Rounds a pipelined all-reduce cuts each rail's slice into (fewer when
+/// a round's part would fall under [`ROUND_MIN`] bytes).
+const ROUNDS: usize = 8;
+/// Smallest part of a slice one round moves.
+const ROUND_MIN: usize = 128 << 10;
+
+/// The rounds of a pipelined all-reduce over `slices` (by local index):
+/// round k holds part k of every slice, whole cache lines (so whole
+/// elements) but the last.
+fn rounds(slices: &[Range<usize>]) -> Vec<Vec<Range<usize>>> {
+    let longest = slices.iter().map(Range::len).max().unwrap_or(0);
+    let part = (longest / ROUNDS).max(ROUND_MIN).next_multiple_of(64);
+    let count = longest.div_ceil(part).max(1);
+    (0..count)
+        .map(|k| {
+            slices
+                .iter()
+                .map(|s| {
+                    let at = (s.start + k * part).min(s.end);
+                    at..(at + part).min(s.end)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// What the stages combine with: `Avg` sums, and divides once at the end.
 fn staged(op: ReduceOp) -> ReduceOp {
     match op {
@@ -443,6 +517,9 @@ fn staged(op: ReduceOp) -> ReduceOp {
 
 impl HostMoves for HierCall<'_> {
     fn barrier(&self) -> Result<(), Fault> {
+        if !self.hier.staged(Op::Barrier, 0) {
+            return HostMoves::barrier(&self.flat);
+        }
         if let Some(node) = self.local() {
             node.barrier()?;
         }
@@ -465,23 +542,82 @@ impl HostMoves for HierCall<'_> {
         let elems = slices[local].len() / dtype.size();
         let mut summed = self.hier.scratch(0, elems, dtype)?;
         let mut reduced = self.hier.scratch(1, elems, dtype)?;
-        match self.local() {
-            Some(node) => node.reduce_scatter_blocks(
-                input.bytes(),
-                Spans(&slices),
-                summed.bytes_mut(),
-                dtype,
-                staged(op),
-            )?,
-            None => summed.bytes_mut().copy_from_slice(input.bytes()),
-        }
-        if let Some(rail) = self.rail() {
-            rail.all_reduce_into(&summed, &mut reduced, staged(op));
+        let rounds = rounds(&slices);
+        let node_sum = |spans: &[Range<usize>], summed: &mut [u8]| match self.local() {
+            Some(node) => {
+                node.reduce_scatter_blocks(input.bytes(), Spans(spans), summed, dtype, staged(op))
+            }
+            None => {
+                summed.copy_from_slice(&input.bytes()[spans[0].clone()]);
+                Ok(())
+            }
+        };
+        let node_gather = |spans: &[Range<usize>], mine: &[u8], out: &mut [u8]| {
+            self.local_all_gather(mine, spans, out)
+        };
+        // This rank's part of round k: its slice's bytes `mine[k]`.
+        let mine: Vec<Range<usize>> = rounds
+            .iter()
+            .map(|spans| {
+                let at = spans[local].start - slices[local].start;
+                at..at + spans[local].len()
+            })
+            .collect();
+        let finish = |reduced: &mut [u8]| {
             if op == ReduceOp::Avg {
-                divide(dtype, reduced.bytes_mut(), self.members());
+                divide(dtype, reduced, self.members());
+            }
+        };
+        let rail = self.rail();
+        let (node, _) = self.hier.here();
+        match rail {
+            // Two nodes: the rounds overlap, each part sent to the other
+            // node as soon as it is summed and gathered as soon as the
+            // other node's arrives.
+            Some(rail) if self.hier.map.members.len() == 2 => {
+                let mut theirs = self.hier.scratch_bytes(summed.nbytes());
+                // SAFETY: `theirs` is read only after each part's arrival;
+                // `summed`'s parts are not written again once sent; both
+                // outlive the swap.
+                let mut swap = unsafe { Swap::post(&rail, 1 - node, &mut theirs, &mine) };
+                for (spans, part) in rounds.iter().zip(&mine) {
+                    node_sum(spans, &mut summed.bytes_mut()[part.clone()])?;
+                    // SAFETY: see above.
+                    unsafe { swap.send(&summed.bytes()[part.clone()]) };
+                }
+                for (k, (spans, part)) in rounds.iter().zip(&mine).enumerate() {
+                    swap.received(k)?;
+                    let both = |q: usize| match q == node {
+                        true => &summed.bytes()[part.clone()],
+                        false => &theirs[part.clone()],
+                    };
+                    let reduced = &mut reduced.bytes_mut()[part.clone()];
+                    combine(dtype, staged(op), 2, both, reduced);
+                    finish(reduced);
+                    node_gather(spans, reduced, out.bytes_mut())?;
+                    swap.progress();
+                }
+                swap.finish();
+            }
+            // More nodes: the node's sums, the rails' all-reduces, the
+            // node's all-gather, one after another.
+            Some(rail) => {
+                node_sum(&slices, summed.bytes_mut())?;
+                rail.all_reduce_into(&summed, &mut reduced, staged(op));
+                finish(reduced.bytes_mut());
+                node_gather(&slices, reduced.bytes(), out.bytes_mut())?;
+            }
+            // Off the rails (a node larger than the smallest): no part.
+            None => {
+                for spans in &rounds {
+                    node_sum(spans, &mut [])?;
+                }
+                for spans in &rounds {
+                    node_gather(spans, &[], out.bytes_mut())?;
+                }
             }
         }
-        self.local_all_gather(reduced.bytes(), &slices, out.bytes_mut())
+        Ok(())
     }
 
     fn reduce_into_root(
@@ -502,9 +638,7 @@ impl HostMoves for HierCall<'_> {
         let mut result = self.hier.scratch(1, elems, dtype)?;
         if local == 0 {
             match self.leaders() {
-                Some(leaders) => {
-                    leaders.reduce_into_root(&acc, &mut result, root_node, staged(op))
-                }
+                Some(leaders) => leaders.reduce_into_root(&acc, &mut result, root_node, staged(op)),
                 None => result.bytes_mut().copy_from_slice(acc.bytes()),
             }
             if node == root_node && op == ReduceOp::Avg {

@@ -295,6 +295,146 @@ unsafe fn irecv_bytes(
     req
 }
 
+/// Pieces of a buffer swapped with one peer while they are being made:
+/// every receive is posted at the start, each send when its piece is
+/// ready, and the receives are taken in order — so the transfer of one
+/// piece overlaps the making of the next. Dropped with requests open (an
+/// error path), it waits for them: they point into the caller's buffers.
+pub(crate) struct Swap<'e> {
+    exec: &'e MpiExec<'e>,
+    peer: usize,
+    recvs: Vec<ffi::MPI_Request>,
+    lens: Vec<usize>,
+    /// Piece k's messages are `recvs[firsts[k]..firsts[k + 1]]`.
+    firsts: Vec<usize>,
+    sends: Vec<ffi::MPI_Request>,
+}
+
+/// Largest message of a [`Swap`]: under Open MPI's TCP eager limit
+/// (64 KiB), so no message waits for its receiver's go-ahead — which, on a
+/// link whose queue is full of the other direction's data, arrives late.
+const SWAP_MESSAGE: usize = 32 << 10;
+
+/// The messages of a swap's piece `r`.
+fn messages(r: Range<usize>) -> impl Iterator<Item = Range<usize>> {
+    let n = r.len().div_ceil(SWAP_MESSAGE).max(1);
+    (0..n).map(move |i| {
+        let at = r.start + i * SWAP_MESSAGE;
+        at..(at + SWAP_MESSAGE).min(r.end)
+    })
+}
+
+impl<'e> Swap<'e> {
+    /// Posts the receive of every piece `pieces[k]` of `theirs` from
+    /// `peer` (each at most `i32::MAX` bytes).
+    ///
+    /// # Safety
+    /// `theirs` must stay allocated and untouched until
+    /// [`received`](Self::received) has returned for its piece, or the swap
+    /// is dropped.
+    pub(crate) unsafe fn post(
+        exec: &'e MpiExec<'e>,
+        peer: usize,
+        theirs: &mut [u8],
+        pieces: &[Range<usize>],
+    ) -> Swap<'e> {
+        let comm = exec.comm.as_raw();
+        let mut recvs = Vec::new();
+        let mut lens = Vec::new();
+        let mut firsts = Vec::with_capacity(pieces.len() + 1);
+        for r in pieces {
+            firsts.push(recvs.len());
+            for m in messages(r.clone()) {
+                lens.push(m.len());
+                // SAFETY: the caller keeps `theirs` for the requests' life.
+                recvs.push(unsafe { irecv_bytes(comm, &mut theirs[m], peer, TAG_DATA) });
+            }
+        }
+        firsts.push(recvs.len());
+        Swap {
+            exec,
+            peer,
+            recvs,
+            lens,
+            firsts,
+            sends: Vec::new(),
+        }
+    }
+
+    /// Posts the send of the next piece, `bytes`.
+    ///
+    /// # Safety
+    /// `bytes` must stay allocated and unchanged until the swap is finished
+    /// or dropped.
+    pub(crate) unsafe fn send(&mut self, bytes: &[u8]) {
+        let comm = self.exec.comm.as_raw();
+        for m in messages(0..bytes.len()) {
+            // SAFETY: the caller keeps `bytes` for the request's life.
+            let req = unsafe { isend_bytes(comm, &bytes[m], self.peer, TAG_DATA) };
+            self.sends.push(req);
+        }
+        self.progress();
+    }
+
+    /// Lets MPI move what is posted, without waiting.
+    pub(crate) fn progress(&mut self) {
+        let mut flag: c_int = 0;
+        // SAFETY: live or null requests; statuses ignored.
+        unsafe {
+            ffi::MPI_Testall(
+                self.sends.len() as c_int,
+                self.sends.as_mut_ptr(),
+                &mut flag,
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+    }
+
+    /// Waits for piece `k` from the peer (its bytes checked), napping
+    /// between looks: a piece takes milliseconds on a network, and a
+    /// busy-polling rank would take the core its node's ranks are working on.
+    pub(crate) fn received(&mut self, k: usize) -> Result<(), Fault> {
+        for i in self.firsts[k]..self.firsts[k + 1] {
+            let mut flag: c_int = 0;
+            // SAFETY: MPI_Status is plain data that MPI fills in.
+            let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+            loop {
+                // SAFETY: a live request into the caller's buffer.
+                unsafe { ffi::MPI_Test(&mut self.recvs[i], &mut flag, &mut status) };
+                if flag != 0 {
+                    break;
+                }
+                self.exec.pulse.beat();
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+            let mut got: c_int = 0;
+            // SAFETY: the status MPI just filled for a receive.
+            unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut got) };
+            let (got, want) = (got.max(0) as usize, self.lens[i]);
+            if got != want {
+                return Err(Fault::Short {
+                    peer: self.peer,
+                    got,
+                    want,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every send.
+    pub(crate) fn finish(mut self) {
+        let _ = self.exec.complete(&mut self.sends, &[], self.peer);
+    }
+}
+
+impl Drop for Swap<'_> {
+    fn drop(&mut self) {
+        let _ = self.exec.complete(&mut self.recvs, &[], self.peer);
+        let _ = self.exec.complete(&mut self.sends, &[], self.peer);
+    }
+}
+
 /// MPI over host memory for one communicator. Every piece that completes
 /// is progress for the hang watchdog, so a long transfer that still moves is
 /// never mistaken for a stuck one.

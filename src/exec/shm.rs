@@ -85,6 +85,11 @@ const SPINS: u32 = 4096;
 /// peer being waited for may be waiting for this core.
 const SPINS_OVERSUBSCRIBED: u32 = 16;
 
+/// Yields before a waiting rank naps: about a millisecond of waiting.
+const YIELDS: u32 = 2048;
+/// A long wait's nap between looks at the peers' counters, in µs.
+const NAP_US: u64 = 20;
+
 /// Bytes of a phase's data a step header carries: a phase publishing at
 /// most this much per rank leaves the data areas alone.
 const INLINE: usize = 128 - 24;
@@ -473,10 +478,15 @@ impl ShmExec {
                 if spins < self.spins {
                     spins += 1;
                     std::hint::spin_loop();
-                } else {
+                } else if spins < self.spins + YIELDS {
                     // Ranks may outnumber cores; a missing peer is the
                     // watchdog's to name, and it sees this call as open.
+                    spins += 1;
                     std::thread::yield_now();
+                } else {
+                    // A long wait (a peer across the network, most likely):
+                    // the core is worth more to others than a faster wake.
+                    std::thread::sleep(std::time::Duration::from_micros(NAP_US));
                 }
             }
         }

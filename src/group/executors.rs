@@ -22,6 +22,23 @@ impl<'rt> GroupCoordinator<'rt> {
         }
     }
 
+    /// Which executor a host `op` moving `bytes` runs on (sizes as the
+    /// bench counts them: the buffer, an all-gather's output, a
+    /// reduce-scatter's input): as [`host_executor`](Self::host_executor),
+    /// except that a group spanning nodes runs each op `"hier"` only where
+    /// the node-aware stages pay (from a crossover per op; every op that
+    /// has stages under `RANKMESH_HOST_PLANE=hier`), `"mpi"` otherwise.
+    pub fn host_executor_for(&self, op: Op, bytes: usize) -> &'static str {
+        match self.host_executor() {
+            "hier" if !hier::runs_staged(op, bytes, self.forced_hier()) => "mpi",
+            executor => executor,
+        }
+    }
+
+    fn forced_hier(&self) -> bool {
+        self.inner.rt.options().host_plane == ExecChoice::Hier
+    }
+
     /// The shared-memory executor, its window made on first use. Collective
     /// the first time: only the dispatch path calls it, where every member does.
     pub(super) fn shm(&self) -> Option<&ShmExec> {
@@ -46,10 +63,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 &self.inner.comm,
                 NodeMap::new(nodes),
                 self.rank_in_group(),
-                (
-                    rt.options().max_message_bytes,
-                    rt.options().host_plane == ExecChoice::Hier,
-                ),
+                (rt.options().max_message_bytes, self.forced_hier()),
                 |node_comm, local| shm_exec(rt, node_comm, local),
             )
         }))

@@ -26,7 +26,7 @@ use crate::dtype::DType;
 use crate::error::Rejection;
 use crate::error::{Error, Fault, Result};
 use crate::exec::executor::{ExecChoice, HostExec};
-use crate::exec::hier::{Hier, HierCall, NodeMap};
+use crate::exec::hier::{self, Hier, HierCall, NodeMap};
 use crate::exec::mpi::{MpiExec, TAG_ANSWER, TAG_HEADER};
 use crate::exec::shm::{ShmCall, ShmExec, ShmWindow};
 use crate::nccl::comm::Communicator as NcclComm;
@@ -130,7 +130,15 @@ impl<'rt> GroupCoordinator<'rt> {
         let shm_wanted = executors::choose_shm(rt, &name, choice, &facts)?;
         let nodes: Vec<usize> = ranks.iter().map(|r| rt.world().ranks[*r].node).collect();
         let spans_nodes = matches!(choice, ExecChoice::Auto | ExecChoice::Hier);
-        let hier_nodes = (spans_nodes && NodeMap::new(&nodes).worth_it()).then_some(nodes);
+        let map = NodeMap::new(&nodes);
+        let hier_nodes = (spans_nodes && map.worth_it()).then_some(nodes);
+        let executor = match (size, shm_wanted, &hier_nodes) {
+            (1, ..) => "local (a group of one)".to_string(),
+            (_, true, _) => "shared memory (one node)".to_string(),
+            (_, _, Some(_)) => hier::describe(&map, choice == ExecChoice::Hier),
+            _ => "MPI".to_string(),
+        };
+        tracing::debug!(group = %name, "host executor: {executor}");
         let watch = rt.watchdog().register(Arc::from(name), &ranks);
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {
