@@ -1,8 +1,9 @@
 //! What a host executor supplies: the byte movements of every host
-//! collective, once the dispatch path has checked the call. Two executors
-//! implement it — MPI ([`MpiExec`]) and node-local shared memory
-//! ([`ShmCall`](super::shm::ShmCall)) — and the host op list in
-//! `group/host.rs` is written once against it.
+//! collective, once the dispatch path has checked the call. Three
+//! executors implement it — MPI ([`MpiExec`]), node-local shared memory
+//! ([`ShmCall`](super::shm::ShmCall)) and the node-aware stages across
+//! nodes ([`HierCall`]) — and the host op list in `group/host.rs` is
+//! written once against it.
 
 use super::hier::HierCall;
 use super::mpi::{BlockLayout, MpiExec};
@@ -93,7 +94,10 @@ impl<'a> std::ops::Deref for HostExec<'a> {
 /// `RANKMESH_HOST_PLANE`: which executor host collectives use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ExecChoice {
-    /// Shared memory for groups whose members share one node, MPI
+    /// Shared memory for groups whose members share one node; for groups
+    /// spanning nodes with two or more members on some node, the node-aware
+    /// stages for the ops and sizes where they pay (per-op crossovers,
+    /// `GroupCoordinator::host_executor_for`), flat MPI for the rest; MPI
     /// otherwise.
     #[default]
     Auto,
@@ -101,11 +105,9 @@ pub enum ExecChoice {
     Mpi,
     /// Shared memory; a group spanning nodes is an error at its creation.
     Shm,
-    /// As `Auto`, but a group spanning nodes with two or more members on
-    /// some node runs hierarchically: shared memory within each node, MPI
-    /// among one leader per node. Not `Auto`'s choice (yet): on this 2-core
-    /// machine, fake nodes oversubscribed, it measured slower than Open MPI
-    /// (docs/BENCHMARKS.md); it wants a measurement on real nodes.
+    /// As `Auto`, but a group spanning nodes runs every op that has
+    /// node-aware stages in them, at every size (broadcast and barrier
+    /// included, which `Auto` leaves flat).
     Hier,
 }
 

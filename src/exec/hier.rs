@@ -52,7 +52,7 @@ use std::ops::Range;
 /// flat on MPI. Measured on 2 fake nodes of 2 ranks with 1 Gbit/s links
 /// (docs/BENCHMARKS.md, "Node-aware executor").
 const STAGED_FROM: [(Op, usize); 4] = [
-    (Op::AllReduce, 1 << 20),
+    (Op::AllReduce, 256 << 10),
     (Op::ReduceScatter, 64 << 10),
     (Op::AllGather, 32 << 10),
     (Op::Reduce, 1 << 20),

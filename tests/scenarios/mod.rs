@@ -11,6 +11,7 @@ mod headers;
 mod helpers;
 mod large;
 mod mesh;
+mod node_aware;
 mod nodes;
 mod objects;
 mod p2p;
@@ -370,6 +371,20 @@ pub const ALL: &[Scenario] = &[
         sizes: &[2, 3],
         env: &[],
         run: streamed::run,
+    },
+    Scenario {
+        name: "node_aware",
+        nodes: &["2,2", "2,3", "1,3"],
+        sizes: &[],
+        env: &[],
+        run: node_aware::run,
+    },
+    Scenario {
+        name: "node_aware_forced",
+        nodes: &["2,2", "2,3"],
+        sizes: &[],
+        env: HIER,
+        run: node_aware::run,
     },
     Scenario {
         name: "single_copy",
