@@ -382,7 +382,25 @@ impl HierCall<'_> {
         let rail = self
             .rail()
             .expect("on equal nodes every member is on a rail");
-        rail.reduce_scatter_block_into(&share, out, op);
+        if nodes != 2 {
+            rail.reduce_scatter_block_into(&share, out, op);
+            return Ok(());
+        }
+        // Two nodes: swap the other node's block for this one's, combine.
+        let node = self.hier.here().0;
+        let mut theirs = self.hier.scratch_bytes(b);
+        let (mine, other) = (node * b..(node + 1) * b, (1 - node) * b..(2 - node) * b);
+        // SAFETY: both buffers outlive the swap, finished here.
+        let mut swap = unsafe { Swap::post(&rail, 1 - node, &mut theirs, &[0..b]) };
+        // SAFETY: as above.
+        unsafe { swap.send(&share.bytes()[other]) };
+        swap.received(0)?;
+        swap.finish();
+        let both = |q: usize| match q == node {
+            true => &share.bytes()[mine.clone()],
+            false => &theirs[..],
+        };
+        combine(dtype, op, 2, both, out.bytes_mut());
         Ok(())
     }
 
@@ -442,7 +460,24 @@ impl HierCall<'_> {
         let rail = self
             .rail()
             .expect("on equal nodes every member is on a rail");
-        rail.all_gather_into(block, &mut share);
+        if nodes == 2 {
+            // Two nodes: one swap of blocks.
+            let node = self.hier.here().0;
+            let (first, second) = share.split_at_mut(b);
+            let (mine, theirs) = match node {
+                0 => (first, second),
+                _ => (second, first),
+            };
+            mine.copy_from_slice(block);
+            // SAFETY: both buffers outlive the swap, finished here.
+            let mut swap = unsafe { Swap::post(&rail, 1 - node, theirs, &[0..b]) };
+            // SAFETY: as above.
+            unsafe { swap.send(block) };
+            swap.received(0)?;
+            swap.finish();
+        } else {
+            rail.all_gather_into(block, &mut share);
+        }
         let blocks = Gathered {
             sub: b,
             per: nodes,
