@@ -390,12 +390,7 @@ impl HierCall<'_> {
         let node = self.hier.here().0;
         let mut theirs = self.hier.scratch_bytes(b);
         let (mine, other) = (node * b..(node + 1) * b, (1 - node) * b..(2 - node) * b);
-        // SAFETY: both buffers outlive the swap, finished here.
-        let mut swap = unsafe { Swap::post(&rail, 1 - node, &mut theirs, &[0..b]) };
-        // SAFETY: as above.
-        unsafe { swap.send(&share.bytes()[other]) };
-        swap.received(0)?;
-        swap.finish();
+        rail.swap(1 - node, &share.bytes()[other], &mut theirs)?;
         let both = |q: usize| match q == node {
             true => &share.bytes()[mine.clone()],
             false => &theirs[..],
@@ -469,12 +464,7 @@ impl HierCall<'_> {
                 _ => (second, first),
             };
             mine.copy_from_slice(block);
-            // SAFETY: both buffers outlive the swap, finished here.
-            let mut swap = unsafe { Swap::post(&rail, 1 - node, theirs, &[0..b]) };
-            // SAFETY: as above.
-            unsafe { swap.send(block) };
-            swap.received(0)?;
-            swap.finish();
+            rail.swap(1 - node, block, theirs)?;
         } else {
             rail.all_gather_into(block, &mut share);
         }

@@ -428,6 +428,22 @@ impl<'e> Swap<'e> {
     }
 }
 
+impl MpiExec<'_> {
+    /// `mine` to `peer` and the peer's into `theirs`, in eager-sized
+    /// messages (see [`Swap`]).
+    pub(crate) fn swap(&self, peer: usize, mine: &[u8], theirs: &mut [u8]) -> Result<(), Fault> {
+        let whole = 0..theirs.len();
+        // SAFETY: both buffers are borrowed until the swap is finished here
+        // (or dropped on the error path, which waits for its requests).
+        let mut swap = unsafe { Swap::post(self, peer, theirs, std::slice::from_ref(&whole)) };
+        // SAFETY: as above.
+        unsafe { swap.send(mine) };
+        swap.received(0)?;
+        swap.finish();
+        Ok(())
+    }
+}
+
 impl Drop for Swap<'_> {
     fn drop(&mut self) {
         let _ = self.exec.complete(&mut self.recvs, &[], self.peer);
