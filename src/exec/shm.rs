@@ -629,8 +629,10 @@ impl ShmExec {
     /// rank publishes its [count table](Links::table) beside the data area
     /// and the pieces in it, then reads its peers' entries for it, judges
     /// its links ([`Links::judge`]), and takes the pieces of the links that
-    /// agreed. Longer blocks continue as an equal all-to-all's do (the
-    /// longest block is the same on every rank, so is the path).
+    /// agreed. Blocks of a single copy's size skip the window's first
+    /// phase; they and the rest of longer blocks continue as an equal
+    /// all-to-all's do (the longest block is the same on every rank, so is
+    /// the path).
     pub(crate) fn all_to_all_v(
         &self,
         pulse: &Pulse,
@@ -644,9 +646,16 @@ impl ShmExec {
         let table = Links::table(sc, rc);
         self.own_table(place)
             .copy_from_slice(bytemuck::cast_slice(&table));
+        // A block of a single copy's size leaves the window alone: the
+        // rest of the call reads it from the sender (both ends judge it by
+        // the same agreed count; a refused link moves nothing).
+        let first = |rows: usize, len: usize| match rows * row >= SINGLE_COPY_FROM {
+            true => 0,
+            false => len.min(m),
+        };
         let offered = Links::spans(sc, sc, row);
         for r in (0..p).filter(|r| *r != me) {
-            let n = offered[r].len().min(m);
+            let n = first(sc[r], offered[r].len());
             if n > 0 {
                 copy_bytes(self.own(place, r * m, n), &send[offered[r].start..][..n]);
             }
@@ -656,7 +665,7 @@ impl ShmExec {
         let links = Links::judge(me, sc, rc, &theirs);
         let (sent, got) = links.placed((sc, rc), row);
         for s in (0..p).filter(|s| *s != me) {
-            let n = got[s].len().min(m);
+            let n = first(rc[s], got[s].len());
             if n > 0 {
                 copy_bytes(
                     &mut out[got[s].start..][..n],
@@ -671,22 +680,27 @@ impl ShmExec {
                 &send[sent[me].start..][..own],
             );
         }
+        // The longest block any rank sends decides, the same everywhere.
         let longest = links.longest.saturating_mul(row);
-        if longest > m {
+        if longest > m || longest >= SINGLE_COPY_FROM {
             // What is left of each block (this rank's own is done).
-            let rest = |spans: &[Range<usize>]| -> Vec<Range<usize>> {
+            let rest = |spans: &[Range<usize>], counts: &[usize]| -> Vec<Range<usize>> {
                 let left = |(r, s): (usize, &Range<usize>)| match r == me {
                     true => s.end..s.end,
-                    false => (s.start + m).min(s.end)..s.end,
+                    false => (s.start + first(counts[r], s.len()))..s.end,
                 };
                 spans.iter().enumerate().map(left).collect()
             };
-            let (sent, got) = (rest(&sent), rest(&got));
+            let (sent, got) = (rest(&sent, sc), rest(&got, rc));
+            let left = match longest >= SINGLE_COPY_FROM {
+                true => longest,
+                false => longest - m,
+            };
             self.exchange_blocks(
                 pulse,
                 Some((send, Spans(&sent))),
                 Some((out, Spans(&got))),
-                longest - m,
+                left,
                 None,
             )?;
         }

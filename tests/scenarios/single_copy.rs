@@ -45,4 +45,31 @@ pub fn run(rt: &Runtime) {
 
     // Uneven blocks past 4 MiB, each of a different length.
     check_long_blocks(&g).unwrap();
+
+    // Links of every kind in one call: empty, through the window (under
+    // 16 KiB), and read with one copy.
+    let len = |s: usize, r: usize| match (s + 2 * r) % 3 {
+        0 => 0,
+        1 => 1000 + 7 * s + r,
+        _ => 70_000 + 4099 * s + 13 * r,
+    };
+    let byte = |s: usize, k: usize| ((s * 37 + k * 11 + k / 253) % 249) as u8;
+    let send: Vec<usize> = (0..p).map(|r| len(me, r)).collect();
+    let recv: Vec<usize> = (0..p).map(|s| len(s, me)).collect();
+    let total: usize = send.iter().sum();
+    let x = Tensor::from_vec([total], (0..total).map(|k| byte(me, k)).collect()).unwrap();
+    let got = g.all_to_all_v(&x, &send, &recv).unwrap();
+    let mut at = 0;
+    for (s, n) in recv.iter().enumerate() {
+        let first: usize = (0..me).map(|r| len(s, r)).sum();
+        let want = (first..first + n).map(|k| byte(s, k));
+        assert!(
+            got.as_slice::<u8>().unwrap()[at..at + n]
+                .iter()
+                .copied()
+                .eq(want),
+            "np{p} rank {me}: the mixed block from {s} differs"
+        );
+        at += n;
+    }
 }
