@@ -149,18 +149,31 @@ impl Blocks for BlockLayout {
         len: usize,
     ) -> impl Iterator<Item = (usize, usize, usize)> {
         let l = *self;
-        let mut done = 0;
-        std::iter::from_fn(move || {
-            (done < len).then(|| {
-                let pos = off + done;
-                let (row, col) = (pos / l.run, pos % l.run);
-                let run = (l.run - col).min(len - done);
-                let item = (r * l.extent + row * l.stride + col, done, run);
-                done += run;
-                item
-            })
-        })
+        unit_runs(off, len, l.run, move |row| r * l.extent + row * l.stride)
     }
+}
+
+/// The runs of bytes `off..off + len` of a block made of `unit`-byte
+/// pieces, piece `k` starting at `place(k)` in the buffer: `(position in
+/// the buffer, position in the range, length)`.
+#[inline(always)]
+fn unit_runs(
+    off: usize,
+    len: usize,
+    unit: usize,
+    place: impl Fn(usize) -> usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        (done < len).then(|| {
+            let pos = off + done;
+            let (k, col) = (pos / unit, pos % unit);
+            let run = (unit - col).min(len - done);
+            let item = (place(k) + col, done, run);
+            done += run;
+            item
+        })
+    })
 }
 
 /// Uneven contiguous blocks: block `r` is the bytes `self.0[r]`.
@@ -219,17 +232,7 @@ impl Blocks for Gathered<'_> {
         len: usize,
     ) -> impl Iterator<Item = (usize, usize, usize)> {
         let g = *self;
-        let mut done = 0;
-        std::iter::from_fn(move || {
-            (done < len).then(|| {
-                let pos = off + done;
-                let (k, col) = (pos / g.sub, pos % g.sub);
-                let run = (g.sub - col).min(len - done);
-                let item = (g.order[r * g.per + k] * g.sub + col, done, run);
-                done += run;
-                item
-            })
-        })
+        unit_runs(off, len, g.sub, move |k| g.order[r * g.per + k] * g.sub)
     }
 }
 
