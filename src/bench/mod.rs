@@ -218,7 +218,10 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             })
             .collect();
         write_out(out, &lines)?;
-        if let Some(line) = executors_by_size(&group, cfg, &sizes(cfg)).filter(|_| !cfg.device) {
+        let host_executors = (!cfg.device)
+            .then(|| executors_by_size(&group, cfg, &sizes(cfg)))
+            .flatten();
+        if let Some(line) = host_executors {
             write_out(out, &line)?;
         }
         write_out(out, &format::header())?;

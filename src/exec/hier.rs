@@ -180,7 +180,7 @@ pub(crate) struct Hier {
     forced: bool,
     max_message_bytes: usize,
     /// Slice-sized tensors and bytes the stages reuse across calls.
-    scratch: [RefCell<Option<Tensor>>; 2],
+    scratch: [RefCell<Option<Tensor>>; 3],
     scratch_bytes: RefCell<Vec<u8>>,
 }
 
@@ -420,7 +420,7 @@ impl HierCall<'_> {
         let most = members.iter().map(Vec::len).max().unwrap_or(1);
         let mut part = None;
         if local == 0 {
-            let mut ordered = Tensor::zeros([members.len() * most * elems], dtype)?;
+            let mut ordered = self.hier.scratch(2, members.len() * most * elems, dtype)?;
             for (k, ranks) in members.iter().enumerate() {
                 for (j, r) in ranks.iter().enumerate() {
                     let at = (k * most + j) * b;
@@ -563,7 +563,7 @@ impl HostMoves for HierCall<'_> {
         }
         let dtype = input.dtype();
         let slices = self.hier.slices(input.numel(), dtype.size());
-        let local = self.hier.here().1;
+        let (node, local) = self.hier.here();
         let elems = slices[local].len() / dtype.size();
         let mut summed = self.hier.scratch(0, elems, dtype)?;
         let mut reduced = self.hier.scratch(1, elems, dtype)?;
@@ -576,9 +576,6 @@ impl HostMoves for HierCall<'_> {
                 summed.copy_from_slice(&input.bytes()[spans[0].clone()]);
                 Ok(())
             }
-        };
-        let node_gather = |spans: &[Range<usize>], mine: &[u8], out: &mut [u8]| {
-            self.local_all_gather(mine, spans, out)
         };
         // This rank's part of round k: its slice's bytes `mine[k]`.
         let mine: Vec<Range<usize>> = rounds
@@ -593,9 +590,7 @@ impl HostMoves for HierCall<'_> {
                 divide(dtype, reduced, self.members());
             }
         };
-        let rail = self.rail();
-        let (node, _) = self.hier.here();
-        match rail {
+        match self.rail() {
             // Two nodes: the rounds overlap, each part sent to the other
             // node as soon as it is summed and gathered as soon as the
             // other node's arrives.
@@ -619,7 +614,7 @@ impl HostMoves for HierCall<'_> {
                     let reduced = &mut reduced.bytes_mut()[part.clone()];
                     combine(dtype, staged(op), 2, both, reduced);
                     finish(reduced);
-                    node_gather(spans, reduced, out.bytes_mut())?;
+                    self.local_all_gather(reduced, spans, out.bytes_mut())?;
                     swap.progress();
                 }
                 swap.finish();
@@ -630,7 +625,7 @@ impl HostMoves for HierCall<'_> {
                 node_sum(&slices, summed.bytes_mut())?;
                 rail.all_reduce_into(&summed, &mut reduced, staged(op));
                 finish(reduced.bytes_mut());
-                node_gather(&slices, reduced.bytes(), out.bytes_mut())?;
+                self.local_all_gather(reduced.bytes(), &slices, out.bytes_mut())?;
             }
             // Off the rails (a node larger than the smallest): no part.
             None => {
@@ -638,7 +633,7 @@ impl HostMoves for HierCall<'_> {
                     node_sum(spans, &mut [])?;
                 }
                 for spans in &rounds {
-                    node_gather(spans, &[], out.bytes_mut())?;
+                    self.local_all_gather(&[], spans, out.bytes_mut())?;
                 }
             }
         }

@@ -410,17 +410,8 @@ impl<'e> Swap<'e> {
                 self.exec.pulse.beat();
                 std::thread::sleep(std::time::Duration::from_micros(20));
             }
-            let mut got: c_int = 0;
-            // SAFETY: the status MPI just filled for a receive.
-            unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut got) };
-            let (got, want) = (got.max(0) as usize, self.lens[i]);
-            if got != want {
-                return Err(Fault::Short {
-                    peer: self.peer,
-                    got,
-                    want,
-                });
-            }
+            let status = mpi::point_to_point::Status::from_raw(status);
+            check_count(&status, self.lens[i], self.peer)?;
         }
         Ok(())
     }

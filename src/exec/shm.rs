@@ -915,17 +915,6 @@ fn contiguous(block: usize) -> BlockLayout {
     }
 }
 
-/// Contiguous blocks of `lens[r]` bytes, one after another.
-fn concatenated(lens: &[usize]) -> Vec<Range<usize>> {
-    let mut at = 0;
-    lens.iter()
-        .map(|n| {
-            at += n;
-            at - n..at
-        })
-        .collect()
-}
-
 /// One call's view of a group's [`ShmExec`]: the plane and the watchdog's pulse.
 pub(crate) struct ShmCall<'a> {
     pub(crate) plane: &'a ShmExec,
@@ -1049,14 +1038,14 @@ impl HostMoves for ShmCall<'_> {
     ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
         let gets = root.is_none_or(|r| r == self.plane.me);
         let mut flat = gets.then(|| vec![0u8; lens.iter().sum()]);
-        let spans = concatenated(lens);
+        let spans = Links::spans(lens, lens, 1);
         self.plane
             .gather_blocks(&self.pulse, mine, Spans(&spans), flat.as_deref_mut())?;
         Ok(flat.map(|flat| split_lens(&flat, lens)))
     }
 
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
-        let spans = concatenated(lens);
+        let spans = Links::spans(lens, lens, 1);
         self.plane
             .gather_blocks(&self.pulse, mine, Spans(&spans), Some(out))
     }
