@@ -3,7 +3,9 @@
 # for each run and op, `rankmesh bench OP --baseline mpi` once with BASE and
 # once with NEW. Prints, per op and size, the median times, BASE/NEW (above
 # 1: NEW is faster) and each build's median ratio to raw MPI (raw time /
-# rankmesh time). Ranks are bound to cores, as in bench-host-plane.sh.
+# rankmesh time). Raw MPI runs at Open MPI's defaults and with vader's single
+# copy off (BASELINES, alternated); the faster setting's median is the
+# baseline. Ranks are placed by mpirun's defaults (scripts/mpirun-bench.sh).
 # Usage: scripts/bench-ab.sh BASE NEW "OP OP..." [RUNS] [NP] [bench flags...]
 #   e.g. scripts/bench-ab.sh /tmp/rankmesh-main target/release/rankmesh "alltoall" 3 2 -b 16K -e 64M -f 4
 set -euo pipefail
@@ -18,12 +20,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for run in $(seq "$runs"); do
   for op in $ops; do
-    for side in base new; do
-      bin=$base; [ "$side" = new ] && bin=$new
-      RANKMESH_MPIRUN_BIND=${RANKMESH_MPIRUN_BIND:-core} "$here/mpirun-local.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
-        > "$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
-      # "# rankmesh --baseline" rows: size time busbw rawtime rawbusbw ratio +time
-      awk -v op="$op" -v side="$side" '/^# +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ {print op, side, $2, $3, $5}' "$tmp/out" >> "$tmp/rows"
+    for baseline in ${BASELINES:-default nocma}; do
+      for side in base new; do
+        bin=$base; [ "$side" = new ] && bin=$new
+        BASELINE=$baseline "$here/mpirun-bench.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
+          > "$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+        # "# rankmesh --baseline" rows: size time busbw rawtime rawbusbw ratio +time
+        awk -v op="$op" -v side="$side" -v b="$baseline" '/^# +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ {print op, side, $2, $3, $5, b}' "$tmp/out" >> "$tmp/rows"
+      done
     done
   done
 done
@@ -31,13 +35,18 @@ python3 - "$tmp/rows" "$runs" <<'PY'
 import sys, collections, statistics as st
 rows, runs = sys.argv[1], sys.argv[2]
 d = collections.defaultdict(list)
+raws = collections.defaultdict(list)
 for line in open(rows):
-    op, side, size, t, raw = line.split()
-    d[(op, int(size), side)].append((float(t), float(raw)))
+    op, side, size, t, raw, baseline = line.split()
+    d[(op, int(size), side)].append(float(t))
+    raws[(op, int(size), baseline)].append(float(raw))
+def raw_of(op, size):
+    # The faster baseline setting's median.
+    return min(st.median(v) for (o, s, b), v in raws.items() if (o, s) == (op, size))
 print(f"{'op':>14} {'size (B)':>10} {'base us':>9} {'new us':>9} {'base/new':>8} {'raw/base':>8} {'raw/new':>8}  ({runs} alternating runs, medians)")
 for op, size in sorted({(k[0], k[1]) for k in d}, key=lambda k: (k[0], k[1])):
     b, n = d[(op, size, "base")], d[(op, size, "new")]
-    bt, nt = st.median(x[0] for x in b), st.median(x[0] for x in n)
-    rb, rn = st.median(x[1] / x[0] for x in b), st.median(x[1] / x[0] for x in n)
+    bt, nt, raw = st.median(b), st.median(n), raw_of(op, size)
+    rb, rn = raw / bt, raw / nt
     print(f"{op:>14} {size:>10} {bt:9.1f} {nt:9.1f} {bt / nt:8.2f} {rb:8.2f} {rn:8.2f}")
 PY

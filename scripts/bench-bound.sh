@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for run in $(seq "$runs"); do
   "$bound" "$bytes" 20 > "$tmp/bound.$run"
-  RANKMESH_MPIRUN_BIND=core RANKMESH_HOST_PLANE=shm "$here/mpirun-local.sh" -np 2 "$bin" bench "$op" \
+  RANKMESH_MPIRUN_BIND=core RANKMESH_HOST_PLANE=shm "$here/mpirun-bench.sh" -np 2 "$bin" bench "$op" \
     -b "$bytes" -e "$bytes" -n 20 -w 3 --baseline mpi > "$tmp/bench.$run" 2>&1
 done
 python3 - "$tmp" "$runs" "$op" "$bytes" <<'PY'

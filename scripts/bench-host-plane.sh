@@ -3,9 +3,9 @@
 # --baseline mpi` once on the shared-memory executor and once on the MPI
 # executor (both print the raw MPI call on the same buffers beside them).
 # Prints, per size, the median time of each and the bus-bandwidth ratios.
-# Ranks are bound to cores, as Open MPI binds 2-rank jobs by default (set
-# RANKMESH_MPIRUN_BIND=none to let them float: on this 2-core VM that made
-# some runs 3x slower, both ranks' caches shared with mpirun's own work).
+# MPI runs at its default settings (scripts/mpirun-bench.sh; Open MPI binds
+# 2-rank jobs to cores by default); BASELINE=nocma runs the raw baseline with
+# vader's single copy off instead (compare with the faster of the two).
 # Usage: scripts/bench-host-plane.sh OP [RUNS] [NP] [bench flags...]
 #   e.g. scripts/bench-host-plane.sh all_reduce 3 2 -b 8 -e 64M -f 8
 set -euo pipefail
@@ -19,7 +19,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for run in $(seq "$runs"); do
   for plane in shm mpi; do
-    RANKMESH_MPIRUN_BIND=${RANKMESH_MPIRUN_BIND:-core} RANKMESH_HOST_PLANE=$plane "$here/mpirun-local.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
+    RANKMESH_HOST_PLANE=$plane "$here/mpirun-bench.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
       > "$tmp/$plane.$run" 2>&1
   done
 done

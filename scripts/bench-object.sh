@@ -22,9 +22,9 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for _ in $(seq "$runs"); do
   for plane in shm mpi; do
-    RANKMESH_HOST_PLANE=$plane "$here/mpirun-local.sh" -np "$np" "$bin" 2000 5 | sed "s/^/$plane /"
+    RANKMESH_HOST_PLANE=$plane "$here/mpirun-bench.sh" -np "$np" "$bin" 2000 5 | sed "s/^/$plane /"
   done
-  "$here/mpirun-local.sh" -np "$np" "$py" "$here/pickle_bcast.py" 2000 5 | sed "s/^/- /"
+  "$here/mpirun-bench.sh" -np "$np" "$py" "$here/pickle_bcast.py" 2000 5 | sed "s/^/- /"
 done | tee "$out"
 python3 - "$out" <<'PY'
 import re, statistics, sys

@@ -3,7 +3,9 @@
 # bench OP --baseline mpi` once per OP in turn (each prints the raw MPI call
 # on the same buffers beside it). Prints, per op and size, the median time,
 # the median raw time and their ratio (raw / rankmesh: above 1 is faster),
-# with each run's ratio. Ranks are bound to cores as in bench-host-plane.sh.
+# with each run's ratio. Raw MPI runs at Open MPI's defaults and with vader's
+# single copy off (BASELINES, alternated); the faster setting's median is the
+# baseline. Ranks are placed by mpirun's defaults (scripts/mpirun-bench.sh).
 # Usage: scripts/bench-ops.sh "OP OP..." [RUNS] [NP] [bench flags...]
 #   e.g. scripts/bench-ops.sh "alltoall alltoallv" 3 2 -b 1M -e 16M -f 16
 set -euo pipefail
@@ -17,8 +19,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for run in $(seq "$runs"); do
   for op in $ops; do
-    RANKMESH_MPIRUN_BIND=${RANKMESH_MPIRUN_BIND:-core} "$here/mpirun-local.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
-      > "$tmp/$op.$run" 2>&1 || { cat "$tmp/$op.$run"; exit 1; }
+    for baseline in ${BASELINES:-default nocma}; do
+      BASELINE=$baseline "$here/mpirun-bench.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
+        > "$tmp/$op.$run.$baseline" 2>&1 || { cat "$tmp/$op.$run.$baseline"; exit 1; }
+    done
   done
 done
 python3 - "$tmp" "$runs" $ops <<'PY'
@@ -26,17 +30,22 @@ import sys, statistics
 tmp, runs, ops = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 med = statistics.median
 print(f"{'op':>14} {'size (B)':>10} {'us':>9} {'raw us':>9} {'ratio':>6}  runs' ratios ({runs} alternating runs, medians)")
+import glob, collections
 for op in ops:
-    rows = {}
-    for r in range(1, runs + 1):
+    rows, raws = {}, collections.defaultdict(list)
+    for path in sorted(glob.glob(f"{tmp}/{op}.*")):
+        baseline = path.rsplit(".", 1)[1]
         on = False
-        for line in open(f"{tmp}/{op}.{r}"):
+        for line in open(path):
             if "raw time" in line: on = True; continue
             f = line.lstrip("#").split()
             if on and len(f) == 7 and f[0].isdigit():
                 rows.setdefault(int(f[0]), []).append((float(f[1]), float(f[3])))
+                raws[(int(f[0]), baseline)].append(float(f[3]))
     for size in sorted(rows):
-        t = med(a for a, _ in rows[size]); raw = med(b for _, b in rows[size])
+        # The faster baseline setting's median.
+        t = med(a for a, _ in rows[size])
+        raw = min(med(v) for (s, b), v in raws.items() if s == size)
         each = ", ".join(f"{b / a:.2f}" for a, b in rows[size])
         print(f"{op:>14} {size:>10} {t:>9.1f} {raw:>9.1f} {raw / t:>6.2f}  ({each})")
 PY

@@ -3,6 +3,8 @@
 # oversubscription allowed (more ranks than cores), no core binding (set
 # RANKMESH_MPIRUN_BIND=core to let mpirun bind), and idle ranks yield the CPU
 # so oversubscribed jobs do not spin each other out.
+# vader's single copy is off here for the tests; benchmarks and the demo
+# use scripts/mpirun-bench.sh, so no raw-MPI baseline inherits it.
 # Usage: scripts/mpirun-local.sh -np N PROGRAM [ARGS...]
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -33,6 +33,7 @@ mod op;
 mod error;
 mod tensor;
 // 2. agreement and the watch, over the MPI pieces rsmpi lacks
+mod wait;
 mod mpi_ext;
 pub mod agree;
 mod watch;

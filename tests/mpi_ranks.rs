@@ -41,7 +41,19 @@ enum Placement {
     Local(usize),
     /// Fake nodes with these ranks per node ("2,3").
     Nodes(&'static str),
+    /// `np` ranks on this host beside a process that spins for the whole
+    /// job (a busy node: a data-loader worker, a monitoring agent).
+    Busy(usize),
+    /// `np` ranks on this host, all confined to one CPU (`taskset -c 0`, as a
+    /// CPU mask or Slurm's `--cpus-per-task=1` would leave them).
+    OneCpu(usize),
 }
+
+/// Scenarios that also run on a busy node and on one CPU: the host
+/// collectives (every op, dtypes and shapes, through shared memory and MPI)
+/// and the single-copy all-to-alls. They assert values only; timing lives
+/// in scripts/bench-busy.sh.
+const CROWDED: &[&str] = &["collectives", "collectives_mpi", "single_copy"];
 
 fn launch(s: &'static scenarios::Scenario, place: Placement) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| Failed::from(e.to_string()))?;
@@ -49,6 +61,24 @@ fn launch(s: &'static scenarios::Scenario, place: Placement) -> Result<(), Faile
     env.extend_from_slice(s.env);
     let (job, np) = match place {
         Placement::Local(np) => (support::mpirun(np, &exe, &[], &env), np),
+        Placement::Busy(np) => {
+            // Bounded on its own too (bash's SECONDS, no forks): it ends
+            // itself if this test dies.
+            let mut hog = std::process::Command::new("bash")
+                .args(["-c", "while [ $SECONDS -lt 300 ]; do :; done"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| Failed::from(format!("cannot start the busy process: {e}")))?;
+            let job = support::mpirun(np, &exe, &[], &env);
+            let _ = hog.kill();
+            let _ = hog.wait();
+            (job, np)
+        }
+        Placement::OneCpu(np) => (
+            support::mpirun_under(&["taskset", "-c", "0"], np, &exe, &[], &env),
+            np,
+        ),
         Placement::Nodes(spec) => {
             env.push(("RANKMESH_TEST_NODES", spec));
             let np = spec
@@ -83,6 +113,15 @@ fn main() {
         for &np in s.sizes {
             trials.push(Trial::test(format!("{}::np{np}", s.name), move || {
                 launch(s, Placement::Local(np))
+            }));
+        }
+        if CROWDED.contains(&s.name) {
+            trials.push(Trial::test(
+                format!("{}::np2_busy_node", s.name),
+                move || launch(s, Placement::Busy(2)),
+            ));
+            trials.push(Trial::test(format!("{}::np3_one_cpu", s.name), move || {
+                launch(s, Placement::OneCpu(3))
             }));
         }
         for &spec in s.nodes {

@@ -18,6 +18,20 @@ fn worker() {
     let g = rt.world_group().unwrap();
     let t = rankmesh::Tensor::zeros([4], rankmesh::DType::F32).unwrap();
     match (mode.as_str(), rt.rank()) {
+        ("stopped", r) => {
+            // Calls that both ranks make first, so the stopped rank's
+            // peer waits on a window (or MPI) it has used already.
+            let x = rankmesh::Tensor::from_vec([4], vec![1.5f32; 4]).unwrap();
+            for _ in 0..100 {
+                let y = g.all_reduce(&x, rankmesh::ReduceOp::Sum).unwrap();
+                assert_eq!(y.as_slice::<f32>().unwrap(), &[3.0f32; 4][..]);
+            }
+            if r == 1 {
+                // SAFETY: stops this process; only a signal resumes it.
+                unsafe { libc::raise(libc::SIGSTOP) };
+            }
+            g.all_reduce(&x, rankmesh::ReduceOp::Sum).unwrap();
+        }
         ("mismatch", 0) => g.barrier().unwrap(),
         ("mismatch", _) => g.send(&t, Some(0)).unwrap(),
         // A long but legitimate wait shorter than the timeout must pass.
@@ -74,6 +88,48 @@ fn mismatched_calls_end_the_job_with_a_message() {
         "a clean abort, no signal handler output: {}",
         job.describe()
     );
+}
+
+/// A rank stopped by SIGSTOP while its peer waits in an all-reduce: the
+/// peer, asleep in its wait (a futex on the shared-memory executor, MPI's
+/// own wait on the MPI executor), is still named by the watchdog.
+fn a_stopped_peer_is_named(plane: &str) {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let job = support::mpirun(
+        2,
+        &exe,
+        &["--exact", "worker", "--nocapture"],
+        &[
+            (WORKER, "stopped"),
+            ("RANKMESH_TIMEOUT", "2"),
+            ("RANKMESH_HOST_PLANE", plane),
+        ],
+    );
+    let took = start.elapsed().as_secs_f64();
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(took < 60.0, "ended by the watchdog: {took} s");
+    assert!(
+        job.stderr.contains(
+            "with no progress in all_reduce on world (call #100); aborting the job (RANKMESH_TIMEOUT=2 s)"
+        ) && job.stderr.contains("group rank 1 (world rank 1, host "),
+        "rank 0 names the stopped rank 1: {}",
+        job.describe()
+    );
+    assert_eq!(job.code, Some(75), "MPI_Abort's code: {}", job.describe());
+}
+
+#[test]
+fn a_stopped_peer_is_named_on_shared_memory() {
+    a_stopped_peer_is_named("shm");
+}
+
+#[test]
+fn a_stopped_peer_is_named_on_mpi() {
+    a_stopped_peer_is_named("mpi");
 }
 
 #[test]

@@ -65,8 +65,8 @@ pub(crate) fn agree_on_list(world: &SimpleCommunicator, ranks: &[usize], me: usi
     }
     let mut verdict = Ok(());
     let mut pending = peers.len();
-    let mut spins = 0u32;
-    while pending > 0 && verdict.is_ok() {
+    // No deadline: a member that never calls is the watchdog's to name.
+    crate::wait::until(None, || {
         for i in 0..peers.len() {
             if recvs[i] == null() {
                 continue;
@@ -82,11 +82,8 @@ pub(crate) fn agree_on_list(world: &SimpleCommunicator, ranks: &[usize], me: usi
                 }
             }
         }
-        spins += 1;
-        if spins > 1000 {
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-    }
+        pending == 0 || verdict.is_err()
+    });
     // Receives still posted are cancelled; sends that have not completed
     // (a peer that never calls) are let go, with their buffer.
     for r in recvs.iter_mut().filter(|r| **r != null()) {

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use mpi::ffi;
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Most agreements a group keeps posted: the oldest is completed before
 /// another is posted, so a loop that never synchronizes stays bounded.
@@ -113,22 +113,14 @@ impl MpiPosts {
 
 /// Tests `request` until it completes or `deadline` passes (`None`: one test).
 fn wait(request: &mut ffi::MPI_Request, deadline: Option<Instant>) -> bool {
-    let mut spins = 0u32;
-    loop {
+    let mut test = || {
         let mut done = 0;
         // SAFETY: a live request of ours; the status is ignored.
         unsafe { ffi::MPI_Test(request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
-        if done != 0 {
-            return true;
-        }
-        match deadline {
-            None => return false,
-            Some(d) if Instant::now() > d => return false,
-            Some(_) => {}
-        }
-        spins += 1;
-        if spins > 1000 {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        done != 0
+    };
+    match deadline {
+        None => test(),
+        Some(d) => crate::wait::until(Some(d), test),
     }
 }

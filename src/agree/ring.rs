@@ -381,31 +381,12 @@ impl Ring {
     }
 }
 
-/// Polls `ready` until it holds or `deadline` passes (`None`: once).
+/// Polls `ready` until it holds or `deadline` passes (`None`: once). A
+/// member's post wakes no one (posting is stores only): the wait spins
+/// within the thread's budget, then naps ([`crate::wait::until`]).
 fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
-    let mut polls = 0u32;
-    loop {
-        if ready() {
-            return true;
-        }
-        match deadline {
-            None => return false,
-            Some(d) if polls.is_multiple_of(16) && Instant::now() > d => return false,
-            Some(_) => {}
-        }
-        polls += 1;
-        // Each poll reads lines other members write: a pause between polls
-        // (16 × ~25 ns here) keeps the member waited for from losing them
-        // at every write. It may also need this core (ranks can outnumber
-        // cores): yield, then sleep.
-        if polls < 256 {
-            for _ in 0..16 {
-                std::hint::spin_loop();
-            }
-        } else if polls < 1024 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+    match deadline {
+        None => ready(),
+        Some(_) => crate::wait::until(deadline, ready),
     }
 }

@@ -11,6 +11,7 @@ use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
+use crate::wait;
 use crate::watch::Pulse;
 use mpi::datatype::PartitionMut;
 use mpi::ffi;
@@ -393,23 +394,23 @@ impl<'e> Swap<'e> {
         };
     }
 
-    /// Waits for piece `k` from the peer (its bytes checked), napping
-    /// between looks: a piece takes milliseconds on a network, and a
+    /// Waits for piece `k` from the peer (its bytes checked) by the host
+    /// plane's wait policy: a piece takes milliseconds on a network, and a
     /// busy-polling rank would take the core its node's ranks are working on.
+    /// Only a completed piece is progress: the watchdog names a peer that
+    /// never sends.
     pub(crate) fn received(&mut self, k: usize) -> Result<(), Fault> {
         for i in self.firsts[k]..self.firsts[k + 1] {
-            let mut flag: c_int = 0;
             // SAFETY: MPI_Status is plain data that MPI fills in.
             let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-            loop {
+            let request = &mut self.recvs[i];
+            wait::until(None, || {
+                let mut flag: c_int = 0;
                 // SAFETY: a live request into the caller's buffer.
-                unsafe { ffi::MPI_Test(&mut self.recvs[i], &mut flag, &mut status) };
-                if flag != 0 {
-                    break;
-                }
-                self.exec.pulse.beat();
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
+                unsafe { ffi::MPI_Test(request, &mut flag, &mut status) };
+                flag != 0
+            });
+            self.exec.pulse.beat();
             let status = mpi::point_to_point::Status::from_raw(status);
             check_count(&status, self.lens[i], self.peer)?;
         }
@@ -1062,16 +1063,22 @@ impl<'c> MpiExec<'c> {
         let mut fault = Ok(());
         while left > 0 {
             let mut done: c_int = 0;
-            // SAFETY: live requests (MPI nulls completed ones and skips them).
-            unsafe {
-                ffi::MPI_Waitsome(
-                    n as c_int,
-                    reqs.as_mut_ptr(),
-                    &mut done,
-                    index.as_mut_ptr(),
-                    statuses.as_mut_ptr(),
-                );
-            }
+            // MPI_Waitsome would poll inside MPI, holding the core that a
+            // peer on a busy node may be waiting for: test by the host
+            // plane's wait policy instead.
+            wait::until(None, || {
+                // SAFETY: live requests (MPI nulls completed ones and skips them).
+                unsafe {
+                    ffi::MPI_Testsome(
+                        n as c_int,
+                        reqs.as_mut_ptr(),
+                        &mut done,
+                        index.as_mut_ptr(),
+                        statuses.as_mut_ptr(),
+                    );
+                }
+                done != 0
+            });
             // SAFETY: reading an MPI constant.
             if done == unsafe { ffi::RSMPI_UNDEFINED } || done <= 0 {
                 break;

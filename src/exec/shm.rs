@@ -13,6 +13,11 @@
 //! there had finished reading the area two phases back. Steps alternate
 //! between the two headers by the same argument.
 //!
+//! A rank waiting for a peer's step spins briefly, then sleeps on the
+//! peer's counter (a futex in the window), and the peer wakes it only when
+//! it registered as a sleeper in the peer's slot: on a node where other
+//! processes hold cores, a late peer costs one wake-up (see [`crate::wait`]).
+//!
 //! A step's header is two cache lines: the step counter, the digest of the
 //! descriptor it publishes, and up to [`INLINE`] bytes of the phase's data.
 //! A small call therefore costs each rank one remote line read per peer
@@ -46,6 +51,7 @@ use crate::mpi_ext::allocate_shared;
 use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
+use crate::wait;
 use crate::watch::Pulse;
 use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
@@ -53,7 +59,7 @@ use mpi::traits::*;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Bytes of one descriptor area (whole cache lines).
 const DESC_AREA: usize = std::mem::size_of::<Descriptor>().next_multiple_of(64);
@@ -63,8 +69,11 @@ const HEADER: usize = std::mem::size_of::<Header>();
 const DESC_AT: usize = 2 * HEADER;
 /// Where the slot's ring of deferred device agreements starts (see `check`).
 const RING_AT: usize = DESC_AT + 2 * DESC_AREA;
+/// Where the slot's sleeper count lies: peers waiting on this rank's
+/// counters register there (a line of its own, written only by sleepers).
+const SLEEPERS_AT: usize = (RING_AT + RING_BYTES).next_multiple_of(64);
 /// Where the data areas start in a slot (page-aligned).
-const DATA_AT: usize = (RING_AT + RING_BYTES).next_multiple_of(4096);
+const DATA_AT: usize = (SLEEPERS_AT + 64).next_multiple_of(4096);
 /// All-reduces up to this size are combined whole by every rank after one
 /// synchronisation; larger ones are split so each rank reduces a share
 /// and the shares are exchanged after a second one.
@@ -78,18 +87,6 @@ const STREAM_FROM: usize = 8 << 20;
 const TABLE_ENTRY: usize = 24;
 /// Page size the slots are aligned to.
 const PAGE: usize = 4096;
-/// Spins before a waiting rank yields its core, when every rank of the
-/// node has a core of its own.
-const SPINS: u32 = 4096;
-/// Spins before yielding when the node's ranks outnumber its cores: the
-/// peer being waited for may be waiting for this core.
-const SPINS_OVERSUBSCRIBED: u32 = 16;
-
-/// Yields before a waiting rank naps: about a millisecond of waiting.
-const YIELDS: u32 = 2048;
-/// A long wait's nap between looks at the peers' counters, in µs.
-const NAP_US: u64 = 20;
-
 /// Bytes of a phase's data a step header carries: a phase publishing at
 /// most this much per rank leaves the data areas alone.
 const INLINE: usize = 128 - 24;
@@ -153,12 +150,14 @@ impl ShmWindow {
         // before any rank can wait on it.
         let own = slots[comm.rank() as usize];
         // SAFETY: this rank's slot begins with its two 64-aligned headers,
-        // and its ring lies inside it, 64-aligned (RING_AT is).
+        // its ring lies inside it, 64-aligned (RING_AT is), and so does its
+        // sleeper count.
         unsafe {
             for h in 0..2 {
                 (*(own.add(h * HEADER) as *const AtomicU64)).store(0, Ordering::Release);
             }
             reset_ring(own.add(RING_AT));
+            (*(own.add(SLEEPERS_AT) as *const AtomicU32)).store(0, Ordering::Release);
         }
         comm.barrier();
         ShmWindow {
@@ -210,8 +209,6 @@ pub(crate) struct ShmExec {
     staged: Cell<Option<(u64, u64)>>,
     /// Every rank's descriptor, when the last check found them different.
     disagreement: RefCell<Option<Vec<Descriptor>>>,
-    /// Spins before a waiting rank yields.
-    spins: u32,
     /// Large all-to-alls read peers' buffers with one copy: this rank's
     /// setting until a read is refused (then off for the window's life,
     /// and [`cma::refused`] turns it off for the process's other windows).
@@ -219,15 +216,9 @@ pub(crate) struct ShmExec {
 }
 
 impl ShmExec {
-    /// The plane of group rank `me` over `window`; `oversubscribed`: the
-    /// node runs more ranks than this rank has cores; `single_copy`: large
+    /// The plane of group rank `me` over `window`; `single_copy`: large
     /// all-to-alls may read peers' buffers directly (`RANKMESH_SINGLE_COPY`).
-    pub(crate) fn new(
-        window: Rc<ShmWindow>,
-        me: usize,
-        oversubscribed: bool,
-        single_copy: bool,
-    ) -> ShmExec {
+    pub(crate) fn new(window: Rc<ShmWindow>, me: usize, single_copy: bool) -> ShmExec {
         let size = window.slots.len();
         if single_copy {
             cma::allow_peer_reads();
@@ -241,11 +232,6 @@ impl ShmExec {
             second_line: Cell::new(false),
             staged: Cell::new(None),
             disagreement: RefCell::new(None),
-            spins: if oversubscribed {
-                SPINS_OVERSUBSCRIBED
-            } else {
-                SPINS
-            },
             single_copy: Cell::new(single_copy),
         }
     }
@@ -270,6 +256,12 @@ impl ShmExec {
     fn counter(&self, r: usize, step: u64) -> &AtomicU64 {
         // SAFETY: lives as long as the window; only atomics touch it.
         unsafe { &(*self.header(r, step)).step }
+    }
+
+    /// Rank `r`'s sleeper count: peers asleep on its counters.
+    fn sleepers(&self, r: usize) -> &AtomicU32 {
+        // SAFETY: inside slot `r`, 64-aligned; only atomics touch it.
+        unsafe { &*(self.window.slots[r].add(SLEEPERS_AT) as *const AtomicU32) }
     }
 
     /// Rank `r`'s descriptor area for `step` (alternating like headers).
@@ -459,36 +451,20 @@ impl ShmExec {
     fn publish_and_wait(&self, pulse: &Pulse) {
         let step = self.step.get() + 1;
         self.step.set(step);
-        self.counter(self.me, step).store(step, Ordering::Release);
+        wait::publish(self.counter(self.me, step), step, self.sleepers(self.me));
         let second_line = self.second_line.get();
         for r in (0..self.size).filter(|r| *r != self.me) {
             let flag = self.counter(r, step);
-            let mut spins = 0u32;
-            loop {
-                if second_line {
-                    // The data's second line comes with the counter's,
-                    // instead of one more miss after it.
-                    // SAFETY: inside the header (128 bytes); a prefetch
-                    // reads nothing the program sees.
-                    prefetch(unsafe { (self.header(r, step) as *const u8).add(64) });
-                }
-                if flag.load(Ordering::Acquire) >= step {
-                    break;
-                }
-                if spins < self.spins {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else if spins < self.spins + YIELDS {
-                    // Ranks may outnumber cores; a missing peer is the
-                    // watchdog's to name, and it sees this call as open.
-                    spins += 1;
-                    std::thread::yield_now();
-                } else {
-                    // A long wait (a peer across the network, most likely):
-                    // the core is worth more to others than a faster wake.
-                    std::thread::sleep(std::time::Duration::from_micros(NAP_US));
-                }
+            if second_line {
+                // The data's second line comes with the counter's, instead
+                // of one more miss after it.
+                // SAFETY: inside the header (128 bytes); a prefetch reads
+                // nothing the program sees.
+                prefetch(unsafe { (self.header(r, step) as *const u8).add(64) });
             }
+            // No deadline: a missing peer is the watchdog's to name, and
+            // it sees this call as open.
+            wait::until_at_least(flag, step, self.sleepers(r), None);
         }
         pulse.beat();
     }

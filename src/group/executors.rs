@@ -136,13 +136,12 @@ impl<'rt> GroupCoordinator<'rt> {
 
 /// The shared-memory executor over `comm` (ranks of one node; collective),
 /// as member `me`: its window, kept by the runtime to be freed in creation
-/// order; waiting ranks yield early when the node has more ranks than cores.
+/// order. How its ranks wait needs no guess at the node's cores
+/// (see [`crate::wait`]).
 pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let oversubscribed = rt.world().me().local_size > cores;
-    ShmExec::new(window, me, oversubscribed, rt.options().single_copy)
+    ShmExec::new(window, me, rt.options().single_copy)
 }
 
 /// Whether a group whose members gave `facts` (world rank, choice code,

@@ -23,6 +23,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -363,7 +364,9 @@ fn host(
                         started.elapsed()
                     ));
                 }
-                std::thread::sleep(POLL);
+                // Blocks until a member dials (or the deadline): no
+                // polling interval added to the group's formation.
+                crate::wait::readable(listener.as_raw_fd(), deadline);
                 continue;
             }
             Err(e) => return Err(format!("accepting on {addr}: {e}")),
@@ -562,7 +565,9 @@ fn join(
                         "ranks {missing:?} did not connect to rank {rank} within RANKMESH_TIMEOUT"
                     ));
                 }
-                std::thread::sleep(POLL);
+                // Blocks until a member dials (or the deadline): no
+                // polling interval added to the group's formation.
+                crate::wait::readable(listener.as_raw_fd(), deadline);
                 continue;
             }
             Err(e) => return Err(format!("accepting peers: {e}")),

@@ -31,6 +31,12 @@ impl Job {
 
 /// `bash scripts/<script>` under `timeout`, bounded by JOB_TIMEOUT_S.
 fn timed_script(script: &str) -> Command {
+    timed_script_under(&[], script)
+}
+
+/// `wrapper... bash scripts/<script>` under `timeout` (a wrapper such as
+/// `taskset -c 0` that the launcher and the ranks inherit).
+fn timed_script_under(wrapper: &[&str], script: &str) -> Command {
     let launcher = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("scripts")
         .join(script);
@@ -40,6 +46,7 @@ fn timed_script(script: &str) -> Command {
         "--kill-after=10",
         &JOB_TIMEOUT_S.to_string(),
     ])
+    .args(wrapper)
     .arg("bash")
     .arg(launcher);
     cmd
@@ -54,7 +61,19 @@ fn launch(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Job {
-    let mut cmd = timed_script(script);
+    launch_under(&[], script, script_args, program, args, env)
+}
+
+/// [`launch`] with the launcher started by `wrapper` (see [`timed_script_under`]).
+fn launch_under(
+    wrapper: &[&str],
+    script: &str,
+    script_args: &[String],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Job {
+    let mut cmd = timed_script_under(wrapper, script);
     cmd.args(script_args);
     for (k, _) in env {
         cmd.args(["-x", k]);
@@ -69,6 +88,25 @@ fn launch(
 /// Runs `program args` on `np` local ranks with extra environment `env`.
 pub fn mpirun(np: usize, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Job {
     launch(
+        "mpirun-local.sh",
+        &["-np".into(), np.to_string()],
+        program,
+        args,
+        env,
+    )
+}
+
+/// [`mpirun`] started by `wrapper` (e.g. `taskset -c 0`: every rank
+/// inherits the CPU mask).
+pub fn mpirun_under(
+    wrapper: &[&str],
+    np: usize,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Job {
+    launch_under(
+        wrapper,
         "mpirun-local.sh",
         &["-np".into(), np.to_string()],
         program,

@@ -1,0 +1,412 @@
+//! How every host-plane wait waits, written once: look; spin for a bounded
+//! *time*; then block — on a futex where a peer publishes a counter in
+//! shared memory (the shm steps), else napping between looks (MPI
+//! requests, the agreement rings).
+//!
+//! Why not spin, yield and nap by iteration counts: on a node where some
+//! other process (a data-loader worker, a monitoring agent, a hyperthread
+//! sibling) holds a core, the peer being waited for may be waiting for the
+//! waiter's core. A yield hands it over only if the scheduler agrees; a
+//! futex wait always does, and the writer's wake-up costs the waiter one
+//! wake, not a time slice. The core count of the machine says nothing about
+//! such processes, nor about cgroup quotas or CPU masks, so the spin is
+//! sized by what waits cost here: [`Spin`] halves after a wait that had to
+//! block and doubles after one that ended while spinning, between
+//! [`SPIN_MIN`] and [`SPIN_MAX`]. On an idle node waits end while spinning
+//! and never pay a system call; on a busy one they block almost at once.
+//!
+//! **The protocol.** A writer publishes with [`publish`]: a sequentially
+//! consistent store of the counter, then a look at the reader-registered
+//! sleeper count, and a wake only when it is not zero. A waiter registers
+//! as a sleeper (sequentially consistent), looks at the counter once more,
+//! and only then sleeps with `FUTEX_WAIT` on the value it saw. Either the
+//! writer sees the sleeper (and wakes it) or the waiter sees the write (and
+//! does not sleep); a write between the waiter's look and its sleep changes
+//! the futex word, so the kernel refuses the sleep. No wake is lost.
+//!
+//! The watchdog is a thread of its own: a rank blocked here is still in its
+//! call, which the node's status board shows open, and `RANKMESH_TIMEOUT`
+//! ends the job as before.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The longest spin before blocking: longer than a peer that runs takes
+/// to reach the same step (µs of skew), shorter than a scheduler tick.
+pub(crate) const SPIN_MAX: Duration = Duration::from_micros(50);
+/// The shortest: a few looks, for nodes where waits keep blocking.
+pub(crate) const SPIN_MIN: Duration = Duration::from_micros(1);
+/// Looks between two reads of the clock while spinning.
+const LOOKS_PER_CLOCK: u32 = 16;
+/// A nap between looks, where nothing can wake the waiter.
+const NAP: Duration = Duration::from_micros(20);
+
+thread_local! {
+    /// This thread's spin budget in ns (every wait of the thread shares it:
+    /// what makes one wait block makes the others block too).
+    static BUDGET_NS: Cell<u32> = const { Cell::new(SPIN_MAX.as_nanos() as u32) };
+}
+
+/// The spin budget of the calling thread.
+pub(crate) struct Spin;
+
+impl Spin {
+    /// The budget now.
+    pub(crate) fn budget() -> Duration {
+        Duration::from_nanos(u64::from(BUDGET_NS.get()))
+    }
+
+    /// A wait ended while spinning: the next may spin longer.
+    fn spun() {
+        let max = SPIN_MAX.as_nanos() as u32;
+        BUDGET_NS.set(BUDGET_NS.get().saturating_mul(2).min(max));
+    }
+
+    /// A wait had to block: the next spins for less.
+    fn blocked() {
+        let min = SPIN_MIN.as_nanos() as u32;
+        BUDGET_NS.set((BUDGET_NS.get() / 2).max(min));
+    }
+}
+
+/// Spins until `ready` holds or the budget is spent: whether it held.
+/// Reads the clock only after the first looks fail.
+#[inline]
+fn spin(ready: &mut impl FnMut() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    spin_slow(ready)
+}
+
+#[cold]
+#[inline(never)]
+fn spin_slow(ready: &mut impl FnMut() -> bool) -> bool {
+    let budget = Spin::budget();
+    let start = Instant::now();
+    loop {
+        for _ in 0..LOOKS_PER_CLOCK {
+            std::hint::spin_loop();
+            if ready() {
+                Spin::spun();
+                return true;
+            }
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+    }
+}
+
+/// Publishes `value` in `counter` for waiters of [`until_at_least`], waking
+/// those that sleep (`sleepers`: the count they register in).
+#[inline]
+pub(crate) fn publish(counter: &AtomicU64, value: u64, sleepers: &AtomicU32) {
+    // Sequentially consistent, paired with the waiter's: the store and the
+    // look at `sleepers` are not reordered (see the module docs).
+    counter.store(value, Ordering::SeqCst);
+    if sleepers.load(Ordering::SeqCst) != 0 {
+        wake_all(counter);
+    }
+}
+
+/// Waits until `counter` reaches `target` (its writer publishes with
+/// [`publish`] and the same `sleepers`), or `deadline` passes: whether it
+/// did. The counter only grows. Returns at once, with no system call, when
+/// it is there already.
+#[inline]
+pub(crate) fn until_at_least(
+    counter: &AtomicU64,
+    target: u64,
+    sleepers: &AtomicU32,
+    deadline: Option<Instant>,
+) -> bool {
+    let mut ready = || counter.load(Ordering::Acquire) >= target;
+    spin(&mut ready) || block_on(counter, target, sleepers, deadline)
+}
+
+/// The blocking part of [`until_at_least`].
+#[cold]
+#[inline(never)]
+fn block_on(
+    counter: &AtomicU64,
+    target: u64,
+    sleepers: &AtomicU32,
+    deadline: Option<Instant>,
+) -> bool {
+    Spin::blocked();
+    loop {
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        let seen = counter.load(Ordering::SeqCst);
+        if seen >= target {
+            sleepers.fetch_sub(1, Ordering::SeqCst);
+            return true;
+        }
+        let timeout = match deadline {
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) => Some(left),
+                None => {
+                    sleepers.fetch_sub(1, Ordering::SeqCst);
+                    return false;
+                }
+            },
+            None => None,
+        };
+        futex_wait(counter, seen, timeout);
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+        if counter.load(Ordering::Acquire) >= target {
+            return true;
+        }
+    }
+}
+
+/// Waits until `ready` holds, or `deadline` passes (`None`: no limit):
+/// whether it did. For what nothing can wake (an MPI request, a peer's
+/// ring): spins within the budget, then naps between looks.
+pub(crate) fn until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
+    if spin(&mut ready) {
+        return true;
+    }
+    Spin::blocked();
+    loop {
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                return ready();
+            }
+        }
+        std::thread::sleep(NAP);
+        if ready() {
+            return true;
+        }
+    }
+}
+
+/// The 32-bit word of `counter` the kernel compares: its low half.
+fn futex_word(counter: &AtomicU64) -> *const u32 {
+    let at = counter.as_ptr() as *const u32;
+    // SAFETY: the counter is 8 bytes; its low half is the second word on a
+    // big-endian machine.
+    if cfg!(target_endian = "big") {
+        unsafe { at.add(1) }
+    } else {
+        at
+    }
+}
+
+/// Sleeps while the low half of `counter` still reads `seen`'s, at most
+/// `timeout`; returns on a wake, a change, a signal or the timeout alike.
+/// Not `FUTEX_PRIVATE_FLAG`: the counter may live in memory shared with
+/// other processes (the kernel keys the wait by the mapping's page).
+fn futex_wait(counter: &AtomicU64, seen: u64, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a valid, aligned word that stays mapped while this call waits
+    // (the caller borrows it); a null or valid timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(counter),
+            libc::FUTEX_WAIT,
+            seen as u32,
+            ts_ptr,
+        );
+    }
+}
+
+/// Wakes every waiter sleeping on `counter`.
+#[cold]
+#[inline(never)]
+fn wake_all(counter: &AtomicU64) {
+    // SAFETY: a valid, aligned word; FUTEX_WAKE reads nothing else.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(counter),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+        );
+    }
+}
+
+/// Waits until `fd` can be read (a listener: a connection is waiting), or
+/// `deadline` passes: whether it can. Blocks in `poll(2)`, so a connection
+/// wakes the waiter at once.
+pub(crate) fn readable(fd: std::os::fd::RawFd, deadline: Option<Instant>) -> bool {
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                None => return false,
+                Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+            },
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return true;
+        }
+        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // A bad descriptor: the caller's accept reports why.
+            return true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// Counts, in the waiter's thread, how often it slept and came back.
+    struct Shared {
+        counter: AtomicU64,
+        sleepers: AtomicU32,
+    }
+
+    #[test]
+    fn a_published_value_is_seen_without_sleeping() {
+        let s = Shared {
+            counter: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+        };
+        publish(&s.counter, 3, &s.sleepers);
+        assert!(until_at_least(&s.counter, 3, &s.sleepers, None));
+        assert!(until_at_least(&s.counter, 2, &s.sleepers, None));
+        assert_eq!(s.sleepers.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_deadline_ends_a_wait_nobody_answers() {
+        let s = Shared {
+            counter: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+        };
+        let t = Instant::now();
+        let limit = Duration::from_millis(30);
+        assert!(!until_at_least(&s.counter, 1, &s.sleepers, Some(t + limit)));
+        assert!(t.elapsed() >= limit);
+        assert_eq!(
+            s.sleepers.load(Ordering::SeqCst),
+            0,
+            "unregistered on the way out"
+        );
+        assert!(!until(Some(Instant::now() + limit), || false));
+    }
+
+    /// A waiter that sleeps on every step is woken by each write it waits
+    /// for, and by nothing else: it comes back from the kernel at most once
+    /// per write (none are lost: no deadline is set, so a lost wake would
+    /// hang the test), and sees every value.
+    #[test]
+    fn each_write_wakes_its_sleeping_waiter_once() {
+        const WRITES: u64 = 200;
+        let s = Arc::new(Shared {
+            counter: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+        });
+        let returns = Arc::new(AtomicUsize::new(0));
+        // Steps the waiter has finished waiting for.
+        let seen = Arc::new(AtomicU64::new(0));
+        let waiter = {
+            let (s, returns, seen) = (s.clone(), returns.clone(), seen.clone());
+            std::thread::spawn(move || {
+                for step in 1..=WRITES {
+                    // Register and sleep directly: every wait blocks.
+                    loop {
+                        s.sleepers.fetch_add(1, Ordering::SeqCst);
+                        let now = s.counter.load(Ordering::SeqCst);
+                        if now >= step {
+                            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+                            break;
+                        }
+                        futex_wait(&s.counter, now, None);
+                        returns.fetch_add(1, Ordering::SeqCst);
+                        s.sleepers.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    seen.store(step, Ordering::SeqCst);
+                }
+            })
+        };
+        for step in 1..=WRITES {
+            // Publish only once the waiter waits for this step and has
+            // registered, so each write has exactly one sleeper to wake.
+            while seen.load(Ordering::SeqCst) != step - 1 || s.sleepers.load(Ordering::SeqCst) == 0
+            {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            publish(&s.counter, step, &s.sleepers);
+        }
+        waiter.join().unwrap();
+        assert_eq!(returns.load(Ordering::SeqCst) as u64, WRITES);
+    }
+
+    /// Writes racing waiters that are going to sleep, at every phase of
+    /// the registration: every wait ends (a lost wake would hang it; the
+    /// test's deadline names the step instead).
+    #[test]
+    fn no_wake_is_lost_when_a_write_races_the_sleep() {
+        const WRITES: u64 = 20_000;
+        let s = Arc::new(Shared {
+            counter: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+        });
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for step in 1..=WRITES {
+                        // Straight to the blocking path: the race under
+                        // test is between registration and the write.
+                        let limit = Instant::now() + Duration::from_secs(20);
+                        let ok = s.counter.load(Ordering::Acquire) >= step
+                            || block_on(&s.counter, step, &s.sleepers, Some(limit));
+                        assert!(ok, "the wait for write {step} was never woken");
+                    }
+                })
+            })
+            .collect();
+        for step in 1..=WRITES {
+            // Vary the gap so writes land before, during and after a
+            // waiter's registration.
+            for _ in 0..(step % 64) {
+                std::hint::spin_loop();
+            }
+            publish(&s.counter, step, &s.sleepers);
+        }
+        for w in waiters {
+            w.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_budget_shrinks_when_waits_block_and_grows_when_they_spin() {
+        std::thread::spawn(|| {
+            assert_eq!(Spin::budget(), SPIN_MAX);
+            for _ in 0..64 {
+                Spin::blocked();
+            }
+            assert_eq!(Spin::budget(), SPIN_MIN);
+            Spin::spun();
+            assert_eq!(Spin::budget(), SPIN_MIN * 2);
+            for _ in 0..64 {
+                Spin::spun();
+            }
+            assert_eq!(Spin::budget(), SPIN_MAX);
+        })
+        .join()
+        .unwrap();
+    }
+}
