@@ -10,8 +10,9 @@
 //! futex wait always does, and the writer's wake-up costs the waiter one
 //! wake, not a time slice. The core count of the machine says nothing about
 //! such processes, nor about cgroup quotas or CPU masks, so the spin is
-//! sized by what waits cost here: [`Spin`] halves after a wait that had to
-//! block and doubles after one that ended while spinning, between
+//! sized by what waits cost here: [`Spin`] halves after a wait that blocked
+//! for long (the peer was not running) and doubles after one that ended
+//! while spinning or soon after blocking (the peer was only late), between
 //! [`SPIN_MIN`] and [`SPIN_MAX`]. On an idle node waits end while spinning
 //! and never pay a system call; on a busy one they block almost at once.
 //!
@@ -48,6 +49,11 @@ thread_local! {
     static BUDGET_NS: Cell<u32> = const { Cell::new(SPIN_MAX.as_nanos() as u32) };
 }
 
+/// A blocked wait longer than this means the peer was not running (a busy
+/// core, a stopped or far peer): the next wait spins for less. A shorter
+/// one means it was only late, and spinning on would have been cheaper.
+const LONG_WAIT: Duration = Duration::from_micros(4 * SPIN_MAX.as_micros() as u64);
+
 /// The spin budget of the calling thread.
 pub(crate) struct Spin;
 
@@ -57,39 +63,32 @@ impl Spin {
         Duration::from_nanos(u64::from(BUDGET_NS.get()))
     }
 
-    /// A wait ended while spinning: the next may spin longer.
-    fn spun() {
+    /// A wait ended while spinning, or after a short block: the next may
+    /// spin longer.
+    fn grow() {
         let max = SPIN_MAX.as_nanos() as u32;
         BUDGET_NS.set(BUDGET_NS.get().saturating_mul(2).min(max));
     }
 
-    /// A wait had to block: the next spins for less.
-    fn blocked() {
+    /// A wait had to block for `waited` in all.
+    fn blocked(waited: Duration) {
+        if waited < LONG_WAIT {
+            return Self::grow();
+        }
         let min = SPIN_MIN.as_nanos() as u32;
         BUDGET_NS.set((BUDGET_NS.get() / 2).max(min));
     }
 }
 
-/// Spins until `ready` holds or the budget is spent: whether it held.
-/// Reads the clock only after the first looks fail.
-#[inline]
-fn spin(ready: &mut impl FnMut() -> bool) -> bool {
-    if ready() {
-        return true;
-    }
-    spin_slow(ready)
-}
-
-#[cold]
-#[inline(never)]
-fn spin_slow(ready: &mut impl FnMut() -> bool) -> bool {
+/// Spins from `start` until `ready` holds or the budget is spent: whether
+/// it held.
+fn spin(start: Instant, ready: &mut impl FnMut() -> bool) -> bool {
     let budget = Spin::budget();
-    let start = Instant::now();
     loop {
         for _ in 0..LOOKS_PER_CLOCK {
             std::hint::spin_loop();
             if ready() {
-                Spin::spun();
+                Spin::grow();
                 return true;
             }
         }
@@ -122,20 +121,35 @@ pub(crate) fn until_at_least(
     sleepers: &AtomicU32,
     deadline: Option<Instant>,
 ) -> bool {
-    let mut ready = || counter.load(Ordering::Acquire) >= target;
-    spin(&mut ready) || block_on(counter, target, sleepers, deadline)
+    counter.load(Ordering::Acquire) >= target || wait_slow(counter, target, sleepers, deadline)
 }
 
-/// The blocking part of [`until_at_least`].
+/// [`until_at_least`] once the first look failed (no clock read before).
 #[cold]
 #[inline(never)]
+fn wait_slow(
+    counter: &AtomicU64,
+    target: u64,
+    sleepers: &AtomicU32,
+    deadline: Option<Instant>,
+) -> bool {
+    let start = Instant::now();
+    if spin(start, &mut || counter.load(Ordering::Acquire) >= target) {
+        return true;
+    }
+    let done = block_on(counter, target, sleepers, deadline);
+    Spin::blocked(start.elapsed());
+    done
+}
+
+/// The blocking part of [`until_at_least`]: registers as a sleeper, looks
+/// once more, and sleeps on the counter.
 fn block_on(
     counter: &AtomicU64,
     target: u64,
     sleepers: &AtomicU32,
     deadline: Option<Instant>,
 ) -> bool {
-    Spin::blocked();
     loop {
         sleepers.fetch_add(1, Ordering::SeqCst);
         let seen = counter.load(Ordering::SeqCst);
@@ -165,21 +179,24 @@ fn block_on(
 /// whether it did. For what nothing can wake (an MPI request, a peer's
 /// ring): spins within the budget, then naps between looks.
 pub(crate) fn until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
-    if spin(&mut ready) {
+    if ready() {
         return true;
     }
-    Spin::blocked();
-    loop {
-        if let Some(d) = deadline {
-            if Instant::now() >= d {
-                return ready();
-            }
+    let start = Instant::now();
+    if spin(start, &mut ready) {
+        return true;
+    }
+    let done = loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break ready();
         }
         std::thread::sleep(NAP);
         if ready() {
-            return true;
+            break true;
         }
-    }
+    };
+    Spin::blocked(start.elapsed());
+    done
 }
 
 /// The 32-bit word of `counter` the kernel compares: its low half.
@@ -392,17 +409,20 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_shrinks_when_waits_block_and_grows_when_they_spin() {
+    fn the_budget_shrinks_after_long_blocks_and_grows_after_short_waits() {
         std::thread::spawn(|| {
             assert_eq!(Spin::budget(), SPIN_MAX);
             for _ in 0..64 {
-                Spin::blocked();
+                Spin::blocked(LONG_WAIT * 2);
             }
             assert_eq!(Spin::budget(), SPIN_MIN);
-            Spin::spun();
+            Spin::grow();
             assert_eq!(Spin::budget(), SPIN_MIN * 2);
+            // A peer that was only late: spinning on would have been cheaper.
+            Spin::blocked(LONG_WAIT / 2);
+            assert_eq!(Spin::budget(), SPIN_MIN * 4);
             for _ in 0..64 {
-                Spin::spun();
+                Spin::grow();
             }
             assert_eq!(Spin::budget(), SPIN_MAX);
         })
