@@ -286,7 +286,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
 
-    /// Counts, in the waiter's thread, how often it slept and came back.
+    /// A counter and its sleeper count, as a window's slot holds them.
     struct Shared {
         counter: AtomicU64,
         sleepers: AtomicU32,
