@@ -136,11 +136,12 @@ impl<'rt> GroupCoordinator<'rt> {
 
 /// The shared-memory executor over `comm` (ranks of one node; collective),
 /// as member `me`: its window, kept by the runtime to be freed in creation
-/// order. How its ranks wait needs no guess at the node's cores
-/// (see [`crate::wait`]).
+/// order. Its ranks wait by [`crate::wait`]'s policy; more ranks on the
+/// node than this process's CPUs is only a hint to it (yield before block).
 pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
+    crate::wait::note_node_ranks(rt.world().me().local_size);
     ShmExec::new(window, me, rt.options().single_copy)
 }
 
