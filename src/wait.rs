@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 
 /// The longest spin before blocking: longer than a peer that runs takes
 /// to reach the same step (µs of skew), shorter than a scheduler tick.
-pub(crate) const SPIN_MAX: Duration = Duration::from_micros(50);
+const SPIN_MAX: Duration = Duration::from_micros(50);
 /// The shortest: a few looks, for nodes where waits keep blocking.
-pub(crate) const SPIN_MIN: Duration = Duration::from_micros(1);
+const SPIN_MIN: Duration = Duration::from_micros(1);
 /// Looks between two reads of the clock while spinning.
 const LOOKS_PER_CLOCK: u32 = 16;
 /// A nap between looks, where nothing can wake the waiter.
@@ -55,11 +55,11 @@ thread_local! {
 const LONG_WAIT: Duration = Duration::from_micros(4 * SPIN_MAX.as_micros() as u64);
 
 /// The spin budget of the calling thread.
-pub(crate) struct Spin;
+struct Spin;
 
 impl Spin {
     /// The budget now.
-    pub(crate) fn budget() -> Duration {
+    fn budget() -> Duration {
         Duration::from_nanos(u64::from(BUDGET_NS.get()))
     }
 
@@ -167,16 +167,20 @@ fn wait_slow(
     sleepers: &AtomicU32,
     deadline: Option<Instant>,
 ) -> bool {
-    let start = Instant::now();
     let mut ready = || counter.load(Ordering::Acquire) >= target;
-    if spin(start, &mut ready) {
+    spin_then_block(&mut ready, |_| {
+        block_on(counter, target, sleepers, deadline)
+    })
+}
+
+/// The policy's order, once: spin within the budget, yield where the node
+/// is crowded, then `block`; the budget learns from how long it all took.
+fn spin_then_block<R: FnMut() -> bool>(ready: &mut R, block: impl FnOnce(&mut R) -> bool) -> bool {
+    let start = Instant::now();
+    if spin(start, ready) {
         return true;
     }
-    if yield_while_crowded(start, &mut ready) {
-        Spin::blocked(start.elapsed());
-        return true;
-    }
-    let done = block_on(counter, target, sleepers, deadline);
+    let done = yield_while_crowded(start, ready) || block(ready);
     Spin::blocked(start.elapsed());
     done
 }
@@ -221,25 +225,15 @@ pub(crate) fn until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) 
     if ready() {
         return true;
     }
-    let start = Instant::now();
-    if spin(start, &mut ready) {
-        return true;
-    }
-    if yield_while_crowded(start, &mut ready) {
-        Spin::blocked(start.elapsed());
-        return true;
-    }
-    let done = loop {
+    spin_then_block(&mut ready, |ready| loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            break ready();
+            return ready();
         }
         std::thread::sleep(NAP);
         if ready() {
-            break true;
+            return true;
         }
-    };
-    Spin::blocked(start.elapsed());
-    done
+    })
 }
 
 /// The 32-bit word of `counter` the kernel compares: its low half.
