@@ -1,26 +1,51 @@
 #!/usr/bin/env bash
-# One command for the GPU data plane on a CUDA machine: build, run the device
-# test program (single-rank communicators, then one rank per GPU under
-# mpirun when there are at least two GPUs), then a short NCCL benchmark with
-# the raw-NCCL baseline (the issue's targets: +time at 8 B, busbw ratio at
-# >= 64 MiB).
+# The GPU data plane's check on a CUDA machine, in one command that fits a
+# short GPU slot: every check is a row of REPORT_DIR/gpu-report.md and
+# gpu-report.json (pass or fail, with the reason or the figure); the logs of
+# each step are REPORT_DIR/gpu-check.log. Exits non-zero if any check failed.
 #
-#   bash scripts/gpu-check.sh              # build with cargo, then run
-#   RANKMESH_PREBUILT=dir bash scripts/gpu-check.sh
-#       # a host without Rust: dir holds `rankmesh` and `gpu` (the test
-#       # binary), built elsewhere (docs/GPU.md shows how), and optionally
-#       # `mpiroot/` with Open MPI's runtime unpacked from Debian packages.
-set -euo pipefail
+#   bash scripts/gpu-check.sh [REPORT_DIR]          # builds with cargo first
+#   RANKMESH_PREBUILT=DIR bash scripts/gpu-check.sh [REPORT_DIR]
+#       # a host without Rust or MPI: DIR from `bash scripts/gpu-bundle.sh DIR`
+#
+# NCCL is the one rankmesh's loader finds (RANKMESH_NCCL_LIB, else the
+# nvidia-nccl wheel of the `python3` on PATH, else libnccl.so.2); the report
+# names it. scripts/gpu-rehearse.sh runs this same script against the CUDA
+# and NCCL emulators and a stand-in nvidia-smi, so CI catches a broken script.
+#
+# One GPU gives a group of one. rankmesh runs a group of one as local copies;
+# here most runs set RANKMESH_NCCL_FOR_ONE=1, so every op goes through NCCL's
+# own kernels on a one-rank communicator, and the bench compares like with
+# like against raw NCCL.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
+log=$report/gpu-check.log
+rows=$report/rows.tsv
+: >"$log"
+: >"$rows"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+# NCCL says why it refuses a call (the log keeps it).
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# Each step's limit: a hang costs one row, not the slot.
+step_limit=${GPU_CHECK_STEP_LIMIT:-120}
+started=$(date +%s)
 
+# The host's own environment, for PyTorch: the bundle's libraries are for
+# rankmesh and Open MPI only.
+host_ld=${LD_LIBRARY_PATH-}
+# Speed targets apply to a GPU; the rehearsal on the emulators (host memory,
+# no GPU) records its figures without them, and caps the large sizes.
+targets=${GPU_CHECK_TARGETS:-on}
+large=${GPU_CHECK_LARGE:-1G}
 if [[ -n "${RANKMESH_PREBUILT:-}" ]]; then
-    bin=$RANKMESH_PREBUILT/rankmesh
-    gpu_test=$RANKMESH_PREBUILT/gpu
-    if [[ -d $RANKMESH_PREBUILT/mpiroot ]]; then
-        root=$(cd "$RANKMESH_PREBUILT/mpiroot" && pwd)
-        export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    pre=$(cd "$RANKMESH_PREBUILT" && pwd)
+    bin=$pre/rankmesh
+    gpu_test=$pre/gpu
+    if [[ -d $pre/mpiroot ]]; then
+        root=$pre/mpiroot
+        export LD_LIBRARY_PATH=$pre/lib:$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         export OPAL_PREFIX=$root/usr PMIX_INSTALL_PREFIX=$root/usr/lib/x86_64-linux-gnu/pmix2
         export PATH=$root/usr/bin:$PATH
     fi
@@ -30,50 +55,264 @@ else
     gpu_test=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -n1)
 fi
 mpirun_bin=$(command -v mpirun.openmpi || command -v mpirun)
-# Forward the variables the ranks need, those that are set.
 forward=()
-for v in LD_LIBRARY_PATH OPAL_PREFIX PMIX_INSTALL_PREFIX RANKMESH_NCCL_LIB RANKMESH_DEVICE CUDA_VISIBLE_DEVICES; do
+for v in LD_LIBRARY_PATH OPAL_PREFIX PMIX_INSTALL_PREFIX PATH RANKMESH_NCCL_LIB RANKMESH_DEVICE \
+    RANKMESH_EMU_GPUS RANKMESH_EMU_BUS; do
     [[ -n "${!v:-}" ]] && forward+=(-x "$v")
 done
-run_np() {
-    local np=$1; shift
-    "$mpirun_bin" -np "$np" --oversubscribe --bind-to none "${forward[@]}" "$@"
+mpi=("$mpirun_bin" --oversubscribe --bind-to none "${forward[@]}")
+
+# `run NAME CMD...`: runs CMD under the step limit, its output appended to
+# the log and kept in $out; $rc and $secs say how it ended.
+run() {
+    local name=$1; shift
+    local t0 t1
+    echo "== $name: $*" >>"$log"
+    t0=$(date +%s.%N)
+    out=$(timeout -k 5 "$step_limit" "$@" 2>&1)
+    rc=$?
+    t1=$(date +%s.%N)
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    printf '%s\n-- rc %s after %s s\n' "$out" "$rc" "$secs" >>"$log"
+    ((rc == 124 || rc == 137)) && out+=$'\n'"(stopped at the ${step_limit} s step limit)"
+}
+# `row NAME pass|fail|skip DETAIL`
+row() {
+    printf '%s\t%s\t%s\n' "$1" "$2" "$(tr '\t\n' '  ' <<<"$3" | sed 's/ *$//')" >>"$rows"
+    printf '%-4s  %s: %s\n' "$2" "$1" "$3"
+}
+first_failure() {
+    grep -m1 -E 'FAILED|error|panicked|stopped at' <<<"$out" | cut -c1-300
 }
 
-echo "== devices"
-nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader || true
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-echo "== topo"
-"$bin" topo
-
-# RANKMESH_GPU_WORKER=1: the test binary runs the checks as a rank (without
-# it, it is cargo's driver that also runs the CI emulator trials). They
-# include caller-owned cudarc buffers as views on a caller stream, in each
-# check mode (deferred is the default).
-export RANKMESH_GPU_WORKER=1
-for mode in deferred strict off; do
-    echo "== device tests, 1 rank, RANKMESH_CHECK=$mode"
-    RANKMESH_CHECK=$mode "$gpu_test"
-    if (( ngpu >= 2 )); then
-        echo "== device tests, $ngpu ranks (one per GPU), RANKMESH_CHECK=$mode"
-        RANKMESH_CHECK=$mode run_np "$ngpu" -x RANKMESH_GPU_WORKER -x RANKMESH_CHECK "$gpu_test"
-    fi
-done
-unset RANKMESH_GPU_WORKER
-if (( ngpu >= 2 )); then
-    echo "== deferred agreement: a mismatch is the same error at synchronize on every rank"
-    run_np 2 -x RANKMESH_GPU_DEFERRED_MISMATCH=1 "$gpu_test"
+# ---- header: the machine, the driver, CUDA, NCCL ----
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1)
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+cuda=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | grep -o '[0-9.]*$' | head -n1)
+run "topo" "${mpi[@]}" -np 1 "$bin" topo --json
+nccl_version=$(grep -o '"nccl":{"version":"[^"]*"' <<<"$out" | sed 's/.*"version":"//; s/"$//')
+nccl_path=$(grep -o '"nccl":{[^}]*"path":"[^"]*"' <<<"$out" | sed 's/.*"path":"//; s/"$//')
+if [[ -n $nccl_version ]]; then
+    row "NCCL loaded, version reported (topo --json)" pass "NCCL $nccl_version from $nccl_path"
+else
+    row "NCCL loaded, version reported (topo --json)" fail "$(head -c 300 <<<"$out")"
 fi
 
-np=$(( ngpu >= 2 ? ngpu : 1 ))
-for mode in strict deferred off strict deferred off strict deferred off; do
-    echo "== bench: all_reduce latency, $np rank(s), vs raw NCCL, RANKMESH_CHECK=$mode"
-    RANKMESH_CHECK=$mode run_np "$np" -x RANKMESH_CHECK "$bin" bench all_reduce -b 8 -e 4K -f 8 -n 2000 -w 200 -c 1 --backend nccl --baseline nccl
+# ---- correctness on real memory ----
+export RANKMESH_GPU_WORKER=1
+for nccl in 0 1; do
+    for mode in deferred strict off; do
+        if ((nccl)); then how="through NCCL (RANKMESH_NCCL_FOR_ONE=1)"; else how="as a group of one (local copies)"; fi
+        name="every device op vs the host plane, all dtypes, $how, RANKMESH_CHECK=$mode"
+        RANKMESH_NCCL_FOR_ONE=$nccl RANKMESH_CHECK=$mode \
+            run "$name" "${mpi[@]}" -np 1 -x RANKMESH_GPU_WORKER -x RANKMESH_CHECK -x RANKMESH_NCCL_FOR_ONE "$gpu_test"
+        oks=$(grep -c ': ok ' <<<"$out")
+        if ((rc == 0)) && grep -q ', 0 checks failed' <<<"$out"; then
+            row "$name" pass "$oks checks ok in $secs s"
+        else
+            row "$name" fail "rc $rc: $(first_failure)"
+        fi
+        all_worker+=$out$'\n'
+    done
 done
-echo "== bench: all_reduce bandwidth, $np rank(s), vs raw NCCL"
-run_np "$np" "$bin" bench all_reduce -b 64M -e 512M -f 2 -n 50 -w 5 -c 1 --backend nccl --baseline nccl
-for op in all_gather reduce_scatter broadcast alltoall sendrecv all_to_all_4d; do
-    echo "== bench: $op, $np rank(s), validated"
-    run_np "$np" "$bin" bench "$op" -b 8K -e 64M -f 64 -n 20 -w 2 -c 1 -d bfloat16 --backend nccl --baseline nccl
+unset RANKMESH_GPU_WORKER
+# Rows the worker runs hold: each of its six runs must have passed the check.
+derived() {
+    local name=$1 marker=$2 n
+    n=$(grep -c ": ok $marker on world" <<<"$all_worker")
+    if ((n == 6)); then
+        row "$name" pass "ok in all 6 runs (3 check modes, local and through NCCL)"
+    else
+        row "$name" fail "ok in $n of 6 runs: $(grep -m1 "FAILED $marker" <<<"$all_worker" | cut -c1-300)"
+    fi
+}
+derived "caller-owned cudarc buffers and views on a caller stream" "caller memory and streams"
+derived "bool, 16-bit integers and fp8 (fp8 reduces on sm 9.0)" "bool, 16-bit integer and fp8 dtypes"
+derived "random-data numerics against a float64 reference" "numerics on random data"
+
+# ---- the life cycle on the real library ----
+# NCCL's own INFO lines count communicators made and destroyed (the
+# emulator prints its counters instead).
+live_check() {
+    local inits destroys
+    if grep -q '^emulator counts:' <<<"$out"; then
+        grep '^emulator counts:' <<<"$out" | grep -qv ' live=0$' && { echo "left live: $(grep '^emulator counts:' <<<"$out" | head -n1)"; return 1; }
+        echo "emulator: $(grep -m1 '^emulator counts:' <<<"$out" | sed 's/^emulator counts: //')"
+        return 0
+    fi
+    inits=$(grep -c 'Init COMPLETE' <<<"$out")
+    destroys=$(grep -cE '(Destroy|Abort) COMPLETE' <<<"$out")
+    echo "$inits communicators made, $destroys destroyed"
+    ((inits > 0 && inits == destroys))
+}
+export NCCL_DEBUG_SUBSYS=INIT RANKMESH_EMU_COUNTS=1
+name="non-blocking creation, connect_devices, then ncclCommSplit per group (world, TP, SP, DP, mesh, a partial split)"
+NCCL_DEBUG=INFO RANKMESH_GPU_SPLIT_CHECK=1 \
+    run "$name" "${mpi[@]}" -np 1 -x RANKMESH_GPU_SPLIT_CHECK -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x RANKMESH_EMU_COUNTS "$gpu_test"
+live=$(live_check); live_ok=$?
+splits=$(grep -c 'ncclCommSplit' <<<"$out")
+if ((rc == 0)) && grep -q '^SPLIT-OK' <<<"$out" && ((live_ok == 0)); then
+    row "$name" pass "$(grep -m1 '^SPLIT-OK' <<<"$out" | sed 's/SPLIT-OK //'); $splits NCCL lines naming ncclCommSplit; $live"
+else
+    row "$name" fail "rc $rc; $live; $(grep -m1 -E 'SPLIT-FAILED|error|panicked' <<<"$out" | cut -c1-300)"
+fi
+for r in 1 2; do
+    name="bench -R $r: buffers from ncclMemAlloc, registered, validated, finalized and destroyed"
+    NCCL_DEBUG=INFO RANKMESH_NCCL_FOR_ONE=1 \
+        run "$name" "${mpi[@]}" -np 1 -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x RANKMESH_EMU_COUNTS -x RANKMESH_NCCL_FOR_ONE \
+        "$bin" bench all_reduce --backend nccl -b 8 -e 64M -f 64 -n 20 -w 2 -c 1 -R "$r"
+    live=$(live_check); live_ok=$?
+    note=$(grep -m1 -i 'registration\|-R ' <<<"$out" | grep '^#' | cut -c1-200)
+    if ((rc == 0)) && grep -q 'Out of bounds values : 0 OK' <<<"$out" && ((live_ok == 0)); then
+        row "$name" pass "0 wrong; $live${note:+; $note}"
+    else
+        row "$name" fail "rc $rc; $live; $(first_failure)"
+    fi
 done
-echo "gpu-check: done"
+
+# ---- errors that must reach every rank ----
+name="two ranks on one GPU: one clear error on both, before NCCL's 'Duplicate GPU detected'"
+if ((ngpu == 1)); then
+    run "$name" "${mpi[@]}" -np 2 "$bin" bench all_reduce --backend nccl -b 8 -e 8
+    named=$(grep -c 'would share GPU' <<<"$out")
+    if ((rc != 0)) && ((named == 2)) && ! grep -q 'Duplicate GPU' <<<"$out" && awk -v s="$secs" 'BEGIN { exit !(s < 30) }'; then
+        row "$name" pass "both ranks, after $secs s: $(grep -m1 'would share GPU' <<<"$out" | cut -c1-200)"
+    else
+        row "$name" fail "rc $rc, named on $named of 2 ranks, $secs s: $(grep -m1 -E 'error|Duplicate' <<<"$out" | cut -c1-300)"
+    fi
+else
+    row "$name" skip "$ngpu GPUs here: the ranks get one GPU each"
+fi
+name="a rank without a GPU (CUDA_VISIBLE_DEVICES= on rank 1): a clear error on every rank naming it"
+run "$name" "${mpi[@]}" \
+    -np 1 "$bin" bench all_reduce --backend nccl -b 8 -e 8 : \
+    -np 1 env CUDA_VISIBLE_DEVICES= "$bin" bench all_reduce --backend nccl -b 8 -e 8
+named=$(grep -cE 'error \(rank [01]\).*rank 1' <<<"$out")
+if ((rc != 0)) && ((named == 2)) && awk -v s="$secs" 'BEGIN { exit !(s < 30) }'; then
+    row "$name" pass "both ranks, after $secs s: $(grep -m1 'error (rank 0)' <<<"$out" | cut -c1-240)"
+else
+    row "$name" fail "rc $rc, named on $named of 2 ranks, $secs s: $(grep -m1 -E 'error|panicked' <<<"$out" | cut -c1-300)"
+fi
+
+# ---- speed against raw NCCL and PyTorch, same machine, same run ----
+# bench's baseline table: "#  size  time  busbw  raw-time  raw-busbw  ratio  +time".
+baseline_rows() { grep -E '^# +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +-?[0-9.]+$' <<<"$out"; }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
+# `verdict OK NAME FIGURE`: a speed row, against its target on a GPU.
+verdict() {
+    if [[ $targets != on ]]; then
+        row "$2" info "$3 (targets not applied: $targets)"
+    elif (($1)); then
+        row "$2" pass "$3"
+    else
+        row "$2" fail "$3"
+    fi
+}
+declare -A plus
+for round in 1 2 3; do
+    for mode in strict deferred off; do
+        RANKMESH_NCCL_FOR_ONE=1 RANKMESH_CHECK=$mode \
+            run "latency round $round, RANKMESH_CHECK=$mode" "${mpi[@]}" -np 1 -x RANKMESH_CHECK -x RANKMESH_NCCL_FOR_ONE \
+            "$bin" bench all_reduce -b 8 -e 4K -f 8 -n 2000 -w 200 -c 1 --backend nccl --baseline nccl
+        if ((rc != 0)) || ! grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
+            plus[$mode]+="FAILED($rc: $(first_failure)) "
+            continue
+        fi
+        while read -r _ size _ _ _ _ _ extra; do
+            plus[$mode,$size]+="$extra "
+        done < <(baseline_rows)
+    done
+done
+for mode in strict deferred off; do
+    name="all_reduce 8 B-4 KiB through NCCL, +time per call over raw ncclAllReduce, RANKMESH_CHECK=$mode"
+    if [[ -n "${plus[$mode]:-}" ]]; then
+        row "$name" fail "${plus[$mode]}"
+        continue
+    fi
+    fig=""; ok=1
+    for size in 8 64 512 4096; do
+        m=$(tr ' ' '\n' <<<"${plus[$mode,$size]:-}" | grep . | median)
+        fig+="${size} B: +$m us; "
+        [[ $size == 8 ]] && ! awk -v m="$m" 'BEGIN { exit !(m != "nan" && m <= 2.0) }' && ok=0
+    done
+    fig+="medians of 3 rounds (target at 8 B: <= +2 us)"
+    verdict "$ok" "$name" "$fig"
+done
+name="all_reduce 64 MiB-$large through NCCL, algbw over raw ncclAllReduce (target ratio >= 0.98)"
+RANKMESH_NCCL_FOR_ONE=1 run "$name" "${mpi[@]}" -np 1 -x RANKMESH_NCCL_FOR_ONE \
+    "$bin" bench all_reduce -b 64M -e "$large" -f 4 -n 30 -w 5 -c 1 --backend nccl --baseline nccl
+if ((rc == 0)) && grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
+    fig=""; ok=1
+    while read -r _ size t _ raw _ ratio _; do
+        fig+="$((size >> 20)) MiB: $t us vs raw $raw us, ratio $ratio; "
+        awk -v r="$ratio" 'BEGIN { exit !(r >= 0.98) }' || ok=0
+    done < <(baseline_rows)
+    verdict "$ok" "$name" "$fig"
+else
+    row "$name" fail "rc $rc: $(first_failure)"
+fi
+for op in all_gather reduce_scatter broadcast alltoall all_to_all_4d; do
+    name="$op through NCCL, bfloat16, 8 KiB-64 MiB, validated"
+    RANKMESH_NCCL_FOR_ONE=1 run "$name" "${mpi[@]}" -np 1 -x RANKMESH_NCCL_FOR_ONE \
+        "$bin" bench "$op" -b 8K -e 64M -f 64 -n 20 -w 2 -c 1 -d bfloat16 --backend nccl --baseline nccl
+    if ((rc == 0)) && grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
+        row "$name" pass "0 wrong; ratios $(baseline_rows | awk '{ printf "%s%s", sep, $7; sep = "/" }') at 8 KiB/512 KiB/32 MiB"
+    else
+        row "$name" fail "rc $rc: $(first_failure)"
+    fi
+done
+
+# PyTorch: what a user would pick instead (world size 1, NCCL backend).
+name="PyTorch torch.distributed all_reduce (NCCL backend, world size 1), time per call"
+if torch_why=$(LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, torch.distributed as d; assert torch.cuda.is_available(), "CUDA not available to torch"; assert d.is_nccl_available(), "torch has no NCCL"' 2>&1); then
+    run "$name" env LD_LIBRARY_PATH="$host_ld" python3 scripts/gpu_torch_allreduce.py
+    if ((rc == 0)) && grep -q '^torch ' <<<"$out"; then
+        fig=$(grep '^torch ' <<<"$out" | awk '{ printf "%s%s B: %s us", sep, $2, $3; sep = "; " }')
+        row "$name" pass "$fig ($(grep -m1 '^torch-version' <<<"$out" | cut -d' ' -f2-))"
+    else
+        row "$name" fail "rc $rc: $(tail -n 3 <<<"$out" | tr '\n' ' ' | cut -c1-300)"
+    fi
+else
+    row "$name" skip "no CUDA-capable torch here: $(tail -n1 <<<"$torch_why" | cut -c1-200)"
+fi
+
+# ---- the report ----
+total=$(($(date +%s) - started))
+failed=$(awk -F'\t' '$2 == "fail"' "$rows" | wc -l)
+passed=$(awk -F'\t' '$2 == "pass"' "$rows" | wc -l)
+skipped=$(awk -F'\t' '$2 == "skip" || $2 == "info"' "$rows" | wc -l)
+# A GPU host may have no git: the bundle records the commit it was built from.
+if [[ -n "${pre:-}" && -f $pre/BUNDLE ]]; then
+    rev=$(head -n1 "$pre/BUNDLE" | cut -d' ' -f2 | tr -d ',')
+else
+    rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+fi
+{
+    echo "# rankmesh GPU check"
+    echo
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); rankmesh $rev; $total s"
+    echo "- GPU: ${gpu_name:-none} x $ngpu; driver ${driver:-?}; CUDA ${cuda:-?}"
+    echo "- NCCL: ${nccl_version:-not loaded} (${nccl_path:-?})"
+    echo "- $passed passed, $failed failed, $skipped skipped"
+    echo
+    echo "| check | result | reason or figure |"
+    echo "|---|---|---|"
+    awk -F'\t' '{ gsub(/\|/, "\\|", $3); printf "| %s | %s | %s |\n", $1, $2, $3 }' "$rows"
+} >"$report/gpu-report.md"
+json_str() { sed 's/\\/\\\\/g; s/"/\\"/g' <<<"$1" | tr -d '\000-\037' | sed 's/^/"/; s/$/"/'; }
+{
+    printf '{"date":%s,"rankmesh":%s,"seconds":%d,' "$(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)")" "$(json_str "$rev")" "$total"
+    printf '"gpu":%s,"gpus":%d,"driver":%s,"cuda":%s,' "$(json_str "$gpu_name")" "$ngpu" "$(json_str "$driver")" "$(json_str "$cuda")"
+    printf '"nccl":{"version":%s,"path":%s},' "$(json_str "$nccl_version")" "$(json_str "$nccl_path")"
+    printf '"passed":%d,"failed":%d,"skipped":%d,"checks":[' "$passed" "$failed" "$skipped"
+    sep=""
+    while IFS=$'\t' read -r n s d; do
+        printf '%s{"check":%s,"result":%s,"detail":%s}' "$sep" "$(json_str "$n")" "$(json_str "$s")" "$(json_str "$d")"
+        sep=","
+    done <"$rows"
+    printf ']}\n'
+} >"$report/gpu-report.json"
+rm -f "$rows"
+echo "gpu-check: $passed passed, $failed failed, $skipped skipped in $total s; report in $report/gpu-report.md"
+((failed == 0))

@@ -344,6 +344,16 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
             .collective(desc, |_| Ok(()), |_| self.comm().map(|_| ()))
     }
 
+    /// Whether this group runs its ops as local copies: a group of one,
+    /// unless `RANKMESH_NCCL_FOR_ONE=1` sends them through NCCL anyway
+    /// (as PyTorch does), which is how one GPU checks NCCL's own kernels.
+    fn copies_alone(&self) -> bool {
+        static FOR_ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.group.size() == 1
+            && !*FOR_ONE
+                .get_or_init(|| std::env::var("RANKMESH_NCCL_FOR_ONE").is_ok_and(|v| v == "1"))
+    }
+
     /// A group of one moves nothing: the op is a copy on this device (or
     /// nothing at all), without NCCL, as FastVideo skips communication on
     /// such groups. Reductions keep NCCL's dtype rules, so a call refused on
@@ -449,7 +459,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             t,
             out,
             |out| {
-                if self.group.size() == 1 {
+                if self.copies_alone() {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
                 let comm = self.comm()?;
@@ -468,7 +478,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             &mut tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
             &*t,
             || {
-                if self.group.size() == 1 {
+                if self.copies_alone() {
                     return self.alone(t, None, Some(reduce_op));
                 }
                 let comm = self.comm()?;
@@ -491,7 +501,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             t,
             out,
             |out| {
-                if self.group.size() == 1 {
+                if self.copies_alone() {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
                 let comm = self.comm()?;
@@ -512,7 +522,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             out,
             |out| {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
+                if self.copies_alone() {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
@@ -545,7 +555,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let params = [dst as i64, dim as i64];
         self.run_op_into(&mut tensor_desc(Op::Gather, t, &params), t, out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
+            if self.copies_alone() {
                 return self.alone(t, Some(out), None);
             }
             let comm = self.comm()?;
@@ -603,7 +613,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let params = [src as i64, dim as i64];
         self.run_op_into(&mut tensor_desc(Op::Scatter, t, &params), t, out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
+            if self.copies_alone() {
                 return self.alone(t, Some(out), None);
             }
             let comm = self.comm()?;
@@ -674,7 +684,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             out,
             |out| {
                 let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if size == 1 {
+                if self.copies_alone() {
                     return self.alone(t, Some(out), Some(reduce_op));
                 }
                 let comm = self.comm()?;
@@ -702,7 +712,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             &mut tensor_desc(Op::Broadcast, &*t, &[src as i64]),
             &*t,
             || {
-                if self.group.size() == 1 {
+                if self.copies_alone() {
                     return self.alone(t, None, None);
                 }
                 let comm = self.comm()?;
@@ -716,7 +726,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
     fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         let size = self.group.size();
         self.run_op_into(&mut tensor_desc(Op::AllToAll, t, &[]), t, out, |out| {
-            if size == 1 {
+            if self.copies_alone() {
                 return self.alone(t, Some(out), None);
             }
             let comm = self.comm()?;
@@ -742,7 +752,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
             t,
             out,
             |out| {
-                if size == 1 {
+                if self.copies_alone() {
                     return self.alone(t, Some(out), None);
                 }
                 let comm = self.comm()?;
@@ -832,7 +842,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         let fit = self.group.output_fit(&desc, &*out);
         self.dispatch(&mut desc, fit, view, || {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if size == 1 {
+            if self.copies_alone() {
                 return self.alone(t, Some(out), None);
             }
             let comm = self.comm()?;
@@ -1052,7 +1062,7 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
     }
 
     fn broadcast_batch(&self, ts: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
-        if self.group.size() == 1 {
+        if self.copies_alone() {
             return Ok(());
         }
         let comm = self.comm()?;

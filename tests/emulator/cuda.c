@@ -20,7 +20,8 @@
  *   - the NCCL emulator enqueues its calls here (rankmesh_emu_enqueue), so
  *     they complete asynchronously in stream order.
  *
- * RANKMESH_EMU_GPUS: devices shown (default 1).
+ * RANKMESH_EMU_GPUS: devices shown (default 1); CUDA_VISIBLE_DEVICES set
+ * and empty shows none (cuInit fails with CUDA_ERROR_NO_DEVICE, as the driver's).
  * RANKMESH_EMU_BUS: PCI bus id of device 0 (default: from the pid, so unique per process), to
  * provoke the duplicate-GPU check.
  * RANKMESH_EMU_CC=M.m: the devices' compute capability (default 9.0).
@@ -233,6 +234,10 @@ static void all_streams_wait(void) {
 
 CUresult cuInit(unsigned flags) {
     (void)flags;
+    /* As the driver: CUDA_VISIBLE_DEVICES set but empty hides every device,
+       and cuInit itself fails with CUDA_ERROR_NO_DEVICE (100). */
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (visible && !*visible) return 100;
     initialised = 1;
     return OK;
 }
