@@ -10,7 +10,7 @@ use crate::error::NcclError;
 use crate::error::{Error, Result};
 use crate::group::DeviceGroup;
 use crate::group::GroupCoordinator;
-use crate::nccl::comm::{RegisteredBuffer, Registration};
+use crate::nccl::comm::{RegisteredBuffer, Registration, Rooted};
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::{Collectives, Objects};
@@ -158,6 +158,18 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
                 Op::ReduceScatter => comm.reduce_scatter(src, dst, out_count, dt, red, raw),
                 Op::Broadcast => comm.broadcast(dst, dst, out_count, dt, root, raw),
                 Op::Reduce => comm.reduce(src, dst, count, dt, red, root, raw),
+                // The library's own collectives where it has them (NCCL
+                // 2.28), as rankmesh uses them: grouped sends and receives
+                // were 8-25x slower on one H100 (alltoall, 8 KiB-32 MiB).
+                Op::AllToAll | Op::AllToAll4d if comm.has_native_collectives() => {
+                    comm.all_to_all(src, dst, out_count / n.max(1), dt, raw)
+                }
+                Op::Gather if comm.has_native_collectives() => {
+                    comm.rooted(Rooted::Gather, src, dst, count, dt, root, raw)
+                }
+                Op::Scatter if comm.has_native_collectives() => {
+                    comm.rooted(Rooted::Scatter, src, dst, out_count, dt, root, raw)
+                }
                 Op::Gather | Op::Scatter | Op::AllToAll | Op::AllToAll4d | Op::SendRecv => {
                     let fused = comm.group()?;
                     let block = match cfg.op.op {

@@ -263,6 +263,9 @@ pub struct RegisteredBuffer<'a> {
     ptr: *mut c_void,
     handle: *mut c_void,
     kind: Registration,
+    /// How long a deregistration may stay in progress before the memory
+    /// is freed anyway (`RANKMESH_TIMEOUT`).
+    limit: Option<Duration>,
 }
 
 impl RegisteredBuffer<'_> {
@@ -288,6 +291,14 @@ impl Drop for RegisteredBuffer<'_> {
                 };
                 if let Some(rc) = rc.filter(|rc| *rc != SUCCESS && *rc != IN_PROGRESS) {
                     tracing::warn!("NCCL deregistration failed: {}", self.api.error_string(rc));
+                }
+                // A non-blocking communicator may deregister in the
+                // background: the memory is freed once it is at rest.
+                if let Err(Settled::Failed(e)) =
+                    self.state
+                        .settle(self.api, "NCCL deregistration", self.limit, &|| {})
+                {
+                    tracing::warn!("{}", e.msg);
                 }
             }
             if let Some(free) = self.api.mem_free {
@@ -378,13 +389,12 @@ impl<'a> Communicator<'a> {
                     let parent_raw = parent.raw()?;
                     let color = color.map_or(SPLIT_NOCOLOR, |c| c as c_int);
                     let rc = f(parent_raw, color, key as c_int, &mut raw, &mut config);
-                    // A non-blocking parent runs the split in the background too.
-                    let rc = if rc == IN_PROGRESS {
-                        parent.settled(rc, "ncclCommSplit")
-                    } else {
-                        rc
-                    };
-                    (rc, "ncclCommSplit")
+                    // A non-blocking parent runs the split in the background,
+                    // even when the call answers ncclSuccess (NCCL 2.28 on an
+                    // H100 did): NCCL writes `raw` when it is done, and the
+                    // parent refuses every call until then. So the parent is
+                    // polled to rest here, while `raw` is still in scope.
+                    (parent.settled_after(rc, "ncclCommSplit"), "ncclCommSplit")
                 }
             }
         };
@@ -445,6 +455,18 @@ impl<'a> Communicator<'a> {
     #[inline]
     fn settled(&self, rc: NcclResult, what: &str) -> NcclResult {
         if rc == IN_PROGRESS {
+            self.settle_in_progress(what)
+        } else {
+            rc
+        }
+    }
+
+    /// After a call NCCL may finish in the background on a non-blocking
+    /// communicator although it answered `ncclSuccess` (a split, a window
+    /// registration): polls the communicator to rest before its out-pointers
+    /// are read or the next call is made.
+    fn settled_after(&self, rc: NcclResult, what: &str) -> NcclResult {
+        if self.non_blocking && (rc == SUCCESS || rc == IN_PROGRESS) {
             self.settle_in_progress(what)
         } else {
             rc
@@ -641,6 +663,7 @@ impl<'a> Communicator<'a> {
             ptr,
             handle: std::ptr::null_mut(),
             kind,
+            limit: self.limit,
         };
         // SAFETY: `ptr` holds `bytes` from ncclMemAlloc; `handle` is an out-pointer.
         let rc = unsafe {
@@ -664,6 +687,8 @@ impl<'a> Communicator<'a> {
             Registration::Local => "ncclCommRegister",
             Registration::Symmetric => "ncclCommWindowRegister",
         };
+        // Settled before `buf` moves: NCCL may write the handle later.
+        let rc = self.settled_after(rc, what);
         self.check(rc, what)?;
         Ok(buf)
     }

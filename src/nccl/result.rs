@@ -110,6 +110,14 @@ pub fn reduced_as(
             Ok(t)
         }
     };
+    if matches!(d, DType::F8E4M3 | DType::F8E5M2) && op == ReduceOp::Avg {
+        // Seen on a GPU (NCCL 2.28.3, H100): ncclAvg of fp8 is an invalid
+        // argument, with no message from NCCL.
+        return Err(NcclError::other(format!(
+            "NCCL has no average for {d} (ncclAvg covers its integer and 16/32/64-bit float \
+             types): all_reduce with sum and scale, or average in bf16"
+        )));
+    }
     let t = match d {
         DType::F8E4M3 => fp8(nd::FLOAT8_E4M3)?,
         DType::F8E5M2 => fp8(nd::FLOAT8_E5M2)?,
@@ -177,6 +185,14 @@ mod tests {
         let e = reduced_as(DType::U16, ReduceOp::Sum, new).unwrap_err();
         assert!(e.msg.contains("no 16-bit integer type"), "{e}");
         assert_eq!(reduced_as(DType::F32, ReduceOp::Avg, new), Ok((7, 4)));
+        for fp8 in [DType::F8E4M3, DType::F8E5M2] {
+            let avg = reduced_as(fp8, ReduceOp::Avg, new).unwrap_err();
+            assert!(
+                avg.msg
+                    .starts_with(&format!("NCCL has no average for {fp8}")),
+                "{avg}"
+            );
+        }
     }
 
     #[test]

@@ -100,6 +100,10 @@ typedef struct ncclComm {
     int nonblocking;
     int ready;      /* 0 while a non-blocking creation runs in the background */
     int polls_busy; /* ncclInProgress answers still due (a split settling) */
+    /* An out-pointer NCCL fills in the background (a split's child, a
+       window's handle), written when the communicator is polled to rest. */
+    void **pending_out;
+    void *pending_value;
     int finalizing;
     long splits;    /* splits of this communicator so far (their message tags) */
     pthread_t init_thread;
@@ -622,6 +626,18 @@ static int dead(const Comm *c, const char *call) {
     return 1;
 }
 
+/* NCCL's ncclCommEnsureReady: a non-blocking communicator whose last call
+ * still runs in the background refuses the next one, until the caller has
+ * polled ncclCommGetAsyncError to success. */
+static int busy(Comm *c, const char *call) {
+    if (c->polls_busy <= 0) return 0;
+    fprintf(stderr, "rankmesh NCCL emulator: NCCL WARN %s: Attempt to use communicator before the previous "
+                    "operation returned ncclSuccess\n", call);
+    snprintf(last_error, sizeof last_error,
+             "Attempt to use communicator before the previous operation returned ncclSuccess");
+    return 1;
+}
+
 /* Unlike NCCL, which blocks until the work is done (a peer that never
  * comes holds it forever), a destroy with calls in flight fails loudly:
  * finalize and wait first, or abort. */
@@ -682,7 +698,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
     } else if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) || (c->finalizing && inflight(c))) {
         *e = IN_PROGRESS_RC;
     } else if (c->polls_busy > 0) {
-        c->polls_busy--;
+        if (--c->polls_busy == 0 && c->pending_out) {
+            *c->pending_out = c->pending_value;
+            c->pending_out = NULL;
+        }
         *e = IN_PROGRESS_RC;
     } else {
         *e = (fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
@@ -709,6 +728,7 @@ static int by_key(const void *a, const void *b) {
  * parent's own links may carry queued work on a stream thread). */
 ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *out, ncclConfig_t *config) {
     if (dead(parent, "ncclCommSplit")) return INVALID_USAGE;
+    if (busy(parent, "ncclCommSplit")) return INVALID_ARGUMENT;
     int blocking = config_blocking(config);
     if (blocking < 0) return INVALID_ARGUMENT;
     if (!__atomic_load_n(&parent->ready, __ATOMIC_ACQUIRE) || !parent->same_job) {
@@ -734,6 +754,10 @@ ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *ou
                  MPI_STATUS_IGNORE);
     }
     *out = NULL;
+    /* As NCCL 2.28 on a non-blocking parent: the call answers ncclSuccess,
+       the split finishes in the background, and the child reaches *out only
+       when the parent is polled to rest. */
+    if (parent->nonblocking) parent->polls_busy = 1;
     if (color < 0) {
         free(all);
         return SUCCESS;
@@ -767,6 +791,11 @@ ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *ou
     if (!blocking) {
         c->nonblocking = 1;
         c->polls_busy = 1;
+    }
+    if (parent->nonblocking) {
+        parent->pending_out = (void **)out;
+        parent->pending_value = c;
+        return SUCCESS;
     }
     *out = c;
     return blocking ? SUCCESS : IN_PROGRESS_RC;
@@ -927,6 +956,7 @@ static ncclResult_t bcast(void *r, size_t bytes, int root, Comm *c) {
 static ncclResult_t enter(Comm *c, int t, const char *call) {
     if (dead(c, call)) return INVALID_USAGE;
     if (c->aborted) return INVALID_USAGE;
+    if (busy(c, call)) return INVALID_ARGUMENT;
     if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
         snprintf(last_error, sizeof last_error, "%s: communicator is still being created (poll ncclCommGetAsyncError)",
                  call);
@@ -1145,6 +1175,13 @@ static ncclResult_t collective(int kind, const void *s, void *r, size_t count, i
         return INVALID_ARGUMENT;
     }
     if (reducing && fp8_reduction_refused(t)) return INVALID_ARGUMENT;
+    /* NCCL 2.28.3 on an H100 refused ncclAvg of fp8 (invalid argument, no
+       message): its average is defined for the integer and the 16-, 32- and
+       64-bit float types only. */
+    if (reducing && op == 4 && (t == 10 || t == 11)) {
+        snprintf(last_error, sizeof last_error, "%s", "");
+        return INVALID_ARGUMENT;
+    }
     /* What each side holds, in bytes, on this rank. */
     size_t e_ = elem(t), n = (size_t)c->size, chunk = count * e_, sbytes = chunk, rbytes = chunk;
     if (kind == ALL_GATHER || kind == GATHER) rbytes = chunk * n;
@@ -1220,11 +1257,21 @@ static ncclResult_t register_buffer(Comm *c, void *buf, size_t size, void **hand
                  "%s: buffer %p is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)", call, buf);
         return INVALID_ARGUMENT;
     }
+    if (busy(c, call)) return INVALID_ARGUMENT;
     Registration *reg = malloc(sizeof *reg);
     *reg = (Registration){ALIVE, c, buf, size};
-    *handle = reg;
     live_registrations++;
     if (window) count_windows++; else count_registered++;
+    if (window && c->nonblocking) {
+        /* A window is collective: on a non-blocking communicator NCCL 2.28
+           registers it in the background and writes the handle then. */
+        *handle = NULL;
+        c->polls_busy = 1;
+        c->pending_out = handle;
+        c->pending_value = reg;
+        return SUCCESS;
+    }
+    *handle = reg;
     return SUCCESS;
 }
 
