@@ -5,11 +5,18 @@
 
 use crate::op::Op;
 
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// Result alias used by every fallible rankmesh function.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong in rankmesh.
-#[derive(Debug, thiserror::Error)]
+/// Everything that can go wrong in rankmesh. Its `Debug` is the readable
+/// message too, so `fn main() -> rankmesh::Result<()>` prints that.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// MPI could not be initialised or the launcher environment is inconsistent.
     #[error("launch: {0}")]

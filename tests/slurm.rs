@@ -165,6 +165,32 @@ fn main() {
                 &err,
             )
         }),
+        // A rank killed mid-call under srun without --kill-on-bad-exit (srun
+        // then waits for the others): its peer names it gone within seconds,
+        // not at RANKMESH_TIMEOUT (600 s by default).
+        trial("srun_kill9_is_named_within_seconds", |c| {
+            let script = format!(
+                "if [ \"$SLURM_PROCID\" = 1 ]; then (sleep 2; kill -9 $$) & fi; \
+                 exec {} bench all_reduce -b 8 -e 8 -n 100000000 -w 0 -c 0 --backend host",
+                exe()
+            );
+            let start = std::time::Instant::now();
+            let out = c
+                .command("srun")
+                .args(["--mpi=pmix", "-n", "2", "bash", "-c", &script])
+                .env_remove("RANKMESH_TIMEOUT")
+                .output()?;
+            let took = start.elapsed().as_secs_f64();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            check(
+                !out.status.success()
+                    && took < 15.0
+                    && err.contains("cannot complete: group rank 1 (world rank 1, host ")
+                    && err.contains("is gone: its process (pid "),
+                &format!("rank 0 names the killed rank 1 (ended after {took:.1} s)"),
+                &err,
+            )
+        }),
         trial("sbatch_topo", |c| {
             let text = c.sbatch("topo.sbatch", "TP=2")?;
             check(

@@ -14,7 +14,8 @@ use crate::op::Op;
 use crate::parse::parse_whole_size;
 use crate::placement::{self, BindPolicy, Placement};
 use crate::watch::{
-    local_ipv4, Board, GroupWatch, PeerFacts, Service, StartupWatch, Watchdog, ADDRS,
+    local_ipv4, Board, GroupWatch, PeerFacts, Secret, Service, StartupWatch, Watchdog, ADDRS,
+    SECRET_BYTES,
 };
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -108,6 +109,11 @@ pub struct Options {
     /// `strict`, `deferred` — the default — or `off`). Set it the same on
     /// every rank: a group's members check it.
     pub check: CheckMode,
+    /// Where each rank's status service listens
+    /// (`RANKMESH_STATUS_ADDRS`, comma-separated IPv4 addresses, at most 4:
+    /// a management network); empty, the default, means this host's
+    /// outward addresses, with loopback only for a job on one node.
+    pub status_addrs: Vec<Ipv4Addr>,
 }
 
 impl Default for Options {
@@ -123,6 +129,7 @@ impl Default for Options {
             shm_chunk_bytes: crate::exec::shm::DEFAULT_CHUNK,
             single_copy: true,
             check: CheckMode::Deferred,
+            status_addrs: Vec::new(),
         }
     }
 }
@@ -179,6 +186,19 @@ impl Options {
         }
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);
+        }
+        if let Ok(v) = std::env::var("RANKMESH_STATUS_ADDRS") {
+            o.status_addrs = v
+                .split(',')
+                .map(|a| a.trim().parse::<Ipv4Addr>())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .ok()
+                .filter(|a| (1..=ADDRS).contains(&a.len()))
+                .ok_or_else(|| {
+                    Error::Launch(format!(
+                        "RANKMESH_STATUS_ADDRS={v:?} is not 1 to {ADDRS} comma-separated IPv4 addresses"
+                    ))
+                })?;
         }
         Ok(o)
     }
@@ -261,6 +281,7 @@ impl Runtime {
         // group's TCP writers), which SINGLE promises it does not, but only
         // the main thread calls MPI — except the watchdog's MPI_Abort, which
         // ends the job. MULTIPLE would slow every call for nothing.
+        note_panics();
         let startup = StartupWatch::start(options.init_timeout);
         let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| {
@@ -571,14 +592,49 @@ impl Drop for Runtime {
     /// A rank that panics would otherwise finalise MPI while its peers wait in
     /// a collective, and the job would hang; abort the whole job instead.
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "rankmesh: rank {} panicked; aborting the MPI job so the other ranks do not wait forever",
-                self.info.rank
-            );
-            self.world_comm.abort(70);
-        }
+        // Before anything that can block (MPI finalisation waits for every
+        // rank): after a failed call or in a panic, say why and publish it,
+        // so peers blocked in a call with this rank are named the reason
+        // and end the job within about a second.
+        let panic = std::thread::panicking().then(panic_message);
+        self.watchdog.leaving(panic);
     }
+}
+
+/// The latest panic's message and place, kept by the hook [`note_panics`]
+/// installs for [`Runtime`]'s drop to publish.
+static PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Chains a panic hook that keeps each panic's message (then runs the hook
+/// that was there, which prints it as usual).
+fn note_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(a panic without a message)".into());
+            let at = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            *PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{what}{at}"));
+            previous(info);
+        }));
+    });
+}
+
+/// The message [`note_panics`] kept for the panic under way.
+fn panic_message() -> String {
+    PANIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_else(|| "(a panic without a message)".into())
 }
 
 /// `MPI_Comm_create_group` tag of rankmesh's sub-groups.
@@ -616,16 +672,31 @@ fn start_watchdog(
     options: &Options,
 ) -> Watchdog {
     let board = Board::create(node_comm, info.rank);
-    // Only a watched job can be asked where its ranks are.
-    let service = options
-        .timeout
-        .and_then(|_| Service::start(board.view().clone()).ok());
+    // The job's secret: drawn by world rank 0, sent to every rank over MPI
+    // (never logged); the status services answer only requests carrying it.
+    let mut secret = [0u8; SECRET_BYTES];
+    if info.rank == 0 && getrandom::fill(&mut secret).is_err() {
+        // No randomness from the OS: the services stay closed (all-zero
+        // secret refused below), and only peers' departures on this node
+        // are seen.
+        secret = [0u8; SECRET_BYTES];
+    }
+    world.process_at_rank(0).broadcast_into(&mut secret[..]);
+    let secret = Secret::new(secret);
+    // Always listening (a rank that leaves tells the other nodes here), on
+    // the addresses the job publishes only.
+    let service = secret_usable(&secret)
+        .then(|| {
+            let addrs = status_addresses(&options.status_addrs, info.node_count);
+            Service::start(board.view().clone(), secret, &addrs)
+                .map_err(|e| tracing::warn!("the status service did not start: {e}"))
+                .ok()
+        })
+        .flatten();
     const REC: usize = 4 * ADDRS + 2;
     let mut mine = [0u8; REC];
     if let Some(svc) = &service {
-        let ips = local_ipv4();
-        let outward = ips.iter().filter(|a| !a.is_loopback()).take(ADDRS - 1);
-        for (i, ip) in outward.chain([&Ipv4Addr::LOCALHOST]).enumerate() {
+        for (i, ip) in svc.addrs().iter().take(ADDRS).enumerate() {
             mine[4 * i..4 * i + 4].copy_from_slice(&ip.octets());
         }
         mine[4 * ADDRS..].copy_from_slice(&svc.port().to_le_bytes());
@@ -657,7 +728,33 @@ fn start_watchdog(
         service,
         peers,
         options.trace_dir.clone(),
+        secret,
     )
+}
+
+/// Where the status service listens: `RANKMESH_STATUS_ADDRS` when set (a
+/// management network), else this host's outward IPv4 addresses, with
+/// loopback only when the job is on one node (or the host has no other).
+fn status_addresses(chosen: &[Ipv4Addr], nodes: usize) -> Vec<Ipv4Addr> {
+    if !chosen.is_empty() {
+        return chosen.iter().take(ADDRS).copied().collect();
+    }
+    let ips = local_ipv4();
+    let mut out: Vec<Ipv4Addr> = ips
+        .iter()
+        .filter(|a| !a.is_loopback())
+        .take(ADDRS - 1)
+        .copied()
+        .collect();
+    if nodes == 1 || out.is_empty() {
+        out.push(Ipv4Addr::LOCALHOST);
+    }
+    out
+}
+
+/// A secret the OS drew (all zeros: it could not).
+fn secret_usable(secret: &Secret) -> bool {
+    !secret.is_zero()
 }
 
 fn gather_world_info(

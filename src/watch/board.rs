@@ -16,10 +16,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes of a group name a slot keeps (longer names are cut).
 const NAME_WORDS: usize = 8;
+/// Bytes of a leaving rank's error a slot keeps, and of a notice's.
+const REASON_WORDS: usize = 48;
 
 const IDLE: u64 = 0;
 const IN_CALL: u64 = 1;
 const FINISHED: u64 = 2;
+/// The runtime was dropped after an error or a panic (its text in `reason`).
+const LEFT: u64 = 3;
 
 /// One rank's state. Written only by its owner; `gen` is a sequence lock
 /// (odd while the owner rewrites the call fields).
@@ -40,6 +44,43 @@ pub(crate) struct Slot {
     beat: AtomicU64,
     name_len: AtomicU64,
     name: [AtomicU64; NAME_WORDS],
+    reason_len: AtomicU64,
+    reason: [AtomicU64; REASON_WORDS],
+    /// A notice this rank's status service took for the node: world rank + 1
+    /// of a rank on another node that left (0: none), published after
+    /// `notice_reason`. Written once, by the service thread, outside the
+    /// sequence lock (the main thread owns that).
+    notice_rank: AtomicU64,
+    notice_len: AtomicU64,
+    notice_reason: [AtomicU64; REASON_WORDS],
+}
+
+/// Stores `text` (cut at the words' size) in `words`, its length in `len`.
+fn store_text(words: &[AtomicU64], len: &AtomicU64, text: &str) {
+    let cap = words.len() * 8;
+    let mut n = text.len().min(cap);
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    let mut buf = vec![0u8; cap];
+    buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+    for (w, chunk) in words.iter().zip(buf.chunks_exact(8)) {
+        w.store(
+            u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
+            Ordering::Relaxed,
+        );
+    }
+    len.store(n as u64, Ordering::Relaxed);
+}
+
+fn load_text(words: &[AtomicU64], len: &AtomicU64) -> String {
+    let n = (len.load(Ordering::Relaxed) as usize).min(words.len() * 8);
+    let mut buf = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        buf.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    buf.truncate(n);
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// What a slot said when it was read, with ages measured on its node.
@@ -60,13 +101,18 @@ pub(crate) struct Status {
     /// The process state letter from `/proc` (`T`: stopped), `None` if the
     /// process is gone.
     pub process: Option<char>,
+    /// Why it left ([`State::Left`]): its error or panic.
+    pub reason: String,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) enum State {
     Idle,
     InCall,
+    /// Its runtime was dropped with no error.
     Finished,
+    /// Its runtime was dropped after an error or a panic.
+    Left,
 }
 
 /// The slots of every rank on this node, readable from any thread.
@@ -138,6 +184,46 @@ impl BoardView {
         self.own().state.store(IDLE, Ordering::Release);
     }
 
+    /// Marks this rank as gone after an error or a panic, with its text;
+    /// final (the board's drop keeps it).
+    pub fn set_left(&self, reason: &str, now: u64) {
+        self.write(|s| {
+            store_text(&s.reason, &s.reason_len, reason);
+            s.since.store(now, Ordering::Relaxed);
+            s.state.store(LEFT, Ordering::Relaxed);
+        });
+    }
+
+    /// Takes a notice that world rank `rank`, on another node, left with
+    /// `reason`, into this rank's slot for the whole node to see; false if
+    /// the slot holds a notice already (the sender tries the node's next rank).
+    pub fn take_notice(&self, rank: usize, reason: &str) -> bool {
+        let s = self.own();
+        if s.notice_rank.load(Ordering::Acquire) != 0 {
+            return s.notice_rank.load(Ordering::Acquire) == rank as u64 + 1;
+        }
+        store_text(&s.notice_reason, &s.notice_len, reason);
+        s.notice_rank.store(rank as u64 + 1, Ordering::Release);
+        true
+    }
+
+    /// The departures of ranks on other nodes that this node's services
+    /// took: (world rank, reason).
+    pub fn notices(&self) -> Vec<(usize, String)> {
+        if !self.live.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.slots
+            .iter()
+            .filter_map(|p| {
+                // SAFETY: as in `own`, for every rank's slot.
+                let s = unsafe { &**p };
+                let r = s.notice_rank.load(Ordering::Acquire);
+                (r != 0).then(|| (r as usize - 1, load_text(&s.notice_reason, &s.notice_len)))
+            })
+            .collect()
+    }
+
     fn set_state(&self, state: u64, now: u64) {
         self.write(|s| {
             s.since.store(now, Ordering::Relaxed);
@@ -184,7 +270,13 @@ fn read(s: &Slot, now: u64) -> Option<Status> {
         let state = match s.state.load(Ordering::Relaxed) {
             IN_CALL => State::InCall,
             FINISHED => State::Finished,
+            LEFT => State::Left,
             _ => State::Idle,
+        };
+        let reason = if state == State::Left {
+            load_text(&s.reason, &s.reason_len)
+        } else {
+            String::new()
         };
         let op = s.op.load(Ordering::Relaxed) as u32;
         let seq = s.seq.load(Ordering::Relaxed);
@@ -213,6 +305,7 @@ fn read(s: &Slot, now: u64) -> Option<Status> {
             for_ns: now.saturating_sub(since),
             quiet_ns: now.saturating_sub(beat.max(since)),
             process: None,
+            reason,
         });
     }
     None
@@ -271,9 +364,61 @@ impl Board {
 impl Drop for Board {
     /// Collective over the node (like MPI finalisation that follows it).
     fn drop(&mut self) {
-        self.view.set_state(FINISHED, now_ns());
+        // A rank that left says so to the end.
+        if self.view.own().state.load(Ordering::Relaxed) != LEFT {
+            self.view.set_state(FINISHED, now_ns());
+        }
         self.view.live.store(false, Ordering::Release);
         // SAFETY: the window is valid and freed once; readers check `live`.
         unsafe { ffi::MPI_Win_free(&mut self.win) };
+    }
+}
+
+#[cfg(test)]
+impl BoardView {
+    /// A board of one slot in this process's heap (no MPI), for tests of
+    /// its readers; the slot is leaked.
+    pub(crate) fn in_memory(world_rank: usize) -> BoardView {
+        let layout = std::alloc::Layout::new::<Slot>();
+        // SAFETY: a zeroed Slot is valid (atomics), and it is never freed.
+        let slot = unsafe { std::alloc::alloc_zeroed(layout) } as *const Slot;
+        let view = BoardView {
+            slots: vec![slot],
+            me: 0,
+            live: AtomicBool::new(true),
+        };
+        let own = view.own();
+        own.pid
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        own.since.store(now_ns(), Ordering::Relaxed);
+        own.rank.store(world_rank as u64 + 1, Ordering::Release);
+        view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_that_left_keeps_its_reason_and_notices_are_taken_once() {
+        let b = BoardView::in_memory(5);
+        b.enter(1, 7, Some("tp:0"), now_ns());
+        b.set_left("all_reduce on tp:0: ranks are in different calls", now_ns());
+        let st = b.read_all().remove(0);
+        assert_eq!((st.rank, st.state), (5, State::Left));
+        assert_eq!(
+            st.reason,
+            "all_reduce on tp:0: ranks are in different calls"
+        );
+        assert_eq!((st.group.as_str(), st.seq), ("tp:0", 7));
+        let long = "é".repeat(400);
+        assert!(b.take_notice(9, &long));
+        assert!(b.take_notice(9, "again"), "the same rank again: taken");
+        assert!(!b.take_notice(3, "another"), "one notice per slot");
+        let notices = b.notices();
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].0, 9);
+        assert!(long.starts_with(&notices[0].1) && notices[0].1.len() >= 380);
     }
 }

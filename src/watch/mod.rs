@@ -20,7 +20,7 @@ pub(crate) use board::Board;
 use board::{BoardView, State, Status};
 use clock::{now_ns, secs};
 use recorder::Recorder;
-pub(crate) use service::{local_ipv4, Service, ADDRS};
+pub(crate) use service::{local_ipv4, Secret, Service, ADDRS, SECRET_BYTES};
 pub(crate) use startup::StartupWatch;
 
 use crate::agree::Descriptor;
@@ -36,6 +36,24 @@ use std::time::Duration;
 /// Exit code of a job the watchdog ends (`MPI_Abort`): `EX_TEMPFAIL` of
 /// sysexits.h, apart from `timeout(1)`'s 124 so the two can be told apart.
 pub const TIMEOUT_EXIT: i32 = 75;
+
+/// Exit code of a job ended because a member of a call left (its runtime
+/// dropped after an error or a panic, or its process gone): `EX_PROTOCOL`.
+pub const LEFT_EXIT: i32 = 76;
+
+/// How often the watchdog looks, at most: a member that left is named
+/// within about two of these.
+const MAX_TICK: Duration = Duration::from_millis(500);
+
+/// A call quiet this long asks the other nodes of its group, one node every
+/// `REMOTE_EVERY`, whether a member there is gone (a process killed where
+/// the launcher does not end the job: `srun` without `--kill-on-bad-exit`).
+const REMOTE_AFTER: Duration = Duration::from_millis(1000);
+const REMOTE_EVERY: Duration = Duration::from_millis(1000);
+
+/// How long a rank that left after an error waits in MPI finalisation for
+/// its peers to notice before it ends the job itself.
+const LEAVER_GRACE: Duration = Duration::from_secs(30);
 
 /// What the watchdog knows about every world rank (gathered at start-up).
 pub(crate) struct PeerFacts {
@@ -63,6 +81,15 @@ struct Shared {
     recorder: Recorder,
     trace_dir: Option<PathBuf>,
     stop: AtomicBool,
+    /// Set while the latest failed call's error has not been followed by a
+    /// successful call; its text in `failure`.
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+    secret: Secret,
+    /// When the watchdog last asked another node's service about a quiet
+    /// call (`now_ns`), and which of the call's other nodes is next.
+    remote_at: AtomicU64,
+    remote_turn: AtomicU64,
 }
 
 /// Watches one process's calls (owned by the `Runtime`).
@@ -76,6 +103,8 @@ pub(crate) struct Watchdog {
 
 impl Watchdog {
     /// Starts watching for world rank `rank` (no thread when `limit` is `None`).
+    /// Starts watching for world rank `rank`: hangs past `limit` (`None`:
+    /// never), and members of its calls that leave (always).
     pub fn start(
         rank: usize,
         limit: Option<Duration>,
@@ -83,6 +112,7 @@ impl Watchdog {
         service: Option<Service>,
         peers: Vec<PeerFacts>,
         trace_dir: Option<PathBuf>,
+        secret: Secret,
     ) -> Watchdog {
         let shared = Arc::new(Shared {
             rank,
@@ -95,14 +125,19 @@ impl Watchdog {
             recorder: Recorder::default(),
             trace_dir,
             stop: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            secret,
+            remote_at: AtomicU64::new(0),
+            remote_turn: AtomicU64::new(0),
         });
-        let thread = limit.map(|limit| {
-            let s = shared.clone();
+        let s = shared.clone();
+        let thread = Some(
             std::thread::Builder::new()
                 .name("rankmesh-watchdog".into())
                 .spawn(move || watch(&s, limit))
-                .expect("cannot start the watchdog thread")
-        });
+                .expect("cannot start the watchdog thread"),
+        );
         Watchdog {
             shared,
             thread,
@@ -130,6 +165,63 @@ impl Watchdog {
     /// A beat for long transfers: each piece that completes is progress.
     pub fn pulse(&self) -> Pulse<'_> {
         Pulse(&self.shared.board)
+    }
+
+    /// The runtime is being dropped. After a failed call (not followed by
+    /// a successful one) or during a panic (`panic`: its message), this rank
+    /// prints why, once, and publishes that it left with that text: on its
+    /// node's board, and to one rank's status service on every other node.
+    /// Peers blocked in a call with it are then named the reason at once
+    /// instead of waiting for `RANKMESH_TIMEOUT`. Nothing for a clean exit.
+    pub fn leaving(&self, panic: Option<String>) {
+        let s = &*self.shared;
+        let reason = match panic {
+            Some(p) => Some(format!("panicked: {p}")),
+            None if s.failed.load(Ordering::Acquire) => {
+                s.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+            None => None,
+        };
+        let Some(reason) = reason else {
+            return;
+        };
+        let host = s.peers.get(s.rank).map_or("?", |p| &p.host);
+        eprintln!(
+            "rankmesh: rank {} (host {host}) leaves after: {reason}",
+            s.rank
+        );
+        s.board.set_left(&reason, now_ns());
+        let my_node = s.peers.get(s.rank).map(|p| p.node);
+        let mut told: Vec<usize> = Vec::new();
+        for p in &s.peers {
+            if Some(p.node) == my_node || told.contains(&p.node) {
+                continue;
+            }
+            let node = p.node;
+            let took = s.peers.iter().filter(|q| q.node == node).take(4).any(|q| {
+                service::notify(
+                    &q.service,
+                    &s.secret,
+                    s.rank,
+                    &reason,
+                    Duration::from_millis(300),
+                )
+            });
+            if took {
+                told.push(node);
+            }
+        }
+        // If no peer ends the job (none is waiting on this rank), finishing
+        // MPI may wait on peers forever: end it after a grace period.
+        let _ = std::thread::Builder::new()
+            .name("rankmesh-left".into())
+            .spawn(|| {
+                std::thread::sleep(LEAVER_GRACE);
+                // SAFETY: MPI is initialised until this process exits; the
+                // main thread waits in finalisation; MPI_Abort asks the
+                // launcher to end the job.
+                unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, LEFT_EXIT) };
+            });
     }
 
     /// The flight record of this rank, oldest call first.
@@ -201,9 +293,20 @@ pub(crate) struct Call<'w> {
 }
 
 impl Call<'_> {
-    /// Ends the call, recording whether `result` succeeded; returns it.
-    pub fn finish<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {
+    /// Ends the call, recording whether `result` succeeded (a failure's
+    /// text is kept until a later call succeeds: see
+    /// [`Watchdog::leaving`]); returns it.
+    #[inline]
+    pub fn finish<T, E: std::fmt::Display>(mut self, result: Result<T, E>) -> Result<T, E> {
         self.ok = result.is_ok();
+        match &result {
+            Ok(_) => {
+                if self.s.failed.load(Ordering::Relaxed) {
+                    self.s.failed.store(false, Ordering::Release);
+                }
+            }
+            Err(e) => self.s.record_failure(e),
+        }
         result
     }
 }
@@ -230,20 +333,151 @@ impl Shared {
     fn groups(&self) -> std::sync::MutexGuard<'_, HashMap<u64, GroupFacts>> {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    #[cold]
+    #[inline(never)]
+    fn record_failure(&self, e: &dyn std::fmt::Display) {
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        self.failed.store(true, Ordering::Release);
+    }
 }
 
-fn watch(s: &Shared, limit: Duration) {
-    let tick = (limit / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let limit_ns = limit.as_nanos().min(u64::MAX as u128) as u64;
+fn watch(s: &Shared, limit: Option<Duration>) {
+    let tick = limit.map_or(MAX_TICK, |l| {
+        (l / 10).clamp(Duration::from_millis(10), MAX_TICK)
+    });
+    let tick_ns = tick.as_nanos() as u64;
     while !s.stop.load(Ordering::Acquire) {
         std::thread::park_timeout(tick);
         let Some(me) = s.board.read_own() else {
             continue;
         };
-        if me.state == State::InCall && me.quiet_ns > limit_ns {
-            fire(s, &me, limit);
+        if me.state != State::InCall {
+            continue;
+        }
+        if let Some(limit) = limit {
+            if me.quiet_ns > limit.as_nanos().min(u64::MAX as u128) as u64 {
+                fire(s, &me, limit);
+            }
+        }
+        // A call quiet past a tick: has a member left?
+        if me.quiet_ns > tick_ns {
+            if let Some(why) = departed_member(s, &me) {
+                fire_left(s, &me, &why);
+            }
         }
     }
+}
+
+/// The first member of the current call's group that has left, described
+/// ("group rank 1 (world rank 3, host n0) left after: …"): its runtime
+/// dropped after an error or a panic (its node's board, or a notice from
+/// its node), its process gone, or its runtime shut down cleanly before it
+/// entered this call. A member that is only slow has not left.
+fn departed_member(s: &Shared, me: &Status) -> Option<String> {
+    let members = {
+        let groups = s.groups();
+        groups
+            .get(&s.group.load(Ordering::Relaxed))?
+            .members
+            .clone()
+    };
+    let my_node = s.peers.get(s.rank).map(|p| p.node);
+    let local: Vec<Status> = s.board.read_all();
+    let notices = s.board.notices();
+    let remote = remote_board(s, me, &members, my_node);
+    members.iter().enumerate().find_map(|(g, &w)| {
+        if w == s.rank {
+            return None;
+        }
+        let facts = s.peers.get(w);
+        let who = format!(
+            "group rank {g} (world rank {w}, host {})",
+            facts.map_or("?", |p| &p.host)
+        );
+        if let Some((_, reason)) = notices.iter().find(|(r, _)| *r == w) {
+            return Some(format!("{who} left after: {reason}"));
+        }
+        let st = if facts.map(|p| p.node) == my_node {
+            local.iter().find(|st| st.rank == w)?
+        } else {
+            remote.iter().find(|st| st.rank == w)?
+        };
+        match st.state {
+            State::Left => Some(format!("{who} left after: {}", st.reason)),
+            // Calls on a group are sequential for each member: a clean
+            // finisher whose last call was an earlier one on this group
+            // never entered this one. Its last call elsewhere proves
+            // nothing (it may have done this one first).
+            State::Finished if same_sequence(st, me) && st.seq < me.seq => Some(format!(
+                "{who} left: its runtime shut down {} ago, before it entered this call",
+                secs(st.for_ns)
+            )),
+            State::Finished => None,
+            _ if matches!(st.process, None | Some('Z')) => Some(format!(
+                "{who} is gone: its process (pid {}) ended without leaving rankmesh",
+                st.pid
+            )),
+            _ => None,
+        }
+    })
+}
+
+/// Whether two board entries count calls on one sequence: the same group,
+/// and both group creations or both calls of the group (the world's
+/// creations and the world group's calls share the name "world" but not
+/// their numbering).
+fn same_sequence(a: &Status, b: &Status) -> bool {
+    let creation = Op::CreateGroup as u32;
+    a.group == b.group && (a.op == creation) == (b.op == creation)
+}
+
+/// The board of one other node of the call's group, asked in turn and at
+/// most every `REMOTE_EVERY` once the call is quiet past `REMOTE_AFTER`
+/// (empty otherwise, or when its node does not answer: only what a node
+/// says counts, never its silence).
+fn remote_board(s: &Shared, me: &Status, members: &[usize], my_node: Option<usize>) -> Vec<Status> {
+    if me.quiet_ns < REMOTE_AFTER.as_nanos() as u64 {
+        return Vec::new();
+    }
+    let now = now_ns();
+    let last = s.remote_at.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < REMOTE_EVERY.as_nanos() as u64 {
+        return Vec::new();
+    }
+    let mut nodes: Vec<(usize, usize)> = members
+        .iter()
+        .filter_map(|&w| s.peers.get(w).map(|p| (p.node, w)))
+        .filter(|(n, _)| Some(*n) != my_node)
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup_by_key(|(n, _)| *n);
+    if nodes.is_empty() {
+        return Vec::new();
+    }
+    s.remote_at.store(now, Ordering::Relaxed);
+    let turn = s.remote_turn.fetch_add(1, Ordering::Relaxed) as usize;
+    let (node, first) = nodes[turn % nodes.len()];
+    query_node(s, node, first).unwrap_or_default()
+}
+
+/// Names the member that left and ends the job (`LEFT_EXIT`).
+fn fire_left(s: &Shared, me: &Status, why: &str) -> ! {
+    let host = s.peers.get(s.rank).map_or("?", |p| &p.host);
+    let op = Op::from_code(me.op).map_or("a call", Op::name);
+    let msg = format!(
+        "rankmesh: rank {} (host {host}): {op} on {} (call #{}) cannot complete: {why}; aborting the job\n",
+        s.rank, me.group, me.seq
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), msg.as_bytes());
+    if let Some(dir) = &s.trace_dir {
+        let header = format!("rankmesh: rank {}", s.rank);
+        let path = dir.join(format!("rankmesh-trace-rank{}.txt", s.rank));
+        let _ = std::fs::write(&path, format!("{msg}{}", s.recorder.dump(&header)));
+    }
+    // SAFETY: as in `fire`.
+    unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, LEFT_EXIT) };
+    std::process::exit(LEFT_EXIT)
 }
 
 /// Reports the hang and ends the job.
@@ -359,6 +593,11 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
                         "{who}: has not entered this call; its runtime shut down {} ago",
                         secs(st.for_ns)
                     ),
+                    State::Left => format!(
+                        "{who}: has not entered this call; it left {} ago after: {}",
+                        secs(st.for_ns),
+                        st.reason
+                    ),
                 }
             }
         };
@@ -379,6 +618,6 @@ fn query_node(s: &Shared, node: usize, first: usize) -> Option<Vec<Status>> {
     );
     candidates.take(3).find_map(|r| {
         let addrs = &s.peers.get(r)?.service;
-        service::query(addrs, Duration::from_millis(500))
+        service::query(addrs, &s.secret, Duration::from_millis(500))
     })
 }

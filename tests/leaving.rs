@@ -1,0 +1,209 @@
+//! A rank that leaves (returns an error from `main`, panics) is named at
+//! once by the peers blocked in a call with it, with the error it left
+//! with, whatever `RANKMESH_TIMEOUT` is; a rank that finishes cleanly
+//! changes nothing for the others.
+
+mod support;
+
+use rankmesh::{Collectives as _, DType, Mesh, MeshLayout, ReduceOp, Runtime, Tensor};
+use std::time::Instant;
+
+const WORKER: &str = "RANKMESH_LEAVING_WORKER";
+
+fn x(len: usize) -> Tensor {
+    Tensor::from_fn(vec![len], DType::F32, |i| i as f64 * 0.25 + 1.0).unwrap()
+}
+
+/// A (pp=2, dp=2, tp=2) step on 8 ranks in which world rank 3 skips a DP
+/// all_reduce: the DP pair {1, 3} meets in different calls, and both return
+/// the error, as `main` would with `?`.
+fn skipped_step(rt: &Runtime) -> rankmesh::Result<()> {
+    let layout = MeshLayout::row_major(8, &[("pp", 2), ("dp", 2), ("tp", 2)])?;
+    let mesh = Mesh::new(rt, layout, &[])?;
+    let (tp, dp) = (mesh.group(&["tp"])?, mesh.group(&["dp"])?);
+    let g = tp.all_reduce(&x(64), ReduceOp::Sum)?;
+    if rt.rank() != 3 {
+        dp.all_reduce(&g, ReduceOp::Sum)?;
+    }
+    dp.reduce_scatter(&g, 0, ReduceOp::Sum)?;
+    tp.all_reduce(&g, ReduceOp::Sum)?;
+    rt.world_group()?.barrier()
+}
+
+/// World rank 2 panics inside a TP region. `across`: the TP pairs span two
+/// (fake) nodes, so its partner learns it from the notice rank 2 sends to
+/// the other node's status service.
+fn panics_in_tp(rt: &Runtime, across: bool) -> rankmesh::Result<()> {
+    let pairs = if across {
+        [vec![0, 2], vec![1, 3]]
+    } else {
+        [vec![0, 1], vec![2, 3]]
+    };
+    let tp = rt.split_groups("tp", &pairs)?.expect("a TP group");
+    for i in 0..20 {
+        if rt.rank() == 2 && i == 10 {
+            panic!("boom in the TP region (step {i})");
+        }
+        tp.all_reduce(&x(256), ReduceOp::Sum)?;
+    }
+    rt.world_group()?.barrier()
+}
+
+/// Rank 0 finishes at once; the others compute for 3 s, then run calls among
+/// themselves: a correct program, nothing to report.
+fn finishes_early(rt: &Runtime) -> rankmesh::Result<()> {
+    let world = rt.world_group()?;
+    world.all_reduce(&x(8), ReduceOp::Sum)?;
+    let rest = rt.split_groups("rest", &[(1..rt.size()).collect()])?;
+    if let Some(rest) = rest {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        for _ in 0..10 {
+            rest.all_reduce(&x(32), ReduceOp::Sum)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn worker() -> rankmesh::Result<()> {
+    let Ok(mode) = std::env::var(WORKER) else {
+        return Ok(());
+    };
+    let rt = Runtime::init()?;
+    match mode.as_str() {
+        "skip" => skipped_step(&rt)?,
+        "panic" => panics_in_tp(&rt, false)?,
+        "panic-across" => panics_in_tp(&rt, true)?,
+        _ => finishes_early(&rt)?,
+    }
+    println!("WORKER-DONE {}", rt.rank());
+    Ok(())
+}
+
+fn run(np: usize, env: &[(&str, &str)]) -> (support::Job, f64) {
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let job = support::mpirun(np, &exe, &["--exact", "worker", "--nocapture"], env);
+    (job, start.elapsed().as_secs_f64())
+}
+
+/// The new user's case at np 8, with the default RANKMESH_TIMEOUT (600 s).
+#[test]
+fn a_rank_returning_an_error_is_named_with_it_and_the_job_ends() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let (job, took) = run(8, &[(WORKER, "skip")]);
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(took < 10.0, "ended in {took:.1} s: {}", job.describe());
+    // The two ranks that met in different calls print why they leave.
+    let cause = "ranks are in different calls";
+    let leavers = job
+        .stderr
+        .lines()
+        .filter(|l| l.contains(") leaves after: ") && l.contains(cause))
+        .count();
+    assert_eq!(leavers, 2, "{}", job.describe());
+    // A rank blocked in a later call names a leaver and its error.
+    assert!(
+        job.stderr
+            .lines()
+            .any(|l| l.contains("cannot complete: group rank ")
+                && l.contains(" left after: ")
+                && l.contains(cause)),
+        "{}",
+        job.describe()
+    );
+    assert_eq!(job.code, Some(76), "{}", job.describe());
+    assert!(
+        !job.stderr.contains("flight recorder"),
+        "the cause, not 167 lines of flight records: {}",
+        job.describe()
+    );
+}
+
+fn a_panic_is_named(plane: &str) {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let (job, took) = run(4, &[(WORKER, "panic"), ("RANKMESH_HOST_PLANE", plane)]);
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(took < 8.0, "ended in {took:.1} s: {}", job.describe());
+    assert!(
+        job.stderr.lines().any(|l| l
+            .contains("cannot complete: group rank 0 (world rank 2, host ")
+            && l.contains(
+                "left after: panicked: boom in the TP region (step 10) at tests/leaving.rs"
+            )),
+        "rank 3 names rank 2 and its panic: {}",
+        job.describe()
+    );
+    assert_eq!(job.code, Some(76), "{}", job.describe());
+}
+
+#[test]
+fn a_panic_is_named_on_shared_memory() {
+    a_panic_is_named("shm");
+}
+
+#[test]
+fn a_panic_is_named_on_mpi() {
+    a_panic_is_named("mpi");
+}
+
+/// Two fake nodes of two ranks; rank 2 (node 1) panics while its TP partner,
+/// rank 0, waits on node 0.
+#[test]
+fn a_panic_on_another_node_is_named() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    if !support::fake_nodes_available() {
+        println!("skipped: no UTS namespaces here");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let job = support::fake_nodes(
+        "2,2",
+        &exe,
+        &["--exact", "worker", "--nocapture"],
+        &[(WORKER, "panic-across")],
+    );
+    let took = start.elapsed().as_secs_f64();
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(took < 15.0, "ended in {took:.1} s: {}", job.describe());
+    assert!(
+        job.stderr.lines().any(|l| l.contains("rank 0 (host ")
+            && l.contains("cannot complete: group rank 1 (world rank 2, host ")
+            && l.contains("left after: panicked: boom in the TP region (step 10)")),
+        "rank 0 names rank 2 on the other node: {}",
+        job.describe()
+    );
+}
+
+#[test]
+fn a_rank_that_finishes_first_changes_nothing() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let (job, _) = run(4, &[(WORKER, "early")]);
+    assert!(job.ok(), "{}", job.describe());
+    assert_eq!(
+        job.stdout.matches("WORKER-DONE").count(),
+        4,
+        "{}",
+        job.describe()
+    );
+    assert!(!job.stderr.contains("left"), "{}", job.describe());
+}
+
+#[test]
+fn an_error_from_main_prints_its_message() {
+    let e = rankmesh::Error::Layout("tp 3 does not divide a world of 8".into());
+    assert_eq!(format!("{e:?}"), e.to_string());
+    assert_eq!(
+        format!("{e:?}"),
+        "invalid parallel layout: tp 3 does not divide a world of 8"
+    );
+}
