@@ -32,6 +32,25 @@ fn worker() {
             }
             g.all_reduce(&x, rankmesh::ReduceOp::Sum).unwrap();
         }
+        // Ranks 0 and 1 on two (fake) nodes; rank 2, beside rank 1, computes
+        // (in no call) while rank 1 stops inside their pair's calls.
+        ("stopped-remote", r) => {
+            let pair = rt.split_groups("pair", &[vec![0, 1]]).unwrap();
+            let x = rankmesh::Tensor::from_vec([4], vec![1.5f32; 4]).unwrap();
+            match pair {
+                Some(pair) => {
+                    for _ in 0..100 {
+                        pair.all_reduce(&x, rankmesh::ReduceOp::Sum).unwrap();
+                    }
+                    if r == 1 {
+                        // SAFETY: stops this process; only a signal resumes it.
+                        unsafe { libc::raise(libc::SIGSTOP) };
+                    }
+                    pair.all_reduce(&x, rankmesh::ReduceOp::Sum).unwrap();
+                }
+                None => std::thread::sleep(std::time::Duration::from_secs(60)),
+            }
+        }
         ("mismatch", 0) => g.barrier().unwrap(),
         ("mismatch", _) => g.send(&t, Some(0)).unwrap(),
         // A long but legitimate wait shorter than the timeout must pass.
@@ -120,6 +139,40 @@ fn a_stopped_peer_is_named(plane: &str) {
         job.describe()
     );
     assert_eq!(job.code, Some(75), "MPI_Abort's code: {}", job.describe());
+}
+
+/// The stopped rank is on another node: rank 0 learns where it is from that
+/// node's status service (answered by rank 2 there, with the job's secret).
+#[test]
+fn a_stopped_peer_on_another_node_is_named_through_its_nodes_service() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    if !support::fake_nodes_available() {
+        println!("skipped: no UTS namespaces here");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let job = support::fake_nodes(
+        "1,2",
+        &exe,
+        &["--exact", "worker", "--nocapture"],
+        &[(WORKER, "stopped-remote"), ("RANKMESH_TIMEOUT", "2")],
+    );
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(
+        job.stderr.contains("with no progress in all_reduce on pair:0 (call #100)")
+            && job.stderr.contains("group rank 1 (world rank 1, host ")
+            && job.stderr.contains(", process stopped): "),
+        "rank 0 names the stopped rank 1 on the other node: {}",
+        job.describe()
+    );
+    assert!(
+        !job.stderr.contains("no answer from its node's status service"),
+        "{}",
+        job.describe()
+    );
+    assert_eq!(job.code, Some(75), "{}", job.describe());
 }
 
 #[test]
