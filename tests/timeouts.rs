@@ -161,14 +161,16 @@ fn a_stopped_peer_on_another_node_is_named_through_its_nodes_service() {
     );
     assert!(!job.ok(), "{}", job.describe());
     assert!(
-        job.stderr.contains("with no progress in all_reduce on pair:0 (call #100)")
+        job.stderr
+            .contains("with no progress in all_reduce on pair:0 (call #100)")
             && job.stderr.contains("group rank 1 (world rank 1, host ")
             && job.stderr.contains(", process stopped): "),
         "rank 0 names the stopped rank 1 on the other node: {}",
         job.describe()
     );
     assert!(
-        !job.stderr.contains("no answer from its node's status service"),
+        !job.stderr
+            .contains("no answer from its node's status service"),
         "{}",
         job.describe()
     );

@@ -81,10 +81,8 @@ struct Shared {
     recorder: Recorder,
     trace_dir: Option<PathBuf>,
     stop: AtomicBool,
-    /// Set while the latest failed call's error has not been followed by a
-    /// successful call; its text in `failure`.
-    failed: AtomicBool,
-    failure: Mutex<Option<String>>,
+    /// The latest failed call's number (the recorder's) and error.
+    failure: Mutex<Option<(u64, String)>>,
     secret: Secret,
     /// When the watchdog last asked another node's service about a quiet
     /// call (`now_ns`), and which of the call's other nodes is next.
@@ -125,7 +123,6 @@ impl Watchdog {
             recorder: Recorder::default(),
             trace_dir,
             stop: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             secret,
             remote_at: AtomicU64::new(0),
@@ -167,8 +164,8 @@ impl Watchdog {
         Pulse(&self.shared.board)
     }
 
-    /// The runtime is being dropped. After a failed call (not followed by
-    /// a successful one) or during a panic (`panic`: its message), this rank
+    /// The runtime is being dropped. When its latest call failed, or during
+    /// a panic (`panic`: its message), this rank
     /// prints why, once, and publishes that it left with that text: on its
     /// node's board, and to one rank's status service on every other node.
     /// Peers blocked in a call with it are then named the reason at once
@@ -177,10 +174,13 @@ impl Watchdog {
         let s = &*self.shared;
         let reason = match panic {
             Some(p) => Some(format!("panicked: {p}")),
-            None if s.failed.load(Ordering::Acquire) => {
-                s.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
-            }
-            None => None,
+            None => s.recorder.last_failed().and_then(|last| {
+                let failure = s.failure.lock().unwrap_or_else(|e| e.into_inner());
+                failure
+                    .as_ref()
+                    .filter(|(number, _)| *number == last)
+                    .map(|(_, text)| text.clone())
+            }),
         };
         let Some(reason) = reason else {
             return;
@@ -294,18 +294,12 @@ pub(crate) struct Call<'w> {
 
 impl Call<'_> {
     /// Ends the call, recording whether `result` succeeded (a failure's
-    /// text is kept until a later call succeeds: see
-    /// [`Watchdog::leaving`]); returns it.
+    /// text is kept for [`Watchdog::leaving`]); returns it.
     #[inline]
     pub fn finish<T, E: std::fmt::Display>(mut self, result: Result<T, E>) -> Result<T, E> {
         self.ok = result.is_ok();
-        match &result {
-            Ok(_) => {
-                if self.s.failed.load(Ordering::Relaxed) {
-                    self.s.failed.store(false, Ordering::Release);
-                }
-            }
-            Err(e) => self.s.record_failure(e),
+        if let Err(e) = &result {
+            self.s.record_failure(self.number, e);
         }
         result
     }
@@ -336,9 +330,8 @@ impl Shared {
 
     #[cold]
     #[inline(never)]
-    fn record_failure(&self, e: &dyn std::fmt::Display) {
-        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-        self.failed.store(true, Ordering::Release);
+    fn record_failure(&self, number: u64, e: &dyn std::fmt::Display) {
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some((number, e.to_string()));
     }
 }
 

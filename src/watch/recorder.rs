@@ -121,6 +121,13 @@ impl Recorder {
         }
     }
 
+    /// The number of this rank's latest call if it failed.
+    pub fn last_failed(&self) -> Option<u64> {
+        let last = self.total.load(Ordering::Relaxed).checked_sub(1)?;
+        let s = &self.slots[(last % CAPACITY as u64) as usize];
+        (s.outcome.load(Ordering::Acquire) == FAILED).then_some(last)
+    }
+
     /// Slot `s` consistently, or `None` when it was never used or its
     /// owner keeps rewriting it (a stopped owner is never inside a write
     /// for long: it takes no lock there).
