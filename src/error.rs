@@ -17,6 +17,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in rankmesh. Its `Debug` is the readable
 /// message too, so `fn main() -> rankmesh::Result<()>` prints that.
 #[derive(thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// MPI could not be initialised or the launcher environment is inconsistent.
     #[error("launch: {0}")]

@@ -348,10 +348,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
     /// unless `RANKMESH_NCCL_FOR_ONE=1` sends them through NCCL anyway
     /// (as PyTorch does), which is how one GPU checks NCCL's own kernels.
     fn copies_alone(&self) -> bool {
-        static FOR_ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        self.group.size() == 1
-            && !*FOR_ONE
-                .get_or_init(|| std::env::var("RANKMESH_NCCL_FOR_ONE").is_ok_and(|v| v == "1"))
+        self.group.size() == 1 && !self.group.runtime().options().nccl_for_one
     }
 
     /// A group of one moves nothing: the op is a copy on this device (or

@@ -114,6 +114,14 @@ pub struct Options {
     /// a management network); empty, the default, means this host's
     /// outward addresses, with loopback only for a job on one node.
     pub status_addrs: Vec<Ipv4Addr>,
+    /// Whether a group gathering objects moves those of ranks on the root's
+    /// node through a shared-memory window (`RANKMESH_GATHER_SHM`, default
+    /// on; `0` sends them all through MPI).
+    pub gather_shm: bool,
+    /// Whether a group of one runs its device ops through NCCL (a one-rank
+    /// communicator, as PyTorch does) instead of as local copies
+    /// (`RANKMESH_NCCL_FOR_ONE=1`; how one GPU checks NCCL's own kernels).
+    pub nccl_for_one: bool,
 }
 
 impl Default for Options {
@@ -130,6 +138,8 @@ impl Default for Options {
             single_copy: true,
             check: CheckMode::Deferred,
             status_addrs: Vec::new(),
+            gather_shm: true,
+            nccl_for_one: false,
         }
     }
 }
@@ -187,6 +197,12 @@ impl Options {
         if let Ok(v) = std::env::var("RANKMESH_BIND") {
             o.bind = Some(v.parse()?);
         }
+        if let Ok(v) = std::env::var("RANKMESH_GATHER_SHM") {
+            o.gather_shm = on_off("RANKMESH_GATHER_SHM", &v)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_NCCL_FOR_ONE") {
+            o.nccl_for_one = on_off("RANKMESH_NCCL_FOR_ONE", &v)?;
+        }
         if let Ok(v) = std::env::var("RANKMESH_STATUS_ADDRS") {
             o.status_addrs = v
                 .split(',')
@@ -201,6 +217,15 @@ impl Options {
                 })?;
         }
         Ok(o)
+    }
+}
+
+/// Environment variable `name`'s value `v` as `1` (on) or `0` (off).
+fn on_off(name: &str, v: &str) -> Result<bool> {
+    match v.trim() {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        _ => Err(Error::Launch(format!("{name}={v:?} is not 0 or 1"))),
     }
 }
 

@@ -165,7 +165,7 @@ pub trait Gathers<'rt>: AsGroup<'rt> {
         }
         let world = g.runtime().world();
         let node_of = |sub_rank: usize| world.ranks[sub.ranks()[sub_rank]].node;
-        let use_shm = std::env::var("RANKMESH_GATHER_SHM").map_or(true, |v| v != "0");
+        let use_shm = g.runtime().options().gather_shm;
         let local_to_first = |r: usize| use_shm && node_of(r) == node_of(0);
         let me = sub.rank_in_group();
 
