@@ -129,6 +129,22 @@ unsafe impl Send for BoardView {}
 unsafe impl Sync for BoardView {}
 
 impl BoardView {
+    /// The view of `slots`, slot `me` this rank's (zeroed), which it fills:
+    /// its pid, its start, and last its world rank (what makes it readable).
+    fn over(slots: Vec<*const Slot>, me: usize, world_rank: usize) -> BoardView {
+        let view = BoardView {
+            slots,
+            me,
+            live: AtomicBool::new(true),
+        };
+        let own = view.own();
+        own.pid
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        own.since.store(now_ns(), Ordering::Relaxed);
+        own.rank.store(world_rank as u64 + 1, Ordering::Release);
+        view
+    }
+
     fn own(&self) -> &Slot {
         // SAFETY: pointers come from MPI_Win_shared_query and stay valid
         // while `live` (the owner's slot is never read after the free).
@@ -336,16 +352,7 @@ impl Board {
         let slots: Vec<*const Slot> = slots.into_iter().map(|p| p as *const Slot).collect();
         // SAFETY: this rank's own slot, `size` bytes, not yet read by anyone.
         unsafe { std::ptr::write_bytes(slots[me] as *mut u8, 0, size) };
-        let view = BoardView {
-            slots,
-            me,
-            live: AtomicBool::new(true),
-        };
-        let own = view.own();
-        own.pid
-            .store(u64::from(std::process::id()), Ordering::Relaxed);
-        own.since.store(now_ns(), Ordering::Relaxed);
-        own.rank.store(world_rank as u64 + 1, Ordering::Release);
+        let view = BoardView::over(slots, me, world_rank);
         // Every slot is written before anyone reads it.
         node_comm.barrier();
         Board {
@@ -382,17 +389,7 @@ impl BoardView {
         let layout = std::alloc::Layout::new::<Slot>();
         // SAFETY: a zeroed Slot is valid (atomics), and it is never freed.
         let slot = unsafe { std::alloc::alloc_zeroed(layout) } as *const Slot;
-        let view = BoardView {
-            slots: vec![slot],
-            me: 0,
-            live: AtomicBool::new(true),
-        };
-        let own = view.own();
-        own.pid
-            .store(u64::from(std::process::id()), Ordering::Relaxed);
-        own.since.store(now_ns(), Ordering::Relaxed);
-        own.rank.store(world_rank as u64 + 1, Ordering::Release);
-        view
+        BoardView::over(vec![slot], 0, world_rank)
     }
 }
 
