@@ -89,6 +89,32 @@ pub(crate) struct Absent {
     pub unasked: usize,
 }
 
+/// The MPI library's own version line (`MPI_Get_library_version`, which
+/// MPI lets a process call before `MPI_Init`).
+pub(crate) fn mpi_library_version() -> String {
+    let mut buf = vec![0u8; mpi::ffi::MPI_MAX_LIBRARY_VERSION_STRING as usize + 1];
+    let mut len: std::os::raw::c_int = 0;
+    // SAFETY: `buf` holds MPI_MAX_LIBRARY_VERSION_STRING bytes and more, as
+    // the call requires; `len` is an out-parameter.
+    let rc = unsafe { mpi::ffi::MPI_Get_library_version(buf.as_mut_ptr().cast(), &mut len) };
+    if rc != 0 {
+        return String::new();
+    }
+    buf.truncate((len.max(0) as usize).min(buf.len()));
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// Whether arrival marks may go into the launcher's PMIx before `MPI_Init`
+/// under the MPI library `version` says it is.
+fn marks_tolerated(version: &str) -> bool {
+    version.starts_with("Open MPI v4.")
+}
+
 impl Registry {
     /// Connects to the launcher's PMIx server and marks this rank arrived
     /// (with `host`); `None` where there is no PMIx library or server (a
@@ -97,6 +123,13 @@ impl Registry {
         // Without a server PMIx_Init would start as a singleton tool: only
         // a launched process has one to ask.
         std::env::var_os("PMIX_NAMESPACE")?;
+        // Only where the MPI's own PMIx start-up tolerates a client that
+        // arrived first: Open MPI 4 (`mpirun`, `srun --mpi=pmix`). Open MPI
+        // 5's MPI_Init fails after it ("local rank: Not found"); elsewhere
+        // it is untested. There the start-up watch says ranks cannot be named.
+        if !marks_tolerated(&mpi_library_version()) {
+            return None;
+        }
         // SAFETY: loading PMIx runs no code of ours; it is the library the
         // MPI library loads too (the same soname resolves to one copy).
         let lib = unsafe { Library::new("libpmix.so.2") }.ok()?;
@@ -214,6 +247,24 @@ impl Drop for Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn marks_go_only_where_the_mpi_tolerates_them() {
+        let here = mpi_library_version();
+        assert!(
+            here.starts_with("Open MPI v4."),
+            "this machine's MPI: {here}"
+        );
+        assert!(marks_tolerated(&here));
+        for other in [
+            "Open MPI v5.0.11, package: Open MPI wheel",
+            "MPICH Version:      4.0.2",
+            "Intel(R) MPI Library 2021.19 for Linux* OS",
+            "",
+        ] {
+            assert!(!marks_tolerated(other), "{other}");
+        }
+    }
     use std::mem::{offset_of, size_of};
     use std::process::Command;
 
