@@ -188,7 +188,7 @@ name="a rank without a GPU (CUDA_VISIBLE_DEVICES= on rank 1): a clear error on e
 run "$name" "${mpi[@]}" \
     -np 1 "$bin" bench all_reduce --backend nccl -b 8 -e 8 : \
     -np 1 env CUDA_VISIBLE_DEVICES= "$bin" bench all_reduce --backend nccl -b 8 -e 8
-named=$(grep -cE 'error \(rank [01]\).*rank 1' <<<"$out")
+named=$(grep -cE 'error \(rank [01]\).*rank 1: no GPU visible to this process' <<<"$out")
 if ((rc != 0)) && ((named == 2)) && awk -v s="$secs" 'BEGIN { exit !(s < 30) }'; then
     row "$name" pass "both ranks, after $secs s: $(grep -m1 'error (rank 0)' <<<"$out" | cut -c1-240)"
 else

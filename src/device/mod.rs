@@ -444,7 +444,18 @@ pub fn device_count() -> Result<usize> {
 }
 
 fn visible_devices() -> Result<usize> {
-    let n = CudaContext::device_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
+    let n = CudaContext::device_count().map_err(|e| {
+        // CUDA_ERROR_NO_DEVICE: a driver that shows this process no GPU,
+        // most often because of the mask it was given.
+        if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
+            let mask = std::env::var("CUDA_VISIBLE_DEVICES")
+                .map(|v| format!(" (CUDA_VISIBLE_DEVICES={v:?})"))
+                .unwrap_or_default();
+            Error::Gpu(format!("no GPU visible to this process{mask}: the CUDA driver reports CUDA_ERROR_NO_DEVICE"))
+        } else {
+            cuda("cuDeviceGetCount", e)
+        }
+    })?;
     Ok(n.max(0) as usize)
 }
 
