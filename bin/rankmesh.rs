@@ -645,6 +645,7 @@ fn run(cli: Cli) -> std::result::Result<(), ()> {
     let result = command(&rt, &cli);
     if let Err(e) = &result {
         report(e, Some(rt.rank()));
+        rt.error_reported();
     }
     let _ = std::io::stderr().flush();
     drop(rt);

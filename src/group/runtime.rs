@@ -406,6 +406,13 @@ impl Runtime {
         self.info.size
     }
 
+    /// The application has printed its error itself. When this runtime is
+    /// dropped after a failed call, it still tells its peers why it left
+    /// (they are named the error at once), but prints nothing more.
+    pub fn error_reported(&self) {
+        self.watchdog.error_reported();
+    }
+
     /// Start-up options in force.
     pub fn options(&self) -> &Options {
         &self.options

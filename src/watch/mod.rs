@@ -83,6 +83,9 @@ struct Shared {
     stop: AtomicBool,
     /// The latest failed call's number (the recorder's) and error.
     failure: Mutex<Option<(u64, String)>>,
+    /// The application printed its error itself: leaving publishes it but
+    /// prints nothing more.
+    reported: AtomicBool,
     secret: Secret,
     /// When the watchdog last asked another node's service about a quiet
     /// call (`now_ns`), and which of the call's other nodes is next.
@@ -124,6 +127,7 @@ impl Watchdog {
             trace_dir,
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
+            reported: AtomicBool::new(false),
             secret,
             remote_at: AtomicU64::new(0),
             remote_turn: AtomicU64::new(0),
@@ -186,10 +190,12 @@ impl Watchdog {
             return;
         };
         let host = s.peers.get(s.rank).map_or("?", |p| &p.host);
-        eprintln!(
-            "rankmesh: rank {} (host {host}) leaves after: {reason}",
-            s.rank
-        );
+        if !s.reported.load(Ordering::Relaxed) {
+            eprintln!(
+                "rankmesh: rank {} (host {host}) leaves after: {reason}",
+                s.rank
+            );
+        }
         s.board.set_left(&reason, now_ns());
         let my_node = s.peers.get(s.rank).map(|p| p.node);
         let mut told: Vec<usize> = Vec::new();
@@ -222,6 +228,12 @@ impl Watchdog {
                 // launcher to end the job.
                 unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, LEFT_EXIT) };
             });
+    }
+
+    /// The application has printed its error: [`leaving`](Self::leaving)
+    /// still publishes it, without printing it again.
+    pub fn error_reported(&self) {
+        self.shared.reported.store(true, Ordering::Relaxed);
     }
 
     /// The flight record of this rank, oldest call first.
