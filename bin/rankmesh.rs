@@ -633,15 +633,17 @@ fn run(cli: Cli) -> std::result::Result<(), ()> {
     if let Command::Plot { files, output } = &cli.command {
         return plot(files, output).map_err(|e| report(&e, None));
     }
-    let rt = rankmesh::Options::from_env()
-        .map(|mut options| {
-            if let Some(b) = cli.bind {
-                options.bind = Some(b);
-            }
-            options
-        })
-        .and_then(Runtime::init_with)
-        .map_err(|e| report(&e, None))?;
+    let rt = Runtime::init_adjusted(|options| {
+        if let Some(b) = cli.bind {
+            options.bind = Some(b);
+        }
+    })
+    .map_err(|e| {
+        // A start-up refusal was printed by every rank already.
+        if !matches!(e, Error::Startup(_)) {
+            report(&e, None);
+        }
+    })?;
     let result = command(&rt, &cli);
     if let Err(e) = &result {
         report(e, Some(rt.rank()));

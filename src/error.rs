@@ -22,6 +22,12 @@ pub enum Error {
     /// MPI could not be initialised or the launcher environment is inconsistent.
     #[error("launch: {0}")]
     Launch(String),
+    /// A start-up check that some rank failed (its `RANKMESH_*` variables,
+    /// the launcher's view), agreed by every rank, each of which printed it
+    /// to stderr while MPI was still up (a launcher that ends the job at the
+    /// first failed rank would otherwise swallow the others' lines).
+    #[error("launch: {0}")]
+    Startup(String),
     /// Invalid parallel sizes or rank lists (checked before any communicator exists).
     #[error("invalid parallel layout: {0}")]
     Layout(String),

@@ -492,3 +492,25 @@ fn topo_mesh_intra_node_dimensions_on_fake_nodes() {
         job.describe()
     );
 }
+
+/// A variable one rank cannot use (here rank 1's RANKMESH_TIMEOUT) is the
+/// same error on every rank at start-up, naming that rank, instead of one
+/// rank leaving before MPI while the others wait inside MPI_Init.
+#[test]
+fn a_bad_variable_on_one_rank_is_an_error_on_every_rank() {
+    let start = std::time::Instant::now();
+    let job = support::mpirun_each(exe(), &["topo"], &[&[], &[("RANKMESH_TIMEOUT", "soon")]]);
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(start.elapsed().as_secs() < 30, "{}", job.describe());
+    let msg = "start-up refused on one rank: rank 1: RANKMESH_TIMEOUT=\"soon\" is not a number of seconds";
+    for r in 0..2 {
+        assert_eq!(
+            job.stderr
+                .matches(&format!("rankmesh: error (rank {r}): launch: {msg}"))
+                .count(),
+            1,
+            "rank {r}: {}",
+            job.describe()
+        );
+    }
+}

@@ -295,12 +295,34 @@ pub struct Runtime {
 impl Runtime {
     /// Initialises MPI (a world of 1 when not started by a launcher) with
     /// options from the environment.
+    ///
+    /// A `RANKMESH_*` variable that one rank cannot use is still an error on
+    /// every rank, at once: the rank starts MPI anyway, so that its peers'
+    /// start-up completes, and all of them return the same error naming it.
     pub fn init() -> Result<Runtime> {
-        Runtime::init_with(Options::from_env()?)
+        Runtime::init_adjusted(|_| {})
+    }
+
+    /// As [`init`](Self::init), with the options from the environment
+    /// adjusted by `adjust` first (a command line's overrides).
+    pub fn init_adjusted(adjust: impl FnOnce(&mut Options)) -> Result<Runtime> {
+        match Options::from_env() {
+            Ok(mut options) => {
+                adjust(&mut options);
+                Runtime::start(options, None)
+            }
+            Err(e) => Runtime::start(Options::default(), Some(e)),
+        }
     }
 
     /// Initialises MPI with explicit options.
     pub fn init_with(options: Options) -> Result<Runtime> {
+        Runtime::start(options, None)
+    }
+
+    /// Starts MPI and the runtime; `refused`: this rank's own start-up error
+    /// found before MPI (its options), reported on every rank.
+    fn start(options: Options, refused: Option<Error>) -> Result<Runtime> {
         // FUNNELED is the lowest level that is true of this process: it has
         // helper threads (the watchdog, the status service, a stateless
         // group's TCP writers), which SINGLE promises it does not, but only
@@ -323,7 +345,23 @@ impl Runtime {
             local_size: me.local_size,
         };
         let env = |k: &str| std::env::var(k).ok();
-        let mut warnings = launcher::check(&env, &view)?;
+        let checked = launcher::check(&env, &view);
+        // Everything this rank found wrong on its own, agreed before the
+        // next collective step, so no rank returns while the others wait.
+        startup.step("the start-up checks' agreement (MPI_Allgather)");
+        let mine = match (&refused, &checked) {
+            (Some(Error::Launch(m)), _) | (None, Err(Error::Launch(m))) => Some(m.clone()),
+            (Some(e), _) | (None, Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        if let Err(why) = agree_on_start(&world_comm, mine.as_deref()) {
+            // Printed here, before MPI is finalised (which waits for every
+            // rank), so no rank exits before all have said it.
+            let line = format!("rankmesh: error (rank {}): launch: {why}\n", info.rank);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return Err(Error::Startup(why));
+        }
+        let mut warnings = checked?;
         startup.step("the binding's agreement (MPI_Allgather)");
         let placement = match options.bind {
             Some(policy) => Some(bind_everywhere(
@@ -667,6 +705,60 @@ fn panic_message() -> String {
         .unwrap_or_else(|e| e.into_inner())
         .clone()
         .unwrap_or_else(|| "(a panic without a message)".into())
+}
+
+/// Bytes of one rank's start-up verdict (a flag, then the message).
+const VERDICT_BYTES: usize = 512;
+
+/// All-gathers each rank's start-up error (`None`: none); every rank
+/// returns the same message, naming each rank that had one.
+fn agree_on_start(
+    world: &SimpleCommunicator,
+    mine: Option<&str>,
+) -> std::result::Result<(), String> {
+    let mut rec = [0u8; VERDICT_BYTES];
+    if let Some(m) = mine {
+        rec[0] = 1;
+        let mut n = m.len().min(VERDICT_BYTES - 1);
+        while !m.is_char_boundary(n) {
+            n -= 1;
+        }
+        rec[1..1 + n].copy_from_slice(&m.as_bytes()[..n]);
+    }
+    let mut all = vec![0u8; VERDICT_BYTES * world.size() as usize];
+    world.all_gather_into(&rec[..], &mut all[..]);
+    let failed: Vec<(usize, String)> = all
+        .chunks(VERDICT_BYTES)
+        .enumerate()
+        .filter(|(_, r)| r[0] != 0)
+        .map(|(rank, r)| {
+            let text = &r[1..];
+            let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+            (rank, String::from_utf8_lossy(&text[..end]).into_owned())
+        })
+        .collect();
+    match failed.first() {
+        None => Ok(()),
+        // The same on every rank (a variable set for the whole job): said once.
+        Some((_, first))
+            if failed.len() == world.size() as usize && failed.iter().all(|(_, m)| m == first) =>
+        {
+            Err(first.clone())
+        }
+        Some(_) => Err(format!(
+            "start-up refused on {}: {}",
+            if failed.len() == 1 {
+                "one rank"
+            } else {
+                "several ranks"
+            },
+            failed
+                .iter()
+                .map(|(r, m)| format!("rank {r}: {m}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+    }
 }
 
 /// `MPI_Comm_create_group` tag of rankmesh's sub-groups.
