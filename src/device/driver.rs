@@ -21,7 +21,11 @@ pub fn driver_version() -> Result<c_int, String> {
         let lib = match unsafe { libloading::Library::new(name) } {
             Ok(lib) => lib,
             Err(e) => {
-                tried.push(e.to_string());
+                // libloading 0.9 says "dlopen failed" and keeps dlerror's
+                // text (which file, why) as the error's source.
+                let why =
+                    std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+                tried.push(why);
                 continue;
             }
         };
