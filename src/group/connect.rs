@@ -35,20 +35,26 @@ pub(crate) const STATUS_BYTES: usize = 256;
 /// Bytes of one rank's device record (node + bus id).
 const DEVICE_BYTES: usize = 64;
 
-fn status_record(outcome: &std::result::Result<(), String>) -> [u8; STATUS_BYTES] {
-    let mut rec = [0u8; STATUS_BYTES];
+/// One rank's status record of `N` bytes: a failure flag, then the
+/// message, cut at a character boundary to fit.
+pub(crate) fn status_record<const N: usize>(outcome: &std::result::Result<(), String>) -> [u8; N] {
+    let mut rec = [0u8; N];
     if let Err(m) = outcome {
         rec[0] = 1;
-        let n = m.len().min(STATUS_BYTES - 1);
+        let mut n = m.len().min(N - 1);
+        while !m.is_char_boundary(n) {
+            n -= 1;
+        }
         rec[1..1 + n].copy_from_slice(&m.as_bytes()[..n]);
     }
     rec
 }
 
-/// Every failing rank's message from all-gathered status records.
-fn failures(records: &[u8]) -> Vec<(usize, String)> {
+/// Every failing rank's message from all-gathered status records of
+/// `record_bytes` each.
+pub(crate) fn failures(records: &[u8], record_bytes: usize) -> Vec<(usize, String)> {
     records
-        .chunks(STATUS_BYTES)
+        .chunks(record_bytes)
         .enumerate()
         .filter(|(_, r)| r[0] != 0)
         .map(|(rank, r)| {
@@ -61,7 +67,7 @@ fn failures(records: &[u8]) -> Vec<(usize, String)> {
 
 /// The first failing rank's message from all-gathered status records.
 fn first_failure(records: &[u8]) -> Option<(usize, String)> {
-    failures(records).into_iter().next()
+    failures(records, STATUS_BYTES).into_iter().next()
 }
 
 /// How a failing member is named: the `label` of its ranks ("group",
@@ -189,7 +195,7 @@ pub(crate) fn judge_creation(
     all: &[u8],
     naming: &Naming<'_>,
 ) -> std::result::Result<Option<NcclComm<'static>>, NcclError> {
-    let failed = failures(all);
+    let failed = failures(all, STATUS_BYTES);
     if failed.is_empty() {
         return done;
     }
@@ -294,7 +300,10 @@ pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclCom
         .map(|_| ())
         .map_err(|e| e.to_string())
         .and(per_root.clone().map(|_| ()));
-    comm.all_gather_into(&status_record(&usable)[..], &mut statuses[..]);
+    comm.all_gather_into(
+        &status_record::<STATUS_BYTES>(&usable)[..],
+        &mut statuses[..],
+    );
     if let Some((rank, msg)) = first_failure(&statuses) {
         return Err(no_nccl(group.name(), rank, &msg));
     }
@@ -556,19 +565,19 @@ mod tests {
     #[test]
     fn status_records_carry_the_first_failure() {
         let mut all = Vec::new();
-        all.extend(status_record(&Ok(())));
-        all.extend(status_record(
-            &Err("NCCL ncclCommInitRank failed: x".into()),
-        ));
-        all.extend(status_record(&Err("other".into())));
+        all.extend(status_record::<STATUS_BYTES>(&Ok(())));
+        all.extend(status_record::<STATUS_BYTES>(&Err(
+            "NCCL ncclCommInitRank failed: x".into(),
+        )));
+        all.extend(status_record::<STATUS_BYTES>(&Err("other".into())));
         assert_eq!(
             first_failure(&all),
             Some((1, "NCCL ncclCommInitRank failed: x".to_string()))
         );
         let long = "e".repeat(1000);
-        let rec = status_record(&Err(long));
+        let rec = status_record::<STATUS_BYTES>(&Err(long));
         assert_eq!(first_failure(&rec).unwrap().1.len(), STATUS_BYTES - 1);
-        assert_eq!(first_failure(&status_record(&Ok(()))), None);
+        assert_eq!(first_failure(&status_record::<STATUS_BYTES>(&Ok(()))), None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
-use super::connect::{connect, split, SplitParent};
+use super::connect::{connect, failures, split, status_record, SplitParent};
 use super::launcher::{self, MpiView};
 use super::GroupCoordinator;
 use crate::agree::Descriptor;
@@ -716,27 +716,10 @@ fn agree_on_start(
     world: &SimpleCommunicator,
     mine: Option<&str>,
 ) -> std::result::Result<(), String> {
-    let mut rec = [0u8; VERDICT_BYTES];
-    if let Some(m) = mine {
-        rec[0] = 1;
-        let mut n = m.len().min(VERDICT_BYTES - 1);
-        while !m.is_char_boundary(n) {
-            n -= 1;
-        }
-        rec[1..1 + n].copy_from_slice(&m.as_bytes()[..n]);
-    }
+    let rec: [u8; VERDICT_BYTES] = status_record(&mine.map_or(Ok(()), |m| Err(m.to_string())));
     let mut all = vec![0u8; VERDICT_BYTES * world.size() as usize];
     world.all_gather_into(&rec[..], &mut all[..]);
-    let failed: Vec<(usize, String)> = all
-        .chunks(VERDICT_BYTES)
-        .enumerate()
-        .filter(|(_, r)| r[0] != 0)
-        .map(|(rank, r)| {
-            let text = &r[1..];
-            let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
-            (rank, String::from_utf8_lossy(&text[..end]).into_owned())
-        })
-        .collect();
+    let failed = failures(&all, VERDICT_BYTES);
     match failed.first() {
         None => Ok(()),
         // The same on every rank (a variable set for the whole job): said once.
