@@ -223,10 +223,7 @@ impl Watchdog {
             .name("rankmesh-left".into())
             .spawn(|| {
                 std::thread::sleep(LEAVER_GRACE);
-                // SAFETY: MPI is initialised until this process exits; the
-                // main thread waits in finalisation; MPI_Abort asks the
-                // launcher to end the job.
-                unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, LEFT_EXIT) };
+                abort_job(LEFT_EXIT)
             });
     }
 
@@ -474,15 +471,8 @@ fn fire_left(s: &Shared, me: &Status, why: &str) -> ! {
         "rankmesh: rank {} (host {host}): {op} on {} (call #{}) cannot complete: {why}; aborting the job\n",
         s.rank, me.group, me.seq
     );
-    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), msg.as_bytes());
-    if let Some(dir) = &s.trace_dir {
-        let header = format!("rankmesh: rank {}", s.rank);
-        let path = dir.join(format!("rankmesh-trace-rank{}.txt", s.rank));
-        let _ = std::fs::write(&path, format!("{msg}{}", s.recorder.dump(&header)));
-    }
-    // SAFETY: as in `fire`.
-    unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, LEFT_EXIT) };
-    std::process::exit(LEFT_EXIT)
+    // The cause is the message; the flight record goes to the trace only.
+    end_job(s, &msg, false, LEFT_EXIT)
 }
 
 /// Reports the hang and ends the job.
@@ -508,21 +498,34 @@ fn fire(s: &Shared, me: &Status, limit: Duration) -> ! {
     if let Some((name, members)) = members {
         msg.push_str(&describe_members(s, me, &name, &members));
     }
+    end_job(s, &msg, true, TIMEOUT_EXIT)
+}
+
+/// Prints `msg` (and the flight record after it, with `record_too`), keeps
+/// both in `RANKMESH_TRACE_DIR` when set, and ends the job with `code`.
+fn end_job(s: &Shared, msg: &str, record_too: bool, code: i32) -> ! {
     let header = format!("rankmesh: rank {}", s.rank);
     let record = s.recorder.dump(&header);
     let mut out = std::io::stderr().lock();
     let _ = std::io::Write::write_all(&mut out, msg.as_bytes());
-    let _ = std::io::Write::write_all(&mut out, record.as_bytes());
+    if record_too {
+        let _ = std::io::Write::write_all(&mut out, record.as_bytes());
+    }
     drop(out);
     if let Some(dir) = &s.trace_dir {
         let path = dir.join(format!("rankmesh-trace-rank{}.txt", s.rank));
         let _ = std::fs::write(&path, format!("{msg}{record}"));
     }
-    // SAFETY: MPI is initialised (the Runtime owns this thread and stops it
-    // before finalising); the main thread is blocked inside MPI, and
-    // MPI_Abort only asks the launcher to end the job.
-    unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, TIMEOUT_EXIT) };
-    std::process::exit(TIMEOUT_EXIT)
+    abort_job(code)
+}
+
+/// Asks the launcher to end the whole job with `code` (`MPI_Abort`).
+fn abort_job(code: i32) -> ! {
+    // SAFETY: MPI is initialised (the Runtime owns the watchdog's threads
+    // and stops them before finalising, or, after `leaving`, the main thread
+    // waits in finalisation); MPI_Abort only asks the launcher to end the job.
+    unsafe { mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code) };
+    std::process::exit(code)
 }
 
 /// One line per other member of the stuck group: where it is.
