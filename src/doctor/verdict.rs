@@ -386,6 +386,21 @@ fn spread<T: Copy>(items: &[T], want: usize) -> Vec<T> {
     (0..want).map(|i| items[i * items.len() / want]).collect()
 }
 
+/// A scope's reference pairs: up to [`REFERENCES`] of its `healthy` ones,
+/// or, where every one is suspect (three ranks and one slow pair make two
+/// rank suspects), its fastest in the rounds. Either way they are retaken
+/// alone, as the suspects are: the rounds' own median, timed under other
+/// load, once judged two healthy ranks of a noisy node slow.
+fn reference_pairs<'a>(healthy: &[&'a PairResult], all: &'a [PairResult]) -> Vec<&'a PairResult> {
+    if !healthy.is_empty() {
+        return spread(healthy, REFERENCES);
+    }
+    let mut by_speed: Vec<&PairResult> = all.iter().collect();
+    by_speed.sort_by(|x, y| y.bandwidth_gbs.total_cmp(&x.bandwidth_gbs));
+    by_speed.truncate(REFERENCES);
+    by_speed
+}
+
 /// `member`'s pairs in `pairs` with peers that are `healthy`, the fastest
 /// in the rounds first, at most [`PER_SUSPECT`] of them: a suspect's retakes.
 fn best_peers(
@@ -457,7 +472,7 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
             continue;
         }
         let refs: Vec<Task> = match scope {
-            Scope::Between => spread(&healthy_links, REFERENCES)
+            Scope::Between => reference_pairs(&healthy_links, &m.inter_node)
                 .iter()
                 .filter_map(|l| leaders(l.a, l.b))
                 .collect(),
@@ -478,7 +493,7 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
                     .map(kind.task)
                     .collect()
             }
-            Scope::Within => spread(&healthy_pairs, REFERENCES)
+            Scope::Within => reference_pairs(&healthy_pairs, &m.intra_node)
                 .iter()
                 .map(|l| Task::Pair(l.a, l.b))
                 .collect(),
@@ -870,6 +885,33 @@ mod tests {
         assert_eq!(p.tasks.len(), 6, "{:?}", p.tasks);
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
         assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn with_no_healthy_pair_the_reference_is_retaken_alone_too() {
+        // Three ranks on a noisy node: pair (0, 1) slow in the rounds makes
+        // ranks 0 and 1 suspects, leaving no pair free of a suspect. The
+        // node is three times slower during the retakes, for everyone.
+        let mut m = run(vec![], 1);
+        m.nodes[0].ranks = vec![0, 1, 2];
+        m.intra_node = vec![link(0, 1, 1.37), link(0, 2, 4.43), link(1, 2, 5.07)];
+        assert_eq!(suspects(&m, 0.8).len(), 2);
+        let (p, j) = judge_with(&m, |t| match t {
+            Task::Pair(1, 2) => 1.45,
+            _ => 1.3,
+        });
+        assert!(j.findings.is_empty(), "{j:?}");
+        assert_eq!(j.cleared.len(), 2, "{j:?}");
+        assert!(p.tasks.contains(&Task::Pair(0, 1)), "{:?}", p.tasks);
+        // Rank 0 slow with its best peer alone, the fastest pairs not: the
+        // fastest pairs, retaken alone, are the reference that names it.
+        let (_, j) = judge_with(&m, |t| match t {
+            Task::Pair(0, 2) => 0.3,
+            _ => 5.0,
+        });
+        let named: Vec<&str> = j.findings.iter().map(|x| x.subject.as_str()).collect();
+        assert_eq!(named, ["0"], "{j:?}");
+        assert!(j.findings[0].reference.contains("alone"), "{j:?}");
     }
 
     #[test]
