@@ -102,12 +102,15 @@ fn spin(start: Instant, ready: &mut impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Whether this process's node runs more ranks than this process may use
-/// CPUs (a hint only: it cannot see other processes). Then the peer being
-/// waited for most likely waits for this core, and a yield hands it over
-/// faster than a futex wake brings this rank back (4 ranks on 2 cores:
-/// 3 µs per 8 B all-reduce against 65 µs). Spinning first only delays
-/// that hand-over.
+/// Whether ranks that wait for each other share CPUs: a group on this node
+/// has more members than the CPUs their bindings and cgroup quota leave
+/// them ([`note_shared_cpus`], a hint: other processes stay unseen). Then
+/// the peer being waited for most likely waits for this core, and a yield
+/// hands it over faster than a futex wake brings this rank back (4 ranks
+/// on 2 cores: 3 µs per 8 B all-reduce against 65 µs). Spinning first only
+/// delays that hand-over. Ranks bound to cores of their own are not
+/// crowded, even one core each: a yield there hands the rank's core to
+/// whatever else runs on it, for that process's time slice.
 static CROWDED: AtomicBool = AtomicBool::new(false);
 /// The longest a crowded waiter yields before it blocks: long enough that
 /// a rank descheduled for a scheduler tick or two is waited for by yields,
@@ -116,10 +119,63 @@ static CROWDED: AtomicBool = AtomicBool::new(false);
 /// spin, 2.9 µs; before the wait policy, 3.1-4.4 µs in the same runs).
 const YIELD_FOR: Duration = Duration::from_millis(20);
 
-/// Records the hint of [`CROWDED`]: `ranks` on this node.
-pub(crate) fn note_node_ranks(ranks: usize) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    CROWDED.store(ranks > cpus, Ordering::Relaxed);
+/// Words of a CPU set as [`own_cpus`] gives it (the first 1024 CPUs, as
+/// glibc's `cpu_set_t`).
+pub(crate) const CPU_WORDS: usize = 16;
+
+/// This process's CPUs: the set it may run on (`sched_getaffinity`), then
+/// how many of them it may use ([`std::thread::available_parallelism`],
+/// which also counts a cgroup's `cpu.max` quota).
+pub(crate) fn own_cpus() -> [u64; CPU_WORDS + 1] {
+    let mut out = [0u64; CPU_WORDS + 1];
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at
+    // most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid, writable cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } == 0 {
+        for cpu in 0..(64 * CPU_WORDS).min(libc::CPU_SETSIZE as usize) {
+            // SAFETY: `cpu` is below CPU_SETSIZE.
+            if unsafe { libc::CPU_ISSET(cpu, &set) } {
+                out[cpu / 64] |= 1 << (cpu % 64);
+            }
+        }
+    }
+    out[CPU_WORDS] = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    out
+}
+
+/// Records the hint of [`CROWDED`] for a group whose members gave `cpus`
+/// ([`own_cpus`] of each): crowded when there are more members than CPUs
+/// in the union of their sets, or than the quota of a member whose quota
+/// is below its set. Once crowded, the process stays so (a later group of
+/// fewer members does not make the first one's waits any less crowded).
+pub(crate) fn note_shared_cpus(cpus: &[[u64; CPU_WORDS + 1]]) {
+    if share_cpus(cpus) {
+        CROWDED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether members with `cpus` are more than the CPUs they may use.
+fn share_cpus(cpus: &[[u64; CPU_WORDS + 1]]) -> bool {
+    let mut union = [0u64; CPU_WORDS];
+    let mut usable = usize::MAX;
+    for c in cpus {
+        let mine: u32 = c[..CPU_WORDS].iter().map(|w| w.count_ones()).sum();
+        let quota = c[CPU_WORDS] as usize;
+        if quota < mine as usize {
+            usable = usable.min(quota);
+        }
+        for (u, w) in union.iter_mut().zip(c) {
+            *u |= w;
+        }
+    }
+    let in_union: u32 = union.iter().map(|w| w.count_ones()).sum();
+    // An empty union: the sets could not be read; judge by the quotas.
+    if in_union > 0 {
+        usable = usable.min(in_union as usize);
+    }
+    cpus.len() > usable
 }
 
 /// On a crowded node, yields from `start` until `ready` holds or
@@ -327,6 +383,36 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
+
+    /// A CPU record: `cpus` in the set, `quota` usable.
+    fn record(cpus: impl IntoIterator<Item = usize>, quota: u64) -> [u64; CPU_WORDS + 1] {
+        let mut r = [0u64; CPU_WORDS + 1];
+        for c in cpus {
+            r[c / 64] |= 1 << (c % 64);
+        }
+        r[CPU_WORDS] = quota;
+        r
+    }
+
+    #[test]
+    fn ranks_share_cpus_only_when_their_sets_or_quota_are_fewer_than_they() {
+        // Bound to a core each (Open MPI's default for 2 ranks): one CPU per
+        // rank, none shared, however busy the cores are with other work.
+        assert!(!share_cpus(&[record([0], 1), record([1], 1)]));
+        // 4 ranks on 2 cores, unbound or bound to the same two.
+        assert!(share_cpus(&[record(0..2, 2); 4]));
+        // Two ranks bound to one core.
+        assert!(share_cpus(&[record([3], 1), record([3], 1)]));
+        // 4 ranks free to use 64 CPUs, but a cgroup quota of 2.
+        assert!(share_cpus(&[record(0..64, 2); 4]));
+        assert!(!share_cpus(&[record(0..64, 4); 4]));
+        // CPUs past the first word count.
+        assert!(!share_cpus(&[record([70], 1), record([700], 1)]));
+        // Sets the kernel would not give: judged by the quotas alone.
+        assert!(!share_cpus(&[record([], 8), record([], 8)]));
+        let me = own_cpus();
+        assert!(me[CPU_WORDS] >= 1 && me[..CPU_WORDS].iter().any(|w| *w != 0));
+    }
 
     /// A counter and its sleeper count, as a window's slot holds them.
     struct Shared {

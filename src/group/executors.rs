@@ -136,12 +136,19 @@ impl<'rt> GroupCoordinator<'rt> {
 
 /// The shared-memory executor over `comm` (ranks of one node; collective),
 /// as member `me`: its window, kept by the runtime to be freed in creation
-/// order. Its ranks wait by [`crate::wait`]'s policy; more ranks on the
-/// node than this process's CPUs is only a hint to it (yield before block).
+/// order. Its ranks wait by [`crate::wait`]'s policy; members sharing
+/// fewer CPUs than they are is only a hint to it (yield before block).
 pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
-    crate::wait::note_node_ranks(rt.world().me().local_size);
+    let mine = crate::wait::own_cpus();
+    let mut all = vec![0u64; mine.len() * comm.size() as usize];
+    comm.all_gather_into(&mine[..], &mut all[..]);
+    let cpus: Vec<[u64; crate::wait::CPU_WORDS + 1]> = all
+        .chunks_exact(mine.len())
+        .map(|c| c.try_into().expect("one CPU record"))
+        .collect();
+    crate::wait::note_shared_cpus(&cpus);
     ShmExec::new(window, me, rt.options().single_copy)
 }
 
