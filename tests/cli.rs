@@ -204,6 +204,10 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_HOST_PLANE", "fast", "RANKMESH_HOST_PLANE=\"fast\" is not one of mpi, shm, hier, auto"),
         ("RANKMESH_SHM_CHUNK_BYTES", "100", "RANKMESH_SHM_CHUNK_BYTES=\"100\" is not a byte count in 4096..=1073741824"),
         ("RANKMESH_CHECK", "lazy", "RANKMESH_CHECK=\"lazy\": expected strict, deferred or off"),
+        ("RANKMESH_GATHER_SHM", "yes", "RANKMESH_GATHER_SHM=\"yes\" is not 0 or 1"),
+        ("RANKMESH_NCCL_FOR_ONE", "2", "RANKMESH_NCCL_FOR_ONE=\"2\" is not 0 or 1"),
+        ("RANKMESH_STATUS_ADDRS", "10.0.0.300", "RANKMESH_STATUS_ADDRS=\"10.0.0.300\" is not 1 to 4 comma-separated IPv4 addresses"),
+        ("RANKMESH_STATUS_ADDRS", "1.2.3.4,1.2.3.5,1.2.3.6,1.2.3.7,1.2.3.8", "is not 1 to 4 comma-separated IPv4 addresses"),
     ] {
         let job = support::mpirun(2, exe(), &["topo"], &[(var, value)]);
         assert!(!job.ok(), "{var}={value}: {}", job.describe());

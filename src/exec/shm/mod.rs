@@ -120,10 +120,13 @@ struct Place {
     inline: bool,
 }
 
-/// Blocks of at least this many bytes make all-to-alls, gathers and
-/// broadcasts read their peers' buffers directly (one copy,
-/// [`single_copy`]) instead of through the window (two). Measured on 2
-/// ranks (docs/BENCHMARKS.md, "Single-copy all-to-all").
+/// Blocks of at least this many bytes make all-to-alls read their peers'
+/// blocks directly (one copy, [`single_copy`]) instead of through the
+/// window (two). Measured on 2 ranks (docs/BENCHMARKS.md, "Single-copy
+/// all-to-all"). Gathers and broadcasts keep the window: its two copies
+/// run on both ranks at once, pipelined by pieces, where a single copy
+/// puts all of it on the reader (16 MiB broadcast, idle: 1.2 ms against
+/// 2.6-3.5 ms; one busy process: no faster).
 pub(crate) const SINGLE_COPY_FROM: usize = 16 << 10;
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
 /// fastest for 64 MiB all-reduces on 2 ranks here (256 KiB took twice as long).
@@ -211,7 +214,7 @@ pub(crate) struct ShmExec {
     staged: Cell<Option<(u64, u64)>>,
     /// Every rank's descriptor, when the last check found them different.
     disagreement: RefCell<Option<Vec<Descriptor>>>,
-    /// Large moves read peers' buffers with one copy: this rank's
+    /// Large all-to-alls read peers' buffers with one copy: this rank's
     /// setting until a read is refused (then off for the window's life,
     /// and [`cma::refused`] turns it off for the process's other windows).
     single_copy: Cell<bool>,
@@ -219,7 +222,7 @@ pub(crate) struct ShmExec {
 
 impl ShmExec {
     /// The plane of group rank `me` over `window`; `single_copy`: large
-    /// moves may read peers' buffers directly (`RANKMESH_SINGLE_COPY`).
+    /// all-to-alls may read peers' buffers directly (`RANKMESH_SINGLE_COPY`).
     pub(crate) fn new(window: Rc<ShmWindow>, me: usize, single_copy: bool) -> ShmExec {
         let size = window.slots.len();
         if single_copy {
@@ -573,11 +576,6 @@ impl ShmExec {
         mut out: Option<&mut [u8]>,
     ) -> Result<(), Fault> {
         let longest = (0..self.size).map(|r| blocks.len(r)).max().unwrap_or(0);
-        if self.moves_by_single_copy(longest)
-            && self.gather_single_copy(pulse, mine, blocks, out.as_deref_mut())?
-        {
-            return Ok(());
-        }
         let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         for (off, m) in pieces(longest, self.chunk()) {
             let place = self.begin_phase(m);
@@ -962,11 +960,6 @@ impl HostMoves for ShmCall<'_> {
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
         let plane = self.plane;
-        if plane.moves_by_single_copy(buf.len())
-            && plane.broadcast_single_copy(&self.pulse, buf, root)?
-        {
-            return Ok(());
-        }
         let put = output_copy(buf.len());
         for (off, m) in pieces(buf.len(), plane.chunk()) {
             let place = plane.begin_phase(m);

@@ -1,10 +1,8 @@
-//! Moves within a node with one copy: each rank reads what it needs
-//! straight from its peers' buffers (`process_vm_readv`, [`cma`]) instead of
-//! through the window (a copy in, a copy out). On a node where other
-//! processes hold the cores the copies are the CPU the call needs, so the
-//! second copy is what a busy node makes expensive.
+//! All-to-alls within a node with one copy: each rank reads its block of
+//! every peer's input straight from the peer's buffer (`process_vm_readv`,
+//! [`cma`]) instead of through the window (a copy in, a copy out).
 //!
-//! Every use has the same two phases:
+//! Two phases:
 //! 1. **Offer.** Each rank publishes its pid (0 where it takes no part: its
 //!    setting, or an earlier refusal) and the addresses of what it offers.
 //!    Where any rank published 0, every rank sees it in the same phase and
@@ -165,76 +163,6 @@ impl ShmExec {
         }
         if refusal.is_none() {
             from.copy_to(send, me, to, out, me, 0, to.len(me));
-        }
-        offers.settle(pulse, refusal)
-    }
-
-    /// A gather with one copy: every rank offers `mine`; each rank with an
-    /// `out` reads every peer's into its block. `Ok(false)`: move it
-    /// through the window instead.
-    pub(super) fn gather_single_copy<B: Blocks>(
-        &self,
-        pulse: &Pulse,
-        mine: &[u8],
-        blocks: B,
-        out: Option<&mut [u8]>,
-    ) -> Result<bool, Fault> {
-        let (p, me) = (self.size, self.me);
-        let Some(offers) = self.offer(pulse, std::iter::once(mine.as_ptr() as usize))? else {
-            return Ok(false);
-        };
-        let mut refusal = None;
-        if let Some(out) = out {
-            let base = out.as_mut_ptr();
-            let mut segments = Vec::new();
-            for s in (1..p).map(|k| (me + k) % p) {
-                let n = blocks.len(s);
-                segments.clear();
-                pair_runs(
-                    blocks
-                        .runs(s, 0, n)
-                        .map(|(at, pos, len)| (base.wrapping_add(at), pos, len)),
-                    std::iter::once((offers.word(s, 1), 0, n)),
-                    &mut segments,
-                );
-                // SAFETY: the segments lie inside `out` (its layout's
-                // runs), which only this call writes.
-                if let Err(e) = unsafe { offers.read(s, &segments) } {
-                    refusal = Some((s, e));
-                    break;
-                }
-                pulse.beat();
-            }
-            if refusal.is_none() {
-                blocks.write(out, me, 0, &mine[..blocks.len(me)]);
-            }
-        }
-        offers.settle(pulse, refusal)
-    }
-
-    /// A broadcast with one copy: every rank but `root` reads the root's
-    /// `buf` into its own. `Ok(false)`: move it through the window instead.
-    pub(super) fn broadcast_single_copy(
-        &self,
-        pulse: &Pulse,
-        buf: &mut [u8],
-        root: usize,
-    ) -> Result<bool, Fault> {
-        let Some(offers) = self.offer(pulse, std::iter::once(buf.as_ptr() as usize))? else {
-            return Ok(false);
-        };
-        let mut refusal = None;
-        if self.me != root {
-            let whole = [Segment {
-                local: buf.as_mut_ptr(),
-                remote: offers.word(root, 1),
-                len: buf.len(),
-            }];
-            // SAFETY: `whole` is this rank's `buf`, which only this call
-            // writes.
-            if let Err(e) = unsafe { offers.read(root, &whole) } {
-                refusal = Some((root, e));
-            }
         }
         offers.settle(pulse, refusal)
     }
