@@ -50,7 +50,7 @@ use std::ops::Range;
 /// stages; below them, and for the ops not listed (broadcast: one flow
 /// already fills a node's link; barrier; the pairwise moves), the op runs
 /// flat on MPI. Measured on 2 fake nodes of 2 ranks with 1 Gbit/s links
-/// (docs/BENCHMARKS.md, "Node-aware executor").
+/// (docs/BENCHMARKS.md, "Tuned constants").
 const STAGED_FROM: [(Op, usize); 4] = [
     (Op::AllReduce, 256 << 10),
     (Op::ReduceScatter, 64 << 10),

@@ -122,8 +122,8 @@ struct Place {
 
 /// Blocks of at least this many bytes make all-to-alls read their peers'
 /// blocks directly (one copy, [`single_copy`]) instead of through the
-/// window (two). Measured on 2 ranks (docs/BENCHMARKS.md, "Single-copy
-/// all-to-all"). Gathers and broadcasts keep the window: its two copies
+/// window (two). Measured on 2 ranks (docs/BENCHMARKS.md, "Tuned
+/// constants"). Gathers and broadcasts keep the window: its two copies
 /// run on both ranks at once, pipelined by pieces, where a single copy
 /// puts all of it on the reader (16 MiB broadcast, idle: 1.2 ms against
 /// 2.6-3.5 ms; one busy process: no faster).
