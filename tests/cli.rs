@@ -204,6 +204,7 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_HOST_PLANE", "fast", "RANKMESH_HOST_PLANE=\"fast\" is not one of mpi, shm, hier, auto"),
         ("RANKMESH_SHM_CHUNK_BYTES", "100", "RANKMESH_SHM_CHUNK_BYTES=\"100\" is not a byte count in 4096..=1073741824"),
         ("RANKMESH_CHECK", "lazy", "RANKMESH_CHECK=\"lazy\": expected strict, deferred or off"),
+        ("RANKMESH_NCCL_RANKS_PER_ROOT", "0", "RANKMESH_NCCL_RANKS_PER_ROOT=\"0\" is not a positive whole number"),
         ("RANKMESH_GATHER_SHM", "yes", "RANKMESH_GATHER_SHM=\"yes\" is not 0 or 1"),
         ("RANKMESH_NCCL_FOR_ONE", "2", "RANKMESH_NCCL_FOR_ONE=\"2\" is not 0 or 1"),
         ("RANKMESH_STATUS_ADDRS", "10.0.0.300", "RANKMESH_STATUS_ADDRS=\"10.0.0.300\" is not 1 to 4 comma-separated IPv4 addresses"),
@@ -232,6 +233,7 @@ fn settings_that_differ_among_ranks_are_an_error_on_every_rank() {
     for (var, a, b) in [
         ("RANKMESH_CHECK", "strict", "off"),
         ("RANKMESH_HOST_PLANE", "mpi", "shm"),
+        ("RANKMESH_NCCL_RANKS_PER_ROOT", "64", "128"),
     ] {
         let job = support::mpirun_each(exe(), &["topo"], &[&[(var, a)], &[(var, b)]]);
         assert!(!job.ok(), "{var}: {}", job.describe());

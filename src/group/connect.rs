@@ -103,11 +103,6 @@ fn name_failures(failed: &[(usize, String)], naming: &Naming<'_>) -> String {
         .join("; ")
 }
 
-/// Members above this many ranks bootstrap from several roots
-/// (`ncclCommInitRankScalable`, one unique id per this many ranks);
-/// `RANKMESH_NCCL_RANKS_PER_ROOT` sets it.
-const RANKS_PER_ROOT: usize = 256;
-
 /// How many roots a communicator of `size` members bootstraps from: one per
 /// `per_root` ranks when the library can (one otherwise).
 fn roots_for(size: usize, per_root: usize, scalable: bool) -> usize {
@@ -121,21 +116,6 @@ fn roots_for(size: usize, per_root: usize, scalable: bool) -> usize {
 /// The member that makes root `i`'s unique id: spread evenly over the members.
 fn root_rank(i: usize, roots: usize, size: usize) -> usize {
     i * size / roots
-}
-
-/// `RANKMESH_NCCL_RANKS_PER_ROOT`, read where the job agrees on it.
-fn ranks_per_root() -> std::result::Result<usize, String> {
-    match std::env::var("RANKMESH_NCCL_RANKS_PER_ROOT") {
-        Err(_) => Ok(RANKS_PER_ROOT),
-        Ok(v) => v
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| {
-                format!("RANKMESH_NCCL_RANKS_PER_ROOT={v:?} is not a positive whole number")
-            }),
-    }
 }
 
 /// All-gathers one status record per member over `comm` while marking
@@ -291,15 +271,11 @@ pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclCom
     let pulse = group.runtime().watchdog().pulse();
     let beat = || pulse.beat();
 
-    // (0) Every member has NCCL (a GPU may open without it) and reads the
-    // same number of ranks per root.
+    // (0) Every member has NCCL (a GPU may open without it). The number of
+    // ranks per root is alike: the group's creation checked it.
     let mut statuses = vec![0u8; STATUS_BYTES * size];
-    let per_root = ranks_per_root();
-    let usable = gpu
-        .api()
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-        .and(per_root.clone().map(|_| ()));
+    let per_root = group.runtime().options().nccl_ranks_per_root;
+    let usable = gpu.api().map(|_| ()).map_err(|e| e.to_string());
     comm.all_gather_into(
         &status_record::<STATUS_BYTES>(&usable)[..],
         &mut statuses[..],
@@ -307,7 +283,6 @@ pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclCom
     if let Some((rank, msg)) = first_failure(&statuses) {
         return Err(no_nccl(group.name(), rank, &msg));
     }
-    let per_root = per_root.map_err(fail)?;
 
     // (1) No two members on one GPU; the group reduces as its oldest GPU can.
     let node = group.runtime().world().me().node;

@@ -153,15 +153,16 @@ pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> Sh
 }
 
 /// Whether a group whose members gave `facts` (world rank, choice code,
-/// check code; the choice alike on all) runs host collectives on shared
-/// memory: `shm` is refused for a group spanning nodes.
+/// check code, ranks per NCCL root; the choice alike on all) runs host
+/// collectives on shared memory: `shm` is refused for a group spanning
+/// nodes.
 pub(super) fn choose_shm(
     rt: &Runtime,
     name: &str,
     choice: ExecChoice,
-    facts: &[[u64; 3]],
+    facts: &[[u64; 4]],
 ) -> Result<bool> {
-    let node_of = |f: &[u64; 3]| rt.world().ranks[f[0] as usize].node;
+    let node_of = |f: &[u64; 4]| rt.world().ranks[f[0] as usize].node;
     let one_node = facts.iter().all(|f| node_of(f) == node_of(&facts[0]));
     match choice {
         ExecChoice::Mpi => Ok(false),

@@ -108,16 +108,29 @@ impl<'rt> GroupCoordinator<'rt> {
         let size = comm.size() as usize;
         let choice = rt.options().host_plane;
         let check = rt.options().check;
-        let mut facts = vec![[0u64; 3]; size];
+        let per_root = rt.options().nccl_ranks_per_root;
+        let mut facts = vec![[0u64; 4]; size];
         comm.all_gather_into(
-            &[rt.rank() as u64, choice.code(), check.code()][..],
+            &[
+                rt.rank() as u64,
+                choice.code(),
+                check.code(),
+                per_root as u64,
+            ][..],
             bytemuck::cast_slice_mut::<_, u64>(&mut facts[..]),
         );
         let ranks: Vec<usize> = facts.iter().map(|f| f[0] as usize).collect();
         // Settings every member must share, each with this rank's value.
+        let per_root_here = per_root.to_string();
         let shared = [
             (1, "RANKMESH_HOST_PLANE", choice.code(), choice.name()),
             (2, "RANKMESH_CHECK", check.code(), check.name()),
+            (
+                3,
+                "RANKMESH_NCCL_RANKS_PER_ROOT",
+                per_root as u64,
+                &per_root_here,
+            ),
         ];
         for (col, var, code, here) in shared {
             if let Some(other) = facts.iter().find(|f| f[col] != code) {

@@ -122,6 +122,12 @@ pub struct Options {
     /// communicator, as PyTorch does) instead of as local copies
     /// (`RANKMESH_NCCL_FOR_ONE=1`; how one GPU checks NCCL's own kernels).
     pub nccl_for_one: bool,
+    /// An NCCL communicator of more members than this bootstraps from
+    /// several roots, one unique id per this many ranks
+    /// (`RANKMESH_NCCL_RANKS_PER_ROOT`, default 256; needs NCCL 2.23's
+    /// `ncclCommInitRankScalable`). Set it alike on every rank: a group's
+    /// members check it.
+    pub nccl_ranks_per_root: usize,
 }
 
 impl Default for Options {
@@ -140,6 +146,7 @@ impl Default for Options {
             status_addrs: Vec::new(),
             gather_shm: true,
             nccl_for_one: false,
+            nccl_ranks_per_root: 256,
         }
     }
 }
@@ -202,6 +209,18 @@ impl Options {
         }
         if let Ok(v) = std::env::var("RANKMESH_NCCL_FOR_ONE") {
             o.nccl_for_one = on_off("RANKMESH_NCCL_FOR_ONE", &v)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_NCCL_RANKS_PER_ROOT") {
+            o.nccl_ranks_per_root = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| {
+                    Error::Launch(format!(
+                        "RANKMESH_NCCL_RANKS_PER_ROOT={v:?} is not a positive whole number"
+                    ))
+                })?;
         }
         if let Ok(v) = std::env::var("RANKMESH_STATUS_ADDRS") {
             o.status_addrs = v
