@@ -5,8 +5,9 @@
 //! nodes ([`HierCall`]) — and the host op list in `group/host.rs` is
 //! written once against it.
 
+use super::blocks::BlockLayout;
 use super::hier::HierCall;
-use super::mpi::{BlockLayout, MpiExec};
+use super::mpi::MpiExec;
 use super::shm::ShmCall;
 use crate::error::{Error, Fault, Result};
 use crate::op::ReduceOp;

@@ -32,9 +32,10 @@
 //! hierarchical algorithms round at every hop, and `Avg` sums through both
 //! stages and divides once at the end.
 
+use super::blocks::{BlockLayout, Gathered, Spans};
 use super::combine::{combine, divide};
 use super::executor::HostMoves;
-use super::mpi::{BlockLayout, Gathered, MpiExec, Spans, Swap};
+use super::mpi::{MpiExec, Swap};
 use super::shm::{ShmCall, ShmExec};
 use crate::dtype::DType;
 use crate::error::Fault;

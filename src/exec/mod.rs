@@ -4,6 +4,7 @@
 //! span nodes (`hier`). The device plane's executor is NCCL
 //! (`crate::group`'s device group).
 
+pub(crate) mod blocks;
 mod cma;
 mod combine;
 mod copy;

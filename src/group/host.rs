@@ -9,8 +9,8 @@
 use crate::agree::Descriptor;
 use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
+use crate::exec::blocks::BlockLayout;
 use crate::exec::executor::{HostExec, HostMoves};
-use crate::exec::mpi::BlockLayout;
 use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here};
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};

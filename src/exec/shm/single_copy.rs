@@ -17,8 +17,8 @@
 
 use super::{Place, ShmExec, SINGLE_COPY_FROM};
 use crate::error::Fault;
+use crate::exec::blocks::Blocks;
 use crate::exec::cma::{self, pair_runs, Segment};
-use crate::exec::mpi::Blocks;
 use crate::watch::Pulse;
 use std::io;
 

@@ -1,0 +1,578 @@
+//! The shared-memory executor's ops, over the window protocol of
+//! [`super`]: each op is a sequence of phases, in which every rank writes
+//! its own slot, synchronises, and reads its peers'. Reductions split large
+//! pieces so each rank combines a share; block exchanges move `P` blocks per
+//! rank through a piece of each data area, or by single copy
+//! ([`super::single_copy`]) from 16 KiB blocks.
+
+use super::{Place, ShmExec, SINGLE_COPY_FROM, TABLE_ENTRY};
+use crate::dtype::DType;
+use crate::error::Fault;
+use crate::exec::blocks::{BlockLayout, Blocks, Spans};
+use crate::exec::combine::combine;
+use crate::exec::copy::{copy_bytes, split_lens, stream_bytes};
+use crate::exec::executor::HostMoves;
+use crate::op::uneven::Links;
+use crate::op::ReduceOp;
+use crate::tensor::Tensor;
+use crate::watch::Pulse;
+use std::ops::Range;
+
+/// All-reduces up to this size are combined whole by every rank after one
+/// synchronisation; larger ones are split so each rank reduces a share
+/// and the shares are exchanged after a second one.
+const SPLIT_BYTES: usize = 8 << 10;
+/// Calls of at least this many bytes write their outputs with streaming
+/// stores: the output outgrows the last-level cache (32 MiB here, shared
+/// with the window and the inputs), so reading each output line before
+/// writing it (what a plain store does) is traffic for nothing.
+const STREAM_FROM: usize = 8 << 20;
+impl ShmExec {
+    /// Bytes of each block's piece when every rank's piece of each of `P`
+    /// blocks shares one data area (whole cache lines).
+    fn block_piece(&self) -> usize {
+        (self.window.chunk / self.size) & !63
+    }
+
+    /// Rank `r`'s share `[lo, hi)` of an `m`-byte piece of `elem`-byte
+    /// elements (cache-line multiples, the last share shorter).
+    fn share(&self, m: usize, elem: usize, r: usize) -> (usize, usize) {
+        let part = m.div_ceil(self.size).next_multiple_of(64.max(elem));
+        ((r * part).min(m), ((r + 1) * part).min(m))
+    }
+
+    /// Reduces `input` (or `out`, in place) into `out` on the ranks where
+    /// `gathers` holds, a piece of at most one data area at a time. Small
+    /// pieces: every rank publishes the piece and combines all of them.
+    /// Larger ones: every rank publishes the other ranks' shares of its
+    /// piece, combines its own share (from its own input and the peers'
+    /// areas), publishes the result, and copies the others' results.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_pieces(
+        &self,
+        pulse: &Pulse,
+        input: Option<&[u8]>,
+        out: &mut [u8],
+        n: usize,
+        dtype: DType,
+        op: ReduceOp,
+        gathers: bool,
+    ) -> Result<(), Fault> {
+        let (p, me, elem) = (self.size, self.me, dtype.size());
+        let put = output_copy(n);
+        for (off, m) in pieces(n, self.window.chunk) {
+            let place = self.begin_phase(m);
+            let split = m > SPLIT_BYTES;
+            let from = input.unwrap_or(&*out);
+            if split {
+                for r in (0..p).filter(|r| *r != me) {
+                    let (lo, hi) = self.share(m, elem, r);
+                    copy_bytes(self.own(place, lo, hi - lo), &from[off + lo..off + hi]);
+                }
+            } else {
+                copy_bytes(self.own(place, 0, m), &from[off..off + m]);
+            }
+            self.sync(pulse)?;
+            if !split {
+                if gathers {
+                    let piece = |r| self.peer(r, place, 0, m);
+                    combine(dtype, op, p, piece, &mut out[off..off + m]);
+                }
+                continue;
+            }
+            // This rank's share of its own area was left unwritten above:
+            // its result goes there, where the peers read it.
+            let (lo, hi) = self.share(m, elem, me);
+            let share = self.own(place, lo, hi - lo);
+            let from = input.unwrap_or(&*out);
+            let values = |r| match r == me {
+                true => &from[off + lo..off + hi],
+                false => self.peer(r, place, lo, hi - lo),
+            };
+            combine(dtype, op, p, values, share);
+            if gathers {
+                put(&mut out[off + lo..off + hi], share);
+            }
+            self.sync(pulse)?;
+            if gathers {
+                for r in (0..p).filter(|r| *r != me) {
+                    let (lo, hi) = self.share(m, elem, r);
+                    put(
+                        &mut out[off + lo..off + hi],
+                        self.peer(r, place, lo, hi - lo),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// All-reduce of `t` in place (no scratch copy: the input is read into
+    /// the window before the result is written back).
+    pub(crate) fn all_reduce_in_place(
+        &self,
+        pulse: &Pulse,
+        t: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let (n, dtype) = (t.nbytes(), t.dtype());
+        self.reduce_pieces(pulse, None, t.bytes_mut(), n, dtype, op, true)
+    }
+
+    /// Every rank's `mine` (`blocks.len(r)` bytes from rank `r`, known to
+    /// all) into block `r` of `out`, laid out by `blocks`, on the ranks
+    /// that pass one (an all-gather, or a gather to the rank that does).
+    fn gather_blocks<B: Blocks>(
+        &self,
+        pulse: &Pulse,
+        mine: &[u8],
+        blocks: B,
+        mut out: Option<&mut [u8]>,
+    ) -> Result<(), Fault> {
+        let longest = (0..self.size).map(|r| blocks.len(r)).max().unwrap_or(0);
+        let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
+        for (off, m) in pieces(longest, self.chunk()) {
+            let place = self.begin_phase(m);
+            let own = mine.len().saturating_sub(off).min(m);
+            if own > 0 {
+                copy_bytes(self.own(place, 0, own), &mine[off..off + own]);
+            }
+            self.sync(pulse)?;
+            if let Some(out) = out.as_deref_mut() {
+                for r in 0..self.size {
+                    let n = blocks.len(r).saturating_sub(off).min(m);
+                    if n == 0 {
+                        continue;
+                    }
+                    // This rank's own piece from its block, still in cache.
+                    let from = match r == self.me {
+                        true => &mine[off..off + n],
+                        false => self.peer(r, place, 0, n),
+                    };
+                    for (at, pos, len) in blocks.runs(r, off, n) {
+                        put(&mut out[at..at + len], &from[pos..pos + len]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `all_to_all_v` of rows of `row` bytes (`counts`: rows this rank
+    /// sends each member, rows it expects from each). Its first phase
+    /// carries both the count exchange and every block's first piece: each
+    /// rank publishes its [count table](Links::table) beside the data area
+    /// and the pieces in it, then reads its peers' entries for it, judges
+    /// its links ([`Links::judge`]), and takes the pieces of the links that
+    /// agreed. Blocks of a single copy's size skip the window's first
+    /// phase; they and the rest of longer blocks continue as an equal
+    /// all-to-all's do (the longest block is the same on every rank, so is
+    /// the path).
+    pub(crate) fn all_to_all_v(
+        &self,
+        pulse: &Pulse,
+        (send, out): (&[u8], &mut [u8]),
+        (sc, rc): (&[usize], &[usize]),
+        row: usize,
+    ) -> Result<Links, Fault> {
+        let (p, me, m) = (self.size, self.me, self.block_piece());
+        // Always the data area: the pieces' sizes are not yet agreed.
+        let place = self.begin_phase(usize::MAX);
+        let table = Links::table(sc, rc);
+        self.own_table(place)
+            .copy_from_slice(bytemuck::cast_slice(&table));
+        // A block of a single copy's size leaves the window alone: the
+        // rest of the call reads it from the sender (both ends judge it by
+        // the same agreed count; a refused link moves nothing).
+        let first = |rows: usize, len: usize| match rows * row >= SINGLE_COPY_FROM {
+            true => 0,
+            false => len.min(m),
+        };
+        let offered = Links::spans(sc, sc, row);
+        for r in (0..p).filter(|r| *r != me) {
+            let n = first(sc[r], offered[r].len());
+            if n > 0 {
+                copy_bytes(self.own(place, r * m, n), &send[offered[r].start..][..n]);
+            }
+        }
+        self.sync(pulse)?;
+        let theirs: Vec<[u64; 3]> = (0..p).map(|s| self.peer_entry(s, place)).collect();
+        let links = Links::judge(me, sc, rc, &theirs);
+        let (sent, got) = links.placed((sc, rc), row);
+        for s in (0..p).filter(|s| *s != me) {
+            let n = first(rc[s], got[s].len());
+            if n > 0 {
+                copy_bytes(
+                    &mut out[got[s].start..][..n],
+                    self.peer(s, place, me * m, n),
+                );
+            }
+        }
+        let own = got[me].len();
+        if own > 0 {
+            copy_bytes(
+                &mut out[got[me].start..][..own],
+                &send[sent[me].start..][..own],
+            );
+        }
+        // The longest block any rank sends decides, the same everywhere.
+        let longest = links.longest.saturating_mul(row);
+        if longest > m || longest >= SINGLE_COPY_FROM {
+            // What is left of each block (this rank's own is done).
+            let rest = |spans: &[Range<usize>], counts: &[usize]| -> Vec<Range<usize>> {
+                let left = |(r, s): (usize, &Range<usize>)| match r == me {
+                    true => s.end..s.end,
+                    false => (s.start + first(counts[r], s.len()))..s.end,
+                };
+                spans.iter().enumerate().map(left).collect()
+            };
+            let (sent, got) = (rest(&sent, sc), rest(&got, rc));
+            let left = match longest >= SINGLE_COPY_FROM {
+                true => longest,
+                false => longest - m,
+            };
+            self.exchange_blocks(
+                pulse,
+                Some((send, Spans(&sent))),
+                Some((out, Spans(&got))),
+                left,
+                None,
+            )?;
+        }
+        Ok(links)
+    }
+
+    /// This rank's count table at `place`, to write before the
+    /// synchronisation that publishes it.
+    #[allow(clippy::mut_from_ref)]
+    fn own_table(&self, place: Place) -> &mut [u8] {
+        // SAFETY: the table follows the data area, inside the slot; only
+        // this rank writes it, and no peer reads it in this phase.
+        unsafe {
+            let at = self.data_at(self.me, place.area).add(self.window.chunk);
+            std::slice::from_raw_parts_mut(at, TABLE_ENTRY * self.size)
+        }
+    }
+
+    /// Rank `s`'s count-table entry for this rank at `place` (after the
+    /// synchronisation that published it).
+    fn peer_entry(&self, s: usize, place: Place) -> [u64; 3] {
+        // SAFETY: inside `s`'s table; no one writes it during this phase.
+        unsafe {
+            let at = self.data_at(s, place.area).add(self.window.chunk);
+            std::ptr::read_unaligned(at.add(TABLE_ENTRY * self.me) as *const [u64; 3])
+        }
+    }
+
+    /// Moves `P` blocks per rank: block `r` of this rank's `send` to rank
+    /// `r`, whose block `me` of `out` receives it (each laid out by its
+    /// [`Blocks`]; a link's two ends agree on its length). `longest`: the
+    /// longest block any rank sends, the same on every rank (it decides the
+    /// phases). `sender` narrows it to a scatter from that rank.
+    fn exchange_blocks<S: Blocks, O: Blocks>(
+        &self,
+        pulse: &Pulse,
+        send: Option<(&[u8], S)>,
+        mut out: Option<(&mut [u8], O)>,
+        longest: usize,
+        sender: Option<usize>,
+    ) -> Result<(), Fault> {
+        if let (None, Some((src, from)), Some((dst, to))) = (sender, send, out.as_mut()) {
+            if self.moves_by_single_copy(longest)
+                && self.all_to_all_single_copy(pulse, (src, from), (dst, *to))?
+            {
+                return Ok(());
+            }
+        }
+        let p = self.size;
+        let senders = match sender {
+            Some(s) => s..s + 1,
+            None => 0..p,
+        };
+        let me = self.me;
+        // Where sender `s`'s block lands in `out`.
+        let slot = |s: usize| if sender.is_some() { 0 } else { s };
+        // This rank's block to itself goes straight from `send` to `out`
+        // (after the synchronisation, when `out` may be written: a failed
+        // agreement leaves it untouched), not through the window.
+        let direct = send.filter(|_| out.is_some() && senders.contains(&me));
+        let part = |len: usize, off: usize, m: usize| len.saturating_sub(off).min(m);
+        for (off, m) in pieces(longest, self.block_piece()) {
+            let place = self.begin_phase(p * m);
+            if let Some((buf, blocks)) = send {
+                for r in (0..p).filter(|r| direct.is_none() || *r != me) {
+                    let n = part(blocks.len(r), off, m);
+                    blocks.read(buf, r, off, self.own(place, r * m, n));
+                }
+            }
+            self.sync(pulse)?;
+            if let Some((buf, blocks)) = out.as_mut() {
+                for s in senders.clone() {
+                    let n = part(blocks.len(slot(s)), off, m);
+                    if let Some((src, from)) = direct.filter(|_| s == me) {
+                        from.copy_to(src, me, *blocks, buf, slot(me), off, n);
+                        continue;
+                    }
+                    let piece = self.peer(s, place, me * m, n);
+                    blocks.write(buf, slot(s), off, piece);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(offset, length)` of the pieces of `total` bytes, at most `step` each;
+/// one empty piece when `total` is 0 (a call always synchronises once).
+fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = total.div_ceil(step).max(1);
+    (0..count).map(move |i| {
+        let off = i * step;
+        (off, step.min(total - off))
+    })
+}
+
+/// How a call whose output is `total` bytes copies into it.
+fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
+    if total >= STREAM_FROM {
+        stream_bytes
+    } else {
+        copy_bytes
+    }
+}
+
+/// Contiguous blocks of `block` bytes.
+fn contiguous(block: usize) -> BlockLayout {
+    BlockLayout {
+        count: 1,
+        run: block,
+        stride: block,
+        extent: block,
+    }
+}
+
+/// One call's view of a group's [`ShmExec`]: the plane and the watchdog's pulse.
+pub(crate) struct ShmCall<'a> {
+    pub(crate) plane: &'a ShmExec,
+    pub(crate) pulse: Pulse<'a>,
+}
+
+impl ShmCall<'_> {
+    /// Rank `r` gets in `out` the reduction of every rank's block `r` of
+    /// `input`, laid out by `blocks` (`out` holds `blocks.len(me)` bytes).
+    pub(crate) fn reduce_scatter_blocks<B: Blocks>(
+        &self,
+        input: &[u8],
+        blocks: B,
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let plane = self.plane;
+        let (p, me) = (plane.size, plane.me);
+        let longest = (0..p).map(|r| blocks.len(r)).max().unwrap_or(0);
+        let part = |r: usize, off: usize, m: usize| blocks.len(r).saturating_sub(off).min(m);
+        for (off, m) in pieces(longest, plane.block_piece()) {
+            let place = plane.begin_phase(p * m);
+            // This rank's own block is read from its input, not published.
+            for r in (0..p).filter(|r| *r != me) {
+                blocks.read(input, r, off, plane.own(place, r * m, part(r, off, m)));
+            }
+            plane.sync(&self.pulse)?;
+            for (at, pos, len) in blocks.runs(me, off, part(me, off, m)) {
+                let piece_of = |q| match q == me {
+                    true => &input[at..at + len],
+                    false => plane.peer(q, place, me * m + pos, len),
+                };
+                combine(dtype, op, p, piece_of, &mut out[off + pos..off + pos + len]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank's `mine` into block `r` of `out`, laid out by `blocks`.
+    pub(crate) fn all_gather_blocks<B: Blocks>(
+        &self,
+        mine: &[u8],
+        blocks: B,
+        out: &mut [u8],
+    ) -> Result<(), Fault> {
+        self.plane
+            .gather_blocks(&self.pulse, mine, blocks, Some(out))
+    }
+}
+
+impl HostMoves for ShmCall<'_> {
+    fn barrier(&self) -> Result<(), Fault> {
+        self.plane.begin_phase(0);
+        self.plane.sync(&self.pulse)
+    }
+
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
+        let (n, dtype) = (input.nbytes(), input.dtype());
+        self.plane.reduce_pieces(
+            &self.pulse,
+            Some(input.bytes()),
+            out.bytes_mut(),
+            n,
+            dtype,
+            op,
+            true,
+        )
+    }
+
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let (n, dtype) = (input.nbytes(), input.dtype());
+        let gathers = self.plane.me == root;
+        self.plane.reduce_pieces(
+            &self.pulse,
+            Some(input.bytes()),
+            out.bytes_mut(),
+            n,
+            dtype,
+            op,
+            gathers,
+        )
+    }
+
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
+        let layout = contiguous(out.nbytes());
+        let dtype = packed.dtype();
+        self.reduce_scatter_blocks(packed.bytes(), layout, out.bytes_mut(), dtype, op)
+    }
+
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let layout = contiguous(block.len());
+        self.plane
+            .gather_blocks(&self.pulse, block, layout, Some(out))
+    }
+
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+        let plane = self.plane;
+        let mut out = (plane.me == root).then(|| vec![0u8; block.len() * plane.size]);
+        let layout = contiguous(block.len());
+        plane.gather_blocks(&self.pulse, block, layout, out.as_deref_mut())?;
+        Ok(out)
+    }
+
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
+        let gets = root.is_none_or(|r| r == self.plane.me);
+        let mut flat = gets.then(|| vec![0u8; lens.iter().sum()]);
+        let spans = Links::spans(lens, lens, 1);
+        self.plane
+            .gather_blocks(&self.pulse, mine, Spans(&spans), flat.as_deref_mut())?;
+        Ok(flat.map(|flat| split_lens(&flat, lens)))
+    }
+
+    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+        let spans = Links::spans(lens, lens, 1);
+        self.plane
+            .gather_blocks(&self.pulse, mine, Spans(&spans), Some(out))
+    }
+
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+        let block = recv.len();
+        let send = send
+            .filter(|_| self.plane.me == root)
+            .map(|s| (s, contiguous(block)));
+        self.plane.exchange_blocks(
+            &self.pulse,
+            send,
+            Some((recv, contiguous(block))),
+            block,
+            Some(root),
+        )
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+        let plane = self.plane;
+        let put = output_copy(buf.len());
+        for (off, m) in pieces(buf.len(), plane.chunk()) {
+            let place = plane.begin_phase(m);
+            if plane.me == root {
+                copy_bytes(plane.own(place, 0, m), &buf[off..off + m]);
+            }
+            plane.sync(&self.pulse)?;
+            if plane.me != root {
+                put(&mut buf[off..off + m], plane.peer(root, place, 0, m));
+            }
+        }
+        Ok(())
+    }
+
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let block = send.len() / self.plane.size;
+        let layout = contiguous(block);
+        self.all_to_all_strided(send, layout, out, layout)
+            .map(|_| ())
+    }
+
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        out: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault> {
+        let block = send_layout.count * send_layout.run;
+        self.plane.exchange_blocks(
+            &self.pulse,
+            Some((send, send_layout)),
+            Some((out, recv_layout)),
+            block,
+            None,
+        )?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{contiguous, pieces, BlockLayout, Blocks};
+
+    #[test]
+    fn pieces_cover_the_total_and_an_empty_call_has_one() {
+        assert_eq!(pieces(0, 8).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(pieces(20, 8).collect::<Vec<_>>(), [(0, 8), (8, 8), (16, 4)]);
+    }
+
+    #[test]
+    fn strided_blocks_round_trip() {
+        // A [2, 4] tensor of bytes, split into 2 blocks along dim 1.
+        let buf: Vec<u8> = (0..8).collect();
+        let l = BlockLayout::along(&[2, 4], 1, 2, 1);
+        let mut got = vec![0u8; 4];
+        l.read(&buf, 1, 0, &mut got);
+        assert_eq!(got, [2, 3, 6, 7]);
+        let mut part = vec![0u8; 3];
+        l.read(&buf, 1, 1, &mut part);
+        assert_eq!(part, [3, 6, 7]);
+        let mut back = vec![0u8; 8];
+        l.write(&mut back, 1, 0, &got);
+        assert_eq!(back, [0, 0, 2, 3, 0, 0, 6, 7]);
+        // Block 1's bytes 1..4 straight into block 1 of contiguous blocks.
+        let mut flat = vec![0u8; 8];
+        l.copy_to(&buf, 1, contiguous(4), &mut flat, 1, 1, 3);
+        assert_eq!(flat, [0, 0, 0, 0, 0, 3, 6, 7]);
+        // And back, from contiguous blocks into the strided layout.
+        let mut strided = vec![0u8; 8];
+        contiguous(4).copy_to(&flat, 1, l, &mut strided, 1, 1, 3);
+        assert_eq!(strided, [0, 0, 0, 3, 0, 0, 6, 7]);
+    }
+}
