@@ -25,7 +25,9 @@ pub enum Error {
     /// A start-up check that some rank failed (its `RANKMESH_*` variables,
     /// the launcher's view), agreed by every rank, each of which printed it
     /// to stderr while MPI was still up (a launcher that ends the job at the
-    /// first failed rank would otherwise swallow the others' lines).
+    /// first failed rank would otherwise swallow the others' lines); or an
+    /// MPI library of another ABI family than this build's headers, which
+    /// every rank finds on its own before `MPI_Init`.
     #[error("launch: {0}")]
     Startup(String),
     /// Invalid parallel sizes or rank lists (checked before any communicator exists).

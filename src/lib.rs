@@ -35,6 +35,7 @@ mod tensor;
 // 2. agreement and the watch, over the MPI pieces rsmpi lacks
 mod wait;
 mod mpi_ext;
+mod mpi_abi;
 pub mod agree;
 mod watch;
 // 3. executors and the device plane

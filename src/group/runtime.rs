@@ -348,6 +348,14 @@ impl Runtime {
         // the main thread calls MPI — except the watchdog's MPI_Abort, which
         // ends the job. MULTIPLE would slow every call for nothing.
         note_panics();
+        // Before any call that a wrong library would crash in: each rank
+        // finds the same mismatch on its own, so none waits for another.
+        // Printed here, as every start-up refusal is (MPI cannot carry it).
+        if let Err(why) = crate::mpi_abi::check_library() {
+            let line = format!("rankmesh: error: launch: {why}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return Err(Error::Startup(why));
+        }
         let startup = StartupWatch::start(options.init_timeout);
         let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| {

@@ -89,26 +89,6 @@ pub(crate) struct Absent {
     pub unasked: usize,
 }
 
-/// The MPI library's own version line (`MPI_Get_library_version`, which
-/// MPI lets a process call before `MPI_Init`).
-pub(crate) fn mpi_library_version() -> String {
-    let mut buf = vec![0u8; mpi::ffi::MPI_MAX_LIBRARY_VERSION_STRING as usize + 1];
-    let mut len: std::os::raw::c_int = 0;
-    // SAFETY: `buf` holds MPI_MAX_LIBRARY_VERSION_STRING bytes and more, as
-    // the call requires; `len` is an out-parameter.
-    let rc = unsafe { mpi::ffi::MPI_Get_library_version(buf.as_mut_ptr().cast(), &mut len) };
-    if rc != 0 {
-        return String::new();
-    }
-    buf.truncate((len.max(0) as usize).min(buf.len()));
-    String::from_utf8_lossy(&buf)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 /// Whether arrival marks may go into the launcher's PMIx before `MPI_Init`
 /// under the MPI library `version` says it is.
 fn marks_tolerated(version: &str) -> bool {
@@ -127,7 +107,7 @@ impl Registry {
         // arrived first: Open MPI 4 (`mpirun`, `srun --mpi=pmix`). Open MPI
         // 5's MPI_Init fails after it ("local rank: Not found"); elsewhere
         // it is untested. There the start-up watch says ranks cannot be named.
-        if !marks_tolerated(&mpi_library_version()) {
+        if !marks_tolerated(&crate::mpi_abi::library_version()) {
             return None;
         }
         // SAFETY: loading PMIx runs no code of ours; it is the library the
@@ -250,7 +230,7 @@ mod tests {
 
     #[test]
     fn marks_go_only_where_the_mpi_tolerates_them() {
-        let here = mpi_library_version();
+        let here = crate::mpi_abi::library_version();
         assert!(
             here.starts_with("Open MPI v4."),
             "this machine's MPI: {here}"

@@ -1,0 +1,12 @@
+/* Preloaded into rankmesh (LD_PRELOAD): answers MPI_Get_library_version as
+ * Intel MPI does, so a binary built against Open MPI's headers meets what
+ * it would meet with an MPICH-family library first on its path. Nothing
+ * else is replaced; rankmesh must refuse before any other MPI call. */
+#include <string.h>
+
+int MPI_Get_library_version(char *version, int *resultlen) {
+    const char *v = "Intel(R) MPI Library 2021.19 for Linux* OS\n";
+    strcpy(version, v);
+    *resultlen = (int)strlen(v);
+    return 0;
+}
