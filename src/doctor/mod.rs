@@ -24,7 +24,7 @@ pub mod verdict;
 
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::group::{Collectives, GroupCoordinator, Runtime};
+use crate::group::{Collectives, GroupCoordinator, Runtime, WorldInfo};
 use crate::object::Objects;
 use crate::op::ReduceOp;
 use mpi::collective::SystemOperation;
@@ -166,173 +166,36 @@ pub struct Outcome {
 /// ranks `None`.
 pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
     let start = Instant::now();
-    let comm = rt.world_comm();
-    let probe = Probe::new(comm, cfg.deadline);
-    let info = rt.world();
-    let me = info.rank;
-    let mut mine = Vec::new();
-
+    let d = Doctor::new(rt, cfg);
     // 1. Reach: every pair of ranks, round by round.
-    for (k, round) in rounds(info.size).iter().enumerate() {
-        if let Some(peer) = partner(round, me) {
-            let t = probe.best_exchange(peer, PING_BYTES, PING_REPS, "reach");
-            if me < peer {
-                mine.push(Step::Reach(pair(me, peer, t, 0.0, 0)));
-            }
-        }
-        probe.barrier(&format!("reach round {k}"));
-    }
-
-    // 2a. Each node's all_reduce on a node communicator.
-    let node = info.me().node;
-    let node_comm = comm
-        .split_by_color(Color::with_value(node as i32))
+    let mut mine = d.reach();
+    // 2. Within nodes: each node's all_reduce, its pairs, its devices.
+    let node_comm = d
+        .comm
+        .split_by_color(Color::with_value(d.node as i32))
         .expect("every rank passes a colour");
-    let node_busbw =
-        (node_comm.size() > 1).then(|| node_all_reduce(&node_comm, cfg.bytes, cfg.reps));
-    probe.barrier("node all_reduce");
-
-    // 2b. Pairs within each node, by local rank, all nodes at once.
-    let node_ranks = |n: usize| -> Vec<usize> {
-        info.ranks
-            .iter()
-            .filter(|r| r.node == n)
-            .map(|r| r.rank)
-            .collect()
-    };
-    let local = node_ranks(node);
-
-    let widest = info.ranks.iter().map(|r| r.local_size).max().unwrap_or(1);
-    for (k, round) in rounds(widest).iter().enumerate() {
-        if let Some(j) = partner(round, info.me().local_rank).filter(|j| *j < local.len()) {
-            let peer = local[j];
-            let t = probe.best_exchange(peer, cfg.bytes, cfg.reps, "within a node");
-            if me < peer {
-                mine.push(Step::Intra(pair(me, peer, 0.0, t, cfg.bytes)));
-            }
-        }
-        probe.barrier(&format!("within-node round {k}"));
-    }
-
-    // 2c. Each node's device all_reduce, when every rank has a GPU and NCCL.
-    let facts = DeviceFacts::here(me, node);
-    let mut every = 0u8;
-    comm.all_reduce_into(&u8::from(facts.ready()), &mut every, SystemOperation::min());
-    let device_node = match every {
-        1 => {
-            let lists: Vec<Vec<usize>> = (0..info.node_count).map(node_ranks).collect();
-            rt.split_groups("node", &lists)?.filter(|g| g.size() > 1)
-        }
-        _ => None,
-    };
-    let device_run = device_node
-        .as_ref()
-        .map(|g| device_all_reduce(g, &node_comm, cfg.bytes, cfg.reps));
-    probe.barrier("node device all_reduce");
-
-    // 3. Node leaders, node pair by node pair.
-    let leader = |n: usize| node_ranks(n)[0];
-    for (k, round) in rounds(info.node_count).iter().enumerate() {
-        if info.me().local_rank == 0 {
-            if let Some(other) = partner(round, node) {
-                let peer = leader(other);
-                let lat = probe.best_exchange(peer, PING_BYTES, PING_REPS, "between nodes");
-                let bw = probe.best_exchange(peer, cfg.bytes, cfg.reps, "between nodes");
-                if node < other {
-                    mine.push(Step::Inter(pair(node, other, lat, bw, cfg.bytes)));
-                }
-            }
-        }
-        probe.barrier(&format!("between-node round {k}"));
-    }
-
-    let node_entry = (info.me().local_rank == 0).then(|| NodeResult {
-        node,
-        host: info.me().host.clone(),
-        ranks: local.clone(),
+    let node_busbw = d.node_all_reduce(&node_comm);
+    mine.extend(d.within_nodes());
+    let facts = DeviceFacts::here(d.me, d.node);
+    let (device_node, device_run) = d.node_devices(&facts, &node_comm)?;
+    // 3. Between nodes: node leaders, node pair by node pair.
+    mine.extend(d.between_nodes());
+    let node_entry = (d.info.me().local_rank == 0).then(|| NodeResult {
+        node: d.node,
+        host: d.info.me().host.clone(),
+        ranks: d.node_ranks(d.node),
         all_reduce_busbw: node_busbw,
         device_busbw: device_run.as_ref().and_then(|r| r.as_ref().ok().copied()),
         device_error: device_run.and_then(|r| r.err()).map(one_line),
     });
     let world = rt.world_group()?;
-    let gathered = world.gather_object(&(mine, node_entry, facts), 0)?;
-    let measured = gathered.map(|all| {
-        let mut m = Measurements {
-            bytes: cfg.bytes,
-            reps: cfg.reps,
-            reach: Vec::new(),
-            nodes: Vec::new(),
-            intra_node: Vec::new(),
-            inter_node: Vec::new(),
-            devices: Vec::new(),
-            seconds: start.elapsed().as_secs_f64(),
-        };
-        for (steps, node, facts) in all {
-            m.nodes.extend(node);
-            m.devices.push(facts);
-            for s in steps {
-                match s {
-                    Step::Reach(p) => m.reach.push(p),
-                    Step::Intra(p) => m.intra_node.push(p),
-                    Step::Inter(p) => m.inter_node.push(p),
-                }
-            }
-        }
-        m.nodes.sort_by_key(|n| n.node);
-        for v in [&mut m.reach, &mut m.intra_node, &mut m.inter_node] {
-            v.sort_by_key(|p| (p.a, p.b));
-        }
-        m
-    });
-
+    let measured = d.gathered(&world, mine, node_entry, facts, start)?;
     // 4. Suspects measured again, one at a time, every other rank idle.
     let retakes = Instant::now();
     let plan = measured
         .as_ref()
         .map(|m| verdict::plan(m, verdict::suspects(m, cfg.threshold)));
-    let planned = plan.as_ref().map(|p| (p.tasks.clone(), p.reps.clone()));
-    let (tasks, reps) = world.broadcast_object(planned.as_ref(), 0)?;
-    let mut figures = vec![0.0f64; tasks.len()];
-    let mut todo: Vec<usize> = (0..tasks.len()).collect();
-    let mut passes = 0;
-    while !todo.is_empty() {
-        passes += 1;
-        let mut alone = vec![0.0; tasks.len()];
-        for &k in &todo {
-            probe.barrier(&format!("retake {k}"));
-            match tasks[k] {
-                Task::Pair(a, b) if me == a || me == b => {
-                    let peer = a + b - me;
-                    let t = probe.best_exchange(peer, cfg.bytes, reps[k], "measured alone");
-                    alone[k] = cfg.bytes as f64 / t / 1e9;
-                }
-                Task::AllReduce(n) if n == node => {
-                    alone[k] = node_all_reduce(&node_comm, cfg.bytes, reps[k])
-                }
-                Task::DeviceAllReduce(n) if n == node => {
-                    if let Some(g) = &device_node {
-                        alone[k] =
-                            device_all_reduce(g, &node_comm, cfg.bytes, reps[k]).unwrap_or(0.0)
-                    }
-                }
-                _ => {}
-            }
-        }
-        probe.barrier("retakes");
-        // A retake's figure is known to its participants (both ends of a
-        // pair saw the same exchanges; a node's ranks agree): the largest.
-        let mut got = vec![0.0; tasks.len()];
-        comm.all_reduce_into(&alone[..], &mut got[..], SystemOperation::max());
-        for (f, g) in figures.iter_mut().zip(got) {
-            *f = f64::max(*f, g);
-        }
-        todo = if passes < verdict::PASSES {
-            let again = plan.as_ref().map(|p| p.still_low(&figures, cfg.threshold));
-            world.broadcast_object(again.as_ref(), 0)?
-        } else {
-            Vec::new()
-        };
-    }
+    let (figures, passes) = d.retake(&world, plan.as_ref(), &node_comm, device_node.as_ref())?;
     Ok(measured.zip(plan).map(|(m, plan)| {
         let mut judgement = verdict::confirm(&m, &plan, &figures, cfg.threshold);
         judgement.seconds = retakes.elapsed().as_secs_f64();
@@ -342,6 +205,247 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
             judgement,
         }
     }))
+}
+
+/// One rank's view of a doctor run: the world, where this rank is, and the
+/// probe every step waits through.
+struct Doctor<'a> {
+    rt: &'a Runtime,
+    cfg: &'a DoctorConfig,
+    comm: &'a SimpleCommunicator,
+    probe: Probe<'a>,
+    info: &'a WorldInfo,
+    me: usize,
+    node: usize,
+}
+
+impl<'a> Doctor<'a> {
+    fn new(rt: &'a Runtime, cfg: &'a DoctorConfig) -> Self {
+        let comm = rt.world_comm();
+        let info = rt.world();
+        Doctor {
+            rt,
+            cfg,
+            comm,
+            probe: Probe::new(comm, cfg.deadline),
+            info,
+            me: info.rank,
+            node: info.me().node,
+        }
+    }
+
+    /// The world ranks on node `n`, in order.
+    fn node_ranks(&self, n: usize) -> Vec<usize> {
+        self.info
+            .ranks
+            .iter()
+            .filter(|r| r.node == n)
+            .map(|r| r.rank)
+            .collect()
+    }
+
+    /// Latency between every pair of ranks, round by round.
+    fn reach(&self) -> Vec<Step> {
+        let mut mine = Vec::new();
+        for (k, round) in rounds(self.info.size).iter().enumerate() {
+            if let Some(peer) = partner(round, self.me) {
+                let t = self
+                    .probe
+                    .best_exchange(peer, PING_BYTES, PING_REPS, "reach");
+                if self.me < peer {
+                    mine.push(Step::Reach(pair(self.me, peer, t, 0.0, 0)));
+                }
+            }
+            self.probe.barrier(&format!("reach round {k}"));
+        }
+        mine
+    }
+
+    /// This node's all_reduce over `node_comm` (none for a node of one).
+    fn node_all_reduce(&self, node_comm: &SimpleCommunicator) -> Option<f64> {
+        let busbw = (node_comm.size() > 1)
+            .then(|| node_all_reduce(node_comm, self.cfg.bytes, self.cfg.reps));
+        self.probe.barrier("node all_reduce");
+        busbw
+    }
+
+    /// Pairs within each node, by local rank, all nodes at once.
+    fn within_nodes(&self) -> Vec<Step> {
+        let (cfg, me) = (self.cfg, self.me);
+        let local = self.node_ranks(self.node);
+        let widest = self
+            .info
+            .ranks
+            .iter()
+            .map(|r| r.local_size)
+            .max()
+            .unwrap_or(1);
+        let mut mine = Vec::new();
+        for (k, round) in rounds(widest).iter().enumerate() {
+            let mate = partner(round, self.info.me().local_rank).filter(|j| *j < local.len());
+            if let Some(peer) = mate.map(|j| local[j]) {
+                let t = self
+                    .probe
+                    .best_exchange(peer, cfg.bytes, cfg.reps, "within a node");
+                if me < peer {
+                    mine.push(Step::Intra(pair(me, peer, 0.0, t, cfg.bytes)));
+                }
+            }
+            self.probe.barrier(&format!("within-node round {k}"));
+        }
+        mine
+    }
+
+    /// Each node's device all_reduce, when every rank has a GPU and NCCL:
+    /// the node's device group (kept for the retakes) and its figure.
+    #[allow(clippy::type_complexity)]
+    fn node_devices(
+        &self,
+        facts: &DeviceFacts,
+        node_comm: &SimpleCommunicator,
+    ) -> Result<(Option<GroupCoordinator<'a>>, Option<Result<f64>>)> {
+        let mut every = 0u8;
+        self.comm
+            .all_reduce_into(&u8::from(facts.ready()), &mut every, SystemOperation::min());
+        let device_node = match every {
+            1 => {
+                let lists: Vec<Vec<usize>> = (0..self.info.node_count)
+                    .map(|n| self.node_ranks(n))
+                    .collect();
+                self.rt
+                    .split_groups("node", &lists)?
+                    .filter(|g| g.size() > 1)
+            }
+            _ => None,
+        };
+        let device_run = device_node
+            .as_ref()
+            .map(|g| device_all_reduce(g, node_comm, self.cfg.bytes, self.cfg.reps));
+        self.probe.barrier("node device all_reduce");
+        Ok((device_node, device_run))
+    }
+
+    /// Node leaders, node pair by node pair: latency and bandwidth.
+    fn between_nodes(&self) -> Vec<Step> {
+        let (cfg, node) = (self.cfg, self.node);
+        let mut mine = Vec::new();
+        for (k, round) in rounds(self.info.node_count).iter().enumerate() {
+            if self.info.me().local_rank == 0 {
+                if let Some(other) = partner(round, node) {
+                    let peer = self.node_ranks(other)[0];
+                    let p = &self.probe;
+                    let lat = p.best_exchange(peer, PING_BYTES, PING_REPS, "between nodes");
+                    let bw = p.best_exchange(peer, cfg.bytes, cfg.reps, "between nodes");
+                    if node < other {
+                        mine.push(Step::Inter(pair(node, other, lat, bw, cfg.bytes)));
+                    }
+                }
+            }
+            self.probe.barrier(&format!("between-node round {k}"));
+        }
+        mine
+    }
+
+    /// Every rank's steps, node entry and device facts gathered over
+    /// `world` on world rank 0, as sorted measurements (`None` elsewhere).
+    fn gathered(
+        &self,
+        world: &GroupCoordinator<'_>,
+        mine: Vec<Step>,
+        node_entry: Option<NodeResult>,
+        facts: DeviceFacts,
+        start: Instant,
+    ) -> Result<Option<Measurements>> {
+        let gathered = world.gather_object(&(mine, node_entry, facts), 0)?;
+        Ok(gathered.map(|all| {
+            let mut m = Measurements {
+                bytes: self.cfg.bytes,
+                reps: self.cfg.reps,
+                reach: Vec::new(),
+                nodes: Vec::new(),
+                intra_node: Vec::new(),
+                inter_node: Vec::new(),
+                devices: Vec::new(),
+                seconds: start.elapsed().as_secs_f64(),
+            };
+            for (steps, node, facts) in all {
+                m.nodes.extend(node);
+                m.devices.push(facts);
+                for s in steps {
+                    match s {
+                        Step::Reach(p) => m.reach.push(p),
+                        Step::Intra(p) => m.intra_node.push(p),
+                        Step::Inter(p) => m.inter_node.push(p),
+                    }
+                }
+            }
+            m.nodes.sort_by_key(|n| n.node);
+            for v in [&mut m.reach, &mut m.intra_node, &mut m.inter_node] {
+                v.sort_by_key(|p| (p.a, p.b));
+            }
+            m
+        }))
+    }
+
+    /// Measures `plan`'s tasks (rank 0's plan, broadcast) one at a time with
+    /// every other rank idle, in passes while suspects stay low: each
+    /// task's best figure and the passes taken.
+    fn retake(
+        &self,
+        world: &GroupCoordinator<'_>,
+        plan: Option<&verdict::Plan>,
+        node_comm: &SimpleCommunicator,
+        device_node: Option<&GroupCoordinator<'_>>,
+    ) -> Result<(Vec<f64>, usize)> {
+        let (cfg, me, node) = (self.cfg, self.me, self.node);
+        let planned = plan.map(|p| (p.tasks.clone(), p.reps.clone()));
+        let (tasks, reps) = world.broadcast_object(planned.as_ref(), 0)?;
+        let mut figures = vec![0.0f64; tasks.len()];
+        let mut todo: Vec<usize> = (0..tasks.len()).collect();
+        let mut passes = 0;
+        while !todo.is_empty() {
+            passes += 1;
+            let mut alone = vec![0.0; tasks.len()];
+            for &k in &todo {
+                self.probe.barrier(&format!("retake {k}"));
+                match tasks[k] {
+                    Task::Pair(a, b) if me == a || me == b => {
+                        let peer = a + b - me;
+                        let t =
+                            self.probe
+                                .best_exchange(peer, cfg.bytes, reps[k], "measured alone");
+                        alone[k] = cfg.bytes as f64 / t / 1e9;
+                    }
+                    Task::AllReduce(n) if n == node => {
+                        alone[k] = node_all_reduce(node_comm, cfg.bytes, reps[k])
+                    }
+                    Task::DeviceAllReduce(n) if n == node => {
+                        if let Some(g) = device_node {
+                            alone[k] =
+                                device_all_reduce(g, node_comm, cfg.bytes, reps[k]).unwrap_or(0.0)
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            self.probe.barrier("retakes");
+            // A retake's figure is known to its participants (both ends of a
+            // pair saw the same exchanges; a node's ranks agree): the largest.
+            let mut got = vec![0.0; tasks.len()];
+            self.comm
+                .all_reduce_into(&alone[..], &mut got[..], SystemOperation::max());
+            for (f, g) in figures.iter_mut().zip(got) {
+                *f = f64::max(*f, g);
+            }
+            todo = if passes < verdict::PASSES {
+                let again = plan.map(|p| p.still_low(&figures, cfg.threshold));
+                world.broadcast_object(again.as_ref(), 0)?
+            } else {
+                Vec::new()
+            };
+        }
+        Ok((figures, passes))
+    }
 }
 
 /// Bus bandwidth of an all_reduce of `bytes` over `node_comm`, GB/s: the
