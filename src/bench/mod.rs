@@ -20,8 +20,8 @@ pub mod workload;
 
 use crate::error::{Error, Result};
 use crate::group::Collectives;
-use crate::group::GroupCoordinator;
 use crate::group::Runtime;
+use crate::group::{DeviceGroup, GroupCoordinator};
 use crate::object::Objects;
 use crate::op::Op;
 use crate::op::ReduceOp;
@@ -98,135 +98,38 @@ fn combine(g: &GroupCoordinator<'_>, v: f64, how: Average) -> Result<f64> {
 /// Runs the benchmark on every rank; world rank 0's report holds every row.
 pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<BenchReport> {
     let mut ps = ParallelState::new(rt)?;
-    let group = match cfg.group {
-        GroupChoice::World => ps.world().clone(),
-        kind => {
-            ps.initialize_model_parallel(cfg.tp, cfg.sp, None)?;
-            match kind {
-                GroupChoice::Tp => ps.tp()?,
-                GroupChoice::Sp => ps.sp()?,
-                _ => ps.dp()?,
-            }
-        }
-    };
+    let group = bench_group(&mut ps, cfg)?;
     cfg.validate(group.size())?;
     let world = ps.world().clone();
-    // Every rank checks its own memory; the first refusal is every rank's error.
-    let refusal = memory::refuse(cfg, group.size(), rt.world().me().local_size);
-    let refusals: Vec<Option<String>> = world.all_gather_object(&refusal)?;
-    if let Some((r, msg)) = refusals
-        .iter()
-        .enumerate()
-        .find_map(|(r, m)| m.as_ref().map(|m| (r, m)))
-    {
-        return Err(Error::Usage {
-            what: "bench",
-            group: "world".into(),
-            msg: format!("rank {r}: {msg}"),
-        });
-    }
-    let extras = Extras {
-        baseline: cfg.baseline,
-        stats: cfg.stats,
-        device: cfg.device,
-    };
-    let is_main = world.is_first_rank();
-    let groups: Vec<(String, Vec<usize>)> = world
-        .all_gather_object(&(group.name().to_string(), group.ranks().to_vec()))?
-        .into_iter()
-        .enumerate()
-        .filter(|(r, (_, ranks))| ranks[0] == *r)
-        .map(|(_, g)| g)
-        .collect();
-
-    // Preamble and device lines, gathered in rank order as nccl-tests does.
+    agree_memory(rt, cfg, &group, &world)?;
+    let groups = groups_of(&world, &group)?;
     let group_index = groups
         .iter()
         .position(|(n, _)| n == group.name())
         .unwrap_or(0);
-    let me = rt.world().me();
-    let dg = if cfg.device {
-        let dg = group.device()?;
-        dg.connect()?;
-        Some(dg)
-    } else {
-        None
-    };
-    let (device, device_hex, device_info) = match &dg {
-        Some(dg) => {
-            let i = dg.gpu().info();
-            (i.ordinal as i32, i.bus_id.clone(), i.name.clone())
+    let dg = match cfg.device {
+        true => {
+            let dg = group.device()?;
+            dg.connect()?;
+            Some(dg)
         }
-        None => {
-            let executor = match group.host_executor() {
-                "shm" => "shared memory",
-                "mpi" => "MPI",
-                "hier" => "shared memory within nodes and MPI across them",
-                other => other,
-            };
-            (-1, "0000:00:00".into(), format!("host memory ({executor})"))
-        }
+        false => None,
     };
-    let device = json::Device {
-        rank: rt.rank(),
-        group: group_index,
-        pid: std::process::id(),
-        hostname: me.host.clone(),
-        device,
-        device_hex,
-        device_info,
-    };
-    let devices = world.gather_object(&device, 0)?.unwrap_or_default();
+    // Device lines gathered in rank order, as nccl-tests prints them.
+    let mine = device_entry(rt, &group, group_index, dg.as_ref());
+    let devices = world.gather_object(&mine, 0)?.unwrap_or_default();
     let nccl_version = dg.map_or(0, |d| d.gpu().nccl().map_or(0, |n| n.version_code()));
     // -R: what every rank's library can register, agreed (a window is
     // collective); a library without it runs unregistered, as nccl-tests.
     let (registration, register_note) = device::registration(cfg, dg.as_ref(), &world)?;
-    if is_main {
-        let (step, factor) = if cfg.step_factor > 1 {
-            (cfg.step_factor, true)
-        } else {
-            (cfg.step_bytes, false)
-        };
-        let pre = format::Preamble {
-            program: &cfg.op.program(),
-            min_bytes: cfg.min_bytes,
-            max_bytes: cfg.max_bytes,
-            step: (step, factor),
-            warmup: cfg.warmup,
-            iters: cfg.iters,
-            agg: cfg.agg,
-            check: cfg.check,
-            blocking: cfg.blocking,
+    if world.is_first_rank() {
+        let head = Heading {
+            devices: &devices,
+            register_note: register_note.as_deref(),
             nccl_version,
         };
-        write_out(out, &format::preamble(&pre))?;
-        if let Some(note) = &register_note {
-            write_out(out, &format!("# {note}\n"))?;
-        }
-        let lines: String = devices
-            .iter()
-            .map(|d| {
-                format::device_line(
-                    d.rank,
-                    d.group,
-                    d.pid,
-                    &d.hostname,
-                    d.device,
-                    &d.device_hex,
-                    &d.device_info,
-                )
-            })
-            .collect();
-        write_out(out, &lines)?;
-        let host_executors = (!cfg.device)
-            .then(|| executors_by_size(&group, cfg, &sizes(cfg)))
-            .flatten();
-        if let Some(line) = host_executors {
-            write_out(out, &line)?;
-        }
-        write_out(out, &format::header())?;
+        print_heading(out, cfg, &group, &head)?;
     }
-
     let sweep = sizes(cfg);
     let mut all_rows = Vec::new();
     let mut cycle = 0;
@@ -241,50 +144,10 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
             )?,
             None => one_sweep(&host::HostBench(&group), cfg, &sweep, cycle == 1)?,
         };
-        // Each group's first rank holds its rows; world rank 0 prints them all.
-        let mine = group.is_first_rank().then_some(rows);
-        let gathered: Option<Vec<Option<Vec<Row>>>> = world.gather_object(&mine, 0)?;
-        if let Some(gathered) = gathered {
-            let by_group: Vec<Vec<Row>> = gathered.into_iter().flatten().collect();
-            for rows in by_group {
-                if groups.len() > 1 {
-                    let ranks = groups
-                        .iter()
-                        .find(|(n, _)| *n == rows.first().map_or("", |r| r.group.as_str()))
-                        .map(|(_, r)| r.clone());
-                    write_out(
-                        out,
-                        &format!(
-                            "# Group {} ranks {:?}\n",
-                            rows.first().map_or("", |r| r.group.as_str()),
-                            ranks.unwrap_or_default()
-                        ),
-                    )?;
-                }
-                let text: String = rows.iter().map(render_row).collect();
-                write_out(out, &(text + &extras::tables(&rows, extras)))?;
-                all_rows.extend(rows);
-            }
-        }
+        all_rows.extend(print_cycle(out, cfg, &world, &group, &groups, rows)?);
     }
-
-    let wrong_rows = all_rows
-        .iter()
-        .filter(|r| r.out_of_place.wrong.unwrap_or(0) + r.in_place.wrong.unwrap_or(0) > 0)
-        .count() as u64;
-    let cells: Vec<f64> = all_rows
-        .iter()
-        .flat_map(|r| [r.out_of_place.busbw, r.in_place.busbw])
-        .collect();
-    let avg_busbw = if cells.is_empty() {
-        0.0
-    } else {
-        cells.iter().sum::<f64>() / cells.len() as f64
-    };
-    // Every rank ends with rank 0's verdict, so every rank exits alike.
-    let (wrong_rows, avg_busbw): (u64, f64) =
-        world.broadcast_object(Some(&(wrong_rows, avg_busbw)), 0)?;
-    if is_main {
+    let (wrong_rows, avg_busbw) = verdict(&world, &all_rows)?;
+    if world.is_first_rank() {
         write_out(
             out,
             &format::footer(wrong_rows, avg_busbw, cfg.min_bw, &cfg.op.program()),
@@ -298,6 +161,213 @@ pub fn run(rt: &Runtime, cfg: &BenchConfig, out: &mut dyn Write) -> Result<Bench
         devices,
         nccl_version,
     })
+}
+
+/// The group `cfg` benchmarks: the world, or a TP, SP or DP group of its
+/// model-parallel layout.
+fn bench_group<'rt>(
+    ps: &mut ParallelState<'rt>,
+    cfg: &BenchConfig,
+) -> Result<GroupCoordinator<'rt>> {
+    Ok(match cfg.group {
+        GroupChoice::World => ps.world().clone(),
+        kind => {
+            ps.initialize_model_parallel(cfg.tp, cfg.sp, None)?;
+            match kind {
+                GroupChoice::Tp => ps.tp()?,
+                GroupChoice::Sp => ps.sp()?,
+                _ => ps.dp()?,
+            }
+        }
+    })
+}
+
+/// Every rank checks its own memory for the sweep; the first refusal is
+/// every rank's error.
+fn agree_memory(
+    rt: &Runtime,
+    cfg: &BenchConfig,
+    group: &GroupCoordinator<'_>,
+    world: &GroupCoordinator<'_>,
+) -> Result<()> {
+    let refusal = memory::refuse(cfg, group.size(), rt.world().me().local_size);
+    let refusals: Vec<Option<String>> = world.all_gather_object(&refusal)?;
+    match refusals
+        .iter()
+        .enumerate()
+        .find_map(|(r, m)| m.as_ref().map(|m| (r, m)))
+    {
+        Some((r, msg)) => Err(Error::Usage {
+            what: "bench",
+            group: "world".into(),
+            msg: format!("rank {r}: {msg}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Every benchmarked group once (its name and world ranks), in the order
+/// of their first ranks.
+fn groups_of(
+    world: &GroupCoordinator<'_>,
+    group: &GroupCoordinator<'_>,
+) -> Result<Vec<(String, Vec<usize>)>> {
+    Ok(world
+        .all_gather_object(&(group.name().to_string(), group.ranks().to_vec()))?
+        .into_iter()
+        .enumerate()
+        .filter(|(r, (_, ranks))| ranks[0] == *r)
+        .map(|(_, g)| g)
+        .collect())
+}
+
+/// This rank's device line: its GPU, or host memory and the executor.
+fn device_entry(
+    rt: &Runtime,
+    group: &GroupCoordinator<'_>,
+    group_index: usize,
+    dg: Option<&DeviceGroup<'_, '_>>,
+) -> json::Device {
+    let (device, device_hex, device_info) = match dg {
+        Some(dg) => {
+            let i = dg.gpu().info();
+            (i.ordinal as i32, i.bus_id.clone(), i.name.clone())
+        }
+        None => {
+            let executor = match group.host_executor() {
+                "shm" => "shared memory",
+                "mpi" => "MPI",
+                "hier" => "shared memory within nodes and MPI across them",
+                other => other,
+            };
+            (-1, "0000:00:00".into(), format!("host memory ({executor})"))
+        }
+    };
+    json::Device {
+        rank: rt.rank(),
+        group: group_index,
+        pid: std::process::id(),
+        hostname: rt.world().me().host.clone(),
+        device,
+        device_hex,
+        device_info,
+    }
+}
+
+/// What the heading prints besides the configuration.
+struct Heading<'a> {
+    devices: &'a [json::Device],
+    register_note: Option<&'a str>,
+    nccl_version: i32,
+}
+
+/// nccl-tests' preamble, the device lines, the host executors by size and
+/// the column header (world rank 0).
+fn print_heading(
+    out: &mut dyn Write,
+    cfg: &BenchConfig,
+    group: &GroupCoordinator<'_>,
+    head: &Heading<'_>,
+) -> Result<()> {
+    let (step, factor) = if cfg.step_factor > 1 {
+        (cfg.step_factor, true)
+    } else {
+        (cfg.step_bytes, false)
+    };
+    let pre = format::Preamble {
+        program: &cfg.op.program(),
+        min_bytes: cfg.min_bytes,
+        max_bytes: cfg.max_bytes,
+        step: (step, factor),
+        warmup: cfg.warmup,
+        iters: cfg.iters,
+        agg: cfg.agg,
+        check: cfg.check,
+        blocking: cfg.blocking,
+        nccl_version: head.nccl_version,
+    };
+    write_out(out, &format::preamble(&pre))?;
+    if let Some(note) = head.register_note {
+        write_out(out, &format!("# {note}\n"))?;
+    }
+    let lines: String = head
+        .devices
+        .iter()
+        .map(|d| {
+            format::device_line(
+                d.rank,
+                d.group,
+                d.pid,
+                &d.hostname,
+                d.device,
+                &d.device_hex,
+                &d.device_info,
+            )
+        })
+        .collect();
+    write_out(out, &lines)?;
+    if !cfg.device {
+        if let Some(line) = executors_by_size(group, cfg, &sizes(cfg)) {
+            write_out(out, &line)?;
+        }
+    }
+    write_out(out, &format::header())
+}
+
+/// One cycle's rows: each group's first rank holds its group's, world
+/// rank 0 gathers and prints them all (a heading per group when there are
+/// several) and returns them; other ranks return none.
+fn print_cycle(
+    out: &mut dyn Write,
+    cfg: &BenchConfig,
+    world: &GroupCoordinator<'_>,
+    group: &GroupCoordinator<'_>,
+    groups: &[(String, Vec<usize>)],
+    rows: Vec<Row>,
+) -> Result<Vec<Row>> {
+    let extras = Extras {
+        baseline: cfg.baseline,
+        stats: cfg.stats,
+        device: cfg.device,
+    };
+    let mine = group.is_first_rank().then_some(rows);
+    let Some(gathered) = world.gather_object(&mine, 0)? else {
+        return Ok(Vec::new());
+    };
+    let mut printed = Vec::new();
+    for rows in gathered.into_iter().flatten() {
+        let name = rows.first().map_or("", |r| r.group.as_str());
+        if groups.len() > 1 {
+            let ranks = groups
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| r.clone())
+                .unwrap_or_default();
+            write_out(out, &format!("# Group {name} ranks {ranks:?}\n"))?;
+        }
+        let text: String = rows.iter().map(render_row).collect();
+        write_out(out, &(text + &extras::tables(&rows, extras)))?;
+        printed.extend(rows);
+    }
+    Ok(printed)
+}
+
+/// Rows with a wrong element, and the average bus bandwidth over every
+/// cell: rank 0's figures, on every rank, so every rank exits alike.
+fn verdict(world: &GroupCoordinator<'_>, rows: &[Row]) -> Result<(u64, f64)> {
+    let wrong_rows = rows
+        .iter()
+        .filter(|r| r.out_of_place.wrong.unwrap_or(0) + r.in_place.wrong.unwrap_or(0) > 0)
+        .count() as u64;
+    let cells: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw, r.in_place.busbw])
+        .collect();
+    let avg_busbw = match cells.is_empty() {
+        true => 0.0,
+        false => cells.iter().sum::<f64>() / cells.len() as f64,
+    };
+    world.broadcast_object(Some(&(wrong_rows, avg_busbw)), 0)
 }
 
 fn write_out(out: &mut dyn Write, s: &str) -> Result<()> {
