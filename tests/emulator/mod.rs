@@ -2,6 +2,7 @@
 //! runs the device checks on them under mpirun, and provokes the error paths.
 
 use super::support;
+use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -154,21 +155,31 @@ fn fails_everywhere(job: &support::Job, np: usize, what: &str) -> Result<(), Str
     }
 }
 
-fn trial(name: &str, failures: &mut usize, f: impl FnOnce() -> Result<(), String>) {
-    match f() {
-        Ok(()) => println!("test {name} ... ok"),
-        Err(m) => {
-            *failures += 1;
-            println!("test {name} ... FAILED\n{m}");
-        }
-    }
+/// `s` for as long as the process runs (the trials outlive the driver's
+/// frame).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// Adds the check `f` as the trial `name`: each can be run alone by name
+/// (`cargo test --test gpu -- NAME`) and is listed by `-- --list`.
+fn trial(
+    name: impl Into<String>,
+    trials: &mut Vec<Trial>,
+    f: impl FnOnce() -> Result<(), String> + Send + 'static,
+) {
+    trials.push(Trial::test(name, move || f().map_err(Failed::from)));
 }
 
 /// The test runner's entry point (see the module docs of tests/gpu.rs).
 pub fn drive() {
-    let mut failures = 0;
+    let mut args = Arguments::from_args();
+    // One job at a time: each trial is an mpirun job whose waits and
+    // timeouts assume the machine's cores are its own.
+    args.test_threads = Some(1);
+    let mut trials = Vec::new();
     match rankmesh::cuda_driver_version() {
-        Ok(_) => trial("real GPU, 1 rank", &mut failures, || {
+        Ok(_) => trial("real GPU, 1 rank", &mut trials, move || {
             let job = support::singleton(&me(), &[], &[("RANKMESH_GPU_WORKER", "1")]);
             if job.ok() && job.stdout.contains(", 0 checks failed") {
                 print!("{}", job.stdout);
@@ -185,18 +196,19 @@ pub fn drive() {
         println!("building the emulators failed: {m}");
         std::process::exit(1);
     }
-    let emu = Emulator {
+    // Every trial borrows it until the process ends.
+    let emu: &'static Emulator = Box::leak(Box::new(Emulator {
         ld_path: dir.display().to_string(),
         nccl: dir.join("libnccl.so.2").display().to_string(),
         dir,
-    };
+    }));
     let worker = [("RANKMESH_GPU_WORKER", "1")];
     for np in 1..=4 {
         let gpus = np.to_string();
         trial(
-            &format!("emulated device checks, np {np}"),
-            &mut failures,
-            || {
+            format!("emulated device checks, np {np}"),
+            &mut trials,
+            move || {
                 let mut env = emu.env(&worker);
                 env.push(("RANKMESH_EMU_GPUS", &gpus));
                 checks_passed(&support::mpirun(np, &me(), &[], &env), np)
@@ -215,9 +227,9 @@ pub fn drive() {
     ] {
         let gpus = np.to_string();
         trial(
-            &format!("emulated device checks, np {np}, {}={}", extra.0, extra.1),
-            &mut failures,
-            || {
+            format!("emulated device checks, np {np}, {}={}", extra.0, extra.1),
+            &mut trials,
+            move || {
                 let mut env = emu.env(&[worker[0], extra]);
                 env.push(("RANKMESH_EMU_GPUS", &gpus));
                 checks_passed(&support::mpirun(np, &me(), &[], &env), np)
@@ -229,9 +241,9 @@ pub fn drive() {
     for (np, plane) in [(2usize, "shm"), (3, "shm"), (2, "mpi")] {
         let gpus = np.to_string();
         trial(
-            &format!("deferred agreement on {plane}, np {np}: a mismatch is the same error at synchronize everywhere"),
-            &mut failures,
-            || {
+            format!("deferred agreement on {plane}, np {np}: a mismatch is the same error at synchronize everywhere"),
+            &mut trials,
+            move || {
                 let mut env = emu.env(&[
                     ("RANKMESH_GPU_DEFERRED_MISMATCH", "1"),
                     ("RANKMESH_HOST_PLANE", plane),
@@ -263,9 +275,9 @@ pub fn drive() {
     }
     for plane in ["shm", "mpi"] {
         trial(
-        &format!("deferred agreement on {plane}: a skipped call is a timeout error naming it, not a hang"),
-        &mut failures,
-        || {
+        format!("deferred agreement on {plane}: a skipped call is a timeout error naming it, not a hang"),
+        &mut trials,
+        move || {
             let mut env = emu.env(&[
                 ("RANKMESH_GPU_DEFERRED_SKIP", "1"),
                 ("RANKMESH_EMU_GPUS", "2"),
@@ -289,9 +301,9 @@ pub fn drive() {
     }
     for (a, b) in [(1usize, 1usize), (2, 1)] {
         trial(
-            &format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),
-            &mut failures,
-            || {
+            format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),
+            &mut trials,
+            move || {
                 let addr = {
                     let l =
                         std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
@@ -338,15 +350,15 @@ pub fn drive() {
     // A CUDA driver but no NCCL: a group of one still runs every device op
     // (as local copies); on two ranks the first op needing a communicator
     // is the same error on both, naming who lacks NCCL.
-    let cuda_only = emu.dir.join("cuda-only");
-    let linked = std::fs::create_dir_all(&cuda_only).and_then(|()| {
+    let cuda_only: &'static Path = Box::leak(emu.dir.join("cuda-only").into_boxed_path());
+    let linked = std::fs::create_dir_all(cuda_only).and_then(|()| {
         for lib in ["libcuda.so", "libcuda.so.1"] {
             let _ = std::fs::remove_file(cuda_only.join(lib));
             std::os::unix::fs::symlink(emu.dir.join("libcuda.so"), cuda_only.join(lib))?;
         }
         Ok(())
     });
-    let no_nccl = |np: usize, gpus: &str| {
+    let no_nccl = move |np: usize, gpus: &str| {
         let ld = cuda_only.display().to_string();
         let env = [
             ("RANKMESH_GPU_WORKER", "1"),
@@ -357,14 +369,14 @@ pub fn drive() {
         ];
         support::mpirun(np, &me(), &[], &env)
     };
-    trial("a group of one needs no NCCL", &mut failures, || {
+    trial("a group of one needs no NCCL", &mut trials, move || {
         linked.as_ref().map_err(|e| e.to_string())?;
         checks_passed(&no_nccl(1, "1"), 1)
     });
     trial(
         "without NCCL, two ranks: the same named error on both, no hang",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = no_nccl(2, "2");
             let named = (0..2).all(|r| {
                 job.stdout.lines().any(|l| {
@@ -382,9 +394,9 @@ pub fn drive() {
     // name before NCCL is asked, and the communicator stays usable.
     for np in [1, 3] {
         trial(
-            &format!("fp8 reductions on sm 8.0 refused alike, np {np}"),
-            &mut failures,
-            || {
+            format!("fp8 reductions on sm 8.0 refused alike, np {np}"),
+            &mut trials,
+            move || {
                 let mut env = emu.env(&worker);
                 env.push(("RANKMESH_EMU_GPUS", "3"));
                 env.push(("RANKMESH_EMU_CC", "8.0"));
@@ -394,8 +406,8 @@ pub fn drive() {
     }
     trial(
         "one GPU shown per rank (--gpus-per-task)",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let mut env = emu.env(&worker);
             env.push(("RANKMESH_EMU_GPUS", "1"));
             checks_passed(&support::mpirun(2, &me(), &[], &env), 2)
@@ -404,8 +416,8 @@ pub fn drive() {
 
     trial(
         "topo shows the CUDA device each rank would drive",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = support::mpirun(
                 3,
                 rankmesh_bin(),
@@ -427,8 +439,8 @@ pub fn drive() {
     );
     trial(
         "doctor reports each node's GPUs, NCCL and device all_reduce",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = support::mpirun(
                 3,
                 rankmesh_bin(),
@@ -456,8 +468,8 @@ pub fn drive() {
     );
     trial(
         "doctor names the node whose rank has no NCCL",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let with = emu.env(&[("RANKMESH_EMU_GPUS", "3")]);
             // Rank 2: the CUDA driver alone on its library path.
             let ld = cuda_only.display().to_string();
@@ -483,22 +495,22 @@ pub fn drive() {
     );
     // NCCL's real library (its PyPI wheel), which loads without a GPU.
     if let Some(real) = support::real_nccl() {
-        let real = real.display().to_string();
+        let real = leak(real.display().to_string());
         trial(
             "topo --json reports the real NCCL's version",
-            &mut failures,
-            || {
+            &mut trials,
+            move || {
                 let job = support::mpirun(
                     1,
                     rankmesh_bin(),
                     &["topo", "--json"],
-                    &[("RANKMESH_NCCL_LIB", &real)],
+                    &[("RANKMESH_NCCL_LIB", real)],
                 );
                 let doc: serde_json::Value = serde_json::from_str(job.stdout.trim())
                     .map_err(|e| format!("{e}\n{}", job.describe()))?;
                 (job.ok()
                     && doc["nccl"]["version"] == "2.32.3"
-                    && doc["nccl"]["path"] == real.as_str()
+                    && doc["nccl"]["path"] == real
                     && doc["nccl"]["native_collectives"]
                         == serde_json::json!(["alltoall", "gather", "scatter"])
                     && doc["nccl"]["optional_entry_points"]
@@ -510,11 +522,11 @@ pub fn drive() {
         );
         trial(
             "the real ncclCommInitRankConfig under the emulated driver: its reason on every rank, in seconds",
-            &mut failures,
-            || {
+            &mut trials,
+            move || {
                 let env = [
                     ("LD_LIBRARY_PATH", emu.ld_path.as_str()),
-                    ("RANKMESH_NCCL_LIB", real.as_str()),
+                    ("RANKMESH_NCCL_LIB", real),
                     ("RANKMESH_EMU_GPUS", "2"),
                     ("RANKMESH_TIMEOUT", "60"),
                 ];
@@ -535,7 +547,7 @@ pub fn drive() {
             },
         );
     }
-    let bench = |np: usize, args: &[&str], extra: &[(&str, &str)]| {
+    let bench = move |np: usize, args: &[&str], extra: &[(&str, &str)]| {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
         support::mpirun(np, rankmesh_bin(), &all, &emu.env(extra))
@@ -547,9 +559,9 @@ pub fn drive() {
         .map(|e| e.name())
     {
         trial(
-            &format!("bench {op} --backend nccl, np 3, validated"),
-            &mut failures,
-            || {
+            format!("bench {op} --backend nccl, np 3, validated"),
+            &mut trials,
+            move || {
                 let job = bench(
                     3,
                     &[
@@ -585,7 +597,7 @@ pub fn drive() {
         );
     }
     // The dtypes NCCL lacks or only names from 2.24, through the CLI.
-    let small = |op: &str, dtype: &str, extra: &[(&str, &str)]| {
+    let small = move |op: &str, dtype: &str, extra: &[(&str, &str)]| {
         let mut env = vec![("RANKMESH_EMU_GPUS", "3")];
         env.extend_from_slice(extra);
         bench(
@@ -620,9 +632,9 @@ pub fn drive() {
         ("alltoall", "uint16"),
     ] {
         trial(
-            &format!("bench {op} -d {dtype} --backend nccl, np 3, validated"),
-            &mut failures,
-            || {
+            format!("bench {op} -d {dtype} --backend nccl, np 3, validated"),
+            &mut trials,
+            move || {
                 let job = small(op, dtype, &[]);
                 let ok = job.ok() && job.stdout.contains("# Out of bounds values : 0 OK");
                 ok.then_some(()).ok_or_else(|| job.describe())
@@ -631,8 +643,8 @@ pub fn drive() {
     }
     trial(
         "fp8 on NCCL 2.19: moved as bytes, a reduction refused on every rank",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let old = [("RANKMESH_EMU_NCCL_VERSION", "21903")];
             let moved = small("all_gather", "f8e4m3", &old);
             if !(moved.ok() && moved.stdout.contains("# Out of bounds values : 0 OK")) {
@@ -644,16 +656,16 @@ pub fn drive() {
     );
     trial(
         "int16 reductions on the device plane: refused on every rank",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = small("all_reduce", "int16", &[]);
             fails_everywhere(&job, 3, "NCCL has no 16-bit integer type")
         },
     );
     trial(
         "bench -J on the device plane: GPU devices and the NCCL baseline",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let json = emu.dir.join("bench.json");
             let json_s = json.display().to_string();
             let job = bench(
@@ -696,8 +708,8 @@ pub fn drive() {
     );
     trial(
         "bench --corrupt on the device plane fails validation",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = bench(
                 2,
                 &[
@@ -725,8 +737,8 @@ pub fn drive() {
     );
     trial(
         "two ranks on one GPU: error on every rank before NCCL",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = bench(
                 2,
                 &["all_reduce", "-b", "8", "-e", "8", "--backend", "nccl"],
@@ -745,8 +757,8 @@ pub fn drive() {
     if support::fake_nodes_available() {
         trial(
             "one bus id on two fake nodes is two GPUs (the check is per node)",
-            &mut failures,
-            || {
+            &mut trials,
+            move || {
                 let mut env = emu.env(&worker);
                 env.extend([
                     ("RANKMESH_EMU_GPUS", "1"),
@@ -760,8 +772,8 @@ pub fn drive() {
     }
     trial(
         "more ranks than GPUs: error naming both counts",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = bench(
                 3,
                 &["all_reduce", "--backend", "nccl"],
@@ -776,8 +788,8 @@ pub fn drive() {
     );
     trial(
         "non-blocking creation failing: error on every rank, naming each",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = bench(
                 2,
                 &["all_reduce", "-b", "8", "-e", "8", "--backend", "nccl"],
@@ -788,8 +800,8 @@ pub fn drive() {
     );
     trial(
         "asynchronous NCCL error: abort and an error, not a hang",
-        &mut failures,
-        || {
+        &mut trials,
+        move || {
             let job = bench(
                 2,
                 &[
@@ -810,22 +822,20 @@ pub fn drive() {
             fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
         },
     );
-    lifecycle_trials(&emu, &mut failures);
+    lifecycle_trials(emu, &mut trials);
+    let conclusion = libtest_mimic::run(&args, trials);
     let _ = std::fs::remove_dir_all(&emu.dir);
-    if failures > 0 {
-        println!("{failures} emulated trial(s) failed");
-        std::process::exit(1);
-    }
+    conclusion.exit();
 }
 
 /// The communicator life cycle: one bootstrap per job (splits, scalable
 /// roots), non-blocking creation that never finishes, an abort inside an
 /// open group, and a drop while a quiet peer holds work.
-fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
+fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
     trial(
         "the NCCL and CUDA emulators refuse what NCCL and the driver refuse (called directly, np 2)",
-        failures,
-        || {
+        trials,
+        move || {
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator/strict.c");
             let exe = emu.dir.join("strict");
             let built = Command::new("mpicc")
@@ -844,7 +854,7 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
             (job.ok() && ok).then_some(()).ok_or_else(|| job.describe())
         },
     );
-    let split_check = |np: usize, nccl: &str, extra: &[(&str, &str)]| {
+    let split_check = move |np: usize, nccl: &str, extra: &[(&str, &str)]| {
         let gpus = np.to_string();
         let mut env = emu.env_with(
             nccl,
@@ -881,14 +891,14 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
             ok.then_some(()).ok_or_else(|| lines.join("\n"))
         }
     };
-    let nccl_2_18 = emu.dir.join("nccl-2.18/libnccl.so.2").display().to_string();
+    let nccl_2_18 = leak(emu.dir.join("nccl-2.18/libnccl.so.2").display().to_string());
     // Without ncclAlltoAll / ncclGather / ncclScatter (2.18): the same
     // device checks over grouped sends and receives.
     trial(
         "NCCL 2.18 (no native all-to-all, gather, scatter): topo says so, emulated device checks pass, np 3",
-        failures,
-        || {
-            let mut env = emu.env_with(&nccl_2_18, &[("RANKMESH_EMU_GPUS", "3")]);
+        trials,
+        move || {
+            let mut env = emu.env_with(nccl_2_18, &[("RANKMESH_EMU_GPUS", "3")]);
             let topo = support::mpirun(1, rankmesh_bin(), &["topo", "--json"], &env);
             let doc: serde_json::Value = serde_json::from_str(topo.stdout.trim())
                 .map_err(|e| format!("{e}\n{}", topo.describe()))?;
@@ -905,7 +915,7 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     for (np, lib, extra, roots, what) in [
         (4, emu.nccl.as_str(), vec![], 0, "NCCL 2.28"),
         (3, emu.nccl.as_str(), vec![], 0, "NCCL 2.28, odd world"),
-        (3, nccl_2_18.as_str(), vec![], 0, "NCCL 2.18"),
+        (3, nccl_2_18, vec![], 0, "NCCL 2.18"),
         (
             4,
             emu.nccl.as_str(),
@@ -915,16 +925,16 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
         ),
     ] {
         trial(
-            &format!("one NCCL bootstrap per job, groups split from it ({what}), np {np}"),
-            failures,
-            || split_check(np, lib, &extra).and_then(want(roots)),
+            format!("one NCCL bootstrap per job, groups split from it ({what}), np {np}"),
+            trials,
+            move || split_check(np, lib, &extra).and_then(want(roots)),
         );
     }
     for (r, counter) in [("1", "registered"), ("2", "windows")] {
         trial(
-            &format!("bench -R {r}: buffers from ncclMemAlloc, registered ({counter}), validated, all released"),
-            failures,
-            || {
+            format!("bench -R {r}: buffers from ncclMemAlloc, registered ({counter}), validated, all released"),
+            trials,
+            move || {
                 let job = support::mpirun(
                     2,
                     rankmesh_bin(),
@@ -948,9 +958,9 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     }
     trial(
         "bench -R 2 on NCCL 2.18: the header says why, the run is unregistered and validated",
-        failures,
-        || {
-            let env = emu.env_with(&nccl_2_18, &[("RANKMESH_EMU_GPUS", "2")]);
+        trials,
+        move || {
+            let env = emu.env_with(nccl_2_18, &[("RANKMESH_EMU_GPUS", "2")]);
             let job = support::mpirun(
                 2,
                 rankmesh_bin(),
@@ -980,8 +990,8 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     );
     trial(
         "connect_devices without a CUDA driver: the same error on every rank, no hang",
-        failures,
-        || {
+        trials,
+        move || {
             // The emulated NCCL, but no emulated libcuda on the loader path.
             let env = [
                 ("RANKMESH_NCCL_LIB", emu.nccl.as_str()),
@@ -1002,8 +1012,8 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     );
     trial(
         "non-blocking creation that never finishes: aborted at RANKMESH_TIMEOUT, every rank names the rank",
-        failures,
-        || {
+        trials,
+        move || {
             let start = std::time::Instant::now();
             let job = support::mpirun(
                 3,
@@ -1030,10 +1040,10 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     // ncclAlltoAll) queues a send and a receive, then the refused second
     // send: aborting at once would free the communicator under the queued
     // calls that ncclGroupEnd then flushes.
-    let asan_lib = emu.dir.join("asan/libnccl.so.2").display().to_string();
+    let asan_lib = leak(emu.dir.join("asan/libnccl.so.2").display().to_string());
     for asan in [false, true] {
         trial(
-            &format!(
+            format!(
                 "a send refused inside an open NCCL group: the group closes before the abort{}",
                 if asan {
                     " (AddressSanitizer build)"
@@ -1041,8 +1051,8 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
                     ""
                 }
             ),
-            failures,
-            || {
+            trials,
+            move || {
                 let lib = if asan { &asan_lib } else { &nccl_2_18 };
                 let mut env = emu.env_with(
                     lib,
@@ -1086,8 +1096,8 @@ fn lifecycle_trials(emu: &Emulator, failures: &mut usize) {
     }
     trial(
         "dropping a communicator while a quiet peer holds its work: finalize, then abort at RANKMESH_TIMEOUT",
-        failures,
-        || {
+        trials,
+        move || {
             let job = support::mpirun(
                 2,
                 &me(),
