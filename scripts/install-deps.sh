@@ -2,8 +2,9 @@
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test rankmesh:
 # Open MPI (library, headers, mpirun), hwloc and libudev (placement),
 # libclang for rsmpi's bindgen, pkg-config;
-# with --test also Slurm and munge for the local-cluster tests, and pip for
-# NCCL's real library (scripts/fetch-nccl.sh).
+# with --test also Slurm and munge for the local-cluster tests, pip for
+# NCCL's real library (scripts/fetch-nccl.sh), and MPICH for the portability
+# smoke (scripts/mpich-smoke.sh).
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 need=()
@@ -14,6 +15,9 @@ if [ "${1:-}" = "--test" ]; then
   command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || need+=(python3-pip)
   # g++ compiles the NCCL header check (tests/nccl_abi.rs).
   command -v g++ >/dev/null 2>&1 || need+=(g++)
+  # MPICH beside Open MPI for the portability smoke (scripts/mpich-smoke.sh);
+  # Open MPI keeps the higher alternatives priority, so mpicc stays Open MPI's.
+  command -v mpicc.mpich >/dev/null 2>&1 || need+=(mpich libmpich-dev)
 fi
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \

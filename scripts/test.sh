@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: installs missing system packages (Debian/Ubuntu), then `cargo test`
 # (unit, property, doc and mpirun integration tests), then the GPU check's
-# rehearsal on the emulators. Extra arguments go to cargo (and skip the rehearsal).
+# rehearsal on the emulators and the MPICH portability smoke. Extra arguments
+# go to cargo (and skip the rehearsal and the smoke).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
@@ -12,7 +13,9 @@ bash scripts/fetch-nccl.sh >/dev/null || echo "test.sh: NCCL's wheels not fetche
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cargo test "$@"
 # The GPU check rehearsed end to end on the emulators, from a bundle built as
-# for a GPU machine (issue #46); a run narrowed by arguments skips it.
+# for a GPU machine (issue #46), and rankmesh built against MPICH and run
+# under its launcher (issue #49); a run narrowed by arguments skips both.
 if (($# == 0)); then
     bash scripts/gpu-rehearse.sh
+    bash scripts/mpich-smoke.sh
 fi
