@@ -262,45 +262,70 @@ fn no_nccl(what: &str, rank: usize, msg: &str) -> Error {
 
 /// Creates `group`'s communicator (collective over the group).
 pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclComm<'static>> {
-    let fail = |msg: String| Error::invalid(Op::Connect, group.name(), msg);
-    let nccl_fail = |source: NcclError| Error::nccl(Op::Connect, group.name(), source);
-    let comm = group.raw_comm();
-    let size = group.size();
-    let me = group.rank_in_group();
     let _watch = group.watched(Op::Connect);
-    let pulse = group.runtime().watchdog().pulse();
-    let beat = || pulse.beat();
+    agree_nccl_usable(group, gpu)?;
+    let sm = agree_devices(group, gpu)?;
+    let (ids, roots) = unique_ids(group, gpu)?;
+    let nccl = create(group, gpu, &ids, sm)?;
+    if roots > 1 {
+        tracing::debug!(
+            group = group.name(),
+            roots,
+            "NCCL bootstrap from several roots (ncclCommInitRankScalable)"
+        );
+    }
+    gpu.register(nccl.state());
+    warm_up(group, gpu, &nccl)?;
+    tracing::debug!(
+        rank = group.global_rank(),
+        group = group.name(),
+        device = %gpu.info().bus_id,
+        "NCCL communicator ready"
+    );
+    Ok(nccl)
+}
 
-    // (0) Every member has NCCL (a GPU may open without it). The number of
-    // ranks per root is alike: the group's creation checked it.
-    let mut statuses = vec![0u8; STATUS_BYTES * size];
-    let per_root = group.runtime().options().nccl_ranks_per_root;
+/// Step 0 of [`connect`]: every member has NCCL (a GPU may open without
+/// it), or every member gets the same error naming the first that lacks
+/// it. (The number of ranks per root is alike: the group's creation
+/// checked it.)
+fn agree_nccl_usable(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<()> {
+    let mut statuses = vec![0u8; STATUS_BYTES * group.size()];
     let usable = gpu.api().map(|_| ()).map_err(|e| e.to_string());
-    comm.all_gather_into(
+    group.raw_comm().all_gather_into(
         &status_record::<STATUS_BYTES>(&usable)[..],
         &mut statuses[..],
     );
-    if let Some((rank, msg)) = first_failure(&statuses) {
-        return Err(no_nccl(group.name(), rank, &msg));
+    match first_failure(&statuses) {
+        Some((rank, msg)) => Err(no_nccl(group.name(), rank, &msg)),
+        None => Ok(()),
     }
+}
 
-    // (1) No two members on one GPU; the group reduces as its oldest GPU can.
+/// Step 1: no two members on one GPU; the group reduces as its oldest GPU
+/// can (the lowest compute capability, returned).
+fn agree_devices(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<(u32, u32)> {
     let node = group.runtime().world().me().node;
     let info = gpu.info();
     let mine = device_record(node, &info.bus_id, info.compute_capability);
-    let mut all = vec![0u8; DEVICE_BYTES * size];
-    comm.all_gather_into(&mine[..], &mut all[..]);
+    let mut all = vec![0u8; DEVICE_BYTES * group.size()];
+    group.raw_comm().all_gather_into(&mine[..], &mut all[..]);
     let records: Vec<_> = all.chunks(DEVICE_BYTES).map(parse_device_record).collect();
     let devices: Vec<(usize, String)> = records.iter().map(|(n, b, _)| (*n, b.clone())).collect();
-    duplicate_devices(&devices).map_err(fail)?;
-    let sm = records
+    duplicate_devices(&devices).map_err(|msg| Error::invalid(Op::Connect, group.name(), msg))?;
+    Ok(records
         .iter()
         .map(|r| r.2)
         .min()
-        .unwrap_or(info.compute_capability);
+        .unwrap_or(info.compute_capability))
+}
 
-    // (2) The unique ids, made by the roots (the first member, or one
-    // member per `per_root`), all-gathered with their status.
+/// Step 2: the unique ids, made by the roots (the first member, or one
+/// member per `RANKMESH_NCCL_RANKS_PER_ROOT`) and all-gathered with their
+/// status; with how many roots made them.
+fn unique_ids(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<(Vec<UniqueId>, usize)> {
+    let (size, me) = (group.size(), group.rank_in_group());
+    let per_root = group.runtime().options().nccl_ranks_per_root;
     let api = gpu.api()?;
     let roots = roots_for(size, per_root, api.comm_init_rank_scalable.is_some());
     let is_root = (0..roots).any(|i| root_rank(i, roots, size) == me);
@@ -310,7 +335,9 @@ pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclCom
         [0u8; 1 + UNIQUE_ID_BYTES]
     };
     let mut packets = vec![0u8; (1 + UNIQUE_ID_BYTES) * size];
-    comm.all_gather_into(&packet[..], &mut packets[..]);
+    group
+        .raw_comm()
+        .all_gather_into(&packet[..], &mut packets[..]);
     let ids = (0..roots)
         .map(|i| {
             let maker = root_rank(i, roots, size);
@@ -321,39 +348,51 @@ pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclCom
             id_of(p, maker)
         })
         .collect::<std::result::Result<Vec<UniqueId>, NcclError>>()
-        .map_err(nccl_fail)?;
+        .map_err(|e| Error::nccl(Op::Connect, group.name(), e))?;
+    Ok((ids, roots))
+}
 
-    // (3) Every member creates (non-blocking) and polls; all learn every outcome.
-    gpu.context()
-        .bind_to_thread()
-        .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
+/// Step 3: every member creates its communicator from `ids` (non-blocking)
+/// and polls; all learn every outcome, so a failure is every member's.
+fn create(
+    group: &GroupCoordinator<'_>,
+    gpu: &Gpu,
+    ids: &[UniqueId],
+    sm: (u32, u32),
+) -> Result<NcclComm<'static>> {
+    let api = gpu.api()?;
+    gpu.context().bind_to_thread().map_err(|e| {
+        Error::invalid(
+            Op::Connect,
+            group.name(),
+            format!("binding the CUDA context: {e}"),
+        )
+    })?;
     let membership = Membership {
-        size,
-        rank: me,
+        size: group.size(),
+        rank: group.rank_in_group(),
         group: group.name(),
         sm,
         limit: gpu.timeout(),
     };
-    let started = NcclComm::start(api, Origin::Ids(&ids), &membership);
+    let started = NcclComm::start(api, Origin::Ids(ids), &membership);
     let naming = Naming {
         label: "group",
         rank_of: &|r| r,
     };
-    let nccl = agree_on_creation(api, started, &beat, &naming, |mine| {
+    let pulse = group.runtime().watchdog().pulse();
+    let beat = || pulse.beat();
+    let comm = group.raw_comm();
+    Ok(agree_on_creation(api, started, &beat, &naming, |mine| {
         gather_statuses(comm, mine, gpu.timeout(), &beat)
     })
-    .map_err(nccl_fail)?
-    .expect("created from ids");
-    if roots > 1 {
-        tracing::debug!(
-            group = group.name(),
-            roots,
-            "NCCL bootstrap from several roots (ncclCommInitRankScalable)"
-        );
-    }
-    gpu.register(nccl.state());
+    .map_err(|e| Error::nccl(Op::Connect, group.name(), e))?
+    .expect("created from ids"))
+}
 
-    // (4) Warm-up: NCCL connects lazily; pay that cost here, not in the first op.
+/// Step 4: NCCL connects lazily; one all-reduce of one element pays that
+/// cost here, not in the caller's first op.
+fn warm_up(group: &GroupCoordinator<'_>, gpu: &Gpu, nccl: &NcclComm<'static>) -> Result<()> {
     let one = gpu.zeros([1], crate::DType::F32)?;
     let p = one.ptr_on(gpu.enqueue_own()?)?;
     // SAFETY: one f32 on this device, alive until the synchronize below.
@@ -367,15 +406,8 @@ pub(crate) fn connect(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<NcclCom
             gpu.stream().cu_stream() as _,
         )
     }
-    .map_err(nccl_fail)?;
-    gpu.synchronize()?;
-    tracing::debug!(
-        rank = group.global_rank(),
-        group = group.name(),
-        device = %gpu.info().bus_id,
-        "NCCL communicator ready"
-    );
-    Ok(nccl)
+    .map_err(|e| Error::nccl(Op::Connect, group.name(), e))?;
+    gpu.synchronize()
 }
 
 /// What a split needs of the world's communicator: it, and every world

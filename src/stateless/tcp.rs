@@ -491,28 +491,51 @@ fn join(
     size: usize,
     deadline: Option<Instant>,
 ) -> std::result::Result<Vec<Option<TcpStream>>, String> {
-    let mut first = dial(addr, deadline).map_err(|e| format!("rank 0 at {e}"))?;
+    let first = dial(addr, deadline).map_err(|e| format!("rank 0 at {e}"))?;
     let ip = first.local_addr().map_err(|e| e.to_string())?.ip();
     let listener = TcpListener::bind((ip, 0)).map_err(|e| format!("cannot listen on {ip}: {e}"))?;
-    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let hello = Hello {
         magic: HELLO_MAGIC,
         protocol: PROTOCOL,
         rank: rank as u64,
         world_size: size as u64,
-        listen_port: port,
+        listen_port: listener.local_addr().map_err(|e| e.to_string())?.port(),
     };
-    let answer = loop {
-        // Rank 0 answers once everyone has arrived: wait as long as the
-        // rendezvous may take.
-        let reply = write_msg(&mut first, &hello)
+    let (first, answer) = greet_rank_zero(first, addr, &hello, deadline)?;
+    let (token, members) = match answer {
+        Answer::Welcome { token, members } if members.len() == size => (token, members),
+        Answer::Welcome { members, .. } => {
+            return Err(format!(
+                "rank 0 at {addr} sent a table of {} members for a group of {size}",
+                members.len()
+            ))
+        }
+        Answer::Refused(why) => return Err(format!("rank 0 at {addr} refused rank {rank}: {why}")),
+    };
+    let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+    streams[0] = Some(first);
+    dial_lower_ranks(&mut streams, &members, rank, token, deadline)?;
+    accept_higher_ranks(&mut streams, &listener, rank, token, deadline)?;
+    Ok(streams)
+}
+
+/// Sends `hello` to rank 0 on `first` and waits for its answer, which
+/// comes once everyone has arrived; greets it again on a new connection
+/// when rank 0 hung up first (it gives up on a greeting that takes longer
+/// than `HANDSHAKE_WAIT`, which a loaded machine can cause).
+fn greet_rank_zero(
+    mut first: TcpStream,
+    addr: &str,
+    hello: &Hello,
+    deadline: Option<Instant>,
+) -> std::result::Result<(TcpStream, Answer), String> {
+    let rank = hello.rank;
+    loop {
+        let reply = write_msg(&mut first, hello)
             .and_then(|()| first.set_read_timeout(time_left(deadline)))
             .and_then(|()| read_msg::<Answer>(&mut first));
         match reply {
-            Ok(answer) => break answer,
-            // Rank 0 dropped the connection before answering (it gives up
-            // on a greeting that takes longer than HANDSHAKE_WAIT, which a
-            // loaded machine can cause): greet it again on a new one.
+            Ok(answer) => return Ok((first, answer)),
             Err(e) if hung_up(&e) && deadline.is_none_or(|d| Instant::now() < d) => {
                 tracing::debug!("rank 0 at {addr} closed rank {rank}'s greeting ({e}); again");
                 std::thread::sleep(POLL);
@@ -530,19 +553,18 @@ fn join(
                 ))
             }
         }
-    };
-    let (token, members) = match answer {
-        Answer::Welcome { token, members } if members.len() == size => (token, members),
-        Answer::Welcome { members, .. } => {
-            return Err(format!(
-                "rank 0 at {addr} sent a table of {} members for a group of {size}",
-                members.len()
-            ))
-        }
-        Answer::Refused(why) => return Err(format!("rank 0 at {addr} refused rank {rank}: {why}")),
-    };
-    let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-    streams[0] = Some(first);
+    }
+}
+
+/// Dials every member between rank 0 and `rank` (at the addresses rank 0
+/// sent) and proves membership with the group's `token`.
+fn dial_lower_ranks(
+    streams: &mut [Option<TcpStream>],
+    members: &[SocketAddr],
+    rank: usize,
+    token: u64,
+    deadline: Option<Instant>,
+) -> std::result::Result<(), String> {
     for (peer, at) in members.iter().enumerate().take(rank).skip(1) {
         let mut s = dial(&at.to_string(), deadline).map_err(|e| format!("rank {peer} at {e}"))?;
         let proof = PeerHello {
@@ -553,6 +575,20 @@ fn join(
         write_msg(&mut s, &proof).map_err(|e| format!("greeting rank {peer}: {e}"))?;
         streams[peer] = Some(s);
     }
+    Ok(())
+}
+
+/// Accepts every member above `rank` on `listener`, each proving itself
+/// with the group's `token`; strays and second connections are refused
+/// (and logged), and members missing at `deadline` are named.
+fn accept_higher_ranks(
+    streams: &mut [Option<TcpStream>],
+    listener: &TcpListener,
+    rank: usize,
+    token: u64,
+    deadline: Option<Instant>,
+) -> std::result::Result<(), String> {
+    let size = streams.len();
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     while streams.iter().skip(rank + 1).any(Option::is_none) {
         let (mut s, from) = match listener.accept() {
@@ -590,7 +626,7 @@ fn join(
             ),
         }
     }
-    Ok(streams)
+    Ok(())
 }
 
 impl Links for TcpLinks {
