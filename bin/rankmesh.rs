@@ -1,8 +1,8 @@
 //! `rankmesh`: the command-line front end. Thin: parsing and printing only.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use rankmesh::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
-use rankmesh::topo::TopoReport;
+use rankmesh::tools::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
+use rankmesh::tools::topo::TopoReport;
 use rankmesh::Objects as _;
 use rankmesh::{BindPolicy, Error, ParallelState, Runtime};
 use std::io::Write;
@@ -117,7 +117,7 @@ fn doctor_usage(msg: String) -> Error {
 }
 
 impl DoctorArgs {
-    fn config(&self) -> rankmesh::Result<rankmesh::doctor::DoctorConfig> {
+    fn config(&self) -> rankmesh::Result<rankmesh::tools::doctor::DoctorConfig> {
         let bad = doctor_usage;
         let (bytes, reps) = if self.long {
             (16 << 20, 20)
@@ -142,7 +142,7 @@ impl DoctorArgs {
                 self.deadline
             )));
         }
-        Ok(rankmesh::doctor::DoctorConfig {
+        Ok(rankmesh::tools::doctor::DoctorConfig {
             bytes,
             reps,
             threshold: self.threshold,
@@ -152,7 +152,7 @@ impl DoctorArgs {
 }
 
 fn run_doctor(rt: &Runtime, args: &DoctorArgs) -> rankmesh::Result<()> {
-    use rankmesh::doctor::{self, report};
+    use rankmesh::tools::doctor::{self, report};
     let cfg = args.config()?;
     let Some(o) = doctor::run(rt, &cfg)? else {
         return Ok(());
@@ -482,7 +482,7 @@ fn topo_mesh(
         None => rankmesh::MeshLayout::row_major(rt.size(), &sizes)?,
     };
     let intra: Vec<&str> = intra_node.iter().map(String::as_str).collect();
-    let report = rankmesh::topo::MeshReport::new(rt, layout, &intra)?;
+    let report = rankmesh::tools::topo::MeshReport::new(rt, layout, &intra)?;
     print_report(rt, json, &report, || report.table());
     Ok(())
 }
@@ -674,7 +674,7 @@ fn command(rt: &Runtime, cli: &Cli) -> rankmesh::Result<()> {
             steps,
             tokens,
         } => {
-            let r = rankmesh::bench::workload::run(rt, *tp, *sp, *steps, *tokens)?;
+            let r = rankmesh::tools::bench::workload::run(rt, *tp, *sp, *steps, *tokens)?;
             if rt.rank() == 0 {
                 println!(
                     "workload OK: {} ranks on {} node(s), tp={tp} sp={sp}, {} steps of {} elements, {:.1} us per step (slowest rank)",

@@ -36,11 +36,15 @@ mod tensor;
 mod wait;
 mod mpi_ext;
 mod mpi_abi;
+// Public only for the tests (the agreement's property tests, fault
+// injection that speaks the wire tags): not part of the API.
+#[doc(hidden)]
 pub mod agree;
 mod watch;
 // 3. executors and the device plane
 mod nccl;
 mod device;
+#[doc(hidden)]
 pub mod exec;
 mod placement;
 // 4. groups and the runtime
@@ -51,9 +55,14 @@ mod helpers;
 mod stateless;
 mod parallel;
 // 6. tools
+// Reached through `tools`; the root paths stay for the CLI's history.
+#[doc(hidden)]
 pub mod bench;
+#[doc(hidden)]
 pub mod doctor;
+#[doc(hidden)]
 pub mod topo;
+pub mod tools;
 // (7. the CLI is bin/rankmesh.rs)
 pub mod prelude;
 

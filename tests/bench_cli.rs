@@ -3,7 +3,7 @@
 
 mod support;
 
-use rankmesh::bench::json::Document;
+use rankmesh::tools::bench::json::Document;
 use std::path::Path;
 
 fn exe() -> &'static Path {

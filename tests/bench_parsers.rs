@@ -12,7 +12,7 @@
 
 mod support;
 
-use rankmesh::bench::entries;
+use rankmesh::tools::bench::entries;
 use std::path::Path;
 
 fn exe() -> &'static Path {

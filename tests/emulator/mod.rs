@@ -553,7 +553,7 @@ pub fn drive() {
         support::mpirun(np, rankmesh_bin(), &all, &emu.env(extra))
     };
     // Every tensor collective; the object plane has no device form.
-    for op in rankmesh::bench::entries::ALL
+    for op in rankmesh::tools::bench::entries::ALL
         .iter()
         .filter(|e| e.op != rankmesh::Op::BroadcastObject)
         .map(|e| e.name())

@@ -1,8 +1,8 @@
 //! Every benchmarked collective, dtype and reduction validated with `-c 1`:
 //! the harness's expected data must match what the collectives produce.
 
-use rankmesh::bench::entries::{self, Entry};
-use rankmesh::bench::{self, Average, BenchConfig, GroupChoice};
+use rankmesh::tools::bench::entries::{self, Entry};
+use rankmesh::tools::bench::{self, Average, BenchConfig, GroupChoice};
 use rankmesh::{DType, Op, ReduceOp, Runtime};
 
 fn config(op: &'static Entry, dtype: DType, redop: ReduceOp, root: usize) -> BenchConfig {
