@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The longest spin before blocking: longer than a peer that runs takes
-/// to reach the same step (µs of skew), shorter than a scheduler tick.
+/// to reach the same step (µs of skew), shorter than a scheduler tick
+/// (docs/BENCHMARKS.md, "Tuned constants", for this and the others here).
 const SPIN_MAX: Duration = Duration::from_micros(50);
 /// The shortest: a few looks, for nodes where waits keep blocking.
 const SPIN_MIN: Duration = Duration::from_micros(1);

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 /// rest are reported as found in the rounds. Keeps the extra time bounded.
 pub const MAX_SUSPECTS: usize = 16;
 /// Seconds a retake's timed repetitions may take, judged by the rounds'
-/// figure: a link at 50 Mbit/s would otherwise take seconds per pass.
+/// figure: a link at 50 Mbit/s would otherwise take seconds per pass
+/// (docs/BENCHMARKS.md, "Tuned constants").
 pub const RETAKE_BUDGET_S: f64 = 0.25;
 /// Most passes over a suspect still low alone.
 pub const PASSES: usize = 3;

@@ -10,7 +10,8 @@
 //! copies whose ends disagree within a line go through a vector loop
 //! instead; everything else stays with `memcpy`.
 
-/// Shorter copies stay with `memcpy`: below its `rep movsb` threshold.
+/// Shorter copies stay with `memcpy`: below its `rep movsb` threshold
+/// (docs/BENCHMARKS.md, "Tuned constants").
 const LOOP_FROM: usize = 1024;
 
 /// `dst.copy_from_slice(src)`, without `rep movsb` when the two are not

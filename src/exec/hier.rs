@@ -508,7 +508,8 @@ impl HierCall<'_> {
 }
 
 /// Rounds a pipelined all-reduce cuts each rail's slice into (fewer when
-/// a round's part would fall under [`ROUND_MIN`] bytes).
+/// a round's part would fall under [`ROUND_MIN`] bytes; docs/BENCHMARKS.md,
+/// "Tuned constants").
 const ROUNDS: usize = 8;
 /// Smallest part of a slice one round moves.
 const ROUND_MIN: usize = 128 << 10;

@@ -132,7 +132,8 @@ pub(crate) struct Swap<'e> {
 
 /// Largest message of a [`Swap`]: under Open MPI's TCP eager limit
 /// (64 KiB), so no message waits for its receiver's go-ahead — which, on a
-/// link whose queue is full of the other direction's data, arrives late.
+/// link whose queue is full of the other direction's data, arrives late
+/// (docs/BENCHMARKS.md, "Tuned constants").
 const SWAP_MESSAGE: usize = 32 << 10;
 
 /// The messages of a swap's piece `r`.

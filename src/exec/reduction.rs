@@ -30,7 +30,8 @@ pub(crate) trait Reducer {
 
 /// Elements of 16- and 8-bit floats widened per step: 256 KiB of f32 stays
 /// in cache, and no buffer grows with the tensor (a full-size f32 copy made
-/// bf16 all_reduce 6× slower than f32 and tripled its memory).
+/// bf16 all_reduce 6× slower than f32 and tripled its memory;
+/// docs/BENCHMARKS.md, "Tuned constants").
 const WIDE_CHUNK: usize = 64 << 10;
 
 thread_local! {

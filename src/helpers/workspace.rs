@@ -115,9 +115,9 @@ fn host_label() -> String {
     file_safe(&mpi::environment::processor_name().unwrap_or_default())
 }
 
-/// A file's payload checksum: XXH3-64 (about 20 GB/s here; FNV-1a, one byte
-/// at a time, was the slowest step of saving or loading a large file, and
-/// format version 1).
+/// A file's payload checksum: XXH3-64 (about 20 GB/s on the development
+/// VM, docs/bench-log/; FNV-1a, one byte at a time, was the slowest step of
+/// saving or loading a large file, and format version 1).
 fn checksum(payload: &[u8]) -> u64 {
     xxh3_64(payload)
 }

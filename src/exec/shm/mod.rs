@@ -114,7 +114,8 @@ struct Place {
 /// 2.6-3.5 ms; one busy process: no faster).
 pub(crate) const SINGLE_COPY_FROM: usize = 16 << 10;
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
-/// fastest for 64 MiB all-reduces on 2 ranks here (256 KiB took twice as long).
+/// fastest for 64 MiB all-reduces on 2 ranks (256 KiB took twice as long;
+/// docs/BENCHMARKS.md, "Tuned constants", says how to re-measure).
 pub const DEFAULT_CHUNK: usize = 1 << 20;
 
 /// A group's shared window: one slot per rank.

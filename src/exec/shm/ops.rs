@@ -20,12 +20,14 @@ use std::ops::Range;
 
 /// All-reduces up to this size are combined whole by every rank after one
 /// synchronisation; larger ones are split so each rank reduces a share
-/// and the shares are exchanged after a second one.
+/// and the shares are exchanged after a second one (docs/BENCHMARKS.md,
+/// "Tuned constants").
 const SPLIT_BYTES: usize = 8 << 10;
 /// Calls of at least this many bytes write their outputs with streaming
-/// stores: the output outgrows the last-level cache (32 MiB here, shared
-/// with the window and the inputs), so reading each output line before
-/// writing it (what a plain store does) is traffic for nothing.
+/// stores: the output outgrows the last-level cache (32 MiB on the
+/// machine that set it, shared with the window and the inputs), so reading
+/// each output line before writing it (what a plain store does) is traffic
+/// for nothing (docs/BENCHMARKS.md, "Tuned constants").
 const STREAM_FROM: usize = 8 << 20;
 impl ShmExec {
     /// Bytes of each block's piece when every rank's piece of each of `P`
