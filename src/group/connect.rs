@@ -361,13 +361,7 @@ fn create(
     sm: (u32, u32),
 ) -> Result<NcclComm<'static>> {
     let api = gpu.api()?;
-    gpu.context().bind_to_thread().map_err(|e| {
-        Error::invalid(
-            Op::Connect,
-            group.name(),
-            format!("binding the CUDA context: {e}"),
-        )
-    })?;
+    bind_context(group, gpu)?;
     let membership = Membership {
         size: group.size(),
         rank: group.rank_in_group(),
@@ -388,6 +382,18 @@ fn create(
     })
     .map_err(|e| Error::nccl(Op::Connect, group.name(), e))?
     .expect("created from ids"))
+}
+
+/// Makes `gpu`'s CUDA context current on this thread, as NCCL's creation
+/// needs.
+fn bind_context(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<()> {
+    gpu.context().bind_to_thread().map_err(|e| {
+        Error::invalid(
+            Op::Connect,
+            group.name(),
+            format!("binding the CUDA context: {e}"),
+        )
+    })
 }
 
 /// Step 4: NCCL connects lazily; one all-reduce of one element pays that
@@ -512,13 +518,7 @@ pub(crate) fn connect_pair(
     }
     let maker = if low { group.rank_in_group() } else { peer };
     let id = id_of(&packet, maker).map_err(nccl_fail)?;
-    gpu.context().bind_to_thread().map_err(|e| {
-        Error::invalid(
-            Op::Connect,
-            group.name(),
-            format!("binding the CUDA context: {e}"),
-        )
-    })?;
+    bind_context(group, gpu)?;
     // A pair only sends and receives: nothing it does depends on the peer's GPU.
     let membership = Membership {
         size: 2,
