@@ -56,8 +56,14 @@ pub(crate) fn library_family(version: &str) -> Option<Family> {
 }
 
 /// The MPI library's own version line (`MPI_Get_library_version`, which
-/// MPI lets a process call before `MPI_Init`).
-pub(crate) fn library_version() -> String {
+/// MPI lets a process call before `MPI_Init`), read once: the start-up
+/// check and the start-up watch both ask.
+pub(crate) fn library_version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(read_library_version)
+}
+
+fn read_library_version() -> String {
     let mut buf = vec![0u8; mpi::ffi::MPI_MAX_LIBRARY_VERSION_STRING as usize + 1];
     let mut len: std::os::raw::c_int = 0;
     // SAFETY: `buf` holds MPI_MAX_LIBRARY_VERSION_STRING bytes and more, as
@@ -79,7 +85,7 @@ pub(crate) fn library_version() -> String {
 /// than the headers this build compiled against; `Ok` when they agree or
 /// either cannot be told.
 pub(crate) fn check_library() -> Result<(), String> {
-    verdict(BUILT_FOR, BUILT_FROM, &library_version())
+    verdict(BUILT_FOR, BUILT_FROM, library_version())
 }
 
 fn verdict(built_for: &str, built_from: &str, loaded: &str) -> Result<(), String> {

@@ -350,11 +350,8 @@ impl Runtime {
         note_panics();
         // Before any call that a wrong library would crash in: each rank
         // finds the same mismatch on its own, so none waits for another.
-        // Printed here, as every start-up refusal is (MPI cannot carry it).
         if let Err(why) = crate::mpi_abi::check_library() {
-            let line = format!("rankmesh: error: launch: {why}\n");
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return Err(Error::Startup(why));
+            return Err(refuse_start(None, why));
         }
         let startup = StartupWatch::start(options.init_timeout);
         let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
@@ -382,11 +379,9 @@ impl Runtime {
             _ => None,
         };
         if let Err(why) = agree_on_start(&world_comm, mine.as_deref()) {
-            // Printed here, before MPI is finalised (which waits for every
-            // rank), so no rank exits before all have said it.
-            let line = format!("rankmesh: error (rank {}): launch: {why}\n", info.rank);
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return Err(Error::Startup(why));
+            // Before MPI is finalised (which waits for every rank), so no
+            // rank exits before all have said it.
+            return Err(refuse_start(Some(info.rank), why));
         }
         let mut warnings = checked?;
         startup.step("the binding's agreement (MPI_Allgather)");
@@ -732,6 +727,16 @@ fn panic_message() -> String {
         .unwrap_or_else(|e| e.into_inner())
         .clone()
         .unwrap_or_else(|| "(a panic without a message)".into())
+}
+
+/// Prints a start-up refusal on this rank (world `rank` once MPI knows it)
+/// and returns it as [`Error::Startup`]: printed here because MPI may not
+/// be up to carry it, or be finalised before the caller could print it.
+fn refuse_start(rank: Option<usize>, why: String) -> Error {
+    let who = rank.map_or(String::new(), |r| format!(" (rank {r})"));
+    let line = format!("rankmesh: error{who}: launch: {why}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    Error::Startup(why)
 }
 
 /// Bytes of one rank's start-up verdict (a flag, then the message).

@@ -107,7 +107,7 @@ impl Registry {
         // arrived first: Open MPI 4 (`mpirun`, `srun --mpi=pmix`). Open MPI
         // 5's MPI_Init fails after it ("local rank: Not found"); elsewhere
         // it is untested. There the start-up watch says ranks cannot be named.
-        if !marks_tolerated(&crate::mpi_abi::library_version()) {
+        if !marks_tolerated(crate::mpi_abi::library_version()) {
             return None;
         }
         // SAFETY: loading PMIx runs no code of ours; it is the library the
@@ -235,7 +235,7 @@ mod tests {
             here.starts_with("Open MPI v4."),
             "this machine's MPI: {here}"
         );
-        assert!(marks_tolerated(&here));
+        assert!(marks_tolerated(here));
         for other in [
             "Open MPI v5.0.11, package: Open MPI wheel",
             "MPICH Version:      4.0.2",

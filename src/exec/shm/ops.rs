@@ -392,6 +392,21 @@ impl ShmCall<'_> {
         Ok(())
     }
 
+    /// `input` reduced element-wise into `out` on the ranks where `gathers`
+    /// holds (every rank for an all-reduce, the root for a reduce).
+    fn reduce_to(
+        &self,
+        input: &Tensor,
+        out: &mut Tensor,
+        op: ReduceOp,
+        gathers: bool,
+    ) -> Result<(), Fault> {
+        let (n, dtype) = (input.nbytes(), input.dtype());
+        let (input, out) = (Some(input.bytes()), out.bytes_mut());
+        self.plane
+            .reduce_pieces(&self.pulse, input, out, n, dtype, op, gathers)
+    }
+
     /// Every rank's `mine` into block `r` of `out`, laid out by `blocks`.
     pub(crate) fn all_gather_blocks<B: Blocks>(
         &self,
@@ -411,16 +426,7 @@ impl HostMoves for ShmCall<'_> {
     }
 
     fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
-        let (n, dtype) = (input.nbytes(), input.dtype());
-        self.plane.reduce_pieces(
-            &self.pulse,
-            Some(input.bytes()),
-            out.bytes_mut(),
-            n,
-            dtype,
-            op,
-            true,
-        )
+        self.reduce_to(input, out, op, true)
     }
 
     fn reduce_into_root(
@@ -430,17 +436,7 @@ impl HostMoves for ShmCall<'_> {
         root: usize,
         op: ReduceOp,
     ) -> Result<(), Fault> {
-        let (n, dtype) = (input.nbytes(), input.dtype());
-        let gathers = self.plane.me == root;
-        self.plane.reduce_pieces(
-            &self.pulse,
-            Some(input.bytes()),
-            out.bytes_mut(),
-            n,
-            dtype,
-            op,
-            gathers,
-        )
+        self.reduce_to(input, out, op, self.plane.me == root)
     }
 
     fn reduce_scatter_block_into(
