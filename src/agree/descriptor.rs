@@ -10,8 +10,8 @@
 
 use crate::dtype::DType;
 use crate::error::Rejection;
-use crate::op::Op;
 use crate::op::ReduceOp;
+use crate::op::{Args, Op};
 use crate::tensor::Tensor;
 use bytemuck::{Pod, Zeroable};
 use std::cell::RefCell;
@@ -98,6 +98,12 @@ impl Descriptor {
         d.dtype = NO_DTYPE;
         d.params[..params.len()].copy_from_slice(params);
         d
+    }
+
+    /// A descriptor with no tensor for the op and parameters of `args`.
+    #[inline]
+    pub(crate) fn of_args(args: Args) -> Descriptor {
+        Descriptor::new(args.op(), args.params())
     }
 
     /// A descriptor for a tensor of `dtype` and `shape`.

@@ -183,7 +183,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// so a member passing another mode is an error on all of them).
     /// Deferred agreements already posted are completed first.
     pub fn set_check_mode(&self, mode: CheckMode) -> Result<()> {
-        let desc = Descriptor::new(Op::SetCheckMode, &[mode.code() as i64]);
+        let desc = Descriptor::of_args(Args::set_check_mode(mode));
         self.collective(
             desc,
             |_| Ok(()),
@@ -556,22 +556,17 @@ fn explain_output(e: Error, out: (DType, &[usize]), dtype: DType, shape: &[usize
     }
 }
 
-/// The descriptor of tensor op `op` on input `t` (host or device, by its type).
+/// The descriptor of the tensor op `args` on input `t` (host or device, by its type).
 #[inline(always)]
-pub(crate) fn tensor_desc<T: PlaneTensor>(op: Op, t: &T, params: &[i64]) -> Descriptor {
-    shaped_desc::<T>(op, t.dtype(), t.shape(), params)
+pub(crate) fn tensor_desc<T: PlaneTensor>(args: Args, t: &T) -> Descriptor {
+    shaped_desc::<T>(args, t.dtype(), t.shape())
 }
 
-/// The descriptor of tensor op `op` on a `T` of `dtype` described by
-/// `shape` (the input's, or what the op's descriptor carries instead).
+/// The descriptor of the tensor op `args` on a `T` of `dtype` described
+/// by `shape` (the input's, or what the op's descriptor carries instead).
 #[inline(always)]
-pub(crate) fn shaped_desc<T: PlaneTensor>(
-    op: Op,
-    dtype: DType,
-    shape: &[usize],
-    params: &[i64],
-) -> Descriptor {
-    let desc = Descriptor::for_tensor(op, dtype, shape, params);
+pub(crate) fn shaped_desc<T: PlaneTensor>(args: Args, dtype: DType, shape: &[usize]) -> Descriptor {
+    let desc = Descriptor::for_tensor(args.op(), dtype, shape, args.params());
     if T::ON_DEVICE {
         desc.on_device()
     } else {

@@ -16,7 +16,7 @@
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::GroupCoordinator;
-use crate::op::Op;
+use crate::op::Args;
 use crate::op::ReduceOp;
 
 /// A dense, row-major tensor a data plane moves: what the dispatch path
@@ -239,10 +239,7 @@ pub trait Collectives<'rt> {
     /// order; the result on every member.
     fn all_gather(&self, t: &Self::Tensor, dim: isize) -> Result<Self::Tensor> {
         // A bad dim still calls in, so every rank learns about it together.
-        let mut out = self.empty(
-            output_shape(self, Op::AllGather, t, &[dim as i64]),
-            t.dtype(),
-        )?;
+        let mut out = self.empty(output_shape(self, Args::all_gather(dim), t), t.dtype())?;
         self.all_gather_into(t, &mut out, dim)?;
         Ok(out)
     }
@@ -252,7 +249,7 @@ pub trait Collectives<'rt> {
     fn gather(&self, t: &Self::Tensor, dst: usize, dim: isize) -> Result<Option<Self::Tensor>> {
         let mine = self.group().rank_in_group() == dst;
         let shape = if mine {
-            output_shape(self, Op::Gather, t, &[dst as i64, dim as i64])
+            output_shape(self, Args::gather(dst, dim), t)
         } else {
             vec![0]
         };
@@ -267,7 +264,7 @@ pub trait Collectives<'rt> {
     /// passes a tensor of the same shape and dtype, as for
     /// [`broadcast`](Self::broadcast); only `src`'s contents are read.
     fn scatter(&self, t: &Self::Tensor, src: usize, dim: isize) -> Result<Self::Tensor> {
-        let shape = output_shape(self, Op::Scatter, t, &[src as i64, dim as i64]);
+        let shape = output_shape(self, Args::scatter(src, dim), t);
         let mut out = self.empty(shape, t.dtype())?;
         self.scatter_into(t, &mut out, src, dim)?;
         Ok(out)
@@ -282,8 +279,8 @@ pub trait Collectives<'rt> {
         dim: isize,
         reduce_op: ReduceOp,
     ) -> Result<Self::Tensor> {
-        let params = [dim as i64, 0];
-        let mut out = self.empty(output_shape(self, Op::ReduceScatter, t, &params), t.dtype())?;
+        let args = Args::reduce_scatter(dim, reduce_op);
+        let mut out = self.empty(output_shape(self, args, t), t.dtype())?;
         self.reduce_scatter_into(t, &mut out, dim, reduce_op)?;
         Ok(out)
     }
@@ -351,8 +348,8 @@ pub trait Collectives<'rt> {
         scatter_dim: usize,
         gather_dim: usize,
     ) -> Result<Self::Tensor> {
-        let params = [scatter_dim as i64, gather_dim as i64];
-        let mut out = self.empty(output_shape(self, Op::AllToAll4d, t, &params), t.dtype())?;
+        let args = Args::all_to_all_4d(scatter_dim, gather_dim);
+        let mut out = self.empty(output_shape(self, args, t), t.dtype())?;
         self.all_to_all_4d_into(t, &mut out, scatter_dim, gather_dim)?;
         Ok(out)
     }
@@ -368,12 +365,8 @@ pub trait Collectives<'rt> {
 
 /// The output shape the allocating forms allocate; empty when the arguments
 /// name none (the `_into` call then reports why, on every rank).
-fn output_shape<'rt, C: Collectives<'rt> + ?Sized>(
-    c: &C,
-    op: Op,
-    t: &C::Tensor,
-    params: &[i64],
-) -> Vec<usize> {
-    op.output_shape(t.shape(), params, c.group().size())
+fn output_shape<'rt, C: Collectives<'rt> + ?Sized>(c: &C, args: Args, t: &C::Tensor) -> Vec<usize> {
+    args.op()
+        .output_shape(t.shape(), args.params(), c.group().size())
         .unwrap_or_default()
 }

@@ -26,7 +26,7 @@ use crate::nccl::comm::{Communicator, Rooted};
 use crate::nccl::result::reduced_as;
 use crate::nccl::sys::RawStream;
 use crate::op::ReduceOp;
-use crate::op::{normalize_dim, Op};
+use crate::op::{normalize_dim, Args, Op};
 use crate::tensor::split::{
     concat_dim_copies, concat_uneven_copies, is_contiguous_split, split_dim_copies, Copy2d,
 };
@@ -281,7 +281,7 @@ impl<'g, 'rt> DeviceGroup<'g, 'rt> {
 
     /// [`p2p_desc`](Self::p2p_desc) for `op`.
     fn p2p_desc_of(&self, op: Op, t: &DeviceTensor) -> (Descriptor, Option<(ViewProblem, String)>) {
-        let mut desc = tensor_desc(op, t, &[]);
+        let mut desc = tensor_desc(Args::bare(op), t);
         let view = t.view_problem(self.stream);
         if let Some((problem, _)) = &view {
             desc.mark_unusable_view(*problem);
@@ -452,7 +452,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         reduce_op: ReduceOp,
     ) -> Result<()> {
         self.run_op_into(
-            &mut tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
+            &mut tensor_desc(Args::all_reduce(reduce_op), t),
             t,
             out,
             |out| {
@@ -472,7 +472,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     fn all_reduce_in_place(&self, t: &mut DeviceTensor, reduce_op: ReduceOp) -> Result<()> {
         self.run_op(
-            &mut tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
+            &mut tensor_desc(Args::all_reduce(reduce_op), &*t),
             &*t,
             || {
                 if self.copies_alone() {
@@ -494,7 +494,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         reduce_op: ReduceOp,
     ) -> Result<()> {
         self.run_op_into(
-            &mut tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
+            &mut tensor_desc(Args::reduce(dst, reduce_op), t),
             t,
             out,
             |out| {
@@ -513,32 +513,27 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
 
     fn all_gather_into(&self, t: &DeviceTensor, out: &mut DeviceTensor, dim: isize) -> Result<()> {
         let size = self.group.size();
-        self.run_op_into(
-            &mut tensor_desc(Op::AllGather, t, &[dim as i64]),
-            t,
-            out,
-            |out| {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if self.copies_alone() {
-                    return self.alone(t, Some(out), None);
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let src = t.ptr_on(s)?;
-                let gather = |dst: *mut c_void| {
-                    // SAFETY: `dst` holds `size` blocks of `t`'s size.
-                    unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.raw()) }
-                };
-                if is_contiguous_split(t.shape(), d) {
-                    return Ok(gather(out.ptr_on(s)?)?);
-                }
-                let blocks = self.scratch(out.nbytes())?;
-                let bp = blocks.ptr_on(s)?;
-                gather(bp)?;
-                let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
-                Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?)
-            },
-        )
+        self.run_op_into(&mut tensor_desc(Args::all_gather(dim), t), t, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if self.copies_alone() {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let src = t.ptr_on(s)?;
+            let gather = |dst: *mut c_void| {
+                // SAFETY: `dst` holds `size` blocks of `t`'s size.
+                unsafe { comm.all_gather(src, dst, t.numel(), t.dtype(), self.raw()) }
+            };
+            if is_contiguous_split(t.shape(), d) {
+                return Ok(gather(out.ptr_on(s)?)?);
+            }
+            let blocks = self.scratch(out.nbytes())?;
+            let bp = blocks.ptr_on(s)?;
+            gather(bp)?;
+            let plan = concat_dim_copies(t.shape(), d, size, t.dtype().size());
+            Ok(run_copies(&plan, bp, out.ptr_on(s)?, s.cu_stream())?)
+        })
     }
 
     fn gather_into(
@@ -549,8 +544,7 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         dim: isize,
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
-        let params = [dst as i64, dim as i64];
-        self.run_op_into(&mut tensor_desc(Op::Gather, t, &params), t, out, |out| {
+        self.run_op_into(&mut tensor_desc(Args::gather(dst, dim), t), t, out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if self.copies_alone() {
                 return self.alone(t, Some(out), None);
@@ -607,63 +601,67 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         dim: isize,
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
-        let params = [src as i64, dim as i64];
-        self.run_op_into(&mut tensor_desc(Op::Scatter, t, &params), t, out, |out| {
-            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-            if self.copies_alone() {
-                return self.alone(t, Some(out), None);
-            }
-            let comm = self.comm()?;
-            let s = self.enqueue()?;
-            let (n, dt) = (out.numel(), out.dtype());
-            let out_p = out.ptr_on(s)?;
-            let native = comm.has_native_collectives();
-            if me != src {
-                // SAFETY: `out` holds `n` elements, alive until the stream
-                // runs the call; the send side is the root's only.
-                return Ok(unsafe {
-                    match native {
-                        true => comm.rooted(
-                            Rooted::Scatter,
-                            std::ptr::null(),
-                            out_p,
-                            n,
-                            dt,
-                            src,
-                            self.raw(),
-                        ),
-                        false => comm.recv(out_p, n, dt, src, self.raw()),
-                    }
-                }?);
-            }
-            let mut packed = None;
-            let mut blocks = t.ptr_on(s)?;
-            if !is_contiguous_split(t.shape(), d) {
-                let p = packed.insert(self.scratch(t.nbytes())?).ptr_on(s)?;
-                let plan = split_dim_copies(t.shape(), d, size, dt.size());
-                run_copies(&plan, blocks, p, s.cu_stream())?;
-                blocks = p;
-            }
-            let bytes = out.nbytes();
-            if native {
-                // SAFETY: `blocks` holds `size` blocks of `n` elements; `out` one.
-                return Ok(unsafe {
-                    comm.rooted(Rooted::Scatter, blocks, out_p, n, dt, src, self.raw())
-                }?);
-            }
-            let fused = comm.group()?;
-            for r in (0..size).filter(|r| *r != me) {
-                // SAFETY: block `r` of `blocks` holds `n` elements.
-                unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.raw()) }?;
-            }
-            fused.end()?;
-            Ok(run_copies(
-                &[Copy2d::bytes(me * bytes, 0, bytes)],
-                blocks,
-                out_p,
-                s.cu_stream(),
-            )?)
-        })
+        self.run_op_into(
+            &mut tensor_desc(Args::scatter(src, dim), t),
+            t,
+            out,
+            |out| {
+                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+                if self.copies_alone() {
+                    return self.alone(t, Some(out), None);
+                }
+                let comm = self.comm()?;
+                let s = self.enqueue()?;
+                let (n, dt) = (out.numel(), out.dtype());
+                let out_p = out.ptr_on(s)?;
+                let native = comm.has_native_collectives();
+                if me != src {
+                    // SAFETY: `out` holds `n` elements, alive until the stream
+                    // runs the call; the send side is the root's only.
+                    return Ok(unsafe {
+                        match native {
+                            true => comm.rooted(
+                                Rooted::Scatter,
+                                std::ptr::null(),
+                                out_p,
+                                n,
+                                dt,
+                                src,
+                                self.raw(),
+                            ),
+                            false => comm.recv(out_p, n, dt, src, self.raw()),
+                        }
+                    }?);
+                }
+                let mut packed = None;
+                let mut blocks = t.ptr_on(s)?;
+                if !is_contiguous_split(t.shape(), d) {
+                    let p = packed.insert(self.scratch(t.nbytes())?).ptr_on(s)?;
+                    let plan = split_dim_copies(t.shape(), d, size, dt.size());
+                    run_copies(&plan, blocks, p, s.cu_stream())?;
+                    blocks = p;
+                }
+                let bytes = out.nbytes();
+                if native {
+                    // SAFETY: `blocks` holds `size` blocks of `n` elements; `out` one.
+                    return Ok(unsafe {
+                        comm.rooted(Rooted::Scatter, blocks, out_p, n, dt, src, self.raw())
+                    }?);
+                }
+                let fused = comm.group()?;
+                for r in (0..size).filter(|r| *r != me) {
+                    // SAFETY: block `r` of `blocks` holds `n` elements.
+                    unsafe { comm.send(at(blocks, r * bytes), n, dt, r, self.raw()) }?;
+                }
+                fused.end()?;
+                Ok(run_copies(
+                    &[Copy2d::bytes(me * bytes, 0, bytes)],
+                    blocks,
+                    out_p,
+                    s.cu_stream(),
+                )?)
+            },
+        )
     }
 
     fn reduce_scatter_into(
@@ -674,63 +672,59 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         reduce_op: ReduceOp,
     ) -> Result<()> {
         let size = self.group.size();
-        let params = [dim as i64, reduce_op.code()];
-        self.run_op_into(
-            &mut tensor_desc(Op::ReduceScatter, t, &params),
-            t,
-            out,
-            |out| {
-                let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
-                if self.copies_alone() {
-                    return self.alone(t, Some(out), Some(reduce_op));
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let (n, dt) = (out.numel(), t.dtype());
-                let scatter = |src: *const c_void, dst: *mut c_void| {
-                    // SAFETY: `src` holds `size` slices of `out`'s size.
-                    unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
-                };
-                let out_p = out.ptr_on(s)?;
-                if is_contiguous_split(t.shape(), d) {
-                    return Ok(scatter(t.ptr_on(s)?, out_p)?);
-                }
-                let packed = self.scratch(t.nbytes())?;
-                let pp = packed.ptr_on(s)?;
-                let plan = split_dim_copies(t.shape(), d, size, dt.size());
-                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
-                Ok(scatter(pp, out_p)?)
-            },
-        )
+        let args = Args::reduce_scatter(dim, reduce_op);
+        self.run_op_into(&mut tensor_desc(args, t), t, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if self.copies_alone() {
+                return self.alone(t, Some(out), Some(reduce_op));
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let (n, dt) = (out.numel(), t.dtype());
+            let scatter = |src: *const c_void, dst: *mut c_void| {
+                // SAFETY: `src` holds `size` slices of `out`'s size.
+                unsafe { comm.reduce_scatter(src, dst, n, dt, reduce_op, self.raw()) }
+            };
+            let out_p = out.ptr_on(s)?;
+            if is_contiguous_split(t.shape(), d) {
+                return Ok(scatter(t.ptr_on(s)?, out_p)?);
+            }
+            let packed = self.scratch(t.nbytes())?;
+            let pp = packed.ptr_on(s)?;
+            let plan = split_dim_copies(t.shape(), d, size, dt.size());
+            run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+            Ok(scatter(pp, out_p)?)
+        })
     }
 
     fn broadcast(&self, t: &mut DeviceTensor, src: usize) -> Result<()> {
-        self.run_op(
-            &mut tensor_desc(Op::Broadcast, &*t, &[src as i64]),
-            &*t,
-            || {
-                if self.copies_alone() {
-                    return self.alone(t, None, None);
-                }
-                let comm = self.comm()?;
-                let p = t.ptr_on(self.enqueue()?)?;
-                // SAFETY: in place, as NCCL allows.
-                Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
-            },
-        )
+        self.run_op(&mut tensor_desc(Args::broadcast(src), &*t), &*t, || {
+            if self.copies_alone() {
+                return self.alone(t, None, None);
+            }
+            let comm = self.comm()?;
+            let p = t.ptr_on(self.enqueue()?)?;
+            // SAFETY: in place, as NCCL allows.
+            Ok(unsafe { comm.broadcast(p, p, t.numel(), t.dtype(), src, self.raw()) }?)
+        })
     }
 
     fn all_to_all_into(&self, t: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         let size = self.group.size();
-        self.run_op_into(&mut tensor_desc(Op::AllToAll, t, &[]), t, out, |out| {
-            if self.copies_alone() {
-                return self.alone(t, Some(out), None);
-            }
-            let comm = self.comm()?;
-            let s = self.enqueue()?;
-            let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
-            self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
-        })
+        self.run_op_into(
+            &mut tensor_desc(Args::bare(Op::AllToAll), t),
+            t,
+            out,
+            |out| {
+                if self.copies_alone() {
+                    return self.alone(t, Some(out), None);
+                }
+                let comm = self.comm()?;
+                let s = self.enqueue()?;
+                let (src, dst) = (t.ptr_on(s)?, out.ptr_on(s)?);
+                self.exchange_blocks(&comm, src, dst, t.nbytes() / size, t.dtype())
+            },
+        )
     }
 
     /// Packs with strided 2-D copies, exchanges with grouped send/recv,
@@ -743,31 +737,26 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         gather_dim: usize,
     ) -> Result<()> {
         let size = self.group.size();
-        let params = [scatter_dim as i64, gather_dim as i64];
-        self.run_op_into(
-            &mut tensor_desc(Op::AllToAll4d, t, &params),
-            t,
-            out,
-            |out| {
-                if self.copies_alone() {
-                    return self.alone(t, Some(out), None);
-                }
-                let comm = self.comm()?;
-                let s = self.enqueue()?;
-                let elem = t.dtype().size();
-                let packed = self.scratch(t.nbytes())?;
-                let pp = packed.ptr_on(s)?;
-                let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
-                run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
-                let received = self.scratch(t.nbytes())?;
-                let rp = received.ptr_on(s)?;
-                self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
-                let mut block_shape = t.shape().to_vec();
-                block_shape[scatter_dim] /= size;
-                let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
-                Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
-            },
-        )
+        let args = Args::all_to_all_4d(scatter_dim, gather_dim);
+        self.run_op_into(&mut tensor_desc(args, t), t, out, |out| {
+            if self.copies_alone() {
+                return self.alone(t, Some(out), None);
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let elem = t.dtype().size();
+            let packed = self.scratch(t.nbytes())?;
+            let pp = packed.ptr_on(s)?;
+            let plan = split_dim_copies(t.shape(), scatter_dim, size, elem);
+            run_copies(&plan, t.ptr_on(s)?, pp, s.cu_stream())?;
+            let received = self.scratch(t.nbytes())?;
+            let rp = received.ptr_on(s)?;
+            self.exchange_blocks(&comm, pp, rp, t.nbytes() / size, t.dtype())?;
+            let mut block_shape = t.shape().to_vec();
+            block_shape[scatter_dim] /= size;
+            let plan = concat_dim_copies(&block_shape, gather_dim, size, elem);
+            Ok(run_copies(&plan, rp, out.ptr_on(s)?, s.cu_stream())?)
+        })
     }
 
     /// The counts are exchanged over MPI (each link checked by its two

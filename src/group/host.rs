@@ -15,8 +15,8 @@ use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_he
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};
 use crate::op::normalize_dim;
-use crate::op::Op;
 use crate::op::ReduceOp;
+use crate::op::{Args, Op};
 use crate::tensor::split::{
     concat_dim_into, concat_uneven_copies, is_contiguous_split, split_dim_into,
 };
@@ -48,26 +48,22 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn all_reduce_into(&self, t: &Tensor, out: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
-        self.run_host_op_into(
-            tensor_desc(Op::AllReduce, t, &[reduce_op.code()]),
-            out,
-            |out| {
-                if self.size() == 1 {
-                    // Every operator maps one value to itself (avg of one is the value).
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                } else {
-                    self.host().all_reduce_into(t, out, reduce_op)?;
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Args::all_reduce(reduce_op), t), out, |out| {
+            if self.size() == 1 {
+                // Every operator maps one value to itself (avg of one is the value).
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else {
+                self.host().all_reduce_into(t, out, reduce_op)?;
+            }
+            Ok(())
+        })
     }
 
     /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
     /// the group keeps (reused while shape and dtype stay the same).
     fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
         self.run_host_op(
-            tensor_desc(Op::AllReduce, &*t, &[reduce_op.code()]),
+            tensor_desc(Args::all_reduce(reduce_op), &*t),
             || match self.host() {
                 _ if self.size() == 1 => Ok(()),
                 HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
@@ -88,23 +84,19 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         dst: usize,
         reduce_op: ReduceOp,
     ) -> Result<()> {
-        self.run_host_op_into(
-            tensor_desc(Op::Reduce, t, &[dst as i64, reduce_op.code()]),
-            out,
-            |out| {
-                if self.size() == 1 {
-                    out.bytes_mut().copy_from_slice(t.bytes());
-                } else {
-                    self.host().reduce_into_root(t, out, dst, reduce_op)?;
-                }
-                Ok(())
-            },
-        )
+        self.run_host_op_into(tensor_desc(Args::reduce(dst, reduce_op), t), out, |out| {
+            if self.size() == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+            } else {
+                self.host().reduce_into_root(t, out, dst, reduce_op)?;
+            }
+            Ok(())
+        })
     }
 
     fn all_gather_into(&self, t: &Tensor, out: &mut Tensor, dim: isize) -> Result<()> {
         let size = self.size();
-        self.run_host_op_into(tensor_desc(Op::AllGather, t, &[dim as i64]), out, |out| {
+        self.run_host_op_into(tensor_desc(Args::all_gather(dim), t), out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
@@ -124,8 +116,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn gather_into(&self, t: &Tensor, out: &mut Tensor, dst: usize, dim: isize) -> Result<()> {
         let size = self.size();
-        let params = [dst as i64, dim as i64];
-        self.run_host_op_into(tensor_desc(Op::Gather, t, &params), out, |out| {
+        self.run_host_op_into(tensor_desc(Args::gather(dst, dim), t), out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
@@ -141,8 +132,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn scatter_into(&self, t: &Tensor, out: &mut Tensor, src: usize, dim: isize) -> Result<()> {
         let size = self.size();
-        let params = [src as i64, dim as i64];
-        self.run_host_op_into(tensor_desc(Op::Scatter, t, &params), out, |out| {
+        self.run_host_op_into(tensor_desc(Args::scatter(src, dim), t), out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
@@ -168,8 +158,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         reduce_op: ReduceOp,
     ) -> Result<()> {
         let size = self.size();
-        let params = [dim as i64, reduce_op.code()];
-        self.run_host_op_into(tensor_desc(Op::ReduceScatter, t, &params), out, |out| {
+        let args = Args::reduce_scatter(dim, reduce_op);
+        self.run_host_op_into(tensor_desc(args, t), out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
@@ -188,7 +178,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
-        self.run_host_op(tensor_desc(Op::Broadcast, &*t, &[src as i64]), || {
+        self.run_host_op(tensor_desc(Args::broadcast(src), &*t), || {
             if self.size() > 1 {
                 self.host().broadcast(t.bytes_mut(), src)?;
             }
@@ -197,7 +187,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     }
 
     fn all_to_all_into(&self, t: &Tensor, out: &mut Tensor) -> Result<()> {
-        self.run_host_op_into(tensor_desc(Op::AllToAll, t, &[]), out, |out| {
+        self.run_host_op_into(tensor_desc(Args::bare(Op::AllToAll), t), out, |out| {
             if self.size() == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else {
@@ -215,8 +205,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         gather_dim: usize,
     ) -> Result<()> {
         let size = self.size();
-        let params = [scatter_dim as i64, gather_dim as i64];
-        self.run_host_op_into(tensor_desc(Op::AllToAll4d, t, &params), out, |out| {
+        let args = Args::all_to_all_4d(scatter_dim, gather_dim);
+        self.run_host_op_into(tensor_desc(args, t), out, |out| {
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
                 return Ok(());
@@ -331,7 +321,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     /// the data, so a program never depends on MPI's eager buffering.
     fn send(&self, t: &Tensor, dst: Option<usize>) -> Result<()> {
         let (dst, _) = self.ring_peers(dst, None);
-        self.point_to_point(tensor_desc(Op::Send, t, &[]), Peer::To(dst), |_| {
+        self.point_to_point(tensor_desc(Args::bare(Op::Send), t), Peer::To(dst), |_| {
             self.mpi().send(t.bytes(), dst);
             Ok(())
         })
@@ -339,9 +329,11 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 
     fn recv_into(&self, out: &mut Tensor, src: Option<usize>) -> Result<()> {
         let (_, src) = self.ring_peers(None, src);
-        self.point_to_point(tensor_desc(Op::Send, &*out, &[]), Peer::From(src), |_| {
-            self.mpi().recv(out.bytes_mut(), src)
-        })
+        self.point_to_point(
+            tensor_desc(Args::bare(Op::Send), &*out),
+            Peer::From(src),
+            |_| self.mpi().recv(out.bytes_mut(), src),
+        )
     }
 
     fn batch_send_recv(&self, ops: &mut [P2p<'_, Tensor>]) -> Result<()> {
@@ -349,7 +341,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             .iter()
             .map(|o| {
                 let (t, peer) = o.parts();
-                let desc = tensor_desc(Op::BatchSendRecv, t, &[]);
+                let desc = tensor_desc(Args::bare(Op::BatchSendRecv), t);
                 match o {
                     P2p::Send(..) => (desc, Peer::To(peer)),
                     P2p::Recv(..) => (desc, Peer::From(peer)),
@@ -377,8 +369,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         src: Option<usize>,
     ) -> Result<()> {
         let (dst, src) = self.ring_peers(dst, src);
-        let sent = tensor_desc(Op::Send, t, &[]);
-        let expected = tensor_desc(Op::Send, &*out, &[]);
+        let sent = tensor_desc(Args::bare(Op::Send), t);
+        let expected = tensor_desc(Args::bare(Op::Send), &*out);
         if self.send_recv_to_self(&sent, &expected, dst, src)? {
             out.bytes_mut().copy_from_slice(t.bytes());
             return Ok(());

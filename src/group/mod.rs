@@ -31,7 +31,7 @@ use crate::exec::mpi::{MpiExec, TAG_ANSWER, TAG_HEADER};
 use crate::exec::shm::{ShmCall, ShmExec, ShmWindow};
 use crate::nccl::comm::Communicator as NcclComm;
 use crate::op::CheckMode;
-use crate::op::{rank_in_range, Op};
+use crate::op::{rank_in_range, Args, Op};
 use crate::tensor::Tensor;
 use crate::watch::{Call, GroupWatch};
 use mpi::collective::SystemOperation;

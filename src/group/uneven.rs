@@ -8,7 +8,7 @@ use super::{GroupCoordinator, PlaneTensor};
 use crate::agree::Descriptor;
 use crate::error::{Error, Fault};
 use crate::op::uneven::{all_gather_v_problem, all_gather_v_shape, all_to_all_v_problem, Links};
-use crate::op::{counts_digest, Op};
+use crate::op::{Args, Op};
 
 /// The descriptor of an `all_to_all_v` (rows of the input's shape: the
 /// ranks' dim 0 differ), flagged when this rank's counts do not fit its
@@ -28,7 +28,7 @@ pub(crate) fn all_to_all_v_desc<T: PlaneTensor>(
         size,
     );
     let row = t.shape().get(1..).unwrap_or_default();
-    let mut desc = shaped_desc::<T>(Op::AllToAllV, t.dtype(), row, &[]);
+    let mut desc = shaped_desc::<T>(Args::bare(Op::AllToAllV), t.dtype(), row);
     desc.mark_bad_counts(problem.is_some());
     (desc, problem)
 }
@@ -45,8 +45,8 @@ pub(crate) fn all_gather_v_desc<T: PlaneTensor>(
 ) -> (Descriptor, Option<String>) {
     let problem = all_gather_v_problem(t.shape(), counts, dim, me, size);
     let shape = all_gather_v_shape(t.shape(), counts, dim);
-    let params = [dim as i64, counts_digest(counts)];
-    let mut desc = shaped_desc::<T>(Op::AllGatherV, t.dtype(), &shape, &params);
+    let args = Args::all_gather_v(dim, counts);
+    let mut desc = shaped_desc::<T>(args, t.dtype(), &shape);
     desc.mark_bad_counts(problem.is_some());
     (desc, problem)
 }

@@ -22,7 +22,7 @@ use crate::agree::fnv1a;
 use crate::agree::Descriptor;
 use crate::error::{Error, Result};
 use crate::group::{AsGroup, GroupCoordinator, Peer};
-use crate::op::{rank_in_range, Op};
+use crate::op::{Args, Op};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::any::Any;
@@ -208,7 +208,7 @@ pub trait Objects<'rt>: AsGroup<'rt> {
         let g = self.as_group();
         let op = Op::AllGatherObject;
         let bytes = encode(g.name(), op, obj)?;
-        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        let mut desc = Descriptor::of_args(Args::object(op, type_digest::<T>()));
         desc.len = bytes.len() as u64;
         g.collective(
             desc,
@@ -242,13 +242,13 @@ pub trait Objects<'rt>: AsGroup<'rt> {
         let g = self.as_group();
         let op = Op::GatherObject;
         let bytes = encode(g.name(), op, obj)?;
-        let mut desc = Descriptor::new(op, &[dst as i64, type_digest::<T>()]);
+        let mut desc = Descriptor::of_args(Args::gather_object(dst, type_digest::<T>()));
         desc.len = bytes.len() as u64;
         let size = g.size();
         g.collective(
             desc,
             |d| {
-                rank_in_range("dst", d.params[0], size)?;
+                d.validate(op, size)?;
                 within_bound(g.runtime().options().max_object_bytes, d.len)
             },
             |descs| {
@@ -277,7 +277,7 @@ pub trait Objects<'rt>: AsGroup<'rt> {
         let g = self.as_group();
         let op = Op::SendObject;
         let bytes = encode(g.name(), op, obj)?;
-        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        let mut desc = Descriptor::of_args(Args::object(op, type_digest::<T>()));
         desc.len = bytes.len() as u64;
         g.point_to_point(desc, Peer::To(dst), |_| {
             g.mpi().send(&bytes, dst);
@@ -290,7 +290,7 @@ pub trait Objects<'rt>: AsGroup<'rt> {
     fn recv_object<T: DeserializeOwned + 'static>(&self, src: usize) -> Result<T> {
         let g = self.as_group();
         let op = Op::SendObject;
-        let mut desc = Descriptor::new(op, &[type_digest::<T>()]);
+        let mut desc = Descriptor::of_args(Args::object(op, type_digest::<T>()));
         // The most this rank accepts; both peers check the sender's length
         // against it and agree before any byte moves.
         desc.len = g.runtime().options().max_object_bytes;
@@ -331,11 +331,12 @@ fn object_broadcast<T: 'static, R>(
     src: usize,
     body: impl FnOnce(usize) -> Result<R>,
 ) -> Result<R> {
-    let mut desc = Descriptor::new(Op::BroadcastObject, &[src as i64, type_digest::<T>()]);
+    let args = Args::broadcast_object(src, type_digest::<T>());
+    let mut desc = Descriptor::of_args(args);
     desc.len = len;
     let size = g.size();
     let check = |d: &Descriptor| {
-        rank_in_range("src", d.params[0], size)?;
+        d.validate(args.op(), size)?;
         if d.len == u64::MAX {
             return Err("no object given on the source rank".into());
         }
