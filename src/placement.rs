@@ -177,12 +177,13 @@ pub fn apply(
     policy: Option<BindPolicy>,
     local_rank: usize,
     local_size: usize,
+    device: Option<&str>,
 ) -> Result<Placement> {
     let t = topology()?;
     let current = t.cpu_binding(CpuBindingFlags::PROCESS).map_err(hw)?;
     let launcher_bound = current != *t.allowed_cpuset();
     // Asked once: it picks the GPU for `--bind gpu` and for the report.
-    let cuda = crate::device::probe(local_rank, local_size).ok();
+    let cuda = crate::device::probe(local_rank, local_size, device).ok();
     let target: Option<CpuSet> = match policy {
         None | Some(BindPolicy::None) => None,
         Some(BindPolicy::Cores) => {

@@ -104,9 +104,10 @@ impl TopoReport {
         let world = rt.world();
         // Placement is per process: every rank describes itself, all gather.
         let me = world.me();
-        let device = crate::device::probe(me.local_rank, me.local_size)
-            .map_err(|e| tracing::debug!("{e}"))
-            .ok();
+        let device =
+            crate::device::probe(me.local_rank, me.local_size, rt.options().device.as_deref())
+                .map_err(|e| tracing::debug!("{e}"))
+                .ok();
         let mine = match rt.applied_placement() {
             Some(p) => p.clone(),
             None => crate::placement::describe(me.local_rank, device.as_ref())?,
@@ -147,25 +148,27 @@ impl TopoReport {
             sp: layout.sp,
             dp: layout.dp,
             ranks,
-            nccl: crate::nccl::loader::load(&|k| std::env::var(k).ok())
-                .map(|n| {
-                    let api = n.api().ok();
-                    let names = |f: fn(&crate::nccl::sys::Api) -> Vec<&'static str>| {
-                        api.map(f)
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(String::from)
-                            .collect()
-                    };
-                    NcclInfo {
-                        version: n.version(),
-                        path: n.path().to_string(),
-                        native_collectives: names(crate::nccl::sys::Api::native_collectives),
-                        optional_entry_points: names(crate::nccl::sys::Api::optional_entry_points),
-                    }
-                })
-                .map_err(|e| tracing::debug!("{e}"))
-                .ok(),
+            nccl: crate::nccl::loader::load(rt.options().nccl_lib.as_deref(), &|k| {
+                std::env::var(k).ok()
+            })
+            .map(|n| {
+                let api = n.api().ok();
+                let names = |f: fn(&crate::nccl::sys::Api) -> Vec<&'static str>| {
+                    api.map(f)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(String::from)
+                        .collect()
+                };
+                NcclInfo {
+                    version: n.version(),
+                    path: n.path().to_string(),
+                    native_collectives: names(crate::nccl::sys::Api::native_collectives),
+                    optional_entry_points: names(crate::nccl::sys::Api::optional_entry_points),
+                }
+            })
+            .map_err(|e| tracing::debug!("{e}"))
+            .ok(),
         })
     }
 

@@ -207,6 +207,7 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_NCCL_RANKS_PER_ROOT", "0", "RANKMESH_NCCL_RANKS_PER_ROOT=\"0\" is not a positive whole number"),
         ("RANKMESH_GATHER_SHM", "yes", "RANKMESH_GATHER_SHM=\"yes\" is not 0 or 1"),
         ("RANKMESH_NCCL_FOR_ONE", "2", "RANKMESH_NCCL_FOR_ONE=\"2\" is not 0 or 1"),
+        ("RANKMESH_ALLOW_SINGLETON", "yes", "RANKMESH_ALLOW_SINGLETON=\"yes\" is not 0 or 1"),
         ("RANKMESH_STATUS_ADDRS", "10.0.0.300", "RANKMESH_STATUS_ADDRS=\"10.0.0.300\" is not 1 to 4 comma-separated IPv4 addresses"),
         ("RANKMESH_STATUS_ADDRS", "1.2.3.4,1.2.3.5,1.2.3.6,1.2.3.7,1.2.3.8", "is not 1 to 4 comma-separated IPv4 addresses"),
     ] {

@@ -80,17 +80,22 @@ fn cuda(what: &str, e: cu::DriverError) -> Error {
 
 impl Gpu {
     /// Opens the device for local rank `local_rank` of `local_size`: driver,
-    /// NCCL, device choice (`RANKMESH_DEVICE`, `CUDA_VISIBLE_DEVICES`), context
-    /// and stream. Local: no other rank takes part.
+    /// NCCL, device choice (`device`, then `CUDA_VISIBLE_DEVICES`), context
+    /// and stream. Local: no other rank takes part. `device` and
+    /// `nccl_lib`: the runtime's
+    /// [`Options::device`](crate::Options::device) and
+    /// [`Options::nccl_lib`](crate::Options::nccl_lib).
     pub(crate) fn open(
         local_rank: usize,
         local_size: usize,
+        device: Option<&str>,
+        nccl_lib: Option<&str>,
         timeout: Option<Duration>,
     ) -> Result<Gpu> {
         let env = |k: &str| std::env::var(k).ok();
         // Both checks run, so one message lists everything missing.
-        let device = probe(local_rank, local_size);
-        let nccl = loader::load(&env).and_then(|n| n.api().map(|_| ()).map(|_| n));
+        let device = probe(local_rank, local_size, device);
+        let nccl = loader::load(nccl_lib, &env).and_then(|n| n.api().map(|_| ()).map(|_| n));
         let (info, nccl) = match (device, nccl) {
             (Ok(d), n) => (d, n.map_err(|e| why_missing(&e))),
             (Err(d), n) => {
@@ -462,7 +467,8 @@ fn visible_devices() -> Result<usize> {
 /// Which device local rank `local_rank` of `local_size` would drive, found
 /// without creating a context (no GPU memory is used): `rankmesh topo` shows it.
 /// Errors are [`Error::Gpu`] saying what is missing.
-pub fn probe(local_rank: usize, local_size: usize) -> Result<DeviceInfo> {
+/// `device`: [`Options::device`](crate::Options::device).
+pub fn probe(local_rank: usize, local_size: usize, device: Option<&str>) -> Result<DeviceInfo> {
     let env = |k: &str| std::env::var(k).ok();
     let version = driver::driver_version().map_err(Error::Gpu)?;
     let count = visible_devices()?;
@@ -470,7 +476,7 @@ pub fn probe(local_rank: usize, local_size: usize) -> Result<DeviceInfo> {
         local_rank,
         local_size,
         count,
-        env("RANKMESH_DEVICE").as_deref(),
+        device,
         env("CUDA_VISIBLE_DEVICES").as_deref(),
     )
     .map_err(Error::Gpu)?;

@@ -110,12 +110,12 @@ pub struct DeviceFacts {
 
 impl DeviceFacts {
     /// This rank's, found without creating a context.
-    fn here(rank: usize, node: usize) -> DeviceFacts {
+    fn here(rank: usize, node: usize, nccl_lib: Option<&str>) -> DeviceFacts {
         let env = |k: &str| std::env::var(k).ok();
         DeviceFacts {
             rank,
             node,
-            nccl: crate::nccl::loader::load(&env)
+            nccl: crate::nccl::loader::load(nccl_lib, &env)
                 .map(|n| (n.path().to_string(), n.version()))
                 .map_err(one_line),
             gpus: crate::device::device_count().map_err(one_line),
@@ -176,7 +176,7 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
         .expect("every rank passes a colour");
     let node_busbw = d.node_all_reduce(&node_comm);
     mine.extend(d.within_nodes());
-    let facts = DeviceFacts::here(d.me, d.node);
+    let facts = DeviceFacts::here(d.me, d.node, d.rt.options().nccl_lib.as_deref());
     let (device_node, device_run) = d.node_devices(&facts, &node_comm)?;
     // 3. Between nodes: node leaders, node pair by node pair.
     mine.extend(d.between_nodes());

@@ -69,7 +69,12 @@ impl Field {
 /// Returns warnings for disagreements, or an error for the one disagreement
 /// that is certain to break the job: Slurm started N tasks but each one is a
 /// world of 1 (the PMI of `srun` and of the MPI library do not match).
-pub fn check(env: &dyn Fn(&str) -> Option<String>, view: &MpiView) -> Result<Vec<String>> {
+/// `allow_singleton`: [`Options::allow_singleton`](crate::Options::allow_singleton).
+pub fn check(
+    env: &dyn Fn(&str) -> Option<String>,
+    view: &MpiView,
+    allow_singleton: bool,
+) -> Result<Vec<String>> {
     let number = |k: &str| env(k).and_then(|v| v.trim().parse::<usize>().ok());
     let fix = |n: usize| {
         format!(
@@ -79,7 +84,7 @@ pub fn check(env: &dyn Fn(&str) -> Option<String>, view: &MpiView) -> Result<Vec
     let mut warnings = Vec::new();
     // srun started this process itself: its step's task count is the world.
     if let Some(n) = number("SLURM_STEP_NUM_TASKS") {
-        if n != view.size && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1") {
+        if n != view.size && !allow_singleton {
             let how = if view.size == 1 {
                 format!("the tasks started as {n} separate singletons, so srun's PMI does not match the MPI library")
             } else {
@@ -95,11 +100,7 @@ pub fn check(env: &dyn Fn(&str) -> Option<String>, view: &MpiView) -> Result<Vec
         // Inside an allocation without srun: mpirun may use fewer ranks on purpose,
         // but a lone process that is not under mpirun is a missing launcher.
         let under_mpirun = env("OMPI_COMM_WORLD_SIZE").is_some() || env("PMI_SIZE").is_some();
-        if view.size == 1
-            && n > 1
-            && !under_mpirun
-            && env("RANKMESH_ALLOW_SINGLETON").as_deref() != Some("1")
-        {
+        if view.size == 1 && n > 1 && !under_mpirun && !allow_singleton {
             return Err(Error::Launch(format!(
                 "SLURM_NTASKS={n} but MPI reports a world of 1: the tasks started as {n} separate singletons, or the program ran without a launcher. {}; set RANKMESH_ALLOW_SINGLETON=1 if a single process is intended",
                 fix(n)
@@ -154,13 +155,13 @@ mod tests {
             ("SLURM_NTASKS", "4"),
             ("LOCAL_RANK", "1"),
         ]);
-        assert!(check(&env, &VIEW).unwrap().is_empty());
+        assert!(check(&env, &VIEW, false).unwrap().is_empty());
     }
 
     #[test]
     fn disagreement_is_a_warning_naming_both_values() {
         let env = env_of(&[("LOCAL_RANK", "3"), ("PMI_SIZE", "x")]);
-        let w = check(&env, &VIEW).unwrap();
+        let w = check(&env, &VIEW, false).unwrap();
         assert_eq!(w.len(), 2);
         assert!(w[0].contains("PMI_SIZE=\"x\" is not a number"), "{w:?}");
         assert!(
@@ -177,7 +178,7 @@ mod tests {
             local_rank: 0,
             local_size: 1,
         };
-        let e = check(&env_of(&[("SLURM_NTASKS", "4")]), &single)
+        let e = check(&env_of(&[("SLURM_NTASKS", "4")]), &single, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -185,8 +186,8 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("srun --mpi=pmix"), "{e}");
-        let allowed = env_of(&[("SLURM_NTASKS", "4"), ("RANKMESH_ALLOW_SINGLETON", "1")]);
-        assert_eq!(check(&allowed, &single).unwrap().len(), 1);
+        let allocation = env_of(&[("SLURM_NTASKS", "4")]);
+        assert_eq!(check(&allocation, &single, true).unwrap().len(), 1);
     }
 
     #[test]
@@ -197,27 +198,30 @@ mod tests {
             local_rank: 0,
             local_size: 1,
         };
-        let e = check(&env_of(&[("SLURM_STEP_NUM_TASKS", "2")]), &single)
+        let e = check(&env_of(&[("SLURM_STEP_NUM_TASKS", "2")]), &single, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("SLURM_STEP_NUM_TASKS=2 but MPI reports a world of 1: the tasks started as 2 separate singletons"), "{e}");
         let e = check(
             &env_of(&[("SLURM_STEP_NUM_TASKS", "8"), ("SLURM_NTASKS", "8")]),
             &VIEW,
+            false,
         )
         .unwrap_err()
         .to_string();
         assert!(e.contains("SLURM_STEP_NUM_TASKS=8 but MPI reports a world of 4: srun's task count and the MPI world disagree"), "{e}");
         assert!(e.contains("mpirun -np 8"), "{e}");
-        assert!(check(&env_of(&[("SLURM_STEP_NUM_TASKS", "4")]), &VIEW)
-            .unwrap()
-            .is_empty());
+        assert!(
+            check(&env_of(&[("SLURM_STEP_NUM_TASKS", "4")]), &VIEW, false)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
     fn mpirun_inside_a_larger_allocation_only_warns() {
         let env = env_of(&[("SLURM_NTASKS", "8"), ("OMPI_COMM_WORLD_SIZE", "4")]);
-        let w = check(&env, &VIEW).unwrap();
+        let w = check(&env, &VIEW, false).unwrap();
         assert_eq!(
             w,
             vec!["Slurm: SLURM_NTASKS=8 disagrees with the MPI world size 4".to_string()]
@@ -230,7 +234,7 @@ mod tests {
         };
         let env = env_of(&[("SLURM_NTASKS", "8"), ("OMPI_COMM_WORLD_SIZE", "1")]);
         assert!(
-            check(&env, &single).is_ok(),
+            check(&env, &single, false).is_ok(),
             "mpirun -np 1 in an allocation is intended"
         );
     }

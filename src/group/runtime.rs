@@ -128,6 +128,17 @@ pub struct Options {
     /// `ncclCommInitRankScalable`). Set it alike on every rank: a group's
     /// members check it.
     pub nccl_ranks_per_root: usize,
+    /// The NCCL library file tried before the usual search
+    /// (`RANKMESH_NCCL_LIB`).
+    pub nccl_lib: Option<String>,
+    /// Which device each local rank drives (`RANKMESH_DEVICE`: one ordinal,
+    /// or a comma-separated list indexed by local rank); by default, the
+    /// local rank's (checked against the visible devices on first use).
+    pub device: Option<String>,
+    /// Whether a world of one inside a Slurm allocation of more tasks is
+    /// intended (`RANKMESH_ALLOW_SINGLETON=1`); by default it is refused
+    /// at start-up as a launcher mistake.
+    pub allow_singleton: bool,
 }
 
 impl Default for Options {
@@ -147,6 +158,9 @@ impl Default for Options {
             gather_shm: true,
             nccl_for_one: false,
             nccl_ranks_per_root: 256,
+            nccl_lib: None,
+            device: None,
+            allow_singleton: false,
         }
     }
 }
@@ -221,6 +235,15 @@ impl Options {
                         "RANKMESH_NCCL_RANKS_PER_ROOT={v:?} is not a positive whole number"
                     ))
                 })?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_NCCL_LIB") {
+            o.nccl_lib = Some(v);
+        }
+        if let Ok(v) = std::env::var("RANKMESH_DEVICE") {
+            o.device = Some(v);
+        }
+        if let Ok(v) = std::env::var("RANKMESH_ALLOW_SINGLETON") {
+            o.allow_singleton = on_off("RANKMESH_ALLOW_SINGLETON", &v)?;
         }
         if let Ok(v) = std::env::var("RANKMESH_STATUS_ADDRS") {
             o.status_addrs = v
@@ -369,7 +392,7 @@ impl Runtime {
             local_size: me.local_size,
         };
         let env = |k: &str| std::env::var(k).ok();
-        let checked = launcher::check(&env, &view);
+        let checked = launcher::check(&env, &view, options.allow_singleton);
         // Everything this rank found wrong on its own, agreed before the
         // next collective step, so no rank returns while the others wait.
         startup.step("the start-up checks' agreement (MPI_Allgather)");
@@ -391,6 +414,7 @@ impl Runtime {
                 policy,
                 me.local_rank,
                 me.local_size,
+                options.device.as_deref(),
             )?),
             None => None,
         };
@@ -447,10 +471,14 @@ impl Runtime {
         let me = self.info.me();
         self.gpu
             .get_or_init(|| {
-                Gpu::open(me.local_rank, me.local_size, self.options.timeout).map_err(|e| match e {
-                    Error::Gpu(m) => m,
-                    e => e.to_string(),
-                })
+                let o = &self.options;
+                let (device, nccl) = (o.device.as_deref(), o.nccl_lib.as_deref());
+                Gpu::open(me.local_rank, me.local_size, device, nccl, o.timeout).map_err(
+                    |e| match e {
+                        Error::Gpu(m) => m,
+                        e => e.to_string(),
+                    },
+                )
             })
             .as_ref()
             .map_err(|m| Error::Gpu(m.clone()))
@@ -786,8 +814,9 @@ fn bind_everywhere(
     policy: BindPolicy,
     local_rank: usize,
     local_size: usize,
+    device: Option<&str>,
 ) -> Result<Placement> {
-    let mine = placement::apply(Some(policy), local_rank, local_size);
+    let mine = placement::apply(Some(policy), local_rank, local_size, device);
     let mut all = vec![0u8; world.size() as usize];
     world.all_gather_into(&u8::from(mine.is_err()), &mut all[..]);
     match (mine, all.iter().position(|f| *f != 0)) {

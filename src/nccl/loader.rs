@@ -65,16 +65,14 @@ pub(crate) fn decode_version(v: i32) -> String {
     }
 }
 
-/// The candidates, in search order: `RANKMESH_NCCL_LIB` (a file), the loader
+/// The candidates, in search order: `explicit` (a file: `RANKMESH_NCCL_LIB`,
+/// through [`Options`](crate::Options)), the loader
 /// path (`libnccl.so.2`, `libnccl.so`), `$NCCL_HOME/lib`, `$CUDA_HOME/lib64`,
 /// and the `nvidia/nccl/lib` directory of Python wheels in the site-packages
 /// of virtual environments (`$VIRTUAL_ENV`, the `python3` on `PATH`), conda,
 /// `~/.local` and the system prefixes.
-pub fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(p) = env("RANKMESH_NCCL_LIB") {
-        out.push(p);
-    }
+pub fn candidates(explicit: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut out: Vec<String> = explicit.map(str::to_string).into_iter().collect();
     out.push("libnccl.so.2".into());
     out.push("libnccl.so".into());
     let mut dirs: Vec<PathBuf> = Vec::new();
@@ -138,10 +136,11 @@ pub fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
 }
 
 /// Opens the first candidate that loads and exports `ncclGetVersion`; the
-/// error lists every candidate and why it failed.
-pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
+/// error lists every candidate and why it failed. `explicit` and `env` as
+/// for [`candidates`].
+pub fn load(explicit: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Nccl> {
     let mut tried = Vec::new();
-    for cand in candidates(env) {
+    for cand in candidates(explicit, env) {
         // SAFETY: loading runs the library's initialisers; NCCL's are benign.
         match unsafe { libloading::Library::new(&cand) } {
             Ok(lib) => {
@@ -203,11 +202,10 @@ mod tests {
 
     #[test]
     fn search_order_starts_with_the_explicit_file() {
-        let c = candidates(&env_of(&[
-            ("RANKMESH_NCCL_LIB", "/x/libnccl.so.2"),
-            ("NCCL_HOME", "/nccl"),
-            ("CUDA_HOME", "/cuda"),
-        ]));
+        let c = candidates(
+            Some("/x/libnccl.so.2"),
+            &env_of(&[("NCCL_HOME", "/nccl"), ("CUDA_HOME", "/cuda")]),
+        );
         assert_eq!(
             &c[..7],
             [
@@ -232,7 +230,7 @@ mod tests {
         std::fs::write(lib.join("libnccl.so.2"), "").unwrap();
         let path = format!("/nonexistent:{}", root.join("bin").display());
         let env = move |k: &str| (k == "PATH").then(|| path.clone());
-        let c = candidates(&env);
+        let c = candidates(None, &env);
         let want = lib.join("libnccl.so.2").display().to_string();
         assert_eq!(c.iter().filter(|p| **p == want).count(), 1, "{c:?}");
         std::fs::remove_dir_all(&root).unwrap();
@@ -240,12 +238,9 @@ mod tests {
 
     #[test]
     fn missing_library_lists_what_was_tried() {
-        let e = load(&env_of(&[(
-            "RANKMESH_NCCL_LIB",
-            "/nonexistent/libnccl.so.2",
-        )]))
-        .unwrap_err()
-        .to_string();
+        let e = load(Some("/nonexistent/libnccl.so.2"), &env_of(&[]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("NCCL not found; tried"), "{e}");
         assert!(e.contains("/nonexistent/libnccl.so.2: "), "{e}");
         assert!(e.contains("libnccl.so.2: "), "{e}");
