@@ -78,3 +78,31 @@ impl GroupCoordinator<'_> {
         Ok(Links::judge(self.rank_in_group(), send, recv, &theirs))
     }
 }
+
+impl GroupCoordinator<'_> {
+    /// torch's `all_to_all_single(output_splits, input_splits)` before an
+    /// uneven exchange: every member's `send_counts[r]` reaches member `r`,
+    /// and the result holds what each member will send here, in group-rank
+    /// order: the `recv_counts` of
+    /// [`all_to_all_v`](crate::Collectives::all_to_all_v). Collective;
+    /// `send_counts` has one entry per member (on every member, or the
+    /// call is an error on every member).
+    pub fn exchange_counts(&self, send_counts: &[usize]) -> crate::Result<Vec<usize>> {
+        use crate::Collectives;
+        let counts: Vec<u64> = send_counts.iter().map(|n| *n as u64).collect();
+        let sent = crate::Tensor::from_vec([counts.len()], counts)?;
+        let got = self.all_to_all(&sent)?;
+        if send_counts.len() != self.size() {
+            return Err(Error::Usage {
+                what: "exchange_counts",
+                group: self.name().to_string(),
+                msg: format!(
+                    "send_counts has {} entries but the group has {} members",
+                    send_counts.len(),
+                    self.size()
+                ),
+            });
+        }
+        Ok(got.as_slice::<u64>()?.iter().map(|n| *n as usize).collect())
+    }
+}

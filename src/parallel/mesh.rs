@@ -251,6 +251,27 @@ impl MeshLayout {
             .collect()
     }
 
+    /// Rank `rank`'s coordinate along dimension `name`; an error names the
+    /// dimensions there are.
+    pub fn coord(&self, rank: usize, name: &str) -> Result<usize> {
+        self.coords(rank)
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| c)
+            .ok_or_else(|| {
+                bad(format!(
+                    "no dimension {name:?}; the mesh has {}",
+                    self.names()
+                ))
+            })
+    }
+
+    /// The dimensions' names, for messages: `"pp", "dp", "tp"`.
+    fn names(&self) -> String {
+        let names: Vec<String> = self.dims.iter().map(|d| format!("{:?}", d.name)).collect();
+        names.join(", ")
+    }
+
     /// The dimensions named by `names`, checked: known, each once.
     fn pick(&self, names: &[&str]) -> Result<Vec<&Dim>> {
         if names.is_empty() {
@@ -360,6 +381,16 @@ pub struct Mesh<'rt> {
 }
 
 impl<'rt> Mesh<'rt> {
+    /// [`MeshLayout::row_major`] over the whole world, then
+    /// [`new`](Self::new): `Mesh::row_major(&rt, &[("pp", 2), ("dp", 2), ("tp", 2)], &["tp"])`.
+    pub fn row_major(
+        rt: &'rt Runtime,
+        dims: &[(&str, usize)],
+        intra_node: &[&str],
+    ) -> Result<Mesh<'rt>> {
+        Mesh::new(rt, MeshLayout::row_major(rt.size(), dims)?, intra_node)
+    }
+
     /// Makes the mesh on the whole world. `intra_node` names dimensions whose
     /// groups must each lie on one node (tensor parallelism, usually): one
     /// that spans nodes fails on every rank before any communicator exists,
@@ -413,6 +444,13 @@ impl<'rt> Mesh<'rt> {
     /// This rank's coordinates.
     pub fn coords(&self) -> Vec<(&str, usize)> {
         self.layout.coords(self.rt.rank())
+    }
+
+    /// This rank's coordinate along dimension `name` (`mesh.coord("pp")?`
+    /// is this rank's pipeline stage); an error names the dimensions there
+    /// are.
+    pub fn coord(&self, name: &str) -> Result<usize> {
+        self.layout.coord(self.rt.rank(), name)
     }
 
     /// This rank's group of the dimensions `names` (`&["tp"]`, or several to

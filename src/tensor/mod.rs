@@ -375,6 +375,25 @@ impl Tensor {
         })
     }
 
+    /// Mutable typed view of the elements, written in place; an error names
+    /// both dtypes when `T` is wrong.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        let held = self.dtype();
+        if held != T::DTYPE {
+            return Err(Error::Tensor(format!(
+                "tensor holds {held} but {} was requested",
+                T::DTYPE
+            )));
+        }
+        // The storage is a Vec of T's own dtype: same size and alignment.
+        bytemuck::try_cast_slice_mut(self.bytes_mut()).map_err(|e| {
+            Error::Tensor(format!(
+                "{held} storage is not a slice of {}: {e}",
+                T::DTYPE
+            ))
+        })
+    }
+
     /// Elements converted to `f64` (exact for every dtype but 64-bit integers above 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         with_host_data!(&self.data, v => v.iter().map(|x| x.to_f64()).collect())
@@ -529,6 +548,18 @@ pub fn split_views_along_last_dim(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_typed_mutable_view_writes_in_place_and_names_a_wrong_type() {
+        let mut t = Tensor::from_vec([2, 2], vec![1.5f32, 2.5, 3.5, 4.5]).unwrap();
+        t.as_mut_slice::<f32>().unwrap()[3] = -1.25;
+        assert_eq!(t.as_slice::<f32>().unwrap(), [1.5, 2.5, 3.5, -1.25]);
+        let e = t.as_mut_slice::<i32>().unwrap_err().to_string();
+        assert!(e.contains("tensor holds f32 but i32 was requested"), "{e}");
+        let mut h = Tensor::from_vec([3], vec![half::bf16::from_f32(0.5); 3]).unwrap();
+        h.as_mut_slice::<half::bf16>().unwrap()[0] = half::bf16::from_f32(-2.0);
+        assert_eq!(h.to_f64_vec(), [-2.0, 0.5, 0.5]);
+    }
 
     #[test]
     fn last_dim_views_borrow_and_match_the_copies() {

@@ -94,6 +94,29 @@ pub fn run(rt: &Runtime) {
     );
     // Everything above still works after the errors.
     check(rt, &mesh, &["tp"], scan_group(w, &dims, &[2], me));
+
+    // The shorthands a (pp, dp, tp) program reaches for first.
+    let short = Mesh::row_major(rt, &[("pp", pp), ("dp", dp), ("tp", tp)], &[]).unwrap();
+    assert_eq!(short.coord("pp").unwrap(), me / (dp * tp));
+    assert_eq!(short.coord("tp").unwrap(), me % tp);
+    assert_eq!(
+        short.coord("ep").unwrap_err().to_string(),
+        "invalid parallel layout: mesh: no dimension \"ep\"; the mesh has \"pp\", \"dp\", \"tp\""
+    );
+    // Counts before an uneven exchange, as torch's all_to_all_single of splits.
+    let world = short.group(&["pp", "dp", "tp"]).unwrap();
+    let send: Vec<usize> = (0..w).map(|r| 10 * me + r + 1).collect();
+    let want: Vec<usize> = (0..w).map(|s| 10 * s + me + 1).collect();
+    assert_eq!(world.exchange_counts(&send).unwrap(), want);
+    let err = world.exchange_counts(&vec![1; 2 * w]).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "send_counts has {} entries but the group has {w} members",
+            2 * w
+        )),
+        "{err}"
+    );
+    assert_eq!(world.exchange_counts(&send).unwrap(), want);
 }
 
 /// On fake nodes "2,2": tp across a node's ranks is accepted; tp across the
