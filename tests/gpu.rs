@@ -1067,6 +1067,8 @@ fn main() {
         one_bootstrap();
     } else if std::env::var_os("RANKMESH_GPU_DROP_CHECK").is_some() {
         drop_with_a_quiet_peer();
+    } else if std::env::var_os("RANKMESH_GPU_DROP_ORDERS").is_some() {
+        drop_in_every_order();
     } else if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
         worker();
     } else {
@@ -1192,6 +1194,76 @@ fn drop_with_a_quiet_peer() {
         start.elapsed().as_secs_f64()
     );
     drop(pending);
+}
+
+/// Every order `0..n` (Heap's algorithm).
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    fn heap(k: usize, a: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if k <= 1 {
+            out.push(a.clone());
+            return;
+        }
+        for i in 0..k {
+            heap(k - 1, a, out);
+            a.swap(if k % 2 == 0 { i } else { 0 }, k - 1);
+        }
+    }
+    let mut out = Vec::new();
+    heap(n, &mut (0..n).collect(), &mut out);
+    out
+}
+
+/// What a program holds besides the runtime, each dropped on its own:
+/// ParallelState's groups, a split group, a clone of the world group, and
+/// a device result not yet synchronized (its deferred agreement posted).
+/// In every order the borrows allow (24), on every rank alike; after each
+/// round a fresh device and host all_reduce on the world must still be
+/// right, and the runtime goes last. Prints `DROP-ORDERS rank R rounds N`.
+fn drop_in_every_order() {
+    /// Anything held, dropped when its turn comes.
+    trait Held {}
+    impl<T> Held for T {}
+    let rt = Runtime::init().expect("MPI init");
+    let world = rt.world_group().expect("world group");
+    let gpu = rt.gpu().expect("emulated GPU");
+    let me = rt.rank();
+    let mut rounds = 0;
+    for order in orders(4) {
+        let mut ps = rankmesh::ParallelState::new(&rt).expect("parallel state");
+        ps.initialize_model_parallel(1, 1, None)
+            .expect("tp = sp = 1");
+        let x = gpu.upload(&input(&[4, 3], DType::F32, me)).expect("upload");
+        let tp_sum = ps
+            .tp()
+            .expect("tp")
+            .device()
+            .expect("device")
+            .all_reduce(&x, ReduceOp::Sum);
+        let lists: Vec<Vec<usize>> = (0..rt.size()).map(|r| vec![r]).collect();
+        let mut held: Vec<Option<Box<dyn Held + '_>>> = vec![
+            Some(Box::new(ps)),
+            rt.split_groups("one", &lists)
+                .expect("split")
+                .map(|g| Box::new(g) as Box<dyn Held>),
+            Some(Box::new(world.clone())),
+            Some(Box::new(tp_sum.expect("enqueued"))),
+        ];
+        for i in order {
+            drop(held[i].take());
+        }
+        let dg = world.device().expect("device plane");
+        let want = world
+            .all_reduce(&input(&[4, 3], DType::F32, me), ReduceOp::Sum)
+            .expect("host");
+        let got = gpu
+            .download(&dg.all_reduce(&x, ReduceOp::Sum).expect("device"))
+            .expect("download");
+        same("world all_reduce after the drops", &got, &want, None).expect("equal");
+        rounds += 1;
+    }
+    drop(world);
+    println!("DROP-ORDERS rank {me} rounds {rounds}");
+    drop(rt);
 }
 
 fn worker() {

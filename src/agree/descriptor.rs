@@ -200,6 +200,13 @@ impl Descriptor {
         self.op
     }
 
+    /// The op of a descriptor this rank built (from an [`Op`], so it names
+    /// one); a peer's may carry any code: read those with [`op`](Self::op).
+    #[inline]
+    pub(crate) fn own_op(&self) -> Op {
+        self.op().expect("a descriptor this rank built names an Op")
+    }
+
     /// The operation, `None` for a corrupt code.
     pub fn op(&self) -> Option<Op> {
         Op::from_code(self.op)
@@ -409,14 +416,20 @@ impl Descriptor {
     }
 }
 
+/// A call's check on one rank's descriptor, besides the agreement's own
+/// comparisons: the op's parameter rules and the plane's limits. `Err`
+/// says what is wrong, and every rank's error names the rank it came from.
+pub(crate) trait Check: Fn(&Descriptor) -> Result<(), String> {}
+
+impl<F: Fn(&Descriptor) -> Result<(), String>> Check for F {}
+
+/// A [`Check`] behind a reference, where the dispatch path hands it on.
+pub(crate) type CheckFn<'c> = dyn Fn(&Descriptor) -> Result<(), String> + 'c;
+
 /// Decides whether the descriptors of all ranks (indexed by group rank) allow
 /// the call. Every rank computes the same verdict from the same input; the
 /// caller's own problems are reported without a rank prefix.
-pub fn agree(
-    descs: &[Descriptor],
-    me: usize,
-    check: &dyn Fn(&Descriptor) -> Result<(), String>,
-) -> Result<(), Rejection> {
+pub fn agree(descs: &[Descriptor], me: usize, check: &CheckFn<'_>) -> Result<(), Rejection> {
     agree_on_call(descs)?;
     if descs[me].op().is_some_and(Op::carries_tensor) && descs[me].ndim() > MAX_DIMS {
         return Err(Rejection::Invalid(format!(
@@ -462,22 +475,14 @@ pub(crate) struct Admitted {
 impl Admitted {
     /// This rank's verdict on `desc` alone ([`agree`] with `check`) and
     /// its digest.
-    pub fn admit(
-        &self,
-        desc: &Descriptor,
-        check: &dyn Fn(&Descriptor) -> Result<(), String>,
-    ) -> (u64, Result<(), Rejection>) {
+    pub fn admit(&self, desc: &Descriptor, check: &CheckFn<'_>) -> (u64, Result<(), Rejection>) {
         let (sum, verdict) = self.verdict_and_sum(desc, check);
         (desc.digest_from(sum), verdict)
     }
 
     /// [`admit`](Self::admit) without the digest, for a call no other
     /// rank checks (a group of one, `RANKMESH_CHECK=off`).
-    pub fn verdict(
-        &self,
-        desc: &Descriptor,
-        check: &dyn Fn(&Descriptor) -> Result<(), String>,
-    ) -> Result<(), Rejection> {
+    pub fn verdict(&self, desc: &Descriptor, check: &CheckFn<'_>) -> Result<(), Rejection> {
         self.verdict_and_sum(desc, check).1
     }
 
@@ -485,7 +490,7 @@ impl Admitted {
     fn verdict_and_sum(
         &self,
         desc: &Descriptor,
-        check: &dyn Fn(&Descriptor) -> Result<(), String>,
+        check: &CheckFn<'_>,
     ) -> (u64, Result<(), Rejection>) {
         if let Some((last, sum)) = &*self.last.borrow() {
             if desc.same_but_seq(last) {

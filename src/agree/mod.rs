@@ -20,7 +20,7 @@ mod ring;
 
 pub(crate) use deferred::{Deferred, Posts, Verdict, SCAN_EVERY};
 pub use descriptor::{agree, agree_peers};
-pub(crate) use descriptor::{agree_frame, Admitted, Frame};
+pub(crate) use descriptor::{agree_frame, Admitted, Check, CheckFn, Frame};
 pub use descriptor::{Descriptor, ViewProblem, MAX_DIMS};
 pub(crate) use list::{
     agree_on_list, agree_on_request, check_rank_list, fnv1a, validate_group_lists,

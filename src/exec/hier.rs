@@ -384,7 +384,7 @@ impl HierCall<'_> {
             .rail()
             .expect("on equal nodes every member is on a rail");
         if nodes != 2 {
-            rail.reduce_scatter_block_into(&share, out, op);
+            rail.reduce_scatter_block_into(&share, out, op)?;
             return Ok(());
         }
         // Two nodes: swap the other node's block for this one's, combine.
@@ -431,7 +431,7 @@ impl HierCall<'_> {
             }
             let leaders = self.leaders().expect("unequal nodes: two or more");
             let mut mine = self.hier.scratch(1, most * elems, dtype)?;
-            leaders.reduce_scatter_block_into(&ordered, &mut mine, op);
+            leaders.reduce_scatter_block_into(&ordered, &mut mine, op)?;
             part = Some(mine);
         }
         let share = part.as_ref().map(|t| &t.bytes()[..members[node].len() * b]);
@@ -467,7 +467,7 @@ impl HierCall<'_> {
             mine.copy_from_slice(block);
             rail.swap(1 - node, block, theirs)?;
         } else {
-            rail.all_gather_into(block, &mut share);
+            rail.all_gather_into(block, &mut share)?;
         }
         let blocks = Gathered {
             sub: b,
@@ -496,7 +496,9 @@ impl HierCall<'_> {
             let members = &self.hier.map.members;
             let leaders = self.leaders().expect("unequal nodes: two or more");
             let lens: Vec<usize> = members.iter().map(|m| m.len() * b).collect();
-            let blobs = leaders.all_gather_varcount(&mine, &lens);
+            let blobs = leaders
+                .gather_varcount(&mine, &lens, None)?
+                .expect("an all-gather gives every rank");
             for (blob, ranks) in blobs.iter().zip(members) {
                 for (j, r) in ranks.iter().enumerate() {
                     out[r * b..(r + 1) * b].copy_from_slice(&blob[j * b..(j + 1) * b]);
@@ -551,7 +553,7 @@ impl HostMoves for HierCall<'_> {
             node.barrier()?;
         }
         if let Some(leaders) = self.leaders() {
-            leaders.barrier();
+            leaders.barrier()?;
         }
         match self.local() {
             Some(node) => node.barrier(),
@@ -625,7 +627,7 @@ impl HostMoves for HierCall<'_> {
             // node's all-gather, one after another.
             Some(rail) => {
                 node_sum(&slices, summed.bytes_mut())?;
-                rail.all_reduce_into(&summed, &mut reduced, staged(op));
+                rail.all_reduce_into(&summed, &mut reduced, staged(op))?;
                 finish(reduced.bytes_mut());
                 self.local_all_gather(reduced.bytes(), &slices, out.bytes_mut())?;
             }
@@ -660,7 +662,9 @@ impl HostMoves for HierCall<'_> {
         let mut result = self.hier.scratch(1, elems, dtype)?;
         if local == 0 {
             match self.leaders() {
-                Some(leaders) => leaders.reduce_into_root(&acc, &mut result, root_node, staged(op)),
+                Some(leaders) => {
+                    leaders.reduce_into_root(&acc, &mut result, root_node, staged(op))?
+                }
                 None => result.bytes_mut().copy_from_slice(acc.bytes()),
             }
             if node == root_node && op == ReduceOp::Avg {
@@ -740,7 +744,7 @@ impl HostMoves for HierCall<'_> {
         }
         let slices = self.hier.slices(buf.len(), 1);
         if let Some(rail) = self.rail() {
-            rail.broadcast(&mut buf[slices[local].clone()], root_node);
+            rail.broadcast(&mut buf[slices[local].clone()], root_node)?;
         }
         if node != root_node {
             let mut mine = self.hier.scratch_bytes(slices[local].len());

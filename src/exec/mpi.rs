@@ -7,6 +7,7 @@
 
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
+use super::executor::HostMoves;
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
@@ -291,244 +292,6 @@ impl<'c> MpiExec<'c> {
         (self.max_bytes / self.size()).max(1)
     }
 
-    /// Returns once every member has entered.
-    pub fn barrier(&self) {
-        self.comm.barrier();
-    }
-
-    /// Every rank's `block` (same length everywhere) into `out`, in rank order.
-    pub fn all_gather_into(&self, block: &[u8], out: &mut [u8]) {
-        let (n, p) = (block.len(), self.size());
-        // Empty Rust buffers share one dangling address, which MPI reads as aliasing.
-        if n == 0 {
-            return;
-        }
-        if n <= self.per_rank_piece() {
-            self.comm.all_gather_into(block, out);
-            return;
-        }
-        let piece = self.per_rank_piece();
-        let mut tmp = vec![0u8; piece * p];
-        for start in (0..n).step_by(piece) {
-            let len = piece.min(n - start);
-            self.comm
-                .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
-            self.pulse.beat();
-            for r in 0..p {
-                copy_bytes(
-                    &mut out[r * n + start..r * n + start + len],
-                    &tmp[r * len..(r + 1) * len],
-                );
-            }
-        }
-    }
-
-    /// Every rank's `block` concatenated on `root`; `None` elsewhere.
-    pub fn gather(&self, block: &[u8], root: usize) -> Option<Vec<u8>> {
-        let (n, p) = (block.len(), self.size());
-        if n == 0 {
-            return (self.comm.rank() as usize == root).then(Vec::new);
-        }
-        let root_proc = self.comm.process_at_rank(root as i32);
-        let is_root = self.comm.rank() as usize == root;
-        let mut out = is_root.then(|| vec![0u8; n * p]);
-        let piece = self.per_rank_piece();
-        let mut tmp = vec![0u8; if is_root { piece.min(n) * p } else { 0 }];
-        for start in (0..n).step_by(piece) {
-            let len = piece.min(n - start);
-            let send = &block[start..start + len];
-            match out.as_mut() {
-                Some(out) => {
-                    root_proc.gather_into_root(send, &mut tmp[..len * p]);
-                    for r in 0..p {
-                        copy_bytes(
-                            &mut out[r * n + start..r * n + start + len],
-                            &tmp[r * len..(r + 1) * len],
-                        );
-                    }
-                }
-                None => root_proc.gather_into(send),
-            }
-            self.pulse.beat();
-        }
-        out
-    }
-
-    /// Block `r` of `root`'s `send` (`P` blocks of `recv.len()` bytes) into
-    /// `recv` on rank `r`; `send` is read on `root` only.
-    pub fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) {
-        let (n, p) = (recv.len(), self.size());
-        if n == 0 {
-            return;
-        }
-        let root_proc = self.comm.process_at_rank(root as i32);
-        let piece = self.per_rank_piece();
-        if n <= piece {
-            match send {
-                Some(send) => root_proc.scatter_into_root(send, recv),
-                None => root_proc.scatter_into(recv),
-            }
-            return;
-        }
-        let mut tmp = vec![0u8; if send.is_some() { piece * p } else { 0 }];
-        for start in (0..n).step_by(piece) {
-            let len = piece.min(n - start);
-            let mine = &mut recv[start..start + len];
-            match send {
-                Some(send) => {
-                    for r in 0..p {
-                        copy_bytes(
-                            &mut tmp[r * len..(r + 1) * len],
-                            &send[r * n + start..r * n + start + len],
-                        );
-                    }
-                    root_proc.scatter_into_root(&tmp[..len * p], mine);
-                }
-                None => root_proc.scatter_into(mine),
-            }
-            self.pulse.beat();
-        }
-    }
-
-    /// `buf` from `root` copied into `buf` everywhere.
-    pub fn broadcast(&self, buf: &mut [u8], root: usize) {
-        let root_proc = self.comm.process_at_rank(root as i32);
-        for piece in buf.chunks_mut(self.max_bytes) {
-            root_proc.broadcast_into(piece);
-            self.pulse.beat();
-        }
-    }
-
-    /// Rank `r` receives block `r` of every rank's `send`; `out` holds the
-    /// received blocks in source order.
-    pub fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) {
-        let p = self.size();
-        if send.is_empty() {
-            return;
-        }
-        let block = send.len() / p;
-        if block <= self.per_rank_piece() {
-            self.comm.all_to_all_into(send, out);
-            return;
-        }
-        let piece = self.per_rank_piece();
-        let mut s = vec![0u8; piece * p];
-        let mut r = vec![0u8; piece * p];
-        for start in (0..block).step_by(piece) {
-            let len = piece.min(block - start);
-            for q in 0..p {
-                copy_bytes(
-                    &mut s[q * len..(q + 1) * len],
-                    &send[q * block + start..q * block + start + len],
-                );
-            }
-            self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
-            self.pulse.beat();
-            for q in 0..p {
-                copy_bytes(
-                    &mut out[q * block + start..q * block + start + len],
-                    &r[q * len..(q + 1) * len],
-                );
-            }
-        }
-    }
-
-    /// All-to-all where rank `r`'s block is read from `send` and written to
-    /// `recv` in place, through MPI derived datatypes (`layout`s below), so
-    /// no pack or unpack copy is made: Open MPI gathers the strided block
-    /// while it copies it into shared memory anyway. Returns `false`, having
-    /// done nothing, when a count would not fit MPI's `int` or the transfer
-    /// is larger than one message (the caller then packs and cuts pieces).
-    pub(crate) fn all_to_all_strided(
-        &self,
-        send: &[u8],
-        send_layout: BlockLayout,
-        recv: &mut [u8],
-        recv_layout: BlockLayout,
-    ) -> bool {
-        if send.len() > self.max_bytes || recv.len() > self.max_bytes {
-            return false;
-        }
-        if let (1, 1, Ok(run)) = (
-            send_layout.count,
-            recv_layout.count,
-            c_int::try_from(send_layout.run),
-        ) {
-            if send_layout.run == recv_layout.run {
-                // Contiguous blocks both sides (a 4-d all-to-all whose outer
-                // dims are 1): the plain call on the caller's buffers, as a
-                // raw all-to-all, with no datatype to build.
-                // SAFETY: each buffer holds `size` blocks of `run` bytes
-                // (the layouts were derived from their shapes).
-                unsafe {
-                    ffi::MPI_Alltoall(
-                        send.as_ptr().cast(),
-                        run,
-                        ffi::RSMPI_UINT8_T,
-                        recv.as_mut_ptr().cast(),
-                        run,
-                        ffi::RSMPI_UINT8_T,
-                        self.comm.as_raw(),
-                    );
-                }
-                self.pulse.beat();
-                return true;
-            }
-        }
-        let (Some(stype), Some(rtype)) = (send_layout.datatype(), recv_layout.datatype()) else {
-            return false;
-        };
-        let (p, me) = (self.comm.size() as usize, self.comm.rank() as usize);
-        // Byte displacements of the blocks (`int` in MPI_Alltoallw).
-        let displs = |l: BlockLayout| -> Option<Vec<c_int>> {
-            (0..p).map(|r| c_int::try_from(r * l.extent).ok()).collect()
-        };
-        match (displs(send_layout), displs(recv_layout)) {
-            (Some(sdispls), Some(rdispls)) => {
-                // Every peer's block through MPI; this rank's own block
-                // copied here, run by run: Open MPI's datatype engine packs
-                // and unpacks a strided self-block (about 20% of a 2-rank
-                // exchange at 1-4 MiB).
-                let counts: Vec<c_int> = (0..p).map(|r| c_int::from(r != me)).collect();
-                let (stypes, rtypes) = (vec![stype.0; p], vec![rtype.0; p]);
-                // SAFETY: both datatypes cover one block, block r of each
-                // buffer starts at its displacement (the layouts were derived
-                // from their shapes); the arrays have `p` entries.
-                unsafe {
-                    ffi::MPI_Alltoallw(
-                        send.as_ptr().cast(),
-                        counts.as_ptr(),
-                        sdispls.as_ptr(),
-                        stypes.as_ptr(),
-                        recv.as_mut_ptr().cast(),
-                        counts.as_ptr(),
-                        rdispls.as_ptr(),
-                        rtypes.as_ptr(),
-                        self.comm.as_raw(),
-                    );
-                }
-                let block = send_layout.count * send_layout.run;
-                send_layout.copy_to(send, me, recv_layout, recv, me, 0, block);
-            }
-            // Beyond `int` displacements: Open MPI's alltoall moves every block.
-            // SAFETY: both datatypes cover exactly `size` blocks of the
-            // buffers (the layouts were derived from their shapes).
-            _ => unsafe {
-                ffi::MPI_Alltoall(
-                    send.as_ptr().cast(),
-                    1,
-                    stype.0,
-                    recv.as_mut_ptr().cast(),
-                    1,
-                    rtype.0,
-                    self.comm.as_raw(),
-                );
-            },
-        }
-        self.pulse.beat();
-        true
-    }
-
     /// Sends `send` to `dst` while receiving `recv` from `src`, each only when
     /// its flag is set (a link whose handshake failed carries nothing). Pieces
     /// pair up by index on each link, so no ring of such calls can deadlock.
@@ -586,63 +349,6 @@ impl<'c> MpiExec<'c> {
             self.comm.process_at_rank(src as i32),
         );
         mpi::point_to_point::send_receive_into_with_tags(ours, &to, tag, theirs, &from, tag);
-    }
-
-    /// Each rank's `mine` (lengths `lens`, known to all) delivered to every rank.
-    pub fn all_gather_varcount(&self, mine: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
-        let mut flat = vec![0u8; lens.iter().sum()];
-        self.all_gather_v_into(mine, lens, &mut flat);
-        split_lens(&flat, lens)
-    }
-
-    /// Each rank's `mine` (`lens[r]` bytes from rank `r`, known to all)
-    /// into `out`, concatenated in rank order: one `MPI_Allgatherv` on the
-    /// caller's buffers when `out` fits a message, rounds through scratch
-    /// otherwise.
-    pub(crate) fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) {
-        let total: usize = lens.iter().sum();
-        let spare = [0u8; 2];
-        if total <= self.max_bytes {
-            let counts: Vec<c_int> = lens.iter().map(|n| *n as c_int).collect();
-            let displs = displacements(&counts);
-            // SAFETY: `mine` holds this rank's count and `out` every count
-            // at its displacement (all within `int`: `total` is).
-            unsafe {
-                ffi::MPI_Allgatherv(
-                    real_ptr(mine, &spare[0]),
-                    mine.len() as c_int,
-                    ffi::RSMPI_UINT8_T,
-                    real_ptr(out, &spare[1]).cast_mut(),
-                    counts.as_ptr(),
-                    displs.as_ptr(),
-                    ffi::RSMPI_UINT8_T,
-                    self.comm.as_raw(),
-                );
-            }
-            self.pulse.beat();
-            return;
-        }
-        let starts: Vec<usize> = lens
-            .iter()
-            .scan(0, |at, n| {
-                *at += n;
-                Some(*at - n)
-            })
-            .collect();
-        for (start, counts) in self.varcount_rounds(lens) {
-            let displs = displacements(&counts);
-            let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
-            let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
-            let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
-            self.comm.all_gather_varcount_into(own, &mut part);
-            self.pulse.beat();
-            for (r, at) in starts.iter().enumerate() {
-                let (d, n) = (displs[r] as usize, counts[r] as usize);
-                if n > 0 {
-                    copy_bytes(&mut out[at + start..at + start + n], &tmp[d..d + n]);
-                }
-            }
-        }
     }
 
     /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose
@@ -719,13 +425,9 @@ impl<'c> MpiExec<'c> {
         }
     }
 
-    /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`.
-    pub fn gather_varcount(
-        &self,
-        mine: &[u8],
-        lens: &[usize],
-        root: usize,
-    ) -> Option<Vec<Vec<u8>>> {
+    /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`
+    /// (`None` elsewhere).
+    fn gather_varcount_to(&self, mine: &[u8], lens: &[usize], root: usize) -> Option<Vec<Vec<u8>>> {
         let root_proc = self.comm.process_at_rank(root as i32);
         let is_root = self.comm.rank() as usize == root;
         let mut out: Vec<Vec<u8>> = lens
@@ -978,10 +680,176 @@ impl<'c> MpiExec<'c> {
             .process_at_rank(src as i32)
             .receive_into_with_tag(header, tag);
     }
+}
 
-    /// Element-wise reduction of same-shaped tensors into `output` on every
-    /// rank. f16/bf16 are reduced in f32 and rounded once at the end.
-    pub fn all_reduce_into(&self, input: &Tensor, output: &mut Tensor, op: ReduceOp) {
+/// MPI's collectives on the group's communicator, cut into messages of at
+/// most `max_bytes`.
+impl HostMoves for MpiExec<'_> {
+    fn barrier(&self) -> Result<(), Fault> {
+        self.comm.barrier();
+        Ok(())
+    }
+
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let (n, p) = (block.len(), self.size());
+        // Empty Rust buffers share one dangling address, which MPI reads as aliasing.
+        if n == 0 {
+            return Ok(());
+        }
+        if n <= self.per_rank_piece() {
+            self.comm.all_gather_into(block, out);
+            return Ok(());
+        }
+        let piece = self.per_rank_piece();
+        let mut tmp = vec![0u8; piece * p];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            self.comm
+                .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
+            self.pulse.beat();
+            for r in 0..p {
+                copy_bytes(
+                    &mut out[r * n + start..r * n + start + len],
+                    &tmp[r * len..(r + 1) * len],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+        let (n, p) = (recv.len(), self.size());
+        if n == 0 {
+            return Ok(());
+        }
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let piece = self.per_rank_piece();
+        if n <= piece {
+            match send {
+                Some(send) => root_proc.scatter_into_root(send, recv),
+                None => root_proc.scatter_into(recv),
+            }
+            return Ok(());
+        }
+        let mut tmp = vec![0u8; if send.is_some() { piece * p } else { 0 }];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            let mine = &mut recv[start..start + len];
+            match send {
+                Some(send) => {
+                    for r in 0..p {
+                        copy_bytes(
+                            &mut tmp[r * len..(r + 1) * len],
+                            &send[r * n + start..r * n + start + len],
+                        );
+                    }
+                    root_proc.scatter_into_root(&tmp[..len * p], mine);
+                }
+                None => root_proc.scatter_into(mine),
+            }
+            self.pulse.beat();
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+        let root_proc = self.comm.process_at_rank(root as i32);
+        for piece in buf.chunks_mut(self.max_bytes) {
+            root_proc.broadcast_into(piece);
+            self.pulse.beat();
+        }
+        Ok(())
+    }
+
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        let p = self.size();
+        if send.is_empty() {
+            return Ok(());
+        }
+        let block = send.len() / p;
+        if block <= self.per_rank_piece() {
+            self.comm.all_to_all_into(send, out);
+            return Ok(());
+        }
+        let piece = self.per_rank_piece();
+        let mut s = vec![0u8; piece * p];
+        let mut r = vec![0u8; piece * p];
+        for start in (0..block).step_by(piece) {
+            let len = piece.min(block - start);
+            for q in 0..p {
+                copy_bytes(
+                    &mut s[q * len..(q + 1) * len],
+                    &send[q * block + start..q * block + start + len],
+                );
+            }
+            self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
+            self.pulse.beat();
+            for q in 0..p {
+                copy_bytes(
+                    &mut out[q * block + start..q * block + start + len],
+                    &r[q * len..(q + 1) * len],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// One `MPI_Allgatherv` on the caller's buffers when `out` fits a
+    /// message, rounds through scratch otherwise.
+    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+        let total: usize = lens.iter().sum();
+        let spare = [0u8; 2];
+        if total <= self.max_bytes {
+            let counts: Vec<c_int> = lens.iter().map(|n| *n as c_int).collect();
+            let displs = displacements(&counts);
+            // SAFETY: `mine` holds this rank's count and `out` every count
+            // at its displacement (all within `int`: `total` is).
+            unsafe {
+                ffi::MPI_Allgatherv(
+                    real_ptr(mine, &spare[0]),
+                    mine.len() as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    real_ptr(out, &spare[1]).cast_mut(),
+                    counts.as_ptr(),
+                    displs.as_ptr(),
+                    ffi::RSMPI_UINT8_T,
+                    self.comm.as_raw(),
+                );
+            }
+            self.pulse.beat();
+            return Ok(());
+        }
+        let starts: Vec<usize> = lens
+            .iter()
+            .scan(0, |at, n| {
+                *at += n;
+                Some(*at - n)
+            })
+            .collect();
+        for (start, counts) in self.varcount_rounds(lens) {
+            let displs = displacements(&counts);
+            let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
+            let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
+            let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
+            self.comm.all_gather_varcount_into(own, &mut part);
+            self.pulse.beat();
+            for (r, at) in starts.iter().enumerate() {
+                let (d, n) = (displs[r] as usize, counts[r] as usize);
+                if n > 0 {
+                    copy_bytes(&mut out[at + start..at + start + n], &tmp[d..d + n]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// f16/bf16 are reduced in f32 and rounded once at the end.
+    fn all_reduce_into(
+        &self,
+        input: &Tensor,
+        output: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
         reduce_into(
             &AllReduce(self),
             input.data(),
@@ -989,11 +857,15 @@ impl<'c> MpiExec<'c> {
             op,
             self.size(),
         );
+        Ok(())
     }
 
-    /// `packed` holds `P` equal blocks; rank `r` gets the reduction of every
-    /// rank's block `r` in `output`.
-    pub fn reduce_scatter_block_into(&self, packed: &Tensor, output: &mut Tensor, op: ReduceOp) {
+    fn reduce_scatter_block_into(
+        &self,
+        packed: &Tensor,
+        output: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
         reduce_into(
             &ReduceScatter(self),
             packed.data(),
@@ -1001,10 +873,16 @@ impl<'c> MpiExec<'c> {
             op,
             self.size(),
         );
+        Ok(())
     }
 
-    /// Element-wise reduction onto `root`'s `output` (ignored elsewhere).
-    pub fn reduce_into_root(&self, input: &Tensor, output: &mut Tensor, root: usize, op: ReduceOp) {
+    fn reduce_into_root(
+        &self,
+        input: &Tensor,
+        output: &mut Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), Fault> {
         reduce_into(
             &Reduce(self, root),
             input.data(),
@@ -1012,6 +890,147 @@ impl<'c> MpiExec<'c> {
             op,
             self.size(),
         );
+        Ok(())
+    }
+
+    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+        let (n, p) = (block.len(), self.size());
+        if n == 0 {
+            return Ok((self.comm.rank() as usize == root).then(Vec::new));
+        }
+        let root_proc = self.comm.process_at_rank(root as i32);
+        let is_root = self.comm.rank() as usize == root;
+        let mut out = is_root.then(|| vec![0u8; n * p]);
+        let piece = self.per_rank_piece();
+        let mut tmp = vec![0u8; if is_root { piece.min(n) * p } else { 0 }];
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            let send = &block[start..start + len];
+            match out.as_mut() {
+                Some(out) => {
+                    root_proc.gather_into_root(send, &mut tmp[..len * p]);
+                    for r in 0..p {
+                        copy_bytes(
+                            &mut out[r * n + start..r * n + start + len],
+                            &tmp[r * len..(r + 1) * len],
+                        );
+                    }
+                }
+                None => root_proc.gather_into(send),
+            }
+            self.pulse.beat();
+        }
+        Ok(out)
+    }
+
+    /// Through MPI derived datatypes (`layout`s), so no pack or unpack copy
+    /// is made: Open MPI gathers the strided block while it copies it into
+    /// shared memory anyway. `false`, having done nothing, when a count
+    /// would not fit MPI's `int` or the transfer is larger than one message.
+    fn all_to_all_strided(
+        &self,
+        send: &[u8],
+        send_layout: BlockLayout,
+        recv: &mut [u8],
+        recv_layout: BlockLayout,
+    ) -> Result<bool, Fault> {
+        if send.len() > self.max_bytes || recv.len() > self.max_bytes {
+            return Ok(false);
+        }
+        if let (1, 1, Ok(run)) = (
+            send_layout.count,
+            recv_layout.count,
+            c_int::try_from(send_layout.run),
+        ) {
+            if send_layout.run == recv_layout.run {
+                // Contiguous blocks both sides (a 4-d all-to-all whose outer
+                // dims are 1): the plain call on the caller's buffers, as a
+                // raw all-to-all, with no datatype to build.
+                // SAFETY: each buffer holds `size` blocks of `run` bytes
+                // (the layouts were derived from their shapes).
+                unsafe {
+                    ffi::MPI_Alltoall(
+                        send.as_ptr().cast(),
+                        run,
+                        ffi::RSMPI_UINT8_T,
+                        recv.as_mut_ptr().cast(),
+                        run,
+                        ffi::RSMPI_UINT8_T,
+                        self.comm.as_raw(),
+                    );
+                }
+                self.pulse.beat();
+                return Ok(true);
+            }
+        }
+        let (Some(stype), Some(rtype)) = (send_layout.datatype(), recv_layout.datatype()) else {
+            return Ok(false);
+        };
+        let (p, me) = (self.comm.size() as usize, self.comm.rank() as usize);
+        // Byte displacements of the blocks (`int` in MPI_Alltoallw).
+        let displs = |l: BlockLayout| -> Option<Vec<c_int>> {
+            (0..p).map(|r| c_int::try_from(r * l.extent).ok()).collect()
+        };
+        match (displs(send_layout), displs(recv_layout)) {
+            (Some(sdispls), Some(rdispls)) => {
+                // Every peer's block through MPI; this rank's own block
+                // copied here, run by run: Open MPI's datatype engine packs
+                // and unpacks a strided self-block (about 20% of a 2-rank
+                // exchange at 1-4 MiB).
+                let counts: Vec<c_int> = (0..p).map(|r| c_int::from(r != me)).collect();
+                let (stypes, rtypes) = (vec![stype.0; p], vec![rtype.0; p]);
+                // SAFETY: both datatypes cover one block, block r of each
+                // buffer starts at its displacement (the layouts were derived
+                // from their shapes); the arrays have `p` entries.
+                unsafe {
+                    ffi::MPI_Alltoallw(
+                        send.as_ptr().cast(),
+                        counts.as_ptr(),
+                        sdispls.as_ptr(),
+                        stypes.as_ptr(),
+                        recv.as_mut_ptr().cast(),
+                        counts.as_ptr(),
+                        rdispls.as_ptr(),
+                        rtypes.as_ptr(),
+                        self.comm.as_raw(),
+                    );
+                }
+                let block = send_layout.count * send_layout.run;
+                send_layout.copy_to(send, me, recv_layout, recv, me, 0, block);
+            }
+            // Beyond `int` displacements: Open MPI's alltoall moves every block.
+            // SAFETY: both datatypes cover exactly `size` blocks of the
+            // buffers (the layouts were derived from their shapes).
+            _ => unsafe {
+                ffi::MPI_Alltoall(
+                    send.as_ptr().cast(),
+                    1,
+                    stype.0,
+                    recv.as_mut_ptr().cast(),
+                    1,
+                    rtype.0,
+                    self.comm.as_raw(),
+                );
+            },
+        }
+        self.pulse.beat();
+        Ok(true)
+    }
+
+    fn gather_varcount(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        root: Option<usize>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
+        Ok(match root {
+            Some(root) => self.gather_varcount_to(mine, lens, root),
+            None => {
+                let mut flat = vec![0u8; lens.iter().sum()];
+                self.all_gather_v_into(mine, lens, &mut flat)?;
+                Some(split_lens(&flat, lens))
+            }
+        })
     }
 }
 

@@ -4,7 +4,17 @@
 //! deferred posts), the watch, and the body that moves bytes; point-to-point
 //! calls agree with their peer through a header handshake.
 
-use super::*;
+use super::{GroupCoordinator, Peer, PlaneTensor};
+use crate::agree::{agree, agree_peers, Check, CheckFn, Deferred, Descriptor, Posts};
+use crate::dtype::DType;
+use crate::error::{Error, Fault, Rejection, Result};
+use crate::exec::mpi::{TAG_ANSWER, TAG_HEADER};
+use crate::exec::shm::ShmExec;
+use crate::op::{rank_in_range, Args, CheckMode, Op};
+use crate::watch::Call;
+use mpi::collective::SystemOperation;
+use mpi::traits::*;
+use std::rc::Rc;
 
 impl<'rt> GroupCoordinator<'rt> {
     /// Puts a blocking step of `op` outside the dispatch path (e.g. NCCL
@@ -35,7 +45,7 @@ impl<'rt> GroupCoordinator<'rt> {
     pub(crate) fn collective<R>(
         &self,
         desc: Descriptor,
-        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: impl Check,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let mut desc = desc;
@@ -48,10 +58,10 @@ impl<'rt> GroupCoordinator<'rt> {
         &self,
         fused: bool,
         desc: &mut Descriptor,
-        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: impl Check,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        let op = desc.op().expect("descriptors are built from an Op");
+        let op = desc.own_op();
         desc.seq = self.inner.seq.get();
         self.inner.seq.set(desc.seq + 1);
         let span = tracing::debug_span!(
@@ -75,18 +85,18 @@ impl<'rt> GroupCoordinator<'rt> {
         &self,
         fused: bool,
         desc: &Descriptor,
-        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: impl Check,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        let op = desc.op().expect("descriptors are built from an Op");
-        if let Some(d) = self.inner.deferred.get() {
+        let op = desc.own_op();
+        if let Some(d) = self.inner.device.deferred.get() {
             d.check_usable(op)?;
         }
         if self.size() == 1 {
             return self.run_if_admitted(op, desc, &check, body);
         }
         if desc.is_device() && !op.exchanges_counts() {
-            match self.inner.check.get() {
+            match self.inner.device.check.get() {
                 CheckMode::Strict => {}
                 CheckMode::Deferred => return self.agree_deferred(desc, check, body),
                 CheckMode::Off => return self.run_if_admitted(op, desc, &check, body),
@@ -140,12 +150,12 @@ impl<'rt> GroupCoordinator<'rt> {
     fn agree_deferred<R>(
         &self,
         desc: &Descriptor,
-        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: impl Check,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        let op = desc.op().expect("descriptors are built from an Op");
+        let op = desc.own_op();
         let gpu = self.inner.rt.gpu()?;
-        let deferred = self.inner.deferred.get_or_init(|| {
+        let deferred = self.inner.device.deferred.get_or_init(|| {
             // Collective at a group's first deferred call: the shm window.
             let posts = match self.shm() {
                 Some(shm) => Posts::ring(shm.window().ring_area(), self.rank_in_group()),
@@ -175,7 +185,7 @@ impl<'rt> GroupCoordinator<'rt> {
 
     /// When this group's device calls agree (see [`CheckMode`]).
     pub fn check_mode(&self) -> CheckMode {
-        self.inner.check.get()
+        self.inner.device.check.get()
     }
 
     /// Sets when this group's device calls agree. Collective: every member
@@ -191,7 +201,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 if let Ok(gpu) = self.inner.rt.gpu() {
                     gpu.settle()?;
                 }
-                self.inner.check.set(mode);
+                self.inner.device.check.set(mode);
                 Ok(())
             },
         )
@@ -203,7 +213,7 @@ impl<'rt> GroupCoordinator<'rt> {
         &self,
         op: Op,
         desc: &Descriptor,
-        check: &dyn Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: &CheckFn<'_>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         let verdict = self.inner.admitted.verdict(desc, check);
@@ -234,7 +244,7 @@ impl<'rt> GroupCoordinator<'rt> {
         op: Op,
         descs: &[Descriptor],
         me: usize,
-        check: &dyn Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: &CheckFn<'_>,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
         agree(descs, me, check).map_err(|r| Error::rejected(op, self.name(), r))?;
@@ -253,10 +263,10 @@ impl<'rt> GroupCoordinator<'rt> {
         shm: &ShmExec,
         fused: bool,
         desc: &Descriptor,
-        check: impl Fn(&Descriptor) -> std::result::Result<(), String>,
+        check: impl Check,
         body: impl FnOnce(&[Descriptor]) -> Result<R>,
     ) -> Result<R> {
-        let op = desc.op().expect("descriptors are built from an Op");
+        let op = desc.own_op();
         let me = self.rank_in_group();
         let one = std::slice::from_ref(desc);
         let (digest, verdict) = self.inner.admitted.admit(desc, &check);
@@ -329,7 +339,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// verdict travels down the dispatch path: the caller's shape is
     /// copied only when it is wrong, for the message.
     pub(crate) fn output_fit<T: PlaneTensor>(&self, desc: &Descriptor, out: &T) -> OutputFit {
-        let op = desc.op().expect("descriptors are built from an Op");
+        let op = desc.own_op();
         if !op.output_used_on(self.rank_in_group(), &desc.params) {
             return OutputFit::Unchecked;
         }
@@ -348,7 +358,7 @@ impl<'rt> GroupCoordinator<'rt> {
         fit: OutputFit,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        let op = desc.op().expect("descriptors are built from an Op");
+        let op = desc.own_op();
         let size = self.size();
         // The descriptor is changed in place and passed on by reference: at
         // 200 bytes, each copy on this path is a `memcpy` per call.
@@ -379,7 +389,7 @@ impl<'rt> GroupCoordinator<'rt> {
         peer: Peer,
         body: impl FnOnce(&Descriptor) -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        let op = desc.op().expect("descriptors are built from an Op");
+        let op = desc.own_op();
         let (peer_rank, sending) = match peer {
             Peer::To(r) => (r, true),
             Peer::From(r) => (r, false),

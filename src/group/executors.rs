@@ -3,7 +3,18 @@
 //! MPI executor every host path can fall back on, and the group's NCCL
 //! communicators (made at first use).
 
-use super::*;
+use super::{GroupCoordinator, Runtime};
+use crate::error::{Error, Result};
+use crate::exec::executor::{ExecChoice, HostExec};
+use crate::exec::hier::{self, Hier, HierCall, NodeMap};
+use crate::exec::mpi::MpiExec;
+use crate::exec::shm::{ShmCall, ShmExec, ShmWindow};
+use crate::nccl::comm::Communicator as NcclComm;
+use crate::op::Op;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use std::cell::Ref;
+use std::rc::Rc;
 
 impl<'rt> GroupCoordinator<'rt> {
     /// Which executor the group's host collectives use: `"shm"` (a
@@ -13,9 +24,9 @@ impl<'rt> GroupCoordinator<'rt> {
     pub fn host_executor(&self) -> &'static str {
         if self.size() == 1 {
             "local"
-        } else if self.inner.shm_wanted {
+        } else if self.inner.host.shm_wanted {
             "shm"
-        } else if self.inner.hier_nodes.is_some() {
+        } else if self.inner.host.hier_nodes.is_some() {
             "hier"
         } else {
             "mpi"
@@ -42,12 +53,13 @@ impl<'rt> GroupCoordinator<'rt> {
     /// The shared-memory executor, its window made on first use. Collective
     /// the first time: only the dispatch path calls it, where every member does.
     pub(super) fn shm(&self) -> Option<&ShmExec> {
-        if !self.inner.shm_wanted {
+        if !self.inner.host.shm_wanted {
             return None;
         }
         let (rt, comm) = (self.inner.rt, &self.inner.comm);
         Some(
             self.inner
+                .host
                 .shm
                 .get_or_init(|| shm_exec(rt, comm, self.rank_in_group())),
         )
@@ -56,8 +68,8 @@ impl<'rt> GroupCoordinator<'rt> {
     /// The hierarchical executor, its windows and communicators made on
     /// first use. Collective the first time, like [`shm`](Self::shm).
     pub(super) fn hier(&self) -> Option<&Hier> {
-        let nodes = self.inner.hier_nodes.as_ref()?;
-        Some(self.inner.hier.get_or_init(|| {
+        let nodes = self.inner.host.hier_nodes.as_ref()?;
+        Some(self.inner.host.hier.get_or_init(|| {
             let rt = self.inner.rt;
             Hier::new(
                 &self.inner.comm,
@@ -99,11 +111,11 @@ impl<'rt> GroupCoordinator<'rt> {
         &self,
         connect: impl FnOnce() -> Result<NcclComm<'rt>>,
     ) -> Result<Ref<'_, NcclComm<'rt>>> {
-        if self.inner.nccl.borrow().is_none() {
+        if self.inner.device.nccl.borrow().is_none() {
             let comm = connect()?;
-            *self.inner.nccl.borrow_mut() = Some(comm);
+            *self.inner.device.nccl.borrow_mut() = Some(comm);
         }
-        Ok(Ref::map(self.inner.nccl.borrow(), |c| {
+        Ok(Ref::map(self.inner.device.nccl.borrow(), |c| {
             c.as_ref().expect("set above")
         }))
     }
@@ -111,12 +123,12 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Takes `comm` (split from the world's at creation) as the group's
     /// NCCL communicator.
     pub(crate) fn adopt_nccl(&self, comm: NcclComm<'rt>) {
-        *self.inner.nccl.borrow_mut() = Some(comm);
+        *self.inner.device.nccl.borrow_mut() = Some(comm);
     }
 
     /// The NCCL communicator if one was created.
     pub(crate) fn existing_nccl_comm(&self) -> Option<Ref<'_, NcclComm<'rt>>> {
-        Ref::filter_map(self.inner.nccl.borrow(), |c| c.as_ref()).ok()
+        Ref::filter_map(self.inner.device.nccl.borrow(), |c| c.as_ref()).ok()
     }
 
     /// The two-member communicator with group rank `peer`, made with
@@ -126,11 +138,13 @@ impl<'rt> GroupCoordinator<'rt> {
         peer: usize,
         connect: impl FnOnce() -> Result<NcclComm<'rt>>,
     ) -> Result<Ref<'_, NcclComm<'rt>>> {
-        if !self.inner.nccl_pairs.borrow().contains_key(&peer) {
+        if !self.inner.device.nccl_pairs.borrow().contains_key(&peer) {
             let comm = connect()?;
-            self.inner.nccl_pairs.borrow_mut().insert(peer, comm);
+            self.inner.device.nccl_pairs.borrow_mut().insert(peer, comm);
         }
-        Ok(Ref::map(self.inner.nccl_pairs.borrow(), |m| &m[&peer]))
+        Ok(Ref::map(self.inner.device.nccl_pairs.borrow(), |m| {
+            &m[&peer]
+        }))
     }
 }
 

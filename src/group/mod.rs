@@ -12,6 +12,7 @@ mod executors;
 mod host;
 pub(crate) mod launcher;
 mod runtime;
+mod state;
 mod uneven;
 
 pub use batch::Batch;
@@ -20,24 +21,17 @@ pub use collectives::{Collectives, P2p, PlaneTensor};
 pub use device::{DeviceEvent, DeviceGroup};
 pub use runtime::{Options, RankInfo, Runtime, WorldInfo};
 
-use crate::agree::{agree, agree_peers, Admitted, Descriptor};
-use crate::agree::{Deferred, Posts};
-use crate::dtype::DType;
-use crate::error::Rejection;
-use crate::error::{Error, Fault, Result};
-use crate::exec::executor::{ExecChoice, HostExec};
-use crate::exec::hier::{self, Hier, HierCall, NodeMap};
-use crate::exec::mpi::{MpiExec, TAG_ANSWER, TAG_HEADER};
-use crate::exec::shm::{ShmCall, ShmExec, ShmWindow};
-use crate::nccl::comm::Communicator as NcclComm;
-use crate::op::CheckMode;
-use crate::op::{rank_in_range, Args, Op};
+use crate::agree::Admitted;
+use crate::error::{Error, Result};
+use crate::exec::executor::ExecChoice;
+use crate::exec::hier::{self, NodeMap};
+use crate::op::rank_in_range;
 use crate::tensor::Tensor;
-use crate::watch::{Call, GroupWatch};
-use mpi::collective::SystemOperation;
+use crate::watch::GroupWatch;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use std::cell::{Cell, OnceCell, Ref, RefCell};
+use state::{DeviceState, HostState, Subgroups};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -53,10 +47,9 @@ pub struct GroupCoordinator<'rt> {
 }
 
 struct Inner<'rt> {
-    /// Posted device agreements (check mode `deferred`), made at the first
-    /// such call. First field: dropped (its agreements completed) before
-    /// the communicator they run on.
-    deferred: OnceCell<Rc<Deferred>>,
+    /// Declared first: dropped first (see [`state`]).
+    device: DeviceState<'rt>,
+    host: HostState,
     rt: &'rt Runtime,
     comm: SimpleCommunicator,
     ranks: Vec<usize>,
@@ -66,31 +59,7 @@ struct Inner<'rt> {
     admitted: Admitted,
     /// The group in the runtime's hang watchdog (holds its name).
     watch: GroupWatch,
-    /// The group's NCCL communicator, created at its first device operation.
-    /// Declared after `comm`, but dropped with the group, always before the
-    /// `Runtime` (the borrow guarantees it), so before MPI finalisation.
-    nccl: RefCell<Option<NcclComm<'rt>>>,
-    /// Two-member NCCL communicators for point-to-point calls made before
-    /// the group's own communicator exists, by peer group rank.
-    nccl_pairs: RefCell<HashMap<usize, NcclComm<'rt>>>,
-    /// Host scratch buffers for packing (kept, so a hot loop allocates nothing).
-    scratch: RefCell<[Vec<u8>; 2]>,
-    /// Host scratch tensor for in-place reductions.
-    scratch_tensor: RefCell<Option<Tensor>>,
-    /// Sub-groups made for rank lists (by world ranks), reused by later calls.
-    subgroups: RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>,
-    /// Whether host collectives run on shared memory (decided, alike on
-    /// every member, when the group is made).
-    shm_wanted: bool,
-    /// The shared-memory executor, made at the group's first collective.
-    shm: OnceCell<ShmExec>,
-    /// For a hierarchical group (decided, alike on every member, when the
-    /// group is made): each member's node, by group rank.
-    hier_nodes: Option<Vec<usize>>,
-    /// The hierarchical executor, made at the group's first collective.
-    hier: OnceCell<Hier>,
-    /// When device calls agree (alike on every member).
-    check: Cell<CheckMode>,
+    subgroups: Subgroups<'rt>,
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -162,17 +131,9 @@ impl<'rt> GroupCoordinator<'rt> {
                 seq: Cell::new(0),
                 admitted: Admitted::default(),
                 watch,
-                nccl: RefCell::new(None),
-                nccl_pairs: RefCell::new(HashMap::new()),
-                scratch: RefCell::new([Vec::new(), Vec::new()]),
-                scratch_tensor: RefCell::new(None),
                 subgroups: RefCell::new(HashMap::new()),
-                shm_wanted,
-                shm: OnceCell::new(),
-                hier_nodes,
-                hier: OnceCell::new(),
-                check: Cell::new(check),
-                deferred: OnceCell::new(),
+                device: DeviceState::new(check),
+                host: HostState::new(shm_wanted, hier_nodes),
             }),
         })
     }
@@ -281,7 +242,7 @@ impl<'rt> GroupCoordinator<'rt> {
         b: usize,
         f: impl FnOnce(&mut [u8], &mut [u8]) -> R,
     ) -> R {
-        let mut bufs = self.inner.scratch.borrow_mut();
+        let mut bufs = self.inner.host.scratch.borrow_mut();
         let [x, y] = &mut *bufs;
         x.resize(a, 0);
         y.resize(b, 0);
@@ -294,7 +255,7 @@ impl<'rt> GroupCoordinator<'rt> {
         t: &mut Tensor,
         f: impl FnOnce(&Tensor, &mut Tensor) -> R,
     ) -> R {
-        let mut slot = self.inner.scratch_tensor.borrow_mut();
+        let mut slot = self.inner.host.scratch_tensor.borrow_mut();
         match slot.as_mut() {
             Some(s) if s.dtype() == t.dtype() && s.shape() == t.shape() => {
                 s.bytes_mut().copy_from_slice(t.bytes())

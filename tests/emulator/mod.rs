@@ -1094,6 +1094,28 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
             },
         );
     }
+    for np in [2, 3] {
+        trial(
+            format!("groups, device results and the runtime dropped in every order, np {np}"),
+            trials,
+            move || {
+                let gpus = np.to_string();
+                let mut env = emu.env(&[("RANKMESH_GPU_DROP_ORDERS", "1")]);
+                env.push(("RANKMESH_EMU_GPUS", &gpus));
+                let job = support::mpirun(np, &me(), &[], &env);
+                let done = (0..np)
+                    .filter(|r| {
+                        job.stdout
+                            .contains(&format!("DROP-ORDERS rank {r} rounds 24"))
+                    })
+                    .count();
+                let misuse = job.stderr.contains("rankmesh NCCL emulator:");
+                (job.ok() && done == np && !misuse)
+                    .then_some(())
+                    .ok_or_else(|| job.describe())
+            },
+        );
+    }
     trial(
         "dropping a communicator while a quiet peer holds its work: finalize, then abort at RANKMESH_TIMEOUT",
         trials,

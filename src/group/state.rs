@@ -1,0 +1,82 @@
+//! A group's state, by plane. [`Inner`](super::Inner) holds the device
+//! state first and the host state second, ahead of its MPI communicator, so
+//! Rust's field order is the drop order MPI and NCCL need: deferred device
+//! agreements complete while the NCCL communicators they may abort still
+//! exist; the NCCL communicators go before the MPI communicator their ids
+//! came over; the host executors' windows and sub-communicators go before
+//! the group's communicator; and every group goes before the `Runtime`
+//! that finalises MPI (the `'rt` borrow). tests/drop_order.rs drops them in
+//! every order a program can write.
+
+use super::GroupCoordinator;
+use crate::agree::Deferred;
+use crate::exec::hier::Hier;
+use crate::exec::shm::ShmExec;
+use crate::nccl::comm::Communicator as NcclComm;
+use crate::op::CheckMode;
+use crate::tensor::Tensor;
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// The device plane's state: NCCL communicators and the agreements of
+/// device calls.
+pub(super) struct DeviceState<'rt> {
+    /// Posted device agreements (check mode `deferred`), made at the first
+    /// such call. First field: completed (and any disagreement acted on)
+    /// before the communicators below are destroyed.
+    pub(super) deferred: OnceCell<Rc<Deferred>>,
+    /// The group's NCCL communicator, created at its first device operation.
+    pub(super) nccl: RefCell<Option<NcclComm<'rt>>>,
+    /// Two-member NCCL communicators for point-to-point calls made before
+    /// the group's own communicator exists, by peer group rank.
+    pub(super) nccl_pairs: RefCell<HashMap<usize, NcclComm<'rt>>>,
+    /// When device calls agree (alike on every member).
+    pub(super) check: Cell<CheckMode>,
+}
+
+impl DeviceState<'_> {
+    pub(super) fn new(check: CheckMode) -> Self {
+        DeviceState {
+            deferred: OnceCell::new(),
+            nccl: RefCell::new(None),
+            nccl_pairs: RefCell::new(HashMap::new()),
+            check: Cell::new(check),
+        }
+    }
+}
+
+/// The host plane's state: the executor chosen when the group was made
+/// (made at its first collective) and the scratch its packing reuses.
+pub(super) struct HostState {
+    /// Whether host collectives run on shared memory (decided, alike on
+    /// every member, when the group is made).
+    pub(super) shm_wanted: bool,
+    /// The shared-memory executor, made at the group's first collective.
+    pub(super) shm: OnceCell<ShmExec>,
+    /// For a hierarchical group (decided, alike on every member, when the
+    /// group is made): each member's node, by group rank.
+    pub(super) hier_nodes: Option<Vec<usize>>,
+    /// The hierarchical executor, made at the group's first collective.
+    pub(super) hier: OnceCell<Hier>,
+    /// Scratch buffers for packing (kept, so a hot loop allocates nothing).
+    pub(super) scratch: RefCell<[Vec<u8>; 2]>,
+    /// Scratch tensor for in-place reductions.
+    pub(super) scratch_tensor: RefCell<Option<Tensor>>,
+}
+
+impl HostState {
+    pub(super) fn new(shm_wanted: bool, hier_nodes: Option<Vec<usize>>) -> Self {
+        HostState {
+            shm_wanted,
+            shm: OnceCell::new(),
+            hier_nodes,
+            hier: OnceCell::new(),
+            scratch: RefCell::new([Vec::new(), Vec::new()]),
+            scratch_tensor: RefCell::new(None),
+        }
+    }
+}
+
+/// Sub-groups made for rank lists (by world ranks), reused by later calls.
+pub(super) type Subgroups<'rt> = RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>;
