@@ -1205,7 +1205,7 @@ fn orders(n: usize) -> Vec<Vec<usize>> {
         }
         for i in 0..k {
             heap(k - 1, a, out);
-            a.swap(if k % 2 == 0 { i } else { 0 }, k - 1);
+            a.swap(if k.is_multiple_of(2) { i } else { 0 }, k - 1);
         }
     }
     let mut out = Vec::new();
