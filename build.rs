@@ -1,39 +1,61 @@
 //! Links rankmesh's programs (the CLI, tests, examples) to the MPI library
 //! whose headers the `mpi` crate compiled against: the library directories
-//! the MPI's compiler wrapper names (`$MPICC -show`, `mpicc` by default)
-//! go into the programs' run path. Without it, a build against one MPI
-//! (a module, a wheel, Cray's or Intel's) on a machine with another
-//! installed ran the other one's `libmpi.so` (Intel MPI's headers with Open
-//! MPI's library crashed in `PMPI_Comm_dup`). `LD_LIBRARY_PATH` still comes
-//! first, as a run path allows.
+//! the MPI's compiler wrapper names (`$MPICC -show`, `mpicc` by default;
+//! or `MPI_PKG_CONFIG`, `CRAY_MPICH_DIR`, as the `mpi` crate's probe takes
+//! them) are searched first and go into the programs' run path. Without
+//! it, a build against one MPI (a module, a wheel, Cray's or Intel's) on a
+//! machine with another installed ran the other one's `libmpi.so` (Intel
+//! MPI's headers with Open MPI's library crashed in `PMPI_Comm_dup`).
+//! `LD_LIBRARY_PATH` still comes first, as a run path allows.
 
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-env-changed=MPICC");
+    for var in ["MPICC", "MPI_PKG_CONFIG", "CRAY_MPICH_DIR"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
-    let wrapper = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
-    let line = match Command::new(&wrapper).arg("-show").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
-        _ => String::new(),
-    };
+    let line = compile_line();
     let (mpi, header) = header_mpi(&line);
     println!("cargo:rustc-env=RANKMESH_MPI_HEADER={mpi}");
     println!("cargo:rustc-env=RANKMESH_MPI_HEADER_PATH={header}");
     if !header.is_empty() {
         println!("cargo:rerun-if-changed={header}");
     }
-    let mut dirs: Vec<&str> = Vec::new();
-    for word in line.split_whitespace() {
+    let mut dirs: Vec<String> = Vec::new();
+    for word in words(&line) {
         if let Some(dir) = word.strip_prefix("-L") {
-            if !dir.is_empty() && !dirs.contains(&dir) {
-                dirs.push(dir);
+            if !dir.is_empty() && !dirs.iter().any(|d| d == dir) {
+                dirs.push(dir.to_string());
             }
         }
     }
     for dir in dirs {
+        // Searched before the directories other crates add (hwloc's
+        // pkg-config names /usr/lib/<triple>, where another MPI's
+        // `libmpi.so` may be): `-lmpi` is this MPI's.
+        println!("cargo:rustc-link-search=native={dir}");
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
+}
+
+/// How the `mpi` crate's probe (build-probe-mpi) found the MPI, in the
+/// same order: `MPI_PKG_CONFIG` (a pkg-config name or `.pc` file), Cray's
+/// `CRAY_MPICH_DIR` (whose `cc` wrapper has no `-show`), else the compiler
+/// wrapper's `-show` line (`MPICC`, default `mpicc`). Empty when none answers.
+fn compile_line() -> String {
+    let run = |cmd: &str, args: &[&str]| match Command::new(cmd).args(args).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+        _ => String::new(),
+    };
+    if let Ok(pc) = std::env::var("MPI_PKG_CONFIG") {
+        return run("pkg-config", &["--cflags", "--libs", &pc]);
+    }
+    if let Ok(dir) = std::env::var("CRAY_MPICH_DIR") {
+        return format!("-I{dir}/include -L{dir}/lib");
+    }
+    let wrapper = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
+    run(&wrapper, &["-show"])
 }
 
 /// The MPI whose `mpi.h` the wrapper's include directories hold
@@ -41,8 +63,9 @@ fn main() {
 /// header's path; empty where none is found or it names no known MPI.
 /// src/mpi_abi.rs compares it with the library that loads.
 fn header_mpi(show: &str) -> (String, String) {
-    let dirs = show
-        .split_whitespace()
+    let words = words(show);
+    let dirs = words
+        .iter()
         .filter_map(|w| w.strip_prefix("-I"))
         .filter(|d| !d.is_empty());
     for dir in dirs {
@@ -73,4 +96,37 @@ fn header_mpi(show: &str) -> (String, String) {
         }
     }
     (String::new(), String::new())
+}
+
+/// The words of a wrapper's `-show` line as a shell splits them: Intel
+/// MPI's quotes its directories (`-L"/opt/intel/mpi/lib"`).
+fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quote: Option<char> = None;
+    let mut started = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                started = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if started {
+                    out.push(std::mem::take(&mut word));
+                    started = false;
+                }
+            }
+            (None, c) => {
+                word.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        out.push(word);
+    }
+    out
 }

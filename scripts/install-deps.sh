@@ -4,7 +4,7 @@
 # libclang for rsmpi's bindgen, pkg-config;
 # with --test also Slurm and munge for the local-cluster tests, pip for
 # NCCL's real library (scripts/fetch-nccl.sh), and MPICH for the portability
-# smoke (scripts/mpich-smoke.sh).
+# smoke (scripts/mpi-smoke.sh; the PyPI MPIs come through pip).
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 need=()
@@ -15,7 +15,7 @@ if [ "${1:-}" = "--test" ]; then
   command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || need+=(python3-pip)
   # g++ compiles the NCCL header check (tests/nccl_abi.rs).
   command -v g++ >/dev/null 2>&1 || need+=(g++)
-  # MPICH beside Open MPI for the portability smoke (scripts/mpich-smoke.sh);
+  # MPICH beside Open MPI for the portability smoke (scripts/mpi-smoke.sh);
   # Open MPI keeps the higher alternatives priority, so mpicc stays Open MPI's.
   command -v mpicc.mpich >/dev/null 2>&1 || need+=(mpich libmpich-dev)
 fi

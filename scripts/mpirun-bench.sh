@@ -8,17 +8,46 @@
 # BASELINE=nocma adds one tuned setting (vader's single copy off, faster for
 # some ops here): benchmark scripts run both and compare with the faster raw.
 # RANKMESH_MPIRUN_BIND=core|none overrides mpirun's default binding.
+# RANKMESH_MPIEXEC and RANKMESH_MPI pick the launcher as for
+# scripts/mpirun-local.sh; hydra (MPICH, Intel MPI) gets nothing but the
+# ranks (`-np N` is `-n N`, `-x VAR=VALUE` is `-env VAR VALUE`).
 # Usage: scripts/mpirun-bench.sh -np N PROGRAM [ARGS...]
 set -euo pipefail
+launcher=${RANKMESH_MPIEXEC:-mpirun}
+mpi=${RANKMESH_MPI:-}
+if [[ -z "$mpi" ]]; then
+    case "$("$launcher" --version 2>&1 | head -3)" in
+        *"Open MPI"*) mpi=openmpi ;;
+        *"Intel(R) MPI"* | *HYDRA* | *MPICH*) mpi=hydra ;;
+        *) echo "mpirun-bench: cannot tell which MPI $launcher is (set RANKMESH_MPI)" >&2; exit 2 ;;
+    esac
+fi
+if [[ "$mpi" != openmpi ]]; then
+    args=()
+    while (($#)); do
+        case "$1" in
+            -np | -n) args+=(-n "$2"); shift 2 ;;
+            -x) if [[ "$2" == *=* ]]; then args+=(-env "${2%%=*}" "${2#*=}"); fi; shift 2 ;;
+            *) args+=("$1"); shift ;;
+        esac
+    done
+    exec "$launcher" "${args[@]}"
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-args=(--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+args=(--mca btl_tcp_if_include lo)
+shm=vader
+if "$launcher" --version 2>&1 | grep -q 'Open MPI) [0-4]\.'; then
+    args+=(--mca oob_tcp_if_include lo)
+else
+    shm=sm  # Open MPI 5: vader is sm; PRRTE's out-of-band refuses loopback alone
+fi
 np=0
 [ "${1:-}" = "-np" ] && np=${2:-0}
 [ "$np" -gt "$(nproc)" ] && args+=(--oversubscribe)
 [ -n "${RANKMESH_MPIRUN_BIND:-}" ] && args+=(--bind-to "$RANKMESH_MPIRUN_BIND")
 case "${BASELINE:-default}" in
   default) ;;
-  nocma) args+=(--mca btl_vader_single_copy_mechanism none) ;;
+  nocma) args+=(--mca "btl_${shm}_single_copy_mechanism" none) ;;
   *) echo "mpirun-bench: BASELINE=$BASELINE: use default or nocma" >&2; exit 2 ;;
 esac
-exec mpirun "${args[@]}" "$@"
+exec "$launcher" "${args[@]}" "$@"

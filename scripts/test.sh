@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs missing system packages (Debian/Ubuntu), then `cargo test`
 # (unit, property, doc and mpirun integration tests), then the GPU check's
-# rehearsal on the emulators and the MPICH portability smoke. Extra arguments
+# rehearsal on the emulators and the portability smoke under four more MPIs. Extra arguments
 # go to cargo (and skip the rehearsal and the smoke).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +13,12 @@ bash scripts/fetch-nccl.sh >/dev/null || echo "test.sh: NCCL's wheels not fetche
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cargo test "$@"
 # The GPU check rehearsed end to end on the emulators, from a bundle built as
-# for a GPU machine (issue #46), and rankmesh built against MPICH and run
-# under its launcher (issue #49); a run narrowed by arguments skips both.
+# for a GPU machine (issue #46), and rankmesh built against Debian's MPICH
+# and the PyPI wheels of Open MPI 5, MPICH 5 and Intel MPI, each run under
+# its own launcher (issue #49); a run narrowed by arguments skips both.
 if (($# == 0)); then
     bash scripts/gpu-rehearse.sh
-    bash scripts/mpich-smoke.sh
+    for mpi in mpich openmpi5 mpich5 impi; do
+        bash scripts/mpi-smoke.sh "$mpi"
+    done
 fi

@@ -177,7 +177,7 @@ fn report(limit: Duration, step: &str, host: &str, registry: Option<&Registry>) 
         limit.as_secs_f64()
     );
     let tail = match registry {
-        None => "; the ranks that have not started cannot be named: the launcher has no PMIx registry to ask (a rank that has not started rankmesh holds up every other)".to_string(),
+        None => "; the ranks that have not started cannot be named here (rankmesh asks the launcher's PMIx registry under Open MPI 4's mpirun and srun --mpi=pmix; a rank that has not started rankmesh holds up every other)".to_string(),
         Some(reg) => {
             let absent = reg.absent(launcher_size(), ASK_EACH, ASK_ALL);
             name_absent(&absent.ranks, absent.unasked)
