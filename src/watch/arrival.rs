@@ -231,11 +231,17 @@ mod tests {
     #[test]
     fn marks_go_only_where_the_mpi_tolerates_them() {
         let here = crate::mpi_abi::library_version();
-        assert!(
-            here.starts_with("Open MPI v4."),
-            "this machine's MPI: {here}"
-        );
-        assert!(marks_tolerated(here));
+        // Built against Open MPI 4 (CI's main build), the marks must be
+        // made: the machine runs the MPI whose start-up tolerates them.
+        if env!("RANKMESH_MPI_HEADER").starts_with("Open MPI 4.") {
+            assert!(
+                here.starts_with("Open MPI v4."),
+                "this machine's MPI: {here}"
+            );
+            assert!(marks_tolerated(here));
+        } else {
+            assert!(!marks_tolerated(here), "{here}");
+        }
         for other in [
             "Open MPI v5.0.11, package: Open MPI wheel",
             "MPICH Version:      4.0.2",

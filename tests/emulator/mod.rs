@@ -59,8 +59,11 @@ pub fn build(dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
     std::os::unix::fs::symlink("libcuda.so", dir.join("libcuda.so.1"))
         .map_err(|e| e.to_string())?;
+    // The emulated NCCL carries its calls over the MPI rankmesh was built
+    // against: the same compiler wrapper (MPICC, as build.rs takes it).
+    let mpicc = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
     let nccl = |flags: &[&str], out: PathBuf| {
-        run(Command::new("mpicc")
+        run(Command::new(&mpicc)
             .args(flags)
             .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC"])
             .args(header("RANKMESH_REAL_NCCL_H"))
@@ -838,7 +841,8 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
         move || {
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator/strict.c");
             let exe = emu.dir.join("strict");
-            let built = Command::new("mpicc")
+            let mpicc = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
+            let built = Command::new(mpicc)
                 .args(["-O1", "-Wall", "-o"])
                 .arg(&exe)
                 .arg(&src)
