@@ -23,14 +23,8 @@ if [[ -z "$mpi" ]]; then
     esac
 fi
 if [[ "$mpi" != openmpi ]]; then
-    args=()
-    while (($#)); do
-        case "$1" in
-            -np | -n) args+=(-n "$2"); shift 2 ;;
-            -x) if [[ "$2" == *=* ]]; then args+=(-env "${2%%=*}" "${2#*=}"); fi; shift 2 ;;
-            *) args+=("$1"); shift ;;
-        esac
-    done
+    source "$(dirname "$0")/hydra-args.sh"
+    hydra_args "$@"
     exec "$launcher" "${args[@]}"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -54,17 +54,8 @@ openmpi)
     exec "$launcher" --oversubscribe --bind-to "$bind" --mca btl_tcp_if_include lo "${local[@]}" "$@"
     ;;
 mpich | impi)
-    # Hydra passes the launcher's whole environment to every rank, so
-    # `-x VAR` needs nothing; `-x VAR=VALUE` is `-env VAR VALUE`, local to
-    # its part of an MPMD job, as Open MPI's is.
-    args=()
-    while (($#)); do
-        case "$1" in
-            -np | -n) args+=(-n "$2"); shift 2 ;;
-            -x) if [[ "$2" == *=* ]]; then args+=(-env "${2%%=*}" "${2#*=}"); fi; shift 2 ;;
-            *) args+=("$1"); shift ;;
-        esac
-    done
+    source "$(dirname "$0")/hydra-args.sh"
+    hydra_args "$@"
     if [[ "$mpi" == impi ]]; then
         # Intel MPI pins each rank to a core unless told otherwise.
         if [[ "$bind" == none ]]; then export I_MPI_PIN=0; else export I_MPI_PIN=1; fi
