@@ -6,7 +6,8 @@
 # the build links the MPI its headers came from; topo on 1-4 ranks and two
 # layouts; every host op validated at np 2 and 3; a mismatched call named on
 # every rank; a rank that never starts, named or said to be unnameable; the
-# watchdog naming a stopped rank; doctor; the self-checking workload; and a
+# build started by another MPI's launcher, refused; the watchdog naming a
+# stopped rank; doctor; the self-checking workload; and a
 # library of the other MPI family refused before MPI_Init. Exits non-zero at
 # the first failure.
 # Usage: scripts/mpi-smoke.sh MPI
@@ -85,6 +86,25 @@ RANKMESH_INIT_TIMEOUT=3 run -np 1 "$bin" topo : -np 1 sleep 20 > "$tmp/init" 2>&
 grep -q "start-up did not finish within 3.0 s (RANKMESH_INIT_TIMEOUT): waiting in MPI_Init; \(rank 1 (on [^)]*) has not started rankmesh\|the ranks that have not started cannot be named\)" "$tmp/init" \
     || fail "a rank that never starts is neither named nor said to be unnameable" "$tmp/init"
 ok "a rank that never starts: $(grep -o 'rank 1 (on [^)]*) has not started rankmesh\|cannot be named' "$tmp/init" | head -1)"
+
+# This build started by another MPI's launcher: every process would be a
+# world of one, running the job twice; each refuses instead.
+if [[ "$name" == openmpi5 ]]; then
+    other_launch=(mpiexec.mpich -n 2) says="a hydra launcher (MPICH, Intel MPI) started 2 processes"
+else
+    other_launch=(mpirun --oversubscribe -np 2) says="Open MPI's mpirun started 2 processes"
+fi
+if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 "${other_launch[@]}" "$bin" topo > "$tmp/cross" 2>&1; then
+    fail "another MPI's launcher ran the job as singletons" "$tmp/cross"
+fi
+if [ "$(grep -c "$says.*each started as a singleton" "$tmp/cross")" = 2 ]; then
+    ok "started by another MPI's launcher (${other_launch[0]}): refused by both processes"
+elif grep -q "MPI_Init_thread(.*) failed" "$tmp/cross"; then
+    # MPICH 5 sees the other launcher's PMIx and refuses in MPI_Init itself.
+    ok "started by another MPI's launcher (${other_launch[0]}): refused by the MPI library in MPI_Init"
+else
+    fail "the launcher mismatch is not named by both processes" "$tmp/cross"
+fi
 
 RANKMESH_TIMEOUT=3 run -np 2 "$bin" bench all_reduce -b 8 -e 8 -n 1000000000 -w 1 > "$tmp/stop" 2>&1 &
 job=$!

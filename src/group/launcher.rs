@@ -30,6 +30,7 @@ const CHECKS: &[(&str, &str, Field)] = &[
     ("MPICH/Hydra", "PMI_RANK", Field::Rank),
     ("MPICH/Hydra", "PMI_SIZE", Field::Size),
     ("MPICH/Hydra", "MPI_LOCALRANKID", Field::LocalRank),
+    ("MPICH/Hydra", "MPI_LOCALNRANKS", Field::LocalSize),
     ("torchrun", "RANK", Field::Rank),
     ("torchrun", "WORLD_SIZE", Field::Size),
     ("torchrun", "LOCAL_RANK", Field::LocalRank),
@@ -66,9 +67,12 @@ impl Field {
 
 /// Compares the launcher variables visible through `env` with MPI's view.
 ///
-/// Returns warnings for disagreements, or an error for the one disagreement
-/// that is certain to break the job: Slurm started N tasks but each one is a
-/// world of 1 (the PMI of `srun` and of the MPI library do not match).
+/// Returns warnings for disagreements, or an error for the disagreements
+/// that are certain to break the job: Slurm, or an MPI launcher, started N
+/// processes but each one is a world of 1 (the launcher's process manager
+/// is not the one of the MPI library that loaded: `srun` without the right
+/// `--mpi`, or one MPI's `mpirun` starting a program built against
+/// another).
 /// `allow_singleton`: [`Options::allow_singleton`](crate::Options::allow_singleton).
 pub fn check(
     env: &dyn Fn(&str) -> Option<String>,
@@ -111,6 +115,25 @@ pub fn check(
                 "Slurm: SLURM_NTASKS={n} disagrees with the MPI world size {}",
                 view.size
             ));
+        }
+    }
+    // One MPI's launcher starting a program of another MPI: every process
+    // initialises as a world of its own and would run the job N times.
+    for (launcher, var) in [
+        ("Open MPI's mpirun", "OMPI_COMM_WORLD_SIZE"),
+        ("a hydra launcher (MPICH, Intel MPI)", "PMI_SIZE"),
+    ] {
+        match number(var) {
+            Some(n) if n > 1 && view.size == 1 && !allow_singleton => {
+                return Err(Error::Launch(format!(
+                    "{launcher} started {n} processes ({var}={n}) but MPI reports a world of 1: each started as a singleton, so the launcher is not the one of the MPI library that loaded ({}). Start the program with the launcher of the MPI it was built against; set RANKMESH_ALLOW_SINGLETON=1 if this is intended",
+                    crate::mpi_abi::library_version()
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )))
+            }
+            _ => {}
         }
     }
     for (launcher, var, field) in CHECKS {
@@ -188,6 +211,36 @@ mod tests {
         assert!(e.contains("srun --mpi=pmix"), "{e}");
         let allocation = env_of(&[("SLURM_NTASKS", "4")]);
         assert_eq!(check(&allocation, &single, true).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn another_mpis_launcher_is_an_error() {
+        let single = MpiView {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+        };
+        for (var, who) in [
+            (
+                "OMPI_COMM_WORLD_SIZE",
+                "Open MPI's mpirun started 4 processes",
+            ),
+            (
+                "PMI_SIZE",
+                "a hydra launcher (MPICH, Intel MPI) started 4 processes",
+            ),
+        ] {
+            let e = check(&env_of(&[(var, "4")]), &single, false)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(who), "{e}");
+            assert!(e.contains("each started as a singleton"), "{e}");
+            assert!(check(&env_of(&[(var, "4")]), &single, true).is_ok());
+            assert!(check(&env_of(&[(var, "1")]), &single, false).is_ok());
+        }
+        // A real world of 4 with the launcher's 4 is fine.
+        assert!(check(&env_of(&[("PMI_SIZE", "4")]), &VIEW, false).is_ok());
     }
 
     #[test]
