@@ -28,17 +28,21 @@ launch() {  # MPI PROGRAM ARGS...: 2 ranks at the MPI's defaults (scripts/mpirun
     esac
     RANKMESH_MPIEXEC=$exe I_MPI_ROOT=$PWD/.cache/mpi/impi bash scripts/mpirun-bench.sh -np 2 "$@"
 }
+bin_of() {  # MPI: rankmesh built against it
+    if [[ "$1" == openmpi4 ]]; then echo target/release/rankmesh; else echo "target/mpi-$1/release/rankmesh"; fi
+}
 for mpi in "${mpis[@]}"; do
-    case "$mpi" in
-        openmpi4) bin=target/release/rankmesh; cargo build --release --bin rankmesh -q ;;
-        *) bin=target/mpi-$mpi/release/rankmesh
-           [[ -x "$bin" ]] || { echo "bench-mpis: $bin missing: run scripts/mpi-smoke.sh $mpi first" >&2; exit 1; } ;;
-    esac
+    bin=$(bin_of "$mpi")
+    if [[ "$mpi" == openmpi4 ]]; then
+        cargo build --release --bin rankmesh -q
+    elif [[ ! -x "$bin" ]]; then
+        echo "bench-mpis: $bin missing: run scripts/mpi-smoke.sh $mpi first" >&2
+        exit 1
+    fi
 done
 for run in $(seq "$runs"); do
     for mpi in "${mpis[@]}"; do
-        bin=target/mpi-$mpi/release/rankmesh
-        [[ "$mpi" == openmpi4 ]] && bin=target/release/rankmesh
+        bin=$(bin_of "$mpi")
         for op in all_reduce alltoall broadcast; do
             # all_to_all moves nothing per rank below 32 B on 2 ranks.
             small="-b 8 -e 8"

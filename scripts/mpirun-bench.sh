@@ -14,23 +14,16 @@
 # Usage: scripts/mpirun-bench.sh -np N PROGRAM [ARGS...]
 set -euo pipefail
 launcher=${RANKMESH_MPIEXEC:-mpirun}
-mpi=${RANKMESH_MPI:-}
-if [[ -z "$mpi" ]]; then
-    case "$("$launcher" --version 2>&1 | head -3)" in
-        *"Open MPI"*) mpi=openmpi ;;
-        *"Intel(R) MPI"* | *HYDRA* | *MPICH*) mpi=hydra ;;
-        *) echo "mpirun-bench: cannot tell which MPI $launcher is (set RANKMESH_MPI)" >&2; exit 2 ;;
-    esac
-fi
+source "$(dirname "$0")/launcher-lib.sh"
+launcher_kind "$launcher"
 if [[ "$mpi" != openmpi ]]; then
-    source "$(dirname "$0")/hydra-args.sh"
     hydra_args "$@"
     exec "$launcher" "${args[@]}"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 args=(--mca btl_tcp_if_include lo)
 shm=vader
-if "$launcher" --version 2>&1 | grep -q 'Open MPI) [0-4]\.'; then
+if ((ompi_4)); then
     args+=(--mca oob_tcp_if_include lo)
 else
     shm=sm  # Open MPI 5: vader is sm; PRRTE's out-of-band refuses loopback alone

@@ -16,16 +16,8 @@
 # Usage: scripts/mpirun-local.sh -np N PROGRAM [ARGS...] [: -np N PROGRAM ...]
 set -euo pipefail
 launcher=${RANKMESH_MPIEXEC:-mpirun}
-mpi=${RANKMESH_MPI:-}
-if [[ -z "$mpi" ]]; then
-    case "$("$launcher" --version 2>&1 | head -3)" in
-        *"Open MPI"*) mpi=openmpi ;;
-        *"Intel(R) MPI"*) mpi=impi ;;
-        *HYDRA* | *MPICH*) mpi=mpich ;;
-        *) echo "mpirun-local: cannot tell which MPI $launcher is (set RANKMESH_MPI=openmpi|mpich|impi)" >&2
-           exit 2 ;;
-    esac
-fi
+source "$(dirname "$0")/launcher-lib.sh"
+launcher_kind "$launcher"
 bind=${RANKMESH_MPIRUN_BIND:-none}
 
 case "$mpi" in
@@ -42,7 +34,7 @@ openmpi)
     find "$sessions" -mindepth 1 -maxdepth 1 -type d -empty -mmin +5 -delete 2>/dev/null || true
     base=$(mktemp -d "$sessions/job.XXXXXX")
     export OMPI_MCA_orte_tmpdir_base=$base PRTE_MCA_prte_tmpdir_base=$base
-    if "$launcher" --version 2>&1 | grep -q 'Open MPI) [0-4]\.'; then
+    if ((ompi_4)); then
         local=(--mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none
                --mca oob_tcp_if_include lo)
     else
@@ -54,7 +46,6 @@ openmpi)
     exec "$launcher" --oversubscribe --bind-to "$bind" --mca btl_tcp_if_include lo "${local[@]}" "$@"
     ;;
 mpich | impi)
-    source "$(dirname "$0")/hydra-args.sh"
     hydra_args "$@"
     if [[ "$mpi" == impi ]]; then
         # Intel MPI pins each rank to a core unless told otherwise.

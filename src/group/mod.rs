@@ -30,7 +30,7 @@ use crate::tensor::Tensor;
 use crate::watch::GroupWatch;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use state::{DeviceState, HostState, Subgroups};
+use state::{DeviceState, HostState};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -59,7 +59,8 @@ struct Inner<'rt> {
     admitted: Admitted,
     /// The group in the runtime's hang watchdog (holds its name).
     watch: GroupWatch,
-    subgroups: Subgroups<'rt>,
+    /// Sub-groups made for rank lists (by world ranks), reused by later calls.
+    subgroups: RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>,
 }
 
 /// Which side of a point-to-point call this rank is.

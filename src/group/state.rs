@@ -5,10 +5,10 @@
 //! exist; the NCCL communicators go before the MPI communicator their ids
 //! came over; the host executors' windows and sub-communicators go before
 //! the group's communicator; and every group goes before the `Runtime`
-//! that finalises MPI (the `'rt` borrow). tests/drop_order.rs drops them in
+//! that finalises MPI (the `'rt` borrow). An emulator trial of tests/gpu.rs
+//! (`drop_in_every_order`) drops groups, device results and the runtime in
 //! every order a program can write.
 
-use super::GroupCoordinator;
 use crate::agree::Deferred;
 use crate::exec::hier::Hier;
 use crate::exec::shm::ShmExec;
@@ -77,6 +77,3 @@ impl HostState {
         }
     }
 }
-
-/// Sub-groups made for rank lists (by world ranks), reused by later calls.
-pub(super) type Subgroups<'rt> = RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>;

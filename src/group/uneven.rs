@@ -4,11 +4,12 @@
 //! row moves (a sender's count against its receiver's expectation).
 
 use super::call::shaped_desc;
-use super::{GroupCoordinator, PlaneTensor};
+use super::{Collectives, GroupCoordinator, PlaneTensor};
 use crate::agree::Descriptor;
-use crate::error::{Error, Fault};
+use crate::error::{Error, Fault, Result};
 use crate::op::uneven::{all_gather_v_problem, all_gather_v_shape, all_to_all_v_problem, Links};
 use crate::op::{Args, Op};
+use crate::tensor::Tensor;
 
 /// The descriptor of an `all_to_all_v` (rows of the input's shape: the
 /// ranks' dim 0 differ), flagged when this rank's counts do not fit its
@@ -60,6 +61,31 @@ pub(crate) fn counts_found_here(e: Error, problem: &Option<String>) -> Error {
 }
 
 impl GroupCoordinator<'_> {
+    /// torch's `all_to_all_single(output_splits, input_splits)` before an
+    /// uneven exchange: every member's `send_counts[r]` reaches member `r`,
+    /// and the result holds what each member will send here, in group-rank
+    /// order: the `recv_counts` of
+    /// [`all_to_all_v`](crate::Collectives::all_to_all_v). Collective;
+    /// `send_counts` has one entry per member (on every member, or the
+    /// call is an error on every member).
+    pub fn exchange_counts(&self, send_counts: &[usize]) -> Result<Vec<usize>> {
+        let counts: Vec<u64> = send_counts.iter().map(|n| *n as u64).collect();
+        let sent = Tensor::from_vec([counts.len()], counts)?;
+        let got = self.all_to_all(&sent)?;
+        if send_counts.len() != self.size() {
+            return Err(Error::Usage {
+                what: "exchange_counts",
+                group: self.name().to_string(),
+                msg: format!(
+                    "send_counts has {} entries but the group has {} members",
+                    send_counts.len(),
+                    self.size()
+                ),
+            });
+        }
+        Ok(got.as_slice::<u64>()?.iter().map(|n| *n as usize).collect())
+    }
+
     /// Exchanges the counts of an `all_to_all_v` with every member through
     /// the group's host executor and judges each link by its two ends (see
     /// [`Links::judge`]): the device plane's first step, and the host's
@@ -76,33 +102,5 @@ impl GroupCoordinator<'_> {
             )?;
         }
         Ok(Links::judge(self.rank_in_group(), send, recv, &theirs))
-    }
-}
-
-impl GroupCoordinator<'_> {
-    /// torch's `all_to_all_single(output_splits, input_splits)` before an
-    /// uneven exchange: every member's `send_counts[r]` reaches member `r`,
-    /// and the result holds what each member will send here, in group-rank
-    /// order: the `recv_counts` of
-    /// [`all_to_all_v`](crate::Collectives::all_to_all_v). Collective;
-    /// `send_counts` has one entry per member (on every member, or the
-    /// call is an error on every member).
-    pub fn exchange_counts(&self, send_counts: &[usize]) -> crate::Result<Vec<usize>> {
-        use crate::Collectives;
-        let counts: Vec<u64> = send_counts.iter().map(|n| *n as u64).collect();
-        let sent = crate::Tensor::from_vec([counts.len()], counts)?;
-        let got = self.all_to_all(&sent)?;
-        if send_counts.len() != self.size() {
-            return Err(Error::Usage {
-                what: "exchange_counts",
-                group: self.name().to_string(),
-                msg: format!(
-                    "send_counts has {} entries but the group has {} members",
-                    send_counts.len(),
-                    self.size()
-                ),
-            });
-        }
-        Ok(got.as_slice::<u64>()?.iter().map(|n| *n as usize).collect())
     }
 }

@@ -254,22 +254,8 @@ impl MeshLayout {
     /// Rank `rank`'s coordinate along dimension `name`; an error names the
     /// dimensions there are.
     pub fn coord(&self, rank: usize, name: &str) -> Result<usize> {
-        self.coords(rank)
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, c)| c)
-            .ok_or_else(|| {
-                bad(format!(
-                    "no dimension {name:?}; the mesh has {}",
-                    self.names()
-                ))
-            })
-    }
-
-    /// The dimensions' names, for messages: `"pp", "dp", "tp"`.
-    fn names(&self) -> String {
-        let names: Vec<String> = self.dims.iter().map(|d| format!("{:?}", d.name)).collect();
-        names.join(", ")
+        let d = self.pick(&[name])?[0];
+        Ok((rank / d.stride) % d.size)
     }
 
     /// The dimensions named by `names`, checked: known, each once.

@@ -366,13 +366,16 @@ impl Tensor {
 
     /// Typed view of the elements; an error names both dtypes when `T` is wrong.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
-        T::view(&self.data).ok_or_else(|| {
-            Error::Tensor(format!(
-                "tensor holds {} but {} was requested",
-                self.dtype(),
-                T::DTYPE
-            ))
-        })
+        T::view(&self.data).ok_or_else(|| self.not_of::<T>())
+    }
+
+    /// The error of a typed view asked for as `T` of a tensor of another dtype.
+    fn not_of<T: Element>(&self) -> Error {
+        Error::Tensor(format!(
+            "tensor holds {} but {} was requested",
+            self.dtype(),
+            T::DTYPE
+        ))
     }
 
     /// Mutable typed view of the elements, written in place; an error names
@@ -380,10 +383,7 @@ impl Tensor {
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
         let held = self.dtype();
         if held != T::DTYPE {
-            return Err(Error::Tensor(format!(
-                "tensor holds {held} but {} was requested",
-                T::DTYPE
-            )));
+            return Err(self.not_of::<T>());
         }
         // The storage is a Vec of T's own dtype: same size and alignment.
         bytemuck::try_cast_slice_mut(self.bytes_mut()).map_err(|e| {

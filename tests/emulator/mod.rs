@@ -14,6 +14,12 @@ fn rankmesh_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_rankmesh"))
 }
 
+/// The compiler wrapper of the MPI rankmesh was built against (`MPICC`,
+/// as build.rs takes it): the emulated NCCL carries its calls over that MPI.
+fn mpicc() -> String {
+    std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into())
+}
+
 /// Builds libcuda.so(.1) and libnccl.so.2 from tests/emulator into `dir`.
 pub fn build(dir: &Path) -> Result<(), String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator");
@@ -59,11 +65,8 @@ pub fn build(dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
     std::os::unix::fs::symlink("libcuda.so", dir.join("libcuda.so.1"))
         .map_err(|e| e.to_string())?;
-    // The emulated NCCL carries its calls over the MPI rankmesh was built
-    // against: the same compiler wrapper (MPICC, as build.rs takes it).
-    let mpicc = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
     let nccl = |flags: &[&str], out: PathBuf| {
-        run(Command::new(&mpicc)
+        run(Command::new(mpicc())
             .args(flags)
             .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC"])
             .args(header("RANKMESH_REAL_NCCL_H"))
@@ -841,8 +844,7 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
         move || {
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulator/strict.c");
             let exe = emu.dir.join("strict");
-            let mpicc = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
-            let built = Command::new(mpicc)
+            let built = Command::new(mpicc())
                 .args(["-O1", "-Wall", "-o"])
                 .arg(&exe)
                 .arg(&src)

@@ -101,7 +101,7 @@ pub fn run(rt: &Runtime) {
     assert_eq!(short.coord("tp").unwrap(), me % tp);
     assert_eq!(
         short.coord("ep").unwrap_err().to_string(),
-        "invalid parallel layout: mesh: no dimension \"ep\"; the mesh has \"pp\", \"dp\", \"tp\""
+        "invalid parallel layout: mesh: no dimension \"ep\" (the mesh has pp, dp, tp)"
     );
     // Counts before an uneven exchange, as torch's all_to_all_single of splits.
     let world = short.group(&["pp", "dp", "tp"]).unwrap();
