@@ -240,17 +240,35 @@ for mode in strict deferred off; do
     verdict "$ok" "$name" "$fig"
 done
 name="all_reduce 64 MiB-$large through NCCL, algbw over raw ncclAllReduce (target ratio >= 0.98)"
-RANKMESH_NCCL_FOR_ONE=1 run "$name" "${mpi[@]}" -np 1 -x RANKMESH_NCCL_FOR_ONE \
-    "$bin" bench all_reduce -b 64M -e "$large" -f 4 -n 30 -w 5 -c 1 --backend nccl --baseline nccl
-if ((rc == 0)) && grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
-    fig=""; ok=1
+# Three rounds, as for the small sizes: one round of 30 calls at 64 MiB
+# (~35 us each on an H200) moved by 9% between runs of the same build.
+declare -A big
+big_failed=""
+for round in 1 2 3; do
+    RANKMESH_NCCL_FOR_ONE=1 run "$name, round $round" "${mpi[@]}" -np 1 -x RANKMESH_NCCL_FOR_ONE \
+        "$bin" bench all_reduce -b 64M -e "$large" -f 4 -n 30 -w 5 -c 1 --backend nccl --baseline nccl
+    if ((rc != 0)) || ! grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
+        big_failed="rc $rc: $(first_failure)"
+        break
+    fi
     while read -r _ size t _ raw _ ratio _; do
-        fig+="$((size >> 20)) MiB: $t us vs raw $raw us, ratio $ratio; "
-        awk -v r="$ratio" 'BEGIN { exit !(r >= 0.98) }' || ok=0
+        big[sizes]+="$size "
+        big[$size,t]+="$t "
+        big[$size,raw]+="$raw "
+        big[$size,ratio]+="$ratio "
     done < <(baseline_rows)
-    verdict "$ok" "$name" "$fig"
+done
+if [[ -z $big_failed ]]; then
+    fig=""; ok=1
+    for size in $(tr ' ' '\n' <<<"${big[sizes]}" | grep . | sort -gu); do
+        m() { tr ' ' '\n' <<<"${big[$size,$1]}" | grep . | median; }
+        ratio=$(m ratio)
+        fig+="$((size >> 20)) MiB: $(m t) us vs raw $(m raw) us, ratio $ratio; "
+        awk -v r="$ratio" 'BEGIN { exit !(r >= 0.98) }' || ok=0
+    done
+    verdict "$ok" "$name" "${fig}medians of 3 rounds"
 else
-    row "$name" fail "rc $rc: $(first_failure)"
+    row "$name" fail "$big_failed"
 fi
 for op in all_gather reduce_scatter broadcast alltoall all_to_all_4d; do
     name="$op through NCCL, bfloat16, 8 KiB-64 MiB, validated"
