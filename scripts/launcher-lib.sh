@@ -6,9 +6,14 @@
 # whose shared-memory transport is vader and whose out-of-band channel
 # takes loopback alone).
 launcher_kind() {
-    local launcher=$1 version
-    version=$("$launcher" --version 2>&1 | head -3)
+    local launcher=$1 version=""
     mpi=${RANKMESH_MPI:-}
+    # The whole answer, never piped through head: under pipefail the
+    # launcher's SIGPIPE (exit 141) ended the caller when head left first.
+    # A hydra launcher named by RANKMESH_MPI is not asked at all.
+    if [[ "$mpi" != mpich && "$mpi" != impi ]]; then
+        version=$("$launcher" --version 2>&1) || true
+    fi
     if [[ -z "$mpi" ]]; then
         case "$version" in
             *"Open MPI"*) mpi=openmpi ;;
