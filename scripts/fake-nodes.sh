@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs an Open MPI job over N fake hosts on this machine: every host's ranks
-# live in their own UTS namespace with their own host name, so Open MPI sees
-# N nodes (TCP between them, shared memory within one).
+# Runs an MPI job over N fake hosts on this machine: every host's ranks
+# live in their own UTS namespace with their own host name, so the MPI sees
+# N nodes (TCP between them, shared memory within one). The launcher is Open
+# MPI's mpirun, or hydra's mpiexec (MPICH, Intel MPI), chosen as in
+# scripts/mpirun-local.sh (RANKMESH_MPIEXEC, RANKMESH_MPI).
 # Usage: scripts/fake-nodes.sh NODES RANKS_PER_NODE PROGRAM [ARGS...]
 #        (RANKS_PER_NODE may be a comma list, one entry per node: 2,3)
 #
@@ -16,12 +18,19 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nodes="$1" per_node="$2"
 shift 2
+launcher=${RANKMESH_MPIEXEC:-mpirun}
+source "$here/launcher-lib.sh"
+launcher_kind "$launcher"
 hostfile="$(mktemp "${TMPDIR:-/tmp}/rankmesh-hosts.XXXXXX")"
 IFS=, read -r -a counts <<< "$per_node"
 total=0
 for ((i = 0; i < nodes; i++)); do
   n="${counts[$i]:-${counts[0]}}"
-  echo "rankmesh-node$i slots=$n" >> "$hostfile"
+  if [[ "$mpi" == openmpi ]]; then
+    echo "rankmesh-node$i slots=$n" >> "$hostfile"
+  else
+    echo "rankmesh-node$i:$n" >> "$hostfile"
+  fi
   total=$((total + n))
 done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -70,12 +79,25 @@ if [[ "${RANKMESH_FAKE_NET:-0}" == 1 ]]; then
     ip netns exec "rm$tag-n$slow" tc qdisc del dev eth0 root 2>/dev/null || true
     limit "$slow" "${RANKMESH_FAKE_SLOW#*:}"
   fi
-  iface="$subnet.0/24"
+  iface="$subnet.0/24" bridge_if=$bridge
 else
   trap cleanup EXIT
 fi
 # Not exec: the trap must remove the namespaces after the job.
-mpirun -np "$total" --hostfile "$hostfile" --bind-to none --oversubscribe \
+if [[ "$mpi" != openmpi ]]; then
+  # hydra: one proxy per fake host, started through the agent as ssh
+  # would be; the proxies call back on the loopback or the bridge.
+  hydra_args "$@"
+  [[ "$mpi" == impi ]] && export I_MPI_PIN=0
+  # UCX (Debian's MPICH is ch4:ucx) sees one machine under the fake hosts
+  # and would carry their traffic through shared memory: with their own
+  # network, it goes over their links, as between real nodes.
+  [[ -n "${bridge_if:-}" ]] && export UCX_TLS=${UCX_TLS:-self,tcp}
+  "$launcher" -f "$hostfile" -launcher ssh -launcher-exec "$here/fake-node-agent.sh" \
+    -iface "${bridge_if:-lo}" -n "$total" "${args[@]}"
+  exit
+fi
+"$launcher" -np "$total" --hostfile "$hostfile" --bind-to none --oversubscribe \
   --mca plm_rsh_agent "$here/fake-node-agent.sh" \
   --mca btl self,vader,tcp --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
   --mca btl_vader_single_copy_mechanism none \

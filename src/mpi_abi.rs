@@ -43,6 +43,15 @@ fn header_family(built_for: &str) -> Option<Family> {
     }
 }
 
+/// Slurm's `srun --mpi=` plugin for this build: PMI-2 for the MPICH
+/// family (its PMI client speaks PMI-1/2), PMIx otherwise.
+pub(crate) fn srun_mpi() -> &'static str {
+    match header_family(BUILT_FOR) {
+        Some(Family::Mpich) => "pmi2",
+        _ => "pmix",
+    }
+}
+
 /// The family of the library whose version line is `version`.
 pub(crate) fn library_family(version: &str) -> Option<Family> {
     let v = version.to_ascii_lowercase();

@@ -163,7 +163,8 @@ fn slurm_tasks_started_as_singletons_are_an_error() {
         "{}",
         job.describe()
     );
-    assert!(job.stderr.contains("srun --mpi=pmix"), "{}", job.describe());
+    let srun = format!("srun --mpi={}", support::srun_mpi());
+    assert!(job.stderr.contains(&srun), "{}", job.describe());
 }
 
 #[test]

@@ -62,25 +62,24 @@ fn worker() {
     }
     let rt = Runtime::init().unwrap();
     let world = rt.world_group().unwrap();
-    // MPI's own TCP listeners bind 0.0.0.0; rankmesh's service binds the
-    // job's addresses only, one port on each.
+    // The service's addresses, as the runtime reports them, are this
+    // process's listeners: one port on the job's addresses, none on 0.0.0.0
+    // (MPI's own listeners are the MPI's business: Open MPI binds 0.0.0.0,
+    // UCX a port per interface).
     let all = own_listeners();
-    let mine: Vec<SocketAddrV4> = all
-        .iter()
-        .filter(|a| !a.ip().is_unspecified())
-        .copied()
-        .collect();
+    let mine = rt.status_service();
     assert!(
         !mine.is_empty(),
-        "rank {}: no status service among {all:?}",
+        "rank {}: no status service (listeners: {all:?})",
         rt.rank()
     );
     assert!(
-        mine.iter().all(|a| a.port() == mine[0].port())
+        mine.iter()
+            .all(|a| !a.ip().is_unspecified() && a.port() == mine[0].port() && all.contains(a))
             && !all
                 .iter()
                 .any(|a| a.ip().is_unspecified() && a.port() == mine[0].port()),
-        "rank {}: the service is on one port, never on 0.0.0.0: {all:?}",
+        "rank {}: the service {mine:?} is on one port, never on 0.0.0.0: {all:?}",
         rt.rank()
     );
     for at in &mine {

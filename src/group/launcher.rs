@@ -82,7 +82,8 @@ pub fn check(
     let number = |k: &str| env(k).and_then(|v| v.trim().parse::<usize>().ok());
     let fix = |n: usize| {
         format!(
-            "Launch with `srun --mpi=pmix` (see `srun --mpi=list`), or run `mpirun -np {n}` inside the allocation"
+            "Launch with `srun --mpi={}` (see `srun --mpi=list`), or run `mpirun -np {n}` inside the allocation",
+            crate::mpi_abi::srun_mpi()
         )
     };
     let mut warnings = Vec::new();
@@ -208,7 +209,8 @@ mod tests {
             e.contains("SLURM_NTASKS=4 but MPI reports a world of 1"),
             "{e}"
         );
-        assert!(e.contains("srun --mpi=pmix"), "{e}");
+        let srun = format!("srun --mpi={}", crate::mpi_abi::srun_mpi());
+        assert!(e.contains(&srun), "{e}");
         let allocation = env_of(&[("SLURM_NTASKS", "4")]);
         assert_eq!(check(&allocation, &single, true).unwrap().len(), 1);
     }

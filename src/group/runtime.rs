@@ -543,6 +543,13 @@ impl Runtime {
         self.placement.as_ref()
     }
 
+    /// Where this rank's status service listens (the job's addresses, one
+    /// port; empty when it did not start): what a firewall rule or an audit
+    /// of the node's open ports needs. It answers only the job's members.
+    pub fn status_service(&self) -> Vec<std::net::SocketAddrV4> {
+        self.watchdog().service_addrs()
+    }
+
     /// Launcher disagreements found at start-up (also logged).
     pub fn warnings(&self) -> &[String] {
         &self.warnings

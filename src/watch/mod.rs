@@ -147,6 +147,19 @@ impl Watchdog {
         }
     }
 
+    /// Where this rank's status service listens (empty when it did not start).
+    pub fn service_addrs(&self) -> Vec<SocketAddrV4> {
+        self.service
+            .as_ref()
+            .map(|svc| {
+                svc.addrs()
+                    .iter()
+                    .map(|ip| SocketAddrV4::new(*ip, svc.port()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Registers a group (name and world ranks of its members) until the
     /// returned handle is dropped.
     pub fn register(&self, name: Arc<str>, members: &[usize]) -> GroupWatch {

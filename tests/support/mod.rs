@@ -9,6 +9,22 @@ use std::process::{Command, Output};
 /// Seconds after which a job is killed: a hang fails the test instead of the run.
 pub const JOB_TIMEOUT_S: u32 = 180;
 
+/// Whether this build's MPI is Open MPI (else the MPICH family: MPICH,
+/// Intel MPI, Cray MPICH), from the header build.rs compiled against.
+pub fn open_mpi_build() -> bool {
+    env!("RANKMESH_MPI_HEADER").starts_with("Open MPI")
+}
+
+/// `srun --mpi=` for this build: PMIx for Open MPI, PMI-2 for the MPICH
+/// family (whose PMI client speaks PMI-1/2, not PMIx).
+pub fn srun_mpi() -> &'static str {
+    if open_mpi_build() {
+        "pmix"
+    } else {
+        "pmi2"
+    }
+}
+
 /// A finished job.
 pub struct Job {
     pub code: Option<i32>,
