@@ -163,10 +163,9 @@ fn worker() {
             let mut d = Descriptor::new(Op::BroadcastObject, &[1, type_digest::<Vec<u8>>()]);
             d.len = 1 << 40;
             let comm = g.communicator();
-            let key = d.digest();
             let mut max = [0u64; 5];
             comm.all_reduce_into(
-                &[key, !key, 0, d.len, !d.len][..],
+                &d.agreement_record(d.digest(), 1)[..],
                 &mut max[..],
                 mpi::collective::SystemOperation::max(),
             );

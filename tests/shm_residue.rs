@@ -101,8 +101,12 @@ fn expect_aborted_and_clean(job: &support::Job, before: &BTreeSet<String>) {
         "the job must fail when a rank aborts: {}",
         job.describe()
     );
+    // The launcher names the signal: Open MPI's mpirun on stderr, hydra on
+    // stdout ("Aborted (signal 6)").
     assert!(
-        job.stderr.contains("signal 6") || job.stderr.contains("Aborted"),
+        job.stderr.contains("signal 6")
+            || job.stderr.contains("Aborted")
+            || job.stdout.contains("Aborted (signal 6)"),
         "{}",
         job.describe()
     );

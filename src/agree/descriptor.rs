@@ -16,6 +16,11 @@ use crate::tensor::Tensor;
 use bytemuck::{Pod, Zeroable};
 use std::cell::RefCell;
 
+/// The bits an all-reduced agreement word uses: 63. MPICH 4.0.2 (Debian,
+/// ch4:ucx) reduces `MPI_UINT64_T` and `MPI_UNSIGNED_LONG` with `MPI_MAX`
+/// as signed (max(0xFFFFFEFF…, 0) came back 0), so a word with its top bit
+/// set would lose to 0 there; below 2^63 both readings give one maximum.
+pub const RECORD_BITS: u64 = u64::MAX >> 1;
 /// Most tensor dimensions a descriptor carries.
 pub const MAX_DIMS: usize = 16;
 
@@ -362,13 +367,14 @@ impl Descriptor {
 
     /// What this rank (group rank `me`) adds to the agreement's maximum
     /// to announce a [length source](Self::length_source)'s `len`: the
-    /// source `[len, !len]`, every other rank `[0, 0]`. The maximum is
-    /// `[len, !len]` exactly when no rank added more; a rank that adds to
-    /// either word breaks the pair, as raising one would need lowering the
-    /// other, so a lying peer cannot change the length the others see.
+    /// source `[len, !len]` (in 63 bits: [`RECORD_BITS`]), every other
+    /// rank `[0, 0]`. The maximum is the source's pair exactly when no rank
+    /// added more; a rank that adds to either word breaks the pair, as
+    /// raising one would need lowering the other, so a lying peer cannot
+    /// change the length the others see.
     pub fn announcement(&self, me: usize) -> [u64; 2] {
         match self.length_source() {
-            Some(src) if src == me => [self.len, !self.len],
+            Some(src) if src == me => [self.len, !self.len & RECORD_BITS],
             _ => [0, 0],
         }
     }
@@ -377,7 +383,28 @@ impl Descriptor {
     /// the source has, from their elementwise maximum; `None` if a rank
     /// added anything but its part.
     pub fn announced(max: [u64; 2]) -> Option<u64> {
-        (max[1] == !max[0]).then_some(max[0])
+        (max[1] == !max[0] & RECORD_BITS).then_some(max[0])
+    }
+
+    /// What this rank adds to the all-reduce (max) that opens a call on the
+    /// MPI executor: `[key, !key, problem, announcement]`, every word below
+    /// 2^63 ([`RECORD_BITS`]). `key` is [`Admitted::admit`]'s digest.
+    pub fn agreement_record(&self, key: u64, me: usize) -> [u64; 5] {
+        let [len, not_len] = self.announcement(me);
+        [
+            key & RECORD_BITS,
+            !key & RECORD_BITS,
+            u64::from(self.local_problem()),
+            len,
+            not_len,
+        ]
+    }
+
+    /// Whether the elementwise maximum of every rank's
+    /// [record](Self::agreement_record) says they all passed the call of
+    /// `key` with a usable output.
+    pub fn record_agrees(max: &[u64; 5], key: u64) -> bool {
+        max[..3] == [key & RECORD_BITS, !key & RECORD_BITS, 0]
     }
 
     /// Whether every rank must see every descriptor (variable-length objects).
@@ -773,6 +800,59 @@ mod tests {
         stray.dims[MAX_DIMS - 1] = 9;
         assert_eq!(stray.digest(), base.digest());
         assert_eq!(agree(&[base, stray], 1, &ok), Ok(()));
+    }
+
+    /// The opening all-reduce's maximum is the same whether the MPI reads
+    /// the words as unsigned (Open MPI) or signed (MPICH 4.0.2's MPI_MAX of
+    /// MPI_UINT64_T): the call agrees, and the source's length is announced,
+    /// in both readings; a changed key or a forged length is caught in both.
+    #[test]
+    fn the_agreement_record_has_one_maximum_signed_or_unsigned() {
+        let max_of = |records: &[[u64; 5]], signed: bool| -> [u64; 5] {
+            let mut m = [0u64; 5];
+            for r in records {
+                for (w, v) in m.iter_mut().zip(r) {
+                    let bigger = if signed {
+                        (*v as i64) > (*w as i64)
+                    } else {
+                        v > w
+                    };
+                    if bigger {
+                        *w = *v;
+                    }
+                }
+            }
+            m
+        };
+        let mut src = Descriptor::new(Op::BroadcastObject, &[1, 7]);
+        src.len = 1 << 40;
+        let other = Descriptor::new(Op::BroadcastObject, &[1, 7]);
+        for key in [0u64, 1, 0x866d_b2d0_bcd1_bd52, u64::MAX, 1 << 63] {
+            let records = [other.agreement_record(key, 0), src.agreement_record(key, 1)];
+            for signed in [false, true] {
+                let max = max_of(&records, signed);
+                assert!(
+                    Descriptor::record_agrees(&max, key),
+                    "{key:x} signed {signed}"
+                );
+                assert_eq!(Descriptor::announced([max[3], max[4]]), Some(1 << 40));
+                assert!(!Descriptor::record_agrees(&max, key ^ 2), "{key:x}");
+            }
+            let differs = [
+                other.agreement_record(key, 0),
+                src.agreement_record(key ^ 4, 1),
+            ];
+            for signed in [false, true] {
+                assert!(!Descriptor::record_agrees(&max_of(&differs, signed), key));
+            }
+            // A peer that adds to the length's word breaks the pair.
+            let mut lying = other.agreement_record(key, 0);
+            lying[3] = 1 << 41;
+            for signed in [false, true] {
+                let max = max_of(&[lying, src.agreement_record(key, 1)], signed);
+                assert_eq!(Descriptor::announced([max[3], max[4]]), None);
+            }
+        }
     }
 
     #[test]

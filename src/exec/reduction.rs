@@ -135,13 +135,18 @@ macro_rules! div_n {
 }
 div_n!(f32, f64, i8, u8, i16, u16, i32, u32, i64, u64);
 
-/// Element-wise wrapping reductions of 8- and 16-bit integers. Open MPI
-/// 4.1's AVX kernels saturate 8-bit `MPI_SUM`/`MPI_PROD` on long vectors
-/// while its scalar tail wraps, so a sum could depend on the buffer length;
-/// these user operations wrap everywhere, as C, NCCL and Rust's
-/// `wrapping_*` do (16-bit too, so no width depends on the MPI build).
-macro_rules! wrapping_op {
-    ($name:ident, $t:ty, $method:ident) => {
+/// rankmesh's own element-wise reductions where MPI builds differ:
+/// - 8- and 16-bit integer sums and products wrap. Open MPI 4.1's AVX
+///   kernels saturate 8-bit `MPI_SUM`/`MPI_PROD` on long vectors while its
+///   scalar tail wraps, so a sum could depend on the buffer length; these
+///   wrap everywhere, as C, NCCL and Rust's `wrapping_*` do (16-bit too, so
+///   no width depends on the MPI build).
+/// - Unsigned maxima and minima compare unsigned. Debian's MPICH 4.0.2
+///   (ch4:ucx) reduces every unsigned type with `MPI_MAX`/`MPI_MIN` as
+///   signed: max(0xF0, 0) of `MPI_UINT8_T` came back 0, and so for 16, 32
+///   and 64 bits (MPICH 5, Intel MPI and Open MPI 4 and 5 compare right).
+macro_rules! own_op {
+    ($name:ident, $t:ty, $combine:expr) => {
         unsafe extern "C" fn $name(
             invec: *mut c_void,
             inoutvec: *mut c_void,
@@ -149,7 +154,7 @@ macro_rules! wrapping_op {
             _datatype: *mut mpi::ffi::MPI_Datatype,
         ) {
             // SAFETY: MPI passes two buffers of `*len` elements of the type the
-            // operation was used with (only ever `$t`, see `wrapping_8bit_op`).
+            // operation was used with (only ever `$t`, see `own_op`).
             let (a, b) = unsafe {
                 let n = *len as usize;
                 (
@@ -157,23 +162,33 @@ macro_rules! wrapping_op {
                     std::slice::from_raw_parts_mut(inoutvec as *mut $t, n),
                 )
             };
+            let combine: fn($t, $t) -> $t = $combine;
             for (x, y) in a.iter().zip(b) {
-                *y = y.$method(*x);
+                *y = combine(*y, *x);
             }
         }
     };
 }
-wrapping_op!(add_i8, i8, wrapping_add);
-wrapping_op!(add_u8, u8, wrapping_add);
-wrapping_op!(mul_i8, i8, wrapping_mul);
-wrapping_op!(mul_u8, u8, wrapping_mul);
-wrapping_op!(add_i16, i16, wrapping_add);
-wrapping_op!(add_u16, u16, wrapping_add);
-wrapping_op!(mul_i16, i16, wrapping_mul);
-wrapping_op!(mul_u16, u16, wrapping_mul);
+own_op!(add_i8, i8, i8::wrapping_add);
+own_op!(add_u8, u8, u8::wrapping_add);
+own_op!(mul_i8, i8, i8::wrapping_mul);
+own_op!(mul_u8, u8, u8::wrapping_mul);
+own_op!(add_i16, i16, i16::wrapping_add);
+own_op!(add_u16, u16, u16::wrapping_add);
+own_op!(mul_i16, i16, i16::wrapping_mul);
+own_op!(mul_u16, u16, u16::wrapping_mul);
+own_op!(max_u8, u8, Ord::max);
+own_op!(min_u8, u8, Ord::min);
+own_op!(max_u16, u16, Ord::max);
+own_op!(min_u16, u16, Ord::min);
+own_op!(max_u32, u32, Ord::max);
+own_op!(min_u32, u32, Ord::min);
+own_op!(max_u64, u64, Ord::max);
+own_op!(min_u64, u64, Ord::min);
 
-/// The wrapping operation replacing MPI's for 8- and 16-bit sums and products.
-fn wrapping_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
+/// The operation of rankmesh's own (see [`own_op`]) replacing MPI's for
+/// `data` and `op`, if any.
+fn own_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
     let f: mpi::collective::UnsafeUserFunction = match (data, op) {
         (HostData::I8(_), ReduceOp::Sum | ReduceOp::Avg) => add_i8,
         (HostData::U8(_), ReduceOp::Sum | ReduceOp::Avg) => add_u8,
@@ -183,6 +198,14 @@ fn wrapping_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
         (HostData::U16(_), ReduceOp::Sum | ReduceOp::Avg) => add_u16,
         (HostData::I16(_), ReduceOp::Prod) => mul_i16,
         (HostData::U16(_), ReduceOp::Prod) => mul_u16,
+        (HostData::U8(_), ReduceOp::Max) => max_u8,
+        (HostData::U8(_), ReduceOp::Min) => min_u8,
+        (HostData::U16(_), ReduceOp::Max) => max_u16,
+        (HostData::U16(_), ReduceOp::Min) => min_u16,
+        (HostData::U32(_), ReduceOp::Max) => max_u32,
+        (HostData::U32(_), ReduceOp::Min) => min_u32,
+        (HostData::U64(_), ReduceOp::Max) => max_u64,
+        (HostData::U64(_), ReduceOp::Min) => min_u64,
         _ => return None,
     };
     // SAFETY: each function is only used with buffers of its own element type.
@@ -212,10 +235,10 @@ pub(crate) fn reduce_into(
         ReduceOp::Min => SystemOperation::min(),
         ReduceOp::Max => SystemOperation::max(),
     };
-    let wrapping = wrapping_op(input, op);
+    let own = own_op(input, op);
     macro_rules! native {
         ($i:expr, $o:expr) => {{
-            match &wrapping {
+            match &own {
                 Some(user_op) => reducer.run($i.as_slice(), $o.as_mut_slice(), user_op),
                 None => reducer.run($i.as_slice(), $o.as_mut_slice(), &sys),
             }

@@ -114,13 +114,12 @@ impl<'rt> GroupCoordinator<'rt> {
         // rank takes that branch together.
         let me = self.rank_in_group();
         let (key, verdict) = self.inner.admitted.admit(desc, &check);
-        let [len, not_len] = desc.announcement(me);
-        let mine = [key, !key, u64::from(desc.local_problem()), len, not_len];
+        let mine = desc.agreement_record(key, me);
         let mut max = [0u64; 5];
         self.inner
             .comm
             .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
-        if max[..3] == [key, !key, 0] {
+        if Descriptor::record_agrees(&max, key) {
             if !desc.needs_all() {
                 // Identical everywhere: the op's own check gives every rank the same verdict.
                 return self.on_verdict(op, verdict, desc, body);

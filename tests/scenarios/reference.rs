@@ -7,19 +7,27 @@ use rankmesh::{DType, GroupCoordinator, ReduceOp, Tensor};
 
 /// Deterministic input of `rank`: small integers, exact in every dtype,
 /// whose sums and products stay in range for 4 ranks (bools: their truth
-/// values, 0 or 1).
+/// values, 0 or 1). Unsigned maxima and minima take values on both sides of
+/// the top bit (7/16 to 15/16 of the type's range), where an MPI that
+/// compares them as signed gets them wrong (Debian's MPICH 4.0.2 did).
 pub fn values(rank: usize, n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
-    let signed = !matches!(dtype, DType::U8 | DType::U16 | DType::U32 | DType::U64);
+    let unsigned_bits = match dtype {
+        DType::U8 => Some(8),
+        DType::U16 => Some(16),
+        DType::U32 => Some(32),
+        DType::U64 => Some(64),
+        _ => None,
+    };
     (0..n)
         .map(|i| {
             let v = if op == ReduceOp::Prod {
                 ((rank + i) % 2 + 1) as f64
             } else {
                 let v = ((rank * 7 + i * 3) % 9) as f64;
-                if signed {
-                    v - 4.0
-                } else {
-                    v
+                match (unsigned_bits, op) {
+                    (Some(bits), ReduceOp::Max | ReduceOp::Min) => (v + 7.0) * 2f64.powi(bits - 4),
+                    (Some(_), _) => v,
+                    (None, _) => v - 4.0,
                 }
             };
             if dtype == DType::Bool {
