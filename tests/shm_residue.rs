@@ -102,11 +102,12 @@ fn expect_aborted_and_clean(job: &support::Job, before: &BTreeSet<String>) {
         job.describe()
     );
     // The launcher names the signal: Open MPI's mpirun on stderr, hydra on
-    // stdout ("Aborted (signal 6)").
+    // stdout (the aborted process's "EXIT CODE: 6", then the signal that
+    // ended the last one).
     assert!(
         job.stderr.contains("signal 6")
             || job.stderr.contains("Aborted")
-            || job.stdout.contains("Aborted (signal 6)"),
+            || job.stdout.contains("=   EXIT CODE: 6\n"),
         "{}",
         job.describe()
     );

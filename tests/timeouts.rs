@@ -220,8 +220,11 @@ fn startup_worker() {
     let Ok(mode) = std::env::var(STARTUP) else {
         return;
     };
-    let me: usize = std::env::var("OMPI_COMM_WORLD_RANK")
-        .unwrap()
+    // The launcher's rank: Open MPI's, or hydra's (MPICH, Intel MPI).
+    let me: usize = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .expect("a launcher's rank variable")
         .parse()
         .unwrap();
     let absent: usize = std::env::var(ABSENT).unwrap().parse().unwrap();

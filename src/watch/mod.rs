@@ -10,6 +10,7 @@
 //! few atomics; the watchdog thread never calls MPI except to abort.
 
 mod arrival;
+mod node_marks;
 mod board;
 pub(crate) mod clock;
 mod recorder;
@@ -32,6 +33,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// How long a rank that ends the job waits after its report, for the
+/// launcher to forward it.
+const ABORT_GRACE: Duration = Duration::from_millis(300);
 
 /// Exit code of a job the watchdog ends (`MPI_Abort`): `EX_TEMPFAIL` of
 /// sysexits.h, apart from `timeout(1)`'s 124 so the two can be told apart.
@@ -534,6 +539,11 @@ fn end_job(s: &Shared, msg: &str, record_too: bool, code: i32) -> ! {
 
 /// Asks the launcher to end the whole job with `code` (`MPI_Abort`).
 fn abort_job(code: i32) -> ! {
+    // hydra's proxy on another node ends with the job and drops the output
+    // it has not forwarded yet (the whole report was lost under MPICH on
+    // fake nodes); a moment lets the lines already written reach the
+    // launcher. Only a job that is ending pays it.
+    std::thread::sleep(ABORT_GRACE);
     // SAFETY: MPI is initialised (the Runtime owns the watchdog's threads
     // and stops them before finalising, or, after `leaving`, the main thread
     // waits in finalisation); MPI_Abort only asks the launcher to end the job.

@@ -9,10 +9,13 @@
 //! A thread started before `MPI_Init` waits for start-up to finish; when the
 //! deadline passes first, it names the step, asks the launcher's registry
 //! ([`arrival`](super::arrival)) which ranks never arrived and where the
-//! launcher placed them, prints that, and ends the job: `MPI_Abort` once MPI
-//! is up, a plain exit before (the launcher then ends the job).
+//! launcher placed them (under hydra, this node's marks:
+//! [`node_marks`](super::node_marks)), prints that, and ends the job:
+//! `MPI_Abort` once MPI is up, a plain exit before (the launcher then ends
+//! the job).
 
 use super::arrival::Registry;
+use super::node_marks::NodeMarks;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -43,17 +46,20 @@ pub(crate) struct StartupWatch {
 
 /// This rank's identity before MPI can tell it: the registry's, or the
 /// launcher's environment.
-fn launcher_rank(registry: Option<&Registry>) -> Option<usize> {
-    registry.map(Registry::rank).or_else(|| {
-        [
-            "OMPI_COMM_WORLD_RANK",
-            "PMIX_RANK",
-            "PMI_RANK",
-            "SLURM_PROCID",
-        ]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
-    })
+fn launcher_rank(registry: Option<&Registry>, marks: Option<&NodeMarks>) -> Option<usize> {
+    registry
+        .map(Registry::rank)
+        .or(marks.map(NodeMarks::rank))
+        .or_else(|| {
+            [
+                "OMPI_COMM_WORLD_RANK",
+                "PMIX_RANK",
+                "PMI_RANK",
+                "SLURM_PROCID",
+            ]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+        })
 }
 
 /// The job's size as the launcher's environment says (the registry's own
@@ -95,9 +101,10 @@ impl StartupWatch {
             let host = host_name();
             // The mark goes in before MPI_Init, which waits for every rank.
             let registry = Registry::arrive(&host);
+            let marks = registry.is_none().then(NodeMarks::arrive).flatten();
             std::thread::Builder::new()
                 .name("rankmesh-startup".into())
-                .spawn(move || watch(&shared, limit, &host, registry))
+                .spawn(move || watch(&shared, limit, &host, registry, marks))
                 .expect("spawning the start-up watch")
         });
         StartupWatch { shared, thread }
@@ -138,6 +145,7 @@ fn watch(
     limit: Duration,
     host: &str,
     registry: Option<Registry>,
+    mut marks: Option<NodeMarks>,
 ) {
     let deadline = Instant::now() + limit;
     let (lock, cv) = shared;
@@ -147,9 +155,11 @@ fn watch(
         if left.is_zero() {
             let (step, mpi_up) = (s.step, s.mpi_up);
             drop(s);
-            let line = report(limit, step, host, registry.as_ref());
+            let line = report(limit, step, host, registry.as_ref(), marks.as_ref());
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             std::thread::sleep(LINGER);
+            // Neither exit below runs destructors.
+            drop(marks.take());
             if mpi_up {
                 // SAFETY: MPI is initialised; MPI_Abort only asks the
                 // launcher to end the job (as the watchdog does).
@@ -170,24 +180,31 @@ fn watch(
 }
 
 /// The message of a rank whose start-up ran out of time in `step`.
-fn report(limit: Duration, step: &str, host: &str, registry: Option<&Registry>) -> String {
-    let me = launcher_rank(registry).map_or("?".to_string(), |r| r.to_string());
+fn report(
+    limit: Duration,
+    step: &str,
+    host: &str,
+    registry: Option<&Registry>,
+    marks: Option<&NodeMarks>,
+) -> String {
+    let me = launcher_rank(registry, marks).map_or("?".to_string(), |r| r.to_string());
     let head = format!(
         "rankmesh: rank {me} on {host}: start-up did not finish within {:.1} s (RANKMESH_INIT_TIMEOUT): waiting in {step}",
         limit.as_secs_f64()
     );
-    let tail = match registry {
-        None => "; the ranks that have not started cannot be named here (rankmesh asks the launcher's PMIx registry under Open MPI 4's mpirun and srun --mpi=pmix; a rank that has not started rankmesh holds up every other)".to_string(),
-        Some(reg) => {
+    let tail = match (registry, marks) {
+        (Some(reg), _) => {
             let absent = reg.absent(launcher_size(), ASK_EACH, ASK_ALL);
             name_absent(&absent.ranks, absent.unasked)
         }
+        (None, Some(marks)) => marks.report(host),
+        (None, None) => "; the ranks that have not started cannot be named here (rankmesh asks the launcher's PMIx registry under Open MPI 4's mpirun and srun --mpi=pmix, and marks arrivals on each node under hydra's mpiexec; a rank that has not started rankmesh holds up every other)".to_string(),
     };
     format!("{head}{tail}; ending the job\n")
 }
 
 /// `; rank 3 (on n1) has not started rankmesh` and the like.
-fn name_absent(ranks: &[(usize, Option<String>)], unasked: usize) -> String {
+pub(super) fn name_absent(ranks: &[(usize, Option<String>)], unasked: usize) -> String {
     let named: Vec<String> = ranks
         .iter()
         .take(NAMED)
