@@ -258,10 +258,11 @@ for round in 1 2 3; do
         big[$size,ratio]+="$ratio "
     done < <(baseline_rows)
 done
+# `m FIELD`: the median of the rounds' FIELD at $size.
+m() { tr ' ' '\n' <<<"${big[$size,$1]}" | grep . | median; }
 if [[ -z $big_failed ]]; then
     fig=""; ok=1
     for size in $(tr ' ' '\n' <<<"${big[sizes]}" | grep . | sort -gu); do
-        m() { tr ' ' '\n' <<<"${big[$size,$1]}" | grep . | median; }
         ratio=$(m ratio)
         fig+="$((size >> 20)) MiB: $(m t) us vs raw $(m raw) us, ratio $ratio; "
         awk -v r="$ratio" 'BEGIN { exit !(r >= 0.98) }' || ok=0

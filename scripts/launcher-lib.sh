@@ -1,5 +1,6 @@
-# Sourced by scripts/mpirun-local.sh and mpirun-bench.sh: which MPI a
-# launcher is, and Open MPI's spelling of a job's arguments in hydra's.
+# Sourced by scripts/mpirun-local.sh, mpirun-bench.sh and fake-nodes.sh:
+# which MPI a launcher is, and Open MPI's spelling of a job's arguments in
+# hydra's.
 
 # Sets `mpi` (openmpi | mpich | impi: RANKMESH_MPI, else asked of the
 # launcher's --version once) and `ompi_4` (1 for Open MPI 4 or older,

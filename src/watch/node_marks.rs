@@ -94,7 +94,8 @@ fn prune(dir: &Path) {
     }
 }
 
-fn env_number(key: &str) -> Option<usize> {
+/// A launcher's number in the environment (`PMI_RANK=3`).
+pub(super) fn env_number(key: &str) -> Option<usize> {
     std::env::var(key).ok()?.trim().parse().ok()
 }
 

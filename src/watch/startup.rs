@@ -15,7 +15,7 @@
 //! the job).
 
 use super::arrival::Registry;
-use super::node_marks::NodeMarks;
+use super::node_marks::{env_number, NodeMarks};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -57,8 +57,8 @@ fn launcher_rank(registry: Option<&Registry>, marks: Option<&NodeMarks>) -> Opti
                 "PMI_RANK",
                 "SLURM_PROCID",
             ]
-            .iter()
-            .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+            .into_iter()
+            .find_map(env_number)
         })
 }
 
@@ -66,8 +66,8 @@ fn launcher_rank(registry: Option<&Registry>, marks: Option<&NodeMarks>) -> Opti
 /// answer wins where it has one).
 fn launcher_size() -> usize {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+        .into_iter()
+        .find_map(env_number)
         .unwrap_or(1)
 }
 
