@@ -82,6 +82,17 @@ fn worker() {
         "rank {}: the service {mine:?} is on one port, never on 0.0.0.0: {all:?}",
         rt.rank()
     );
+    // Open MPI's own listeners all bind 0.0.0.0, so there every listener on
+    // a specific address is the service's: rankmesh opens no other.
+    if support::open_mpi_build() {
+        assert!(
+            all.iter()
+                .filter(|a| !a.ip().is_unspecified())
+                .all(|a| mine.contains(a)),
+            "rank {}: listeners besides the service {mine:?}: {all:?}",
+            rt.rank()
+        );
+    }
     for at in &mine {
         // The old open request, the new one with a guessed secret, and noise.
         let mut guessed = b"rkmstat2".to_vec();
