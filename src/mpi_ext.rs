@@ -117,3 +117,37 @@ pub(crate) fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading an MPI constant handle.
     unsafe { ffi::RSMPI_REQUEST_NULL }
 }
+
+/// Whether the MPI library yields the CPU inside its own blocking calls:
+/// Open MPI's `mpi_yield_when_idle` control variable (which its launcher
+/// turns on for an oversubscribed node), read through the MPI tool
+/// interface after `MPI_Init`. `false` where the library has no such
+/// variable: MPICH and Intel MPI poll without yielding.
+pub(crate) fn yields_when_idle() -> bool {
+    let mut provided: c_int = 0;
+    // SAFETY: the tool interface may be initialised any number of times
+    // (each matched by the finalize below); every out-pointer is valid, and
+    // the value buffer is larger than any scalar the variable may have.
+    unsafe {
+        if ffi::MPI_T_init_thread(ffi::RSMPI_THREAD_SINGLE, &mut provided) != 0 {
+            return false;
+        }
+        let mut index: c_int = 0;
+        let mut value = [0u64; 2];
+        let name = c"mpi_yield_when_idle";
+        if ffi::MPI_T_cvar_get_index(name.as_ptr(), &mut index) == 0 {
+            let mut handle = std::mem::zeroed();
+            let mut count: c_int = 0;
+            if ffi::MPI_T_cvar_handle_alloc(index, std::ptr::null_mut(), &mut handle, &mut count)
+                == 0
+            {
+                if count == 1 {
+                    ffi::MPI_T_cvar_read(handle, value.as_mut_ptr().cast());
+                }
+                ffi::MPI_T_cvar_handle_free(&mut handle);
+            }
+        }
+        ffi::MPI_T_finalize();
+        value[0] != 0
+    }
+}

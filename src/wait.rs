@@ -151,10 +151,12 @@ pub(crate) fn own_cpus() -> [u64; CPU_WORDS + 1] {
 /// in the union of their sets, or than the quota of a member whose quota
 /// is below its set. Once crowded, the process stays so (a later group of
 /// fewer members does not make the first one's waits any less crowded).
-pub(crate) fn note_shared_cpus(cpus: &[[u64; CPU_WORDS + 1]]) {
-    if share_cpus(cpus) {
+pub(crate) fn note_shared_cpus(cpus: &[[u64; CPU_WORDS + 1]]) -> bool {
+    let shared = share_cpus(cpus);
+    if shared {
         CROWDED.store(true, Ordering::Relaxed);
     }
+    shared
 }
 
 /// Whether members with `cpus` are more than the CPUs they may use.

@@ -11,5 +11,6 @@ mod copy;
 pub(crate) mod executor;
 pub(crate) mod hier;
 pub mod mpi;
+pub(crate) mod mpi_calls;
 mod reduction;
 pub(crate) mod shm;

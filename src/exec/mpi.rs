@@ -8,6 +8,7 @@
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
 use super::executor::HostMoves;
+use super::mpi_calls::Calls;
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
@@ -15,7 +16,6 @@ use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::wait;
 use crate::watch::Pulse;
-use mpi::datatype::PartitionMut;
 use mpi::ffi;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -287,6 +287,11 @@ impl<'c> MpiExec<'c> {
         self.comm.size() as usize
     }
 
+    /// The group's collectives, blocking or waited for by the wait policy.
+    fn calls(&self) -> Calls {
+        Calls(self.comm.as_raw())
+    }
+
     /// Bytes one rank contributes per round when every rank's piece lands in one buffer.
     fn per_rank_piece(&self) -> usize {
         (self.max_bytes / self.size()).max(1)
@@ -365,7 +370,6 @@ impl<'c> MpiExec<'c> {
         longest: usize,
     ) {
         let p = self.size();
-        let spare = [0u8; 2];
         let ints = |blocks: &[Range<usize>], piece: Option<(usize, usize)>| {
             blocks
                 .iter()
@@ -383,15 +387,9 @@ impl<'c> MpiExec<'c> {
         if longest.saturating_mul(p) <= self.max_bytes {
             let (sc, sd) = ints(send_blocks, None);
             let (rc, rd) = ints(recv_blocks, None);
-            // SAFETY: every block lies inside its buffer (the caller's
-            // counts were checked against the tensors), within `int`.
-            unsafe {
-                alltoallv(
-                    self.comm,
-                    (real_ptr(send, &spare[0]), &sc, &sd),
-                    (real_ptr(out, &spare[1]).cast_mut(), &rc, &rd),
-                );
-            }
+            // Every block lies inside its buffer (the caller's counts were
+            // checked against the tensors), within `int`.
+            self.calls().all_to_all_v((send, &sc, &sd), (out, &rc, &rd));
             self.pulse.beat();
             return;
         }
@@ -406,15 +404,10 @@ impl<'c> MpiExec<'c> {
                     copy_bytes(&mut s[q * piece..][..n], &send[b.start + start..][..n]);
                 }
             }
-            // SAFETY: piece `q` of each scratch buffer starts at `q·piece`
-            // and holds at most `piece` bytes.
-            unsafe {
-                alltoallv(
-                    self.comm,
-                    (s.as_ptr().cast(), &sc, &sd),
-                    (r.as_mut_ptr().cast(), &rc, &rd),
-                );
-            }
+            // Piece `q` of each scratch buffer starts at `q·piece` and
+            // holds at most `piece` bytes.
+            self.calls()
+                .all_to_all_v((&s, &sc, &sd), (&mut r, &rc, &rd));
             self.pulse.beat();
             for (q, b) in recv_blocks.iter().enumerate() {
                 let n = rc[q] as usize;
@@ -428,7 +421,6 @@ impl<'c> MpiExec<'c> {
     /// Each rank's `mine` (lengths `lens`, known to all) delivered to `root`
     /// (`None` elsewhere).
     fn gather_varcount_to(&self, mine: &[u8], lens: &[usize], root: usize) -> Option<Vec<Vec<u8>>> {
-        let root_proc = self.comm.process_at_rank(root as i32);
         let is_root = self.comm.rank() as usize == root;
         let mut out: Vec<Vec<u8>> = lens
             .iter()
@@ -439,11 +431,11 @@ impl<'c> MpiExec<'c> {
             if is_root {
                 let displs = displacements(&counts);
                 let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
-                let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
-                root_proc.gather_varcount_into_root(own, &mut part);
+                self.calls()
+                    .gather_v(own, Some((&mut tmp, &counts, &displs)), root);
                 scatter_round(&mut out, &tmp, &counts, &displs);
             } else {
-                root_proc.gather_varcount_into(own);
+                self.calls().gather_v(own, None, root);
             }
             self.pulse.beat();
         }
@@ -686,7 +678,7 @@ impl<'c> MpiExec<'c> {
 /// most `max_bytes`.
 impl HostMoves for MpiExec<'_> {
     fn barrier(&self) -> Result<(), Fault> {
-        self.comm.barrier();
+        self.calls().barrier();
         Ok(())
     }
 
@@ -697,15 +689,15 @@ impl HostMoves for MpiExec<'_> {
             return Ok(());
         }
         if n <= self.per_rank_piece() {
-            self.comm.all_gather_into(block, out);
+            self.calls().all_gather(block, out);
             return Ok(());
         }
         let piece = self.per_rank_piece();
         let mut tmp = vec![0u8; piece * p];
         for start in (0..n).step_by(piece) {
             let len = piece.min(n - start);
-            self.comm
-                .all_gather_into(&block[start..start + len], &mut tmp[..len * p]);
+            self.calls()
+                .all_gather(&block[start..start + len], &mut tmp[..len * p]);
             self.pulse.beat();
             for r in 0..p {
                 copy_bytes(
@@ -722,13 +714,9 @@ impl HostMoves for MpiExec<'_> {
         if n == 0 {
             return Ok(());
         }
-        let root_proc = self.comm.process_at_rank(root as i32);
         let piece = self.per_rank_piece();
         if n <= piece {
-            match send {
-                Some(send) => root_proc.scatter_into_root(send, recv),
-                None => root_proc.scatter_into(recv),
-            }
+            self.calls().scatter(send, recv, root);
             return Ok(());
         }
         let mut tmp = vec![0u8; if send.is_some() { piece * p } else { 0 }];
@@ -743,9 +731,9 @@ impl HostMoves for MpiExec<'_> {
                             &send[r * n + start..r * n + start + len],
                         );
                     }
-                    root_proc.scatter_into_root(&tmp[..len * p], mine);
+                    self.calls().scatter(Some(&tmp[..len * p]), mine, root);
                 }
-                None => root_proc.scatter_into(mine),
+                None => self.calls().scatter(None, mine, root),
             }
             self.pulse.beat();
         }
@@ -753,9 +741,8 @@ impl HostMoves for MpiExec<'_> {
     }
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
-        let root_proc = self.comm.process_at_rank(root as i32);
         for piece in buf.chunks_mut(self.max_bytes) {
-            root_proc.broadcast_into(piece);
+            self.calls().broadcast(piece, root);
             self.pulse.beat();
         }
         Ok(())
@@ -768,7 +755,7 @@ impl HostMoves for MpiExec<'_> {
         }
         let block = send.len() / p;
         if block <= self.per_rank_piece() {
-            self.comm.all_to_all_into(send, out);
+            self.calls().all_to_all(send, out, block);
             return Ok(());
         }
         let piece = self.per_rank_piece();
@@ -782,7 +769,8 @@ impl HostMoves for MpiExec<'_> {
                     &send[q * block + start..q * block + start + len],
                 );
             }
-            self.comm.all_to_all_into(&s[..len * p], &mut r[..len * p]);
+            self.calls()
+                .all_to_all(&s[..len * p], &mut r[..len * p], len);
             self.pulse.beat();
             for q in 0..p {
                 copy_bytes(
@@ -798,24 +786,12 @@ impl HostMoves for MpiExec<'_> {
     /// message, rounds through scratch otherwise.
     fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
         let total: usize = lens.iter().sum();
-        let spare = [0u8; 2];
         if total <= self.max_bytes {
             let counts: Vec<c_int> = lens.iter().map(|n| *n as c_int).collect();
             let displs = displacements(&counts);
-            // SAFETY: `mine` holds this rank's count and `out` every count
-            // at its displacement (all within `int`: `total` is).
-            unsafe {
-                ffi::MPI_Allgatherv(
-                    real_ptr(mine, &spare[0]),
-                    mine.len() as c_int,
-                    ffi::RSMPI_UINT8_T,
-                    real_ptr(out, &spare[1]).cast_mut(),
-                    counts.as_ptr(),
-                    displs.as_ptr(),
-                    ffi::RSMPI_UINT8_T,
-                    self.comm.as_raw(),
-                );
-            }
+            // `out` holds every count at its displacement (all within
+            // `int`: `total` is).
+            self.calls().all_gather_v(mine, out, &counts, &displs);
             self.pulse.beat();
             return Ok(());
         }
@@ -830,8 +806,7 @@ impl HostMoves for MpiExec<'_> {
             let displs = displacements(&counts);
             let mut tmp = vec![0u8; counts.iter().sum::<i32>() as usize];
             let own = own_piece(mine, start, counts[self.comm.rank() as usize]);
-            let mut part = PartitionMut::new(&mut tmp[..], &counts[..], &displs[..]);
-            self.comm.all_gather_varcount_into(own, &mut part);
+            self.calls().all_gather_v(own, &mut tmp, &counts, &displs);
             self.pulse.beat();
             for (r, at) in starts.iter().enumerate() {
                 let (d, n) = (displs[r] as usize, counts[r] as usize);
@@ -898,7 +873,6 @@ impl HostMoves for MpiExec<'_> {
         if n == 0 {
             return Ok((self.comm.rank() as usize == root).then(Vec::new));
         }
-        let root_proc = self.comm.process_at_rank(root as i32);
         let is_root = self.comm.rank() as usize == root;
         let mut out = is_root.then(|| vec![0u8; n * p]);
         let piece = self.per_rank_piece();
@@ -908,7 +882,7 @@ impl HostMoves for MpiExec<'_> {
             let send = &block[start..start + len];
             match out.as_mut() {
                 Some(out) => {
-                    root_proc.gather_into_root(send, &mut tmp[..len * p]);
+                    self.calls().gather(send, Some(&mut tmp[..len * p]), root);
                     for r in 0..p {
                         copy_bytes(
                             &mut out[r * n + start..r * n + start + len],
@@ -916,7 +890,7 @@ impl HostMoves for MpiExec<'_> {
                         );
                     }
                 }
-                None => root_proc.gather_into(send),
+                None => self.calls().gather(send, None, root),
             }
             self.pulse.beat();
         }
@@ -946,19 +920,9 @@ impl HostMoves for MpiExec<'_> {
                 // Contiguous blocks both sides (a 4-d all-to-all whose outer
                 // dims are 1): the plain call on the caller's buffers, as a
                 // raw all-to-all, with no datatype to build.
-                // SAFETY: each buffer holds `size` blocks of `run` bytes
-                // (the layouts were derived from their shapes).
-                unsafe {
-                    ffi::MPI_Alltoall(
-                        send.as_ptr().cast(),
-                        run,
-                        ffi::RSMPI_UINT8_T,
-                        recv.as_mut_ptr().cast(),
-                        run,
-                        ffi::RSMPI_UINT8_T,
-                        self.comm.as_raw(),
-                    );
-                }
+                // Each buffer holds `size` blocks of `run` bytes (the layouts
+                // were derived from their shapes).
+                self.calls().all_to_all(send, recv, run as usize);
                 self.pulse.beat();
                 return Ok(true);
             }
@@ -983,16 +947,10 @@ impl HostMoves for MpiExec<'_> {
                 // buffer starts at its displacement (the layouts were derived
                 // from their shapes); the arrays have `p` entries.
                 unsafe {
-                    ffi::MPI_Alltoallw(
-                        send.as_ptr().cast(),
-                        counts.as_ptr(),
-                        sdispls.as_ptr(),
-                        stypes.as_ptr(),
-                        recv.as_mut_ptr().cast(),
-                        counts.as_ptr(),
-                        rdispls.as_ptr(),
-                        rtypes.as_ptr(),
-                        self.comm.as_raw(),
+                    self.calls().all_to_all_w(
+                        (send.as_ptr().cast(), &sdispls, &stypes),
+                        (recv.as_mut_ptr().cast(), &rdispls, &rtypes),
+                        &counts,
                     );
                 }
                 let block = send_layout.count * send_layout.run;
@@ -1002,14 +960,10 @@ impl HostMoves for MpiExec<'_> {
             // SAFETY: both datatypes cover exactly `size` blocks of the
             // buffers (the layouts were derived from their shapes).
             _ => unsafe {
-                ffi::MPI_Alltoall(
-                    send.as_ptr().cast(),
+                self.calls().all_to_all_typed(
+                    (send.as_ptr().cast(), stype.0),
+                    (recv.as_mut_ptr().cast(), rtype.0),
                     1,
-                    stype.0,
-                    recv.as_mut_ptr().cast(),
-                    1,
-                    rtype.0,
-                    self.comm.as_raw(),
                 );
             },
         }
@@ -1045,7 +999,7 @@ impl Reducer for AllReduce<'_, '_> {
     ) {
         let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
         for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
-            self.0.comm.all_reduce_into(s, r, op);
+            self.0.calls().all_reduce(s, r, op.as_raw());
             self.0.pulse.beat();
         }
     }
@@ -1060,16 +1014,16 @@ impl Reducer for Reduce<'_, '_> {
         recv: &mut [T],
         op: O,
     ) {
-        let root = self.0.comm.process_at_rank(self.1 as i32);
+        let (calls, root) = (self.0.calls(), self.1);
         let piece = (self.0.max_bytes / std::mem::size_of::<T>()).max(1);
-        if self.0.comm.rank() as usize == self.1 {
+        if self.0.comm.rank() as usize == root {
             for (s, r) in send.chunks(piece).zip(recv.chunks_mut(piece)) {
-                root.reduce_into_root(s, r, op);
+                calls.reduce(s, Some(r), root, op.as_raw());
                 self.0.pulse.beat();
             }
         } else {
             for s in send.chunks(piece) {
-                root.reduce_into(s, op);
+                calls.reduce(s, None, root, op.as_raw());
                 self.0.pulse.beat();
             }
         }
@@ -1093,7 +1047,7 @@ impl Reducer for ReduceScatter<'_, '_> {
         let block = recv.len();
         let piece = (self.0.per_rank_piece() / std::mem::size_of::<T>()).max(1);
         if block <= piece {
-            self.0.comm.reduce_scatter_block_into(send, recv, op);
+            self.0.calls().reduce_scatter_block(send, recv, op.as_raw());
             return;
         }
         let mut s = vec![T::default(); piece * p];
@@ -1103,9 +1057,11 @@ impl Reducer for ReduceScatter<'_, '_> {
                 s[q * len..(q + 1) * len]
                     .copy_from_slice(&send[q * block + start..q * block + start + len]);
             }
-            self.0
-                .comm
-                .reduce_scatter_block_into(&s[..len * p], &mut recv[start..start + len], op);
+            self.0.calls().reduce_scatter_block(
+                &s[..len * p],
+                &mut recv[start..start + len],
+                op.as_raw(),
+            );
             self.0.pulse.beat();
         }
     }
@@ -1123,39 +1079,6 @@ fn check_count(
     } else {
         Err(Fault::Short { peer, got, want })
     }
-}
-
-/// `buf`'s address for MPI, or `spare`'s when `buf` is empty: an empty
-/// slice's dangling address is Open MPI's `MPI_IN_PLACE`.
-fn real_ptr(buf: &[u8], spare: &u8) -> *const std::ffi::c_void {
-    if buf.is_empty() {
-        (spare as *const u8).cast()
-    } else {
-        buf.as_ptr().cast()
-    }
-}
-
-/// `MPI_Alltoallv` of bytes: (buffer, counts, displacements) each way.
-///
-/// # Safety
-/// Each block (count at displacement) lies inside its buffer, and the
-/// arrays have one entry per member of `comm`.
-unsafe fn alltoallv(
-    comm: &SimpleCommunicator,
-    send: (*const std::ffi::c_void, &[c_int], &[c_int]),
-    recv: (*mut std::ffi::c_void, &[c_int], &[c_int]),
-) {
-    ffi::MPI_Alltoallv(
-        send.0,
-        send.1.as_ptr(),
-        send.2.as_ptr(),
-        ffi::RSMPI_UINT8_T,
-        recv.0,
-        recv.1.as_ptr(),
-        recv.2.as_ptr(),
-        ffi::RSMPI_UINT8_T,
-        comm.as_raw(),
-    );
 }
 
 /// This rank's piece of a variable-count round (empty once its data is sent).

@@ -9,6 +9,7 @@ use crate::agree::{agree, agree_peers, Check, CheckFn, Deferred, Descriptor, Pos
 use crate::dtype::DType;
 use crate::error::{Error, Fault, Rejection, Result};
 use crate::exec::mpi::{TAG_ANSWER, TAG_HEADER};
+use crate::exec::mpi_calls::Calls;
 use crate::exec::shm::ShmExec;
 use crate::op::{rank_in_range, Args, CheckMode, Op};
 use crate::watch::Call;
@@ -116,9 +117,8 @@ impl<'rt> GroupCoordinator<'rt> {
         let (key, verdict) = self.inner.admitted.admit(desc, &check);
         let mine = desc.agreement_record(key, me);
         let mut max = [0u64; 5];
-        self.inner
-            .comm
-            .all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
+        let calls = Calls(self.inner.comm.as_raw());
+        calls.all_reduce(&mine[..], &mut max[..], SystemOperation::max().as_raw());
         if Descriptor::record_agrees(&max, key) {
             if !desc.needs_all() {
                 // Identical everywhere: the op's own check gives every rank the same verdict.
@@ -135,7 +135,7 @@ impl<'rt> GroupCoordinator<'rt> {
             }
         }
         let mut descs = vec![Descriptor::new(op, &[]); self.size()];
-        self.inner.comm.all_gather_into(
+        calls.all_gather(
             bytemuck::bytes_of(desc),
             bytemuck::cast_slice_mut::<_, u8>(&mut descs[..]),
         );

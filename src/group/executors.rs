@@ -155,6 +155,13 @@ impl<'rt> GroupCoordinator<'rt> {
 pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
+    note_shared_cpus_among(comm);
+    ShmExec::new(window, me, rt.options().single_copy)
+}
+
+/// Gives [`crate::wait`] the CPUs of `comm`'s members, ranks of one node
+/// (collective): whether they share CPUs (returned) is its hint.
+pub(super) fn note_shared_cpus_among(comm: &SimpleCommunicator) -> bool {
     let mine = crate::wait::own_cpus();
     let mut all = vec![0u64; mine.len() * comm.size() as usize];
     comm.all_gather_into(&mine[..], &mut all[..]);
@@ -162,8 +169,7 @@ pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> Sh
         .chunks_exact(mine.len())
         .map(|c| c.try_into().expect("one CPU record"))
         .collect();
-    crate::wait::note_shared_cpus(&cpus);
-    ShmExec::new(window, me, rt.options().single_copy)
+    crate::wait::note_shared_cpus(&cpus)
 }
 
 /// Whether a group whose members gave `facts` (world rank, choice code,

@@ -432,6 +432,22 @@ impl Runtime {
             nodes = info.node_count,
             "MPI initialised"
         );
+        // After the binding: the node's ranks sharing CPUs makes its
+        // host-plane waits yield first and, unless the MPI yields inside
+        // its own blocking calls there, any such node makes the whole
+        // job's MPI executor wait by that policy too (every member of a
+        // communicator must call a collective the same way).
+        startup.step("the node's CPU sets (MPI_Allgather)");
+        let crowded = super::executors::note_shared_cpus_among(&node_comm)
+            && !crate::mpi_ext::yields_when_idle();
+        startup.step("whether any node is crowded (MPI_Allreduce)");
+        let mut anywhere = 0u8;
+        world_comm.all_reduce_into(
+            &u8::from(crowded),
+            &mut anywhere,
+            mpi::collective::SystemOperation::max(),
+        );
+        crate::exec::mpi_calls::wait_by_policy(anywhere != 0);
         startup.step("the watchdog's start (status board, service addresses)");
         let watchdog = start_watchdog(&world_comm, &info, node_comm, &options);
         startup.finish();
