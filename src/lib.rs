@@ -71,8 +71,8 @@ pub use device::{DeviceInfo, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 pub use dtype::DType;
 pub use error::{Error, NcclError, Rejection, Result};
 pub use group::{
-    Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, Options, P2p, PlaneTensor, RankInfo,
-    Runtime, WorldInfo,
+    Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, MpiCalls, Options, P2p, PlaneTensor,
+    RankInfo, Runtime, WorldInfo,
 };
 pub use helpers::{
     is_distributed, is_local_main_process, is_main_process, zero_only, MainRank, RankState,

@@ -36,11 +36,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Whether calls are started nonblocking and waited for ([`wait_by_policy`]).
 static BY_POLICY: AtomicBool = AtomicBool::new(false);
 
-/// Sets how this process calls MPI's collectives: `true` on every rank of
-/// a job where some node's ranks share CPUs, `false` on every rank
-/// otherwise (the runtime agrees on it at start-up, before any group).
+/// Sets how this process calls MPI's collectives: the same on every rank
+/// (the runtime agrees on it at start-up, before any group).
 pub(crate) fn wait_by_policy(yes: bool) {
     BY_POLICY.store(yes, Ordering::Relaxed);
+}
+
+/// Whether this process starts MPI's collectives nonblocking and waits for
+/// them by the wait policy (as the job agreed at start-up).
+pub(crate) fn waits_by_policy() -> bool {
+    BY_POLICY.load(Ordering::Relaxed)
 }
 
 /// The communicator of the calls.

@@ -55,6 +55,21 @@ fn planes_host(rt: &Runtime) {
     planes::check_all(&rt.world_group().unwrap()).unwrap();
 }
 
+/// The MPI executor with every collective started nonblocking and waited
+/// for by the wait policy (as on a node whose ranks share CPUs under an MPI
+/// that does not yield).
+const NONBLOCKING_MPI: &[(&str, &str)] = &[
+    ("RANKMESH_HOST_PLANE", "mpi"),
+    ("RANKMESH_MPI_CALLS", "nonblocking"),
+];
+
+/// `run` after checking that the job agreed to start MPI's collectives
+/// nonblocking.
+fn nonblocking(rt: &Runtime, run: fn(&Runtime)) {
+    assert_eq!(rt.mpi_calls(), rankmesh::MpiCalls::Nonblocking);
+    run(rt);
+}
+
 /// The uneven ops alone (`planes::check_uneven`), on the world.
 fn uneven(rt: &Runtime) {
     planes::check_uneven(&rt.world_group().unwrap()).unwrap();
@@ -150,6 +165,27 @@ pub const ALL: &[Scenario] = &[
         sizes: &[2, 3],
         env: &[("RANKMESH_HOST_PLANE", "mpi")],
         run: collectives::run,
+    },
+    Scenario {
+        name: "collectives_nonblocking",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: NONBLOCKING_MPI,
+        run: |rt| nonblocking(rt, collectives::run),
+    },
+    Scenario {
+        name: "uneven_nonblocking",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: NONBLOCKING_MPI,
+        run: |rt| nonblocking(rt, uneven),
+    },
+    Scenario {
+        name: "errors_nonblocking",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: NONBLOCKING_MPI,
+        run: |rt| nonblocking(rt, errors::run),
     },
     Scenario {
         name: "planes_host",
