@@ -8,7 +8,7 @@
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
 use super::executor::HostMoves;
-use super::mpi_calls::Calls;
+use super::mpi_calls::{received, Calls};
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
@@ -229,8 +229,7 @@ impl<'e> Swap<'e> {
                 flag != 0
             });
             self.exec.pulse.beat();
-            let status = mpi::point_to_point::Status::from_raw(status);
-            check_count(&status, self.lens[i], self.peer)?;
+            check_count(received(&status), self.lens[i], self.peer)?;
         }
         Ok(())
     }
@@ -307,33 +306,28 @@ impl<'c> MpiExec<'c> {
         recv: Option<&mut [u8]>,
         src: usize,
     ) -> Result<(), Fault> {
-        let (to, from) = (
-            self.comm.process_at_rank(dst as i32),
-            self.comm.process_at_rank(src as i32),
-        );
         let c = self.max_bytes;
         let send_pieces: Vec<&[u8]> = send.map_or(Vec::new(), |b| b.chunks(c).collect());
         let mut recv_pieces: Vec<&mut [u8]> =
             recv.map_or(Vec::new(), |b| b.chunks_mut(c).collect());
         let rounds = send_pieces.len().max(recv_pieces.len());
         let mut recv_iter = recv_pieces.iter_mut();
+        let calls = self.calls();
         for k in 0..rounds {
-            let status = match (send_pieces.get(k), recv_iter.next()) {
+            let got = match (send_pieces.get(k), recv_iter.next()) {
                 (Some(s), Some(r)) => Some((
-                    mpi::point_to_point::send_receive_into_with_tags(
-                        *s, &to, TAG_DATA, &mut **r, &from, TAG_DATA,
-                    ),
+                    calls.send_recv((s, dst, TAG_DATA), (r, src, TAG_DATA)),
                     r.len(),
                 )),
                 (Some(s), None) => {
-                    to.send_with_tag(*s, TAG_DATA);
+                    calls.send(s, dst, TAG_DATA);
                     None
                 }
-                (None, Some(r)) => Some((from.receive_into_with_tag(&mut **r, TAG_DATA), r.len())),
+                (None, Some(r)) => Some((calls.recv(r, src, TAG_DATA), r.len())),
                 (None, None) => None,
             };
-            if let Some((status, want)) = status {
-                check_count(&status, want, src)?;
+            if let Some((got, want)) = got {
+                check_count(got, want, src)?;
             }
             self.pulse.beat();
         }
@@ -349,11 +343,7 @@ impl<'c> MpiExec<'c> {
         src: usize,
         tag: i32,
     ) {
-        let (to, from) = (
-            self.comm.process_at_rank(dst as i32),
-            self.comm.process_at_rank(src as i32),
-        );
-        mpi::point_to_point::send_receive_into_with_tags(ours, &to, tag, theirs, &from, tag);
+        self.calls().send_recv((ours, dst, tag), (theirs, src, tag));
     }
 
     /// Block `r` of `send` (bytes `send_blocks[r]`) to rank `r`, whose
@@ -460,9 +450,8 @@ impl<'c> MpiExec<'c> {
 
     /// Sends `bytes` to `dst` in pieces with `TAG_DATA`.
     pub fn send(&self, bytes: &[u8], dst: usize) {
-        let p = self.comm.process_at_rank(dst as i32);
         for piece in bytes.chunks(self.max_bytes) {
-            p.send_with_tag(piece, TAG_DATA);
+            self.calls().send(piece, dst, TAG_DATA);
             self.pulse.beat();
         }
     }
@@ -476,10 +465,9 @@ impl<'c> MpiExec<'c> {
 
     /// [`recv`](Self::recv) with another tag.
     pub(crate) fn recv_tagged(&self, buf: &mut [u8], src: usize, tag: i32) -> Result<(), Fault> {
-        let p = self.comm.process_at_rank(src as i32);
         for piece in buf.chunks_mut(self.max_bytes) {
-            let status = p.receive_into_with_tag(piece, tag);
-            check_count(&status, piece.len(), src)?;
+            let want = piece.len();
+            check_count(self.calls().recv(piece, src, tag), want, src)?;
             self.pulse.beat();
         }
         Ok(())
@@ -661,16 +649,12 @@ impl<'c> MpiExec<'c> {
 
     /// Sends a fixed-size header with `tag`.
     pub fn send_header(&self, header: &[u8], dst: usize, tag: i32) {
-        self.comm
-            .process_at_rank(dst as i32)
-            .send_with_tag(header, tag);
+        self.calls().send(header, dst, tag);
     }
 
     /// Receives a fixed-size header with `tag`.
     pub fn recv_header(&self, header: &mut [u8], src: usize, tag: i32) {
-        self.comm
-            .process_at_rank(src as i32)
-            .receive_into_with_tag(header, tag);
+        self.calls().recv(header, src, tag);
     }
 }
 
@@ -1068,12 +1052,7 @@ impl Reducer for ReduceScatter<'_, '_> {
 }
 
 /// A received piece must hold the bytes the header promised.
-fn check_count(
-    status: &mpi::point_to_point::Status,
-    want: usize,
-    peer: usize,
-) -> Result<(), Fault> {
-    let got = status.count(u8::equivalent_datatype()).max(0) as usize;
+fn check_count(got: usize, want: usize, peer: usize) -> Result<(), Fault> {
     if got == want {
         Ok(())
     } else {

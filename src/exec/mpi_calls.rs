@@ -345,3 +345,105 @@ impl Calls {
         });
     }
 }
+
+/// Bytes a completed receive's `status` says arrived.
+pub(crate) fn received(status: &ffi::MPI_Status) -> usize {
+    let mut got: c_int = 0;
+    // SAFETY: a status MPI filled for a completed receive.
+    unsafe { ffi::MPI_Get_count(status, bytes(), &mut got) };
+    got.max(0) as usize
+}
+
+/// Waits by the policy until every request of `requests` completes, their
+/// statuses into `statuses`.
+fn wait_all(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::MPI_Status]) {
+    wait::until(None, || {
+        let mut done: c_int = 0;
+        // SAFETY: live or null requests, one status each.
+        unsafe {
+            ffi::MPI_Testall(
+                requests.len() as c_int,
+                requests.as_mut_ptr(),
+                &mut done,
+                statuses.as_mut_ptr(),
+            )
+        };
+        done != 0
+    });
+}
+
+/// A zeroed status for MPI to fill.
+fn status() -> ffi::MPI_Status {
+    // SAFETY: MPI_Status is plain data.
+    unsafe { std::mem::zeroed() }
+}
+
+impl Calls {
+    /// `MPI_Send` of `buf` to `dst` with `tag`.
+    pub(crate) fn send(self, buf: &[u8], dst: usize, tag: c_int) {
+        let (n, at, dst) = (count(buf.len()), buf.as_ptr().cast(), dst as c_int);
+        // SAFETY: `buf` holds `n` bytes and stays borrowed through the call.
+        run(|q| unsafe {
+            match q {
+                None => ffi::MPI_Send(at, n, bytes(), dst, tag, self.0),
+                Some(q) => ffi::MPI_Isend(at, n, bytes(), dst, tag, self.0, q),
+            }
+        });
+    }
+
+    /// `MPI_Recv` into `buf` from `src` with `tag`: the bytes that arrived
+    /// (a longer message is MPI's truncation error).
+    pub(crate) fn recv(self, buf: &mut [u8], src: usize, tag: c_int) -> usize {
+        let (n, at, src) = (count(buf.len()), buf.as_mut_ptr().cast(), src as c_int);
+        let mut st = [status()];
+        // SAFETY: `buf` holds `n` bytes and stays borrowed through the call.
+        unsafe {
+            if !BY_POLICY.load(Ordering::Relaxed) {
+                ffi::MPI_Recv(at, n, bytes(), src, tag, self.0, &mut st[0]);
+            } else {
+                let mut q = [null_request()];
+                ffi::MPI_Irecv(at, n, bytes(), src, tag, self.0, &mut q[0]);
+                wait_all(&mut q, &mut st);
+            }
+        }
+        received(&st[0])
+    }
+
+    /// `MPI_Sendrecv`: `send` to its rank with its tag while `recv` comes
+    /// from its rank with its tag; the bytes that arrived.
+    pub(crate) fn send_recv(
+        self,
+        (send, dst, out_tag): (&[u8], usize, c_int),
+        (recv, src, in_tag): (&mut [u8], usize, c_int),
+    ) -> usize {
+        let (sn, s, dst) = (count(send.len()), send.as_ptr().cast(), dst as c_int);
+        let (rn, r, src) = (count(recv.len()), recv.as_mut_ptr().cast(), src as c_int);
+        let mut st = [status(), status()];
+        // SAFETY: each buffer holds its count and stays borrowed through
+        // the call.
+        unsafe {
+            if !BY_POLICY.load(Ordering::Relaxed) {
+                ffi::MPI_Sendrecv(
+                    s,
+                    sn,
+                    bytes(),
+                    dst,
+                    out_tag,
+                    r,
+                    rn,
+                    bytes(),
+                    src,
+                    in_tag,
+                    self.0,
+                    &mut st[0],
+                );
+            } else {
+                let mut q = [null_request(), null_request()];
+                ffi::MPI_Irecv(r, rn, bytes(), src, in_tag, self.0, &mut q[0]);
+                ffi::MPI_Isend(s, sn, bytes(), dst, out_tag, self.0, &mut q[1]);
+                wait_all(&mut q, &mut st);
+            }
+        }
+        received(&st[0])
+    }
+}

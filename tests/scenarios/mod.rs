@@ -188,6 +188,20 @@ pub const ALL: &[Scenario] = &[
         run: |rt| nonblocking(rt, errors::run),
     },
     Scenario {
+        name: "p2p_nonblocking",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: NONBLOCKING_MPI,
+        run: |rt| nonblocking(rt, p2p::run),
+    },
+    Scenario {
+        name: "objects_nonblocking",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: NONBLOCKING_MPI,
+        run: |rt| nonblocking(rt, objects::run),
+    },
+    Scenario {
         name: "planes_host",
         nodes: &[],
         sizes: ALL_SIZES,
