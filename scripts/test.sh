@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: installs missing system packages (Debian/Ubuntu), then `cargo test`
 # (unit, property, doc and mpirun integration tests), then the GPU check's
-# rehearsal on the emulators and the portability smoke under four more MPIs. Extra arguments
-# go to cargo (and skip the rehearsal and the smoke).
+# rehearsal on the emulators, the portability smoke under four more MPIs and
+# the whole suite again under Debian's MPICH. Extra arguments go to cargo
+# (and skip the rehearsal, the smoke and the MPICH suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
@@ -15,10 +16,12 @@ cargo test "$@"
 # The GPU check rehearsed end to end on the emulators, from a bundle built as
 # for a GPU machine (issue #46), and rankmesh built against Debian's MPICH
 # and the PyPI wheels of Open MPI 5, MPICH 5 and Intel MPI, each run under
-# its own launcher (issue #49); a run narrowed by arguments skips both.
+# its own launcher, then the whole suite built against Debian's MPICH
+# (issue #49); a run narrowed by arguments skips them.
 if (($# == 0)); then
     bash scripts/gpu-rehearse.sh
     for mpi in mpich openmpi5 mpich5 impi; do
         bash scripts/mpi-smoke.sh "$mpi"
     done
+    bash scripts/mpich-suite.sh
 fi
