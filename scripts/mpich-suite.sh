@@ -9,8 +9,10 @@
 # One trial is skipped here, and only here: doctor's rate-limited node over
 # fake links. Its healthy run prints its verdict, then two ranks spin in
 # UCX's TCP progress inside MPI_Finalize across the fake nodes' network
-# namespaces until the job's limit (rankmesh's work is done by then); it
-# runs under Open MPI in the main suite.
+# namespaces until the job's limit. It is MPICH's: a C program that only
+# exchanges 1 MiB with every peer and calls MPI_Finalize hangs the same way
+# on fake nodes 2,2 or 1,1,1 (1,1 finalizes). The trial runs under Open MPI
+# in the main suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v mpicc.mpich >/dev/null && command -v mpiexec.mpich >/dev/null || {
