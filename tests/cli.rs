@@ -206,6 +206,7 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_SHM_CHUNK_BYTES", "100", "RANKMESH_SHM_CHUNK_BYTES=\"100\" is not a byte count in 4096..=1073741824"),
         ("RANKMESH_CHECK", "lazy", "RANKMESH_CHECK=\"lazy\": expected strict, deferred or off"),
         ("RANKMESH_NCCL_RANKS_PER_ROOT", "0", "RANKMESH_NCCL_RANKS_PER_ROOT=\"0\" is not a positive whole number"),
+        ("RANKMESH_MPI_CALLS", "spin", "RANKMESH_MPI_CALLS=\"spin\" is not one of auto, blocking, nonblocking"),
         ("RANKMESH_GATHER_SHM", "yes", "RANKMESH_GATHER_SHM=\"yes\" is not 0 or 1"),
         ("RANKMESH_NCCL_FOR_ONE", "2", "RANKMESH_NCCL_FOR_ONE=\"2\" is not 0 or 1"),
         ("RANKMESH_ALLOW_SINGLETON", "yes", "RANKMESH_ALLOW_SINGLETON=\"yes\" is not 0 or 1"),

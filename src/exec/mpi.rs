@@ -8,7 +8,7 @@
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
 use super::executor::HostMoves;
-use super::mpi_calls::{received, Calls};
+use super::mpi_calls::{received, status, wait_all, Calls};
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
@@ -219,17 +219,10 @@ impl<'e> Swap<'e> {
     /// never sends.
     pub(crate) fn received(&mut self, k: usize) -> Result<(), Fault> {
         for i in self.firsts[k]..self.firsts[k + 1] {
-            // SAFETY: MPI_Status is plain data that MPI fills in.
-            let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-            let request = &mut self.recvs[i];
-            wait::until(None, || {
-                let mut flag: c_int = 0;
-                // SAFETY: a live request into the caller's buffer.
-                unsafe { ffi::MPI_Test(request, &mut flag, &mut status) };
-                flag != 0
-            });
+            let mut status = [status()];
+            wait_all(std::slice::from_mut(&mut self.recvs[i]), &mut status);
             self.exec.pulse.beat();
-            check_count(received(&status), self.lens[i], self.peer)?;
+            check_count(received(&status[0]), self.lens[i], self.peer)?;
         }
         Ok(())
     }
@@ -557,8 +550,7 @@ impl<'c> MpiExec<'c> {
         let n = reqs.len();
         let mut left = n;
         let mut index: Vec<c_int> = vec![0; n];
-        // SAFETY: MPI_Status is plain data that MPI fills in.
-        let mut statuses: Vec<ffi::MPI_Status> = vec![unsafe { std::mem::zeroed() }; n];
+        let mut statuses = vec![status(); n];
         let mut fault = Ok(());
         while left > 0 {
             let mut done: c_int = 0;
@@ -585,10 +577,7 @@ impl<'c> MpiExec<'c> {
             for k in 0..done as usize {
                 let i = index[k] as usize;
                 if let Some(w) = want.get(i) {
-                    let mut got: c_int = 0;
-                    // SAFETY: a status MPI just filled for a receive.
-                    unsafe { ffi::MPI_Get_count(&statuses[k], ffi::RSMPI_UINT8_T, &mut got) };
-                    let got = got.max(0) as usize;
+                    let got = received(&statuses[k]);
                     if got != *w && fault.is_ok() {
                         fault = Err(Fault::Short {
                             peer: peer_of(i),

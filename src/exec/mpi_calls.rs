@@ -81,15 +81,41 @@ fn run(call: impl FnOnce(Option<&mut ffi::MPI_Request>) -> c_int) {
         call(None);
         return;
     }
-    let mut request = null_request();
-    call(Some(&mut request));
+    let mut request = [null_request()];
+    call(Some(&mut request[0]));
+    wait_all(&mut request, &mut [status()]);
+}
+
+/// Bytes a completed receive's `status` says arrived.
+pub(crate) fn received(status: &ffi::MPI_Status) -> usize {
+    let mut got: c_int = 0;
+    // SAFETY: a status MPI filled for a completed receive.
+    unsafe { ffi::MPI_Get_count(status, bytes(), &mut got) };
+    got.max(0) as usize
+}
+
+/// Waits by the policy until every request of `requests` completes, their
+/// statuses into `statuses`.
+pub(crate) fn wait_all(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::MPI_Status]) {
     wait::until(None, || {
         let mut done: c_int = 0;
-        // SAFETY: a live request (MPI sets it to null when it completes,
-        // and testing a null request reports it done).
-        unsafe { ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+        // SAFETY: live or null requests, one status each.
+        unsafe {
+            ffi::MPI_Testall(
+                requests.len() as c_int,
+                requests.as_mut_ptr(),
+                &mut done,
+                statuses.as_mut_ptr(),
+            )
+        };
         done != 0
     });
+}
+
+/// A zeroed status for MPI to fill.
+pub(crate) fn status() -> ffi::MPI_Status {
+    // SAFETY: MPI_Status is plain data.
+    unsafe { std::mem::zeroed() }
 }
 
 /// `MPI_UINT8_T`.
@@ -344,41 +370,7 @@ impl Calls {
             }
         });
     }
-}
 
-/// Bytes a completed receive's `status` says arrived.
-pub(crate) fn received(status: &ffi::MPI_Status) -> usize {
-    let mut got: c_int = 0;
-    // SAFETY: a status MPI filled for a completed receive.
-    unsafe { ffi::MPI_Get_count(status, bytes(), &mut got) };
-    got.max(0) as usize
-}
-
-/// Waits by the policy until every request of `requests` completes, their
-/// statuses into `statuses`.
-fn wait_all(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::MPI_Status]) {
-    wait::until(None, || {
-        let mut done: c_int = 0;
-        // SAFETY: live or null requests, one status each.
-        unsafe {
-            ffi::MPI_Testall(
-                requests.len() as c_int,
-                requests.as_mut_ptr(),
-                &mut done,
-                statuses.as_mut_ptr(),
-            )
-        };
-        done != 0
-    });
-}
-
-/// A zeroed status for MPI to fill.
-fn status() -> ffi::MPI_Status {
-    // SAFETY: MPI_Status is plain data.
-    unsafe { std::mem::zeroed() }
-}
-
-impl Calls {
     /// `MPI_Send` of `buf` to `dst` with `tag`.
     pub(crate) fn send(self, buf: &[u8], dst: usize, tag: c_int) {
         let (n, at, dst) = (count(buf.len()), buf.as_ptr().cast(), dst as c_int);
