@@ -18,6 +18,9 @@ if [ "${1:-}" = "--test" ]; then
   # MPICH beside Open MPI for the portability smoke (scripts/mpi-smoke.sh);
   # Open MPI keeps the higher alternatives priority, so mpicc stays Open MPI's.
   command -v mpicc.mpich >/dev/null 2>&1 || need+=(mpich libmpich-dev)
+  # The Python package's tests build it in a virtual environment (python/).
+  dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
+  dpkg -s python3-dev >/dev/null 2>&1 || need+=(python3-dev)
 fi
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \

@@ -19,6 +19,8 @@ cargo test "$@"
 # its own launcher, then the whole suite built against Debian's MPICH
 # (issue #49); a run narrowed by arguments skips them.
 if (($# == 0)); then
+    # The Python package (issue #50): pytest under mpirun at np 1-4.
+    bash scripts/python-test.sh
     bash scripts/gpu-rehearse.sh
     for mpi in mpich openmpi5 mpich5 impi; do
         bash scripts/mpi-smoke.sh "$mpi"

@@ -90,7 +90,8 @@ pub use placement::{BindPolicy, GpuInfo, Placement};
 pub use stateless::{StatelessDevice, StatelessGroup, DEFAULT_SEND_BUFFER_BYTES};
 pub use tensor::{
     checked_nbytes, checked_numel, divide, ensure_divisibility, numel, split_tensor_along_last_dim,
-    split_views_along_last_dim, Bool, Element, HostData, LastDimView, Tensor, F8E4M3, F8E5M2,
+    split_views_along_last_dim, Bool, Element, HostData, HostSlice, HostSliceMut, HostView,
+    HostViewMut, LastDimView, Tensor, F8E4M3, F8E5M2,
 };
 pub use watch::TIMEOUT_EXIT;
 

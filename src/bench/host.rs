@@ -9,7 +9,7 @@ use crate::group::GroupCoordinator;
 use crate::object::Objects;
 use crate::op::Op;
 use crate::op::ReduceOp;
-use crate::tensor::{HostData, Tensor};
+use crate::tensor::{HostData, HostSlice, HostSliceMut, Tensor};
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::traits::*;
@@ -112,30 +112,22 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
                 macro_rules! typed {
                     ($i:expr, $o:expr) => {
                         match op {
-                            Op::AllReduce => {
-                                comm.all_reduce_into($i.as_slice(), $o.as_mut_slice(), &sys)
-                            }
-                            Op::ReduceScatter => comm.reduce_scatter_block_into(
-                                $i.as_slice(),
-                                $o.as_mut_slice(),
-                                &sys,
-                            ),
-                            _ if is_root => {
-                                root_proc.reduce_into_root($i.as_slice(), $o.as_mut_slice(), &sys)
-                            }
-                            _ => root_proc.reduce_into($i.as_slice(), &sys),
+                            Op::AllReduce => comm.all_reduce_into($i, &mut *$o, &sys),
+                            Op::ReduceScatter => comm.reduce_scatter_block_into($i, &mut *$o, &sys),
+                            _ if is_root => root_proc.reduce_into_root($i, &mut *$o, &sys),
+                            _ => root_proc.reduce_into($i, &sys),
                         }
                     };
                 }
                 match (input.data(), output.data_mut()) {
-                    (HostData::F32(i), HostData::F32(o)) => typed!(i, o),
-                    (HostData::F64(i), HostData::F64(o)) => typed!(i, o),
-                    (HostData::I8(i), HostData::I8(o)) => typed!(i, o),
-                    (HostData::U8(i), HostData::U8(o)) => typed!(i, o),
-                    (HostData::I32(i), HostData::I32(o)) => typed!(i, o),
-                    (HostData::U32(i), HostData::U32(o)) => typed!(i, o),
-                    (HostData::I64(i), HostData::I64(o)) => typed!(i, o),
-                    (HostData::U64(i), HostData::U64(o)) => typed!(i, o),
+                    (HostSlice::F32(i), HostSliceMut::F32(o)) => typed!(i, o),
+                    (HostSlice::F64(i), HostSliceMut::F64(o)) => typed!(i, o),
+                    (HostSlice::I8(i), HostSliceMut::I8(o)) => typed!(i, o),
+                    (HostSlice::U8(i), HostSliceMut::U8(o)) => typed!(i, o),
+                    (HostSlice::I32(i), HostSliceMut::I32(o)) => typed!(i, o),
+                    (HostSlice::U32(i), HostSliceMut::U32(o)) => typed!(i, o),
+                    (HostSlice::I64(i), HostSliceMut::I64(o)) => typed!(i, o),
+                    (HostSlice::U64(i), HostSliceMut::U64(o)) => typed!(i, o),
                     _ => return Ok(false),
                 }
             }
@@ -148,7 +140,7 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
     /// bytes, as a `Vec<u8>` received in place (`broadcast_object_into`:
     /// the same buffers every iteration, as nccl-tests reuses its own).
     fn run_other(&self, cfg: &BenchConfig, _input: &Tensor, output: &mut Tensor) -> Result<()> {
-        let HostData::U8(bytes) = output.data_mut() else {
+        let Some(HostData::U8(bytes)) = output.owned_data_mut() else {
             return Err(Error::Usage {
                 what: "bench broadcast_object",
                 group: self.0.name().to_string(),

@@ -2,8 +2,9 @@
 //! widening, `Avg`, bool logic, and wrapping 8- and 16-bit arithmetic. The collective that combines the ranks is a
 //! [`Reducer`] supplied by the data plane.
 
+use crate::dtype::DType;
 use crate::op::ReduceOp;
-use crate::tensor::HostData;
+use crate::tensor::{HostSlice, HostSliceMut};
 use float8::{F8E4M3, F8E5M2};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -188,24 +189,24 @@ own_op!(min_u64, u64, Ord::min);
 
 /// The operation of rankmesh's own (see [`own_op`]) replacing MPI's for
 /// `data` and `op`, if any.
-fn own_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
-    let f: mpi::collective::UnsafeUserFunction = match (data, op) {
-        (HostData::I8(_), ReduceOp::Sum | ReduceOp::Avg) => add_i8,
-        (HostData::U8(_), ReduceOp::Sum | ReduceOp::Avg) => add_u8,
-        (HostData::I8(_), ReduceOp::Prod) => mul_i8,
-        (HostData::U8(_), ReduceOp::Prod) => mul_u8,
-        (HostData::I16(_), ReduceOp::Sum | ReduceOp::Avg) => add_i16,
-        (HostData::U16(_), ReduceOp::Sum | ReduceOp::Avg) => add_u16,
-        (HostData::I16(_), ReduceOp::Prod) => mul_i16,
-        (HostData::U16(_), ReduceOp::Prod) => mul_u16,
-        (HostData::U8(_), ReduceOp::Max) => max_u8,
-        (HostData::U8(_), ReduceOp::Min) => min_u8,
-        (HostData::U16(_), ReduceOp::Max) => max_u16,
-        (HostData::U16(_), ReduceOp::Min) => min_u16,
-        (HostData::U32(_), ReduceOp::Max) => max_u32,
-        (HostData::U32(_), ReduceOp::Min) => min_u32,
-        (HostData::U64(_), ReduceOp::Max) => max_u64,
-        (HostData::U64(_), ReduceOp::Min) => min_u64,
+fn own_op(dtype: DType, op: ReduceOp) -> Option<UnsafeUserOperation> {
+    let f: mpi::collective::UnsafeUserFunction = match (dtype, op) {
+        (DType::I8, ReduceOp::Sum | ReduceOp::Avg) => add_i8,
+        (DType::U8, ReduceOp::Sum | ReduceOp::Avg) => add_u8,
+        (DType::I8, ReduceOp::Prod) => mul_i8,
+        (DType::U8, ReduceOp::Prod) => mul_u8,
+        (DType::I16, ReduceOp::Sum | ReduceOp::Avg) => add_i16,
+        (DType::U16, ReduceOp::Sum | ReduceOp::Avg) => add_u16,
+        (DType::I16, ReduceOp::Prod) => mul_i16,
+        (DType::U16, ReduceOp::Prod) => mul_u16,
+        (DType::U8, ReduceOp::Max) => max_u8,
+        (DType::U8, ReduceOp::Min) => min_u8,
+        (DType::U16, ReduceOp::Max) => max_u16,
+        (DType::U16, ReduceOp::Min) => min_u16,
+        (DType::U32, ReduceOp::Max) => max_u32,
+        (DType::U32, ReduceOp::Min) => min_u32,
+        (DType::U64, ReduceOp::Max) => max_u64,
+        (DType::U64, ReduceOp::Min) => min_u64,
         _ => return None,
     };
     // SAFETY: each function is only used with buffers of its own element type.
@@ -220,8 +221,8 @@ fn own_op(data: &HostData, op: ReduceOp) -> Option<UnsafeUserOperation> {
 /// are AND (`MPI_MIN`); avg was refused by the op's check.
 pub(crate) fn reduce_into(
     reducer: &impl Reducer,
-    input: &HostData,
-    output: &mut HostData,
+    input: HostSlice<'_>,
+    output: HostSliceMut<'_>,
     op: ReduceOp,
     n: usize,
 ) {
@@ -235,12 +236,12 @@ pub(crate) fn reduce_into(
         ReduceOp::Min => SystemOperation::min(),
         ReduceOp::Max => SystemOperation::max(),
     };
-    let own = own_op(input, op);
+    let own = own_op(input.dtype(), op);
     macro_rules! native {
         ($i:expr, $o:expr) => {{
             match &own {
-                Some(user_op) => reducer.run($i.as_slice(), $o.as_mut_slice(), user_op),
-                None => reducer.run($i.as_slice(), $o.as_mut_slice(), &sys),
+                Some(user_op) => reducer.run($i, &mut *$o, user_op),
+                None => reducer.run($i, &mut *$o, &sys),
             }
             if op == ReduceOp::Avg {
                 $o.iter_mut().for_each(|x| *x = DivN::div_n(*x, n));
@@ -254,21 +255,21 @@ pub(crate) fn reduce_into(
         };
     }
     match (input, output) {
-        (HostData::F32(i), HostData::F32(o)) => native!(i, o),
-        (HostData::F64(i), HostData::F64(o)) => native!(i, o),
-        (HostData::I8(i), HostData::I8(o)) => native!(i, o),
-        (HostData::U8(i), HostData::U8(o)) => native!(i, o),
-        (HostData::I32(i), HostData::I32(o)) => native!(i, o),
-        (HostData::U32(i), HostData::U32(o)) => native!(i, o),
-        (HostData::I64(i), HostData::I64(o)) => native!(i, o),
-        (HostData::U64(i), HostData::U64(o)) => native!(i, o),
-        (HostData::F16(i), HostData::F16(o)) => widened!(i, o),
-        (HostData::BF16(i), HostData::BF16(o)) => widened!(i, o),
-        (HostData::F8E4M3(i), HostData::F8E4M3(o)) => widened!(i, o),
-        (HostData::F8E5M2(i), HostData::F8E5M2(o)) => widened!(i, o),
-        (HostData::I16(i), HostData::I16(o)) => native!(i, o),
-        (HostData::U16(i), HostData::U16(o)) => native!(i, o),
-        (HostData::Bool(i), HostData::Bool(o)) => {
+        (HostSlice::F32(i), HostSliceMut::F32(o)) => native!(i, o),
+        (HostSlice::F64(i), HostSliceMut::F64(o)) => native!(i, o),
+        (HostSlice::I8(i), HostSliceMut::I8(o)) => native!(i, o),
+        (HostSlice::U8(i), HostSliceMut::U8(o)) => native!(i, o),
+        (HostSlice::I32(i), HostSliceMut::I32(o)) => native!(i, o),
+        (HostSlice::U32(i), HostSliceMut::U32(o)) => native!(i, o),
+        (HostSlice::I64(i), HostSliceMut::I64(o)) => native!(i, o),
+        (HostSlice::U64(i), HostSliceMut::U64(o)) => native!(i, o),
+        (HostSlice::F16(i), HostSliceMut::F16(o)) => widened!(i, o),
+        (HostSlice::BF16(i), HostSliceMut::BF16(o)) => widened!(i, o),
+        (HostSlice::F8E4M3(i), HostSliceMut::F8E4M3(o)) => widened!(i, o),
+        (HostSlice::F8E5M2(i), HostSliceMut::F8E5M2(o)) => widened!(i, o),
+        (HostSlice::I16(i), HostSliceMut::I16(o)) => native!(i, o),
+        (HostSlice::U16(i), HostSliceMut::U16(o)) => native!(i, o),
+        (HostSlice::Bool(i), HostSliceMut::Bool(o)) => {
             let logic = match op {
                 ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg => SystemOperation::max(),
                 ReduceOp::Prod | ReduceOp::Min => SystemOperation::min(),

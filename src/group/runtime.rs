@@ -557,6 +557,16 @@ impl Runtime {
         self.watchdog.error_reported();
     }
 
+    /// Ends this rank's part in the job with the application's verdict, for
+    /// programs that handle rankmesh's errors themselves (a Python script
+    /// that catches an exception and goes on). `None`: a clean exit, even
+    /// if the latest call failed. `Some(why)`: peers still in a call with
+    /// this rank are told `why` at once, as after an unhandled error.
+    /// Dropping the runtime without this names the latest failed call.
+    pub fn finish(self, failure: Option<String>) {
+        self.watchdog.verdict(failure);
+    }
+
     /// Start-up options in force.
     pub fn options(&self) -> &Options {
         &self.options

@@ -1,7 +1,11 @@
-//! Host tensors: a dtype, a shape and owned, typed storage.
+//! Host tensors: a dtype, a shape and typed storage, owned or the caller's.
 //!
-//! Storage is one typed `Vec` per dtype (never a `Vec<u8>`), so views as `&[f64]`
-//! are always aligned; the byte view used by the data plane is a zero-copy cast.
+//! Owned storage is one typed `Vec` per dtype (never a `Vec<u8>`), so views
+//! as `&[f64]` are always aligned; the byte view used by the data plane is a
+//! zero-copy cast. Borrowed storage ([`HostView`], [`HostViewMut`],
+//! [`Tensor::from_raw_parts`]) is the caller's memory, checked for
+//! alignment when the view is made, so collectives read and write a
+//! caller's buffer (a `Vec`, a NumPy array) in place.
 
 pub(crate) mod split;
 
@@ -9,6 +13,9 @@ use crate::error::{Error, Result};
 use bytemuck::Pod;
 pub use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::dtype::DType;
 
@@ -56,14 +63,127 @@ macro_rules! with_host_data {
     };
 }
 
+/// Declares an enum of one typed slice per dtype, and a macro binding the
+/// slice inside it.
+macro_rules! slice_enum {
+    ($(#[$doc:meta])* $name:ident, $with:ident, $($r:tt)*) => {
+        $(#[$doc])*
+        #[derive(Debug, PartialEq)]
+        #[allow(missing_docs)]
+        pub enum $name<'a> {
+            F32($($r)* [f32]),
+            F64($($r)* [f64]),
+            F16($($r)* [f16]),
+            BF16($($r)* [bf16]),
+            I8($($r)* [i8]),
+            U8($($r)* [u8]),
+            I32($($r)* [i32]),
+            U32($($r)* [u32]),
+            I64($($r)* [i64]),
+            U64($($r)* [u64]),
+            F8E4M3($($r)* [F8E4M3]),
+            F8E5M2($($r)* [F8E5M2]),
+            Bool($($r)* [Bool]),
+            I16($($r)* [i16]),
+            U16($($r)* [u16]),
+        }
+
+        macro_rules! $with {
+            ($data:expr, $v:ident => $body:expr) => {
+                match $data {
+                    $name::F32($v) => $body,
+                    $name::F64($v) => $body,
+                    $name::F16($v) => $body,
+                    $name::BF16($v) => $body,
+                    $name::I8($v) => $body,
+                    $name::U8($v) => $body,
+                    $name::I32($v) => $body,
+                    $name::U32($v) => $body,
+                    $name::I64($v) => $body,
+                    $name::U64($v) => $body,
+                    $name::F8E4M3($v) => $body,
+                    $name::F8E5M2($v) => $body,
+                    $name::Bool($v) => $body,
+                    $name::I16($v) => $body,
+                    $name::U16($v) => $body,
+                }
+            };
+        }
+    };
+}
+
+slice_enum!(
+    /// A tensor's elements, typed: what [`Tensor::data`] gives, whoever owns
+    /// the storage.
+    HostSlice, with_slice, &'a
+);
+slice_enum!(
+    /// A tensor's elements, typed and writable ([`Tensor::data_mut`]).
+    HostSliceMut, with_slice_mut, &'a mut
+);
+
+/// Casts `$bytes` (aligned for `$dtype`, by construction) to the typed slice
+/// enum `$name` using `$cast`.
+macro_rules! typed_bytes {
+    ($name:ident, $cast:path, $dtype:expr, $bytes:expr) => {
+        match $dtype {
+            DType::F32 => $name::F32($cast($bytes)),
+            DType::F64 => $name::F64($cast($bytes)),
+            DType::F16 => $name::F16($cast($bytes)),
+            DType::BF16 => $name::BF16($cast($bytes)),
+            DType::I8 => $name::I8($cast($bytes)),
+            DType::U8 => $name::U8($cast($bytes)),
+            DType::I32 => $name::I32($cast($bytes)),
+            DType::U32 => $name::U32($cast($bytes)),
+            DType::I64 => $name::I64($cast($bytes)),
+            DType::U64 => $name::U64($cast($bytes)),
+            DType::F8E4M3 => $name::F8E4M3($cast($bytes)),
+            DType::F8E5M2 => $name::F8E5M2($cast($bytes)),
+            DType::Bool => $name::Bool($cast($bytes)),
+            DType::I16 => $name::I16($cast($bytes)),
+            DType::U16 => $name::U16($cast($bytes)),
+        }
+    };
+}
+
+impl HostSlice<'_> {
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        with_slice!(self, v => element_dtype(v))
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        with_slice!(self, v => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn to_owned(&self) -> HostData {
+        with_slice!(self, v => Element::into_data(v.to_vec()))
+    }
+}
+
+impl HostSliceMut<'_> {
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        with_slice_mut!(self, v => element_dtype(v))
+    }
+}
+
+fn element_dtype<T: Element>(_: &[T]) -> DType {
+    T::DTYPE
+}
+
 /// A Rust type that can be a tensor element.
 pub trait Element: Pod + PartialEq + std::fmt::Debug + Send + Sync + 'static {
     /// The dtype this type stands for.
     const DTYPE: DType;
     /// Wraps a vector as storage.
     fn into_data(v: Vec<Self>) -> HostData;
-    /// Typed view of storage, `None` when the dtype differs.
-    fn view(data: &HostData) -> Option<&[Self]>;
     /// Lossy conversion used by references and reductions of 16-bit floats.
     fn to_f64(self) -> f64;
     /// Lossy conversion (round to nearest, saturating for integers).
@@ -76,12 +196,6 @@ macro_rules! element {
             const DTYPE: DType = DType::$variant;
             fn into_data(v: Vec<Self>) -> HostData {
                 HostData::$variant(v)
-            }
-            fn view(data: &HostData) -> Option<&[Self]> {
-                match data {
-                    HostData::$variant(v) => Some(v),
-                    _ => None,
-                }
             }
             fn to_f64(self) -> f64 {
                 let f: fn($t) -> f64 = $to;
@@ -208,20 +322,87 @@ impl HostData {
         }
     }
 
-    fn len(&self) -> usize {
-        with_host_data!(self, v => v.len())
+    fn bytes(&self) -> &[u8] {
+        with_host_data!(self, v => bytemuck::cast_slice(v.as_slice()))
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        with_host_data!(self, v => bytemuck::cast_slice_mut(v.as_mut_slice()))
     }
 }
 
-/// A dense, row-major host tensor.
-#[derive(Clone, Debug, PartialEq)]
+/// A dense, row-major host tensor: rankmesh's own storage, or the caller's
+/// memory borrowed without a copy ([`Tensor::view`], [`Tensor::view_mut`]).
 pub struct Tensor {
     shape: Vec<usize>,
-    data: HostData,
+    storage: Storage,
+}
+
+enum Storage {
+    Owned(HostData),
+    Borrowed(Borrowed),
+}
+
+/// The caller's memory: `nbytes` bytes at `ptr`, aligned for `dtype`.
+/// `live` is present for views made safely: it is cleared when the view
+/// ends, and a tensor moved out of its view (`mem::replace`) then reads as
+/// an empty tensor of shape `[0]` instead of touching memory it no longer
+/// borrows.
+struct Borrowed {
+    dtype: DType,
+    ptr: NonNull<u8>,
+    nbytes: usize,
+    live: Option<Arc<AtomicBool>>,
+}
+
+// SAFETY: a borrowed tensor stands for a `&[T]` or `&mut [T]` of plain
+// data, which are `Send` and `Sync`; the view or `from_raw_parts`'s
+// contract keeps the memory valid for as long as the tensor reads it.
+unsafe impl Send for Borrowed {}
+unsafe impl Sync for Borrowed {}
+
+impl Borrowed {
+    fn live(&self) -> bool {
+        self.live.as_ref().is_none_or(|l| l.load(Ordering::Acquire))
+    }
+
+    fn readable_bytes(&self) -> usize {
+        if self.live() {
+            self.nbytes
+        } else {
+            0
+        }
+    }
+}
+
+impl Clone for Tensor {
+    /// A borrowed tensor's clone is an owned copy.
+    fn clone(&self) -> Tensor {
+        let storage = match &self.storage {
+            Storage::Owned(d) => Storage::Owned(d.clone()),
+            Storage::Borrowed(_) => Storage::Owned(self.data().to_owned()),
+        };
+        Tensor {
+            shape: self.shape().to_vec(),
+            storage,
+        }
+    }
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        self.shape() == other.shape() && self.data() == other.data()
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape())
+            .field("data", &self.data())
+            .field("borrowed", &self.is_borrowed())
+            .finish()
+    }
 }
 
 /// Number of elements of a shape (1 for a scalar `[]`), saturating at
@@ -266,7 +447,7 @@ impl Tensor {
         }
         Ok(Tensor {
             shape,
-            data: T::into_data(data),
+            storage: Storage::Owned(T::into_data(data)),
         })
     }
 
@@ -280,7 +461,10 @@ impl Tensor {
                 "cannot allocate {bytes} bytes for shape {shape:?} of {dtype}"
             ))
         })?;
-        Ok(Tensor { shape, data })
+        Ok(Tensor {
+            shape,
+            storage: Storage::Owned(data),
+        })
     }
 
     /// A tensor whose elements are `f(flat_index)` converted to `dtype`.
@@ -290,7 +474,7 @@ impl Tensor {
         f: impl Fn(usize) -> f64,
     ) -> Result<Tensor> {
         let mut t = Tensor::zeros(shape, dtype)?;
-        with_host_data!(&mut t.data, v => {
+        with_slice_mut!(t.data_mut(), v => {
             for (i, x) in v.iter_mut().enumerate() {
                 *x = Element::from_f64(f(i));
             }
@@ -303,15 +487,15 @@ impl Tensor {
     /// offset within a page (which makes copies and reductions between them
     /// suffer 4K aliasing: the benchmark harness measured 3× at 1 MiB).
     pub(crate) fn copy_with_slack(&self, slack: usize) -> Tensor {
-        let data = with_host_data!(&self.data, v => {
+        let data = with_slice!(self.data(), v => {
             let extra = slack / std::mem::size_of_val(&v.first().copied().unwrap_or_default()).max(1);
             let mut copy = Vec::with_capacity(v.len() + extra);
             copy.extend_from_slice(v);
             Element::into_data(copy)
         });
         Tensor {
-            shape: self.shape.clone(),
-            data,
+            shape: self.shape().to_vec(),
+            storage: Storage::Owned(data),
         }
     }
 
@@ -330,43 +514,169 @@ impl Tensor {
         Ok(t)
     }
 
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.data.dtype()
+    /// Borrows `numel(shape)` elements of `dtype` at `ptr`, without a copy:
+    /// for bindings that hold a foreign buffer (a NumPy array) for the
+    /// length of a call. Nothing is freed when the tensor is dropped. An
+    /// error when `ptr` is null or not aligned for `dtype`, or the shape's
+    /// size overflows.
+    ///
+    /// # Safety
+    /// `ptr` addresses `numel(shape) * dtype.size()` bytes that stay valid,
+    /// and are not written by anyone else, for as long as the tensor is
+    /// used; a tensor given to an op as `&mut` is written, so its memory
+    /// must be writable.
+    pub unsafe fn from_raw_parts(
+        ptr: *mut u8,
+        dtype: DType,
+        shape: impl Into<Vec<usize>>,
+    ) -> Result<Tensor> {
+        Tensor::borrowing(ptr, dtype, shape.into(), None)
     }
 
-    /// Shape, outermost dimension first.
+    /// Borrows `data` as a tensor of `shape`, without a copy, for as long
+    /// as the returned view lives (a read-only input to any op).
+    pub fn view<T: Element>(shape: impl Into<Vec<usize>>, data: &[T]) -> Result<HostView<'_>> {
+        let shape = shape.into();
+        check_view_len(&shape, T::DTYPE, data.len())?;
+        let live = Arc::new(AtomicBool::new(true));
+        let ptr = data.as_ptr() as *mut u8;
+        // SAFETY: `data` is borrowed for the view's lifetime; a `HostView`
+        // only hands out `&Tensor`, so the memory is never written.
+        let tensor = unsafe { Tensor::borrowing(ptr, T::DTYPE, shape, Some(live.clone()))? };
+        Ok(HostView {
+            tensor,
+            _end: ViewEnd(live),
+            _borrow: std::marker::PhantomData,
+        })
+    }
+
+    /// Borrows `data` mutably as a tensor of `shape`, without a copy: an
+    /// op's output or an in-place op writes `data` itself.
+    pub fn view_mut<T: Element>(
+        shape: impl Into<Vec<usize>>,
+        data: &mut [T],
+    ) -> Result<HostViewMut<'_>> {
+        let shape = shape.into();
+        check_view_len(&shape, T::DTYPE, data.len())?;
+        let live = Arc::new(AtomicBool::new(true));
+        let ptr = data.as_mut_ptr() as *mut u8;
+        // SAFETY: `data` is borrowed mutably for the view's lifetime; a
+        // tensor moved out of the view reads as empty once the view ends.
+        let tensor = unsafe { Tensor::borrowing(ptr, T::DTYPE, shape, Some(live.clone()))? };
+        Ok(HostViewMut {
+            tensor,
+            _end: ViewEnd(live),
+            _borrow: std::marker::PhantomData,
+        })
+    }
+
+    unsafe fn borrowing(
+        ptr: *mut u8,
+        dtype: DType,
+        shape: Vec<usize>,
+        live: Option<Arc<AtomicBool>>,
+    ) -> Result<Tensor> {
+        let nbytes = checked_nbytes(&shape, dtype)?;
+        let ptr = match NonNull::new(ptr) {
+            // Empty slices have a dangling, aligned pointer: fine for 0 bytes.
+            Some(p) if (p.as_ptr() as usize).is_multiple_of(dtype.size()) => p,
+            Some(p) => {
+                return Err(Error::Tensor(format!(
+                    "memory at {p:p} is not aligned for {dtype} ({} bytes)",
+                    dtype.size()
+                )))
+            }
+            None => return Err(Error::Tensor(format!("a {dtype} view of a null pointer"))),
+        };
+        Ok(Tensor {
+            shape,
+            storage: Storage::Borrowed(Borrowed {
+                dtype,
+                ptr,
+                nbytes,
+                live,
+            }),
+        })
+    }
+
+    /// Whether the elements are the caller's memory (a view), not rankmesh's.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.storage, Storage::Borrowed(_))
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match &self.storage {
+            Storage::Owned(d) => d.dtype(),
+            Storage::Borrowed(b) => b.dtype,
+        }
+    }
+
+    /// Shape, outermost dimension first (`[0]` for a tensor moved out of a
+    /// view that has ended).
+    #[inline]
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        match &self.storage {
+            Storage::Borrowed(b) if !b.live() => &[0],
+            _ => &self.shape,
+        }
     }
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
-        self.shape.len()
+        self.shape().len()
     }
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.data.len()
+        self.bytes().len() / self.dtype().size()
     }
 
     /// Size of the storage in bytes.
     pub fn nbytes(&self) -> usize {
-        self.numel() * self.dtype().size()
+        self.bytes().len()
     }
 
-    /// The typed storage.
-    pub fn data(&self) -> &HostData {
-        &self.data
+    /// The typed elements.
+    pub fn data(&self) -> HostSlice<'_> {
+        typed_bytes!(HostSlice, bytemuck::cast_slice, self.dtype(), self.bytes())
     }
 
-    pub(crate) fn data_mut(&mut self) -> &mut HostData {
-        &mut self.data
+    /// The typed elements, writable in place.
+    pub(crate) fn data_mut(&mut self) -> HostSliceMut<'_> {
+        // Owned storage is a Vec of the dtype's type; borrowed storage was
+        // checked for its alignment when the view was made.
+        let dtype = self.dtype();
+        typed_bytes!(
+            HostSliceMut,
+            bytemuck::cast_slice_mut,
+            dtype,
+            self.bytes_mut()
+        )
+    }
+
+    /// rankmesh's own storage, `None` for a view.
+    pub(crate) fn owned_data_mut(&mut self) -> Option<&mut HostData> {
+        match &mut self.storage {
+            Storage::Owned(d) => Some(d),
+            Storage::Borrowed(_) => None,
+        }
     }
 
     /// Typed view of the elements; an error names both dtypes when `T` is wrong.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
-        T::view(&self.data).ok_or_else(|| self.not_of::<T>())
+        let held = self.dtype();
+        if held != T::DTYPE {
+            return Err(self.not_of::<T>());
+        }
+        // Owned storage is a Vec of T; borrowed storage was checked for
+        // T's alignment when the view was made.
+        bytemuck::try_cast_slice(self.bytes()).map_err(|e| {
+            Error::Tensor(format!(
+                "{held} storage is not a slice of {}: {e}",
+                T::DTYPE
+            ))
+        })
     }
 
     /// The error of a typed view asked for as `T` of a tensor of another dtype.
@@ -385,7 +695,6 @@ impl Tensor {
         if held != T::DTYPE {
             return Err(self.not_of::<T>());
         }
-        // The storage is a Vec of T's own dtype: same size and alignment.
         bytemuck::try_cast_slice_mut(self.bytes_mut()).map_err(|e| {
             Error::Tensor(format!(
                 "{held} storage is not a slice of {}: {e}",
@@ -396,17 +705,35 @@ impl Tensor {
 
     /// Elements converted to `f64` (exact for every dtype but 64-bit integers above 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        with_host_data!(&self.data, v => v.iter().map(|x| x.to_f64()).collect())
+        with_slice!(self.data(), v => v.iter().map(|x| x.to_f64()).collect())
     }
 
     /// Byte view of the storage (native endianness).
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
-        with_host_data!(&self.data, v => bytemuck::cast_slice(v.as_slice()))
+        match &self.storage {
+            Storage::Owned(d) => d.bytes(),
+            // SAFETY: the view (or `from_raw_parts`'s caller) keeps the
+            // memory valid while it is live; an ended view's slice is
+            // empty, at its aligned address, so typed casts still hold.
+            Storage::Borrowed(b) => unsafe {
+                std::slice::from_raw_parts(b.ptr.as_ptr(), b.readable_bytes())
+            },
+        }
     }
 
     /// Mutable byte view of the storage.
+    #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        with_host_data!(&mut self.data, v => bytemuck::cast_slice_mut(v.as_mut_slice()))
+        match &mut self.storage {
+            Storage::Owned(d) => d.bytes_mut(),
+            // SAFETY: as for `bytes`; only a mutable view (or a
+            // `from_raw_parts` tensor the caller hands out as `&mut`)
+            // reaches here, and its memory is writable.
+            Storage::Borrowed(b) => unsafe {
+                std::slice::from_raw_parts_mut(b.ptr.as_ptr(), b.readable_bytes())
+            },
+        }
     }
 
     /// Same data, new shape with the same number of elements.
@@ -415,7 +742,7 @@ impl Tensor {
         if checked_numel(&shape) != Some(self.numel()) {
             return Err(Error::Tensor(format!(
                 "cannot reshape {:?} ({} elements) to {shape:?}",
-                self.shape,
+                self.shape(),
                 self.numel()
             )));
         }
@@ -426,7 +753,77 @@ impl Tensor {
     /// Maps every element through `f64` (used for 16-bit reductions and references).
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         let src = self.to_f64_vec();
-        Tensor::from_fn(self.shape.clone(), dtype, |i| src[i])
+        Tensor::from_fn(self.shape().to_vec(), dtype, |i| src[i])
+    }
+}
+
+/// An error unless `len` elements are exactly what `shape` holds.
+fn check_view_len(shape: &[usize], dtype: DType, len: usize) -> Result<()> {
+    checked_nbytes(shape, dtype)?;
+    if numel(shape) != len {
+        return Err(Error::Tensor(format!(
+            "shape {shape:?} holds {} elements but the viewed slice has {len}",
+            numel(shape)
+        )));
+    }
+    Ok(())
+}
+
+/// Marks a view's tensor dead when the view ends.
+struct ViewEnd(Arc<AtomicBool>);
+
+impl Drop for ViewEnd {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// A caller's slice borrowed as a read-only [`Tensor`], without a copy
+/// ([`Tensor::view`]): pass `&view` wherever an op takes `&Tensor`.
+pub struct HostView<'a> {
+    tensor: Tensor,
+    _end: ViewEnd,
+    _borrow: std::marker::PhantomData<&'a [u8]>,
+}
+
+/// A caller's slice borrowed as a writable [`Tensor`], without a copy
+/// ([`Tensor::view_mut`]): an op's output, or an in-place op's tensor,
+/// written straight into the caller's memory.
+pub struct HostViewMut<'a> {
+    tensor: Tensor,
+    _end: ViewEnd,
+    _borrow: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl std::ops::Deref for HostView<'_> {
+    type Target = Tensor;
+    fn deref(&self) -> &Tensor {
+        &self.tensor
+    }
+}
+
+impl std::ops::Deref for HostViewMut<'_> {
+    type Target = Tensor;
+    fn deref(&self) -> &Tensor {
+        &self.tensor
+    }
+}
+
+impl std::ops::DerefMut for HostViewMut<'_> {
+    fn deref_mut(&mut self) -> &mut Tensor {
+        &mut self.tensor
+    }
+}
+
+impl std::fmt::Debug for HostView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.tensor.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for HostViewMut<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.tensor.fmt(f)
     }
 }
 
@@ -559,6 +956,51 @@ mod tests {
         let mut h = Tensor::from_vec([3], vec![half::bf16::from_f32(0.5); 3]).unwrap();
         h.as_mut_slice::<half::bf16>().unwrap()[0] = half::bf16::from_f32(-2.0);
         assert_eq!(h.to_f64_vec(), [-2.0, 0.5, 0.5]);
+    }
+
+    #[test]
+    fn views_borrow_the_callers_memory_and_refuse_what_does_not_fit() {
+        let mut data = vec![0.5f32, 1.5, 2.5, 3.5, 4.5, 5.5];
+        {
+            let mut v = Tensor::view_mut([2, 3], &mut data).unwrap();
+            assert!(v.is_borrowed());
+            v.as_mut_slice::<f32>().unwrap()[4] = -7.25;
+            // A clone is rankmesh's own copy, equal to the view.
+            let c = v.clone();
+            assert!(!c.is_borrowed());
+            assert_eq!(c, *v);
+            assert_eq!(format!("{:?}", c.data()), format!("{:?}", v.data()));
+            // A tensor moved out of its view reads as empty once the view ends.
+            let escaped = std::mem::replace(&mut *v, Tensor::zeros([1], DType::F32).unwrap());
+            assert_eq!(escaped.shape(), [2, 3]);
+            drop(v);
+            assert_eq!((escaped.shape(), escaped.nbytes()), (&[0usize][..], 0));
+            assert!(escaped.as_slice::<f32>().unwrap().is_empty());
+        }
+        assert_eq!(data[4], -7.25);
+        let e = Tensor::view([4], &data).unwrap_err().to_string();
+        assert!(
+            e.contains("[4] holds 4 elements but the viewed slice has 6"),
+            "{e}"
+        );
+        let e = Tensor::view([3], &data[..2]).unwrap_err().to_string();
+        assert!(e.contains("has 2"), "{e}");
+        // Bytes one off a 4-byte boundary are refused for f32.
+        let bytes = [0u8; 12];
+        let odd = bytes
+            .as_ptr()
+            .wrapping_add(1 + (4 - bytes.as_ptr() as usize % 4) % 4);
+        let e = unsafe { Tensor::from_raw_parts(odd as *mut u8, DType::F32, [2]) }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not aligned for f32"), "{e}");
+        let e = unsafe { Tensor::from_raw_parts(std::ptr::null_mut(), DType::U8, [0]) }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("null"), "{e}");
+        // An empty view is fine.
+        let empty: [i64; 0] = [];
+        assert_eq!(Tensor::view([0, 5], &empty).unwrap().shape(), [0, 5]);
     }
 
     #[test]

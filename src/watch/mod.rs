@@ -91,6 +91,9 @@ struct Shared {
     /// The application printed its error itself: leaving publishes it but
     /// prints nothing more.
     reported: AtomicBool,
+    /// The application's own verdict on how this rank leaves, when it gave
+    /// one ([`Watchdog::verdict`]): it replaces the latest failed call's.
+    verdict: Mutex<Option<Option<String>>>,
     secret: Secret,
     /// When the watchdog last asked another node's service about a quiet
     /// call (`now_ns`), and which of the call's other nodes is next.
@@ -133,6 +136,7 @@ impl Watchdog {
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
             reported: AtomicBool::new(false),
+            verdict: Mutex::new(None),
             secret,
             remote_at: AtomicU64::new(0),
             remote_turn: AtomicU64::new(0),
@@ -194,9 +198,11 @@ impl Watchdog {
     /// instead of waiting for `RANKMESH_TIMEOUT`. Nothing for a clean exit.
     pub fn leaving(&self, panic: Option<String>) {
         let s = &*self.shared;
-        let reason = match panic {
-            Some(p) => Some(format!("panicked: {p}")),
-            None => s.recorder.last_failed().and_then(|last| {
+        let verdict = s.verdict.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let reason = match (panic, verdict) {
+            (Some(p), _) => Some(format!("panicked: {p}")),
+            (None, Some(verdict)) => verdict,
+            (None, None) => s.recorder.last_failed().and_then(|last| {
                 let failure = s.failure.lock().unwrap_or_else(|e| e.into_inner());
                 failure
                     .as_ref()
@@ -243,6 +249,17 @@ impl Watchdog {
                 std::thread::sleep(LEAVER_GRACE);
                 abort_job(LEFT_EXIT)
             });
+    }
+
+    /// How this rank leaves, in the application's words: `None` when it
+    /// ends cleanly (a failed call it handled is no reason to name), or the
+    /// error it ends with (which need not be rankmesh's).
+    pub fn verdict(&self, failure: Option<String>) {
+        *self
+            .shared
+            .verdict
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(failure);
     }
 
     /// The application has printed its error: [`leaving`](Self::leaving)

@@ -20,6 +20,7 @@ pub mod planes;
 pub mod reference;
 mod stateless;
 mod streamed;
+mod views;
 mod workspace;
 
 use rankmesh::Runtime;
@@ -137,6 +138,20 @@ pub const ALL: &[Scenario] = &[
         sizes: &[],
         env: HIER,
         run: uneven,
+    },
+    Scenario {
+        name: "views",
+        nodes: &[],
+        sizes: ALL_SIZES,
+        env: &[],
+        run: views::run,
+    },
+    Scenario {
+        name: "views_mpi",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[("RANKMESH_HOST_PLANE", "mpi")],
+        run: views::run,
     },
     Scenario {
         name: "collectives",

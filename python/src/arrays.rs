@@ -1,0 +1,359 @@
+//! NumPy arrays and torch CPU tensors as rankmesh tensors, without a copy.
+//!
+//! An array with the buffer protocol (NumPy's own dtypes) is borrowed
+//! through `PyObject_GetBuffer`, held until the call returns; one without
+//! (NumPy arrays of `ml_dtypes`' bfloat16 and fp8, torch tensors) through
+//! `__array_interface__` or `data_ptr()`, holding the object. A
+//! non-contiguous input is copied to a contiguous one first; a
+//! non-contiguous or read-only output is refused, since it cannot be
+//! written in place.
+
+use crate::errors::TensorError;
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use rankmesh::{DType, Tensor};
+
+/// The dtypes rankmesh moves, by their NumPy (and torch) names.
+pub const NAMES: &[(&str, DType)] = &[
+    ("float32", DType::F32),
+    ("float64", DType::F64),
+    ("float16", DType::F16),
+    ("bfloat16", DType::BF16),
+    ("int8", DType::I8),
+    ("uint8", DType::U8),
+    ("int16", DType::I16),
+    ("uint16", DType::U16),
+    ("int32", DType::I32),
+    ("uint32", DType::U32),
+    ("int64", DType::I64),
+    ("uint64", DType::U64),
+    ("bool", DType::Bool),
+    ("float8_e4m3fn", DType::F8E4M3),
+    ("float8_e5m2", DType::F8E5M2),
+];
+
+fn by_name(name: &str) -> Option<DType> {
+    let name = name.strip_prefix("torch.").unwrap_or(name);
+    NAMES.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
+}
+
+/// The NumPy name of `dtype`.
+pub fn name_of(dtype: DType) -> &'static str {
+    NAMES
+        .iter()
+        .find(|(_, d)| *d == dtype)
+        .map(|(n, _)| *n)
+        .expect("every dtype is named")
+}
+
+/// The dtype of a buffer's struct-module format, `None` when rankmesh does
+/// not move it (or it is not native-endian).
+fn by_format(format: &str, itemsize: usize) -> Option<DType> {
+    let f = format.trim_start_matches(['@', '=', '<']);
+    Some(match (f, itemsize) {
+        ("f", 4) => DType::F32,
+        ("d", 8) => DType::F64,
+        ("e", 2) => DType::F16,
+        ("b", 1) => DType::I8,
+        ("B", 1) => DType::U8,
+        ("h", 2) => DType::I16,
+        ("H", 2) => DType::U16,
+        ("i" | "l", 4) => DType::I32,
+        ("I" | "L", 4) => DType::U32,
+        ("l" | "q", 8) => DType::I64,
+        ("L" | "Q", 8) => DType::U64,
+        ("?", 1) => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// What keeps the memory alive while rankmesh uses it.
+enum Held {
+    /// A buffer export (released on drop, with the GIL held).
+    Buffer(Box<ffi::Py_buffer>),
+    /// The object itself (or a contiguous copy of the caller's).
+    Object(#[allow(dead_code)] Py<PyAny>),
+}
+
+/// An array borrowed as a tensor for the length of one call.
+pub struct Borrowed {
+    // Dropped before `held`: the tensor never outlives the memory.
+    tensor: Tensor,
+    _held: Held,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Held::Buffer(view) = self {
+            // SAFETY: the view came from a successful PyObject_GetBuffer;
+            // borrows are dropped where the GIL is held.
+            unsafe { ffi::PyBuffer_Release(&mut **view) };
+        }
+    }
+}
+
+/// Moves a borrowed tensor into the closure that runs with the GIL
+/// released; `Python::detach` runs it on this same thread.
+pub struct Here<T>(T);
+
+// SAFETY: `detach` runs its closure on the calling thread.
+unsafe impl<T> Send for Here<T> {}
+
+impl<T> Here<T> {
+    pub fn new(t: T) -> Here<T> {
+        Here(t)
+    }
+
+    /// The value (a method, so a closure captures the whole wrapper).
+    pub fn get(self) -> T {
+        self.0
+    }
+}
+
+impl Borrowed {
+    /// `x` for reading: a non-contiguous array is copied first.
+    pub fn readable(x: &Bound<'_, PyAny>) -> PyResult<Borrowed> {
+        Borrowed::of(x, false)
+    }
+
+    /// `x` for writing in place: C-contiguous and writable, or refused.
+    pub fn writable(x: &Bound<'_, PyAny>) -> PyResult<Borrowed> {
+        Borrowed::of(x, true)
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.tensor.shape()
+    }
+
+    pub fn tensor(&self) -> Here<&Tensor> {
+        Here(&self.tensor)
+    }
+
+    pub fn tensor_mut(&mut self) -> Here<&mut Tensor> {
+        Here(&mut self.tensor)
+    }
+
+    fn of(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
+        if let Some(b) = Borrowed::from_buffer(x, write)? {
+            return Ok(b);
+        }
+        if x.hasattr("__array_interface__")? {
+            return Borrowed::from_array_interface(x, write);
+        }
+        if x.hasattr("data_ptr")? && x.hasattr("is_contiguous")? {
+            return Borrowed::from_torch(x, write);
+        }
+        Err(PyTypeError::new_err(format!(
+            "rankmesh moves NumPy arrays and torch CPU tensors; got {}",
+            type_name(x)
+        )))
+    }
+
+    /// Through the buffer protocol; `None` when `x` exports none, or one of
+    /// a format the protocol cannot name (NumPy's ml_dtypes types).
+    fn from_buffer(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Option<Borrowed>> {
+        let mut view = Box::new(std::mem::MaybeUninit::<ffi::Py_buffer>::zeroed());
+        let flags = ffi::PyBUF_RECORDS_RO | if write { ffi::PyBUF_WRITABLE } else { 0 };
+        // SAFETY: `x` is a live object; on success the view is filled.
+        if unsafe { ffi::PyObject_GetBuffer(x.as_ptr(), view.as_mut_ptr(), flags) } != 0 {
+            let err = PyErr::take(x.py());
+            if write
+                && x.hasattr("flags")?
+                && !x
+                    .getattr("flags")?
+                    .getattr("writeable")?
+                    .extract::<bool>()?
+            {
+                return Err(TensorError::new_err(format!(
+                    "{} is read-only: an in-place op or an output must be writable",
+                    describe(x)
+                )));
+            }
+            drop(err);
+            return Ok(None);
+        }
+        // SAFETY: filled by the successful call above.
+        let view: Box<ffi::Py_buffer> = unsafe { Box::from_raw(Box::into_raw(view).cast()) };
+        let held = Held::Buffer(view);
+        let Held::Buffer(v) = &held else {
+            unreachable!()
+        };
+        let format = if v.format.is_null() {
+            "B".to_string()
+        } else {
+            // SAFETY: a non-null format is a NUL-terminated string.
+            unsafe { std::ffi::CStr::from_ptr(v.format) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let Some(dtype) = by_format(&format, v.itemsize as usize) else {
+            if x.hasattr("__array_interface__")? {
+                return Ok(None);
+            }
+            return Err(PyTypeError::new_err(format!(
+                "rankmesh does not move elements of buffer format {format:?} ({}); it moves {}",
+                describe(x),
+                supported()
+            )));
+        };
+        // SAFETY: the view is live; `shape` has `ndim` entries.
+        let shape: Vec<usize> = (0..v.ndim as usize)
+            .map(|i| unsafe { *v.shape.add(i) } as usize)
+            .collect();
+        // SAFETY: the view is live.
+        let contiguous = unsafe { ffi::PyBuffer_IsContiguous(&**v, b'C' as _) } != 0;
+        if !contiguous {
+            drop(held);
+            return Borrowed::contiguous_copy(x, write).map(Some);
+        }
+        let ptr = v.buf.cast::<u8>();
+        // SAFETY: the export holds `len` bytes at `buf` until released, and
+        // is writable when asked with PyBUF_WRITABLE.
+        let tensor =
+            unsafe { Tensor::from_raw_parts(ptr, dtype, shape) }.map_err(crate::errors::to_py)?;
+        Ok(Some(Borrowed {
+            tensor,
+            _held: held,
+        }))
+    }
+
+    /// NumPy arrays whose dtype the buffer protocol cannot name.
+    fn from_array_interface(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
+        let name: String = x.getattr("dtype")?.getattr("name")?.extract()?;
+        let dtype = dtype_named(&name, x)?;
+        let ai = x.getattr("__array_interface__")?;
+        let ai = ai.cast::<PyDict>()?;
+        let data = ai
+            .get_item("data")?
+            .ok_or_else(|| TensorError::new_err("no data in __array_interface__"))?;
+        let (ptr, readonly): (usize, bool) = data.extract()?;
+        let strides = ai.get_item("strides")?;
+        let c_contiguous: bool = x.getattr("flags")?.getattr("c_contiguous")?.extract()?;
+        if strides.is_some_and(|s| !s.is_none()) && !c_contiguous {
+            return Borrowed::contiguous_copy(x, write);
+        }
+        if write && readonly {
+            return Err(TensorError::new_err(format!(
+                "{} is read-only: an in-place op or an output must be writable",
+                describe(x)
+            )));
+        }
+        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        Borrowed::raw(x, ptr, dtype, shape)
+    }
+
+    fn from_torch(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
+        let device: String = x.getattr("device")?.getattr("type")?.extract()?;
+        if device != "cpu" {
+            return Err(TensorError::new_err(format!(
+                "{}: this build moves CPU tensors only (the device plane's Python binding is not written yet)",
+                describe(x)
+            )));
+        }
+        let name: String = x.getattr("dtype")?.str()?.extract()?;
+        let dtype = dtype_named(&name, x)?;
+        if !x.call_method0("is_contiguous")?.extract::<bool>()? {
+            return Borrowed::contiguous_copy(x, write);
+        }
+        let ptr: usize = x.call_method0("data_ptr")?.extract()?;
+        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        Borrowed::raw(x, ptr, dtype, shape)
+    }
+
+    fn raw(
+        x: &Bound<'_, PyAny>,
+        ptr: usize,
+        dtype: DType,
+        shape: Vec<usize>,
+    ) -> PyResult<Borrowed> {
+        // A zero-size array may have no address; any aligned one will do.
+        let ptr = if ptr == 0 && rankmesh::numel(&shape) == 0 {
+            dtype.size()
+        } else {
+            ptr
+        };
+        // SAFETY: the object is held (so is its memory) until the call
+        // returns; the interface said the memory is writable when asked.
+        let tensor = unsafe { Tensor::from_raw_parts(ptr as *mut u8, dtype, shape) }
+            .map_err(crate::errors::to_py)?;
+        Ok(Borrowed {
+            tensor,
+            _held: Held::Object(x.clone().unbind()),
+        })
+    }
+
+    /// A contiguous copy of an input; a non-contiguous output is refused.
+    fn contiguous_copy(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
+        if write {
+            return Err(TensorError::new_err(format!(
+                "{} is not C-contiguous: an in-place op or an output is written in place, so it must be \
+                 contiguous (pass numpy.ascontiguousarray(x) and use the result)",
+                describe(x)
+            )));
+        }
+        let copy = if x.hasattr("contiguous")? && x.hasattr("data_ptr")? {
+            x.call_method0("contiguous")?
+        } else {
+            x.py()
+                .import("numpy")?
+                .call_method1("ascontiguousarray", (x,))?
+        };
+        Borrowed::of(&copy, false)
+    }
+}
+
+fn dtype_named(name: &str, x: &Bound<'_, PyAny>) -> PyResult<DType> {
+    by_name(name).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "rankmesh does not move {name} ({}); it moves {}",
+            describe(x),
+            supported()
+        ))
+    })
+}
+
+fn supported() -> String {
+    NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+}
+
+fn type_name(x: &Bound<'_, PyAny>) -> String {
+    x.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "an object".into())
+}
+
+/// "a numpy.ndarray of shape (2, 3)" for messages.
+fn describe(x: &Bound<'_, PyAny>) -> String {
+    let shape = x
+        .getattr("shape")
+        .and_then(|s| s.str())
+        .map(|s| format!(" of shape {s}"))
+        .unwrap_or_default();
+    format!("a {}{shape}", type_name(x))
+}
+
+/// Where a new output array comes from.
+pub struct Out;
+
+impl Out {
+    /// An uninitialised array like `x` (its dtype, its library) of `shape`.
+    pub fn empty_like<'py>(x: &Bound<'py, PyAny>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+        let py = x.py();
+        let dims = PyTuple::new(py, shape)?;
+        if x.hasattr("new_empty")? {
+            return x.call_method1("new_empty", (dims,));
+        }
+        let numpy = py.import("numpy")?;
+        let dtype = match x.getattr("dtype") {
+            Ok(d) => d,
+            Err(_) => {
+                let t = Borrowed::readable(x)?;
+                numpy.call_method1("dtype", (name_of(t.tensor.dtype()),))?
+            }
+        };
+        numpy.call_method1("empty", (dims, dtype))
+    }
+}

@@ -1,0 +1,90 @@
+//! rankmesh's errors as Python exceptions: one `rankmesh.Error` subclass per
+//! kind, carrying the library's message (the same on every rank that fails).
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(rankmesh, Error, PyException, "Every error rankmesh raises.");
+create_exception!(
+    rankmesh,
+    MismatchError,
+    Error,
+    "The members are in different calls, or passed different arguments."
+);
+create_exception!(rankmesh, InvalidArgumentError, Error, "Every member passed the same call, but its arguments cannot work (a bad dim, a shape that does not divide).");
+create_exception!(
+    rankmesh,
+    TensorError,
+    Error,
+    "A tensor that cannot be used as given (its size, layout or memory)."
+);
+create_exception!(
+    rankmesh,
+    StateError,
+    Error,
+    "A call out of order: groups not initialised, or initialised twice."
+);
+create_exception!(
+    rankmesh,
+    TimeoutError,
+    Error,
+    "A call that did not complete in time."
+);
+create_exception!(
+    rankmesh,
+    PeerError,
+    Error,
+    "A member failed or left, or a link to it broke."
+);
+create_exception!(
+    rankmesh,
+    ObjectError,
+    Error,
+    "An object that cannot cross ranks (its type, or bytes a peer sent)."
+);
+create_exception!(
+    rankmesh,
+    StartupError,
+    Error,
+    "The job could not start (launcher, MPI, layout)."
+);
+create_exception!(rankmesh, GpuError, Error, "The device plane: CUDA or NCCL.");
+
+/// The exception of a library error.
+pub fn to_py(e: rankmesh::Error) -> PyErr {
+    use rankmesh::Error as E;
+    let msg = e.to_string();
+    match e {
+        E::Mismatch { .. } => MismatchError::new_err(msg),
+        E::InvalidArgument { .. } | E::Usage { .. } => InvalidArgumentError::new_err(msg),
+        E::Tensor(_) => TensorError::new_err(msg),
+        E::State(_) | E::Workspace { .. } => StateError::new_err(msg),
+        E::Timeout { .. } => TimeoutError::new_err(msg),
+        E::Failed { .. } | E::Connection { .. } => PeerError::new_err(msg),
+        E::Decode { .. } | E::Encode { .. } => ObjectError::new_err(msg),
+        E::Launch(_) | E::Startup(_) | E::Layout(_) => StartupError::new_err(msg),
+        E::Nccl { .. } | E::Gpu(_) => GpuError::new_err(msg),
+        #[allow(unreachable_patterns)]
+        _ => Error::new_err(msg),
+    }
+}
+
+/// Adds the exception classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("MismatchError", py.get_type::<MismatchError>())?;
+    m.add(
+        "InvalidArgumentError",
+        py.get_type::<InvalidArgumentError>(),
+    )?;
+    m.add("TensorError", py.get_type::<TensorError>())?;
+    m.add("StateError", py.get_type::<StateError>())?;
+    m.add("TimeoutError", py.get_type::<TimeoutError>())?;
+    m.add("PeerError", py.get_type::<PeerError>())?;
+    m.add("ObjectError", py.get_type::<ObjectError>())?;
+    m.add("StartupError", py.get_type::<StartupError>())?;
+    m.add("GpuError", py.get_type::<GpuError>())?;
+    Ok(())
+}

@@ -1,0 +1,504 @@
+//! `rankmesh._native`: the Rust side of the Python package. The package's
+//! `__init__.py` holds the module-level state (FastVideo's
+//! `parallel_state`) and the names; this module borrows arrays, runs the
+//! library's collectives with the GIL released, and turns its errors into
+//! exceptions.
+
+mod arrays;
+mod errors;
+mod objects;
+
+use arrays::{Borrowed, Here, Out};
+use errors::to_py;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use rankmesh::{Collectives, GroupCoordinator, Objects, ParallelState, ReduceOp};
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
+
+/// A group handle's coordinator, emptied when the runtime finalizes (a
+/// communicator must be freed before `MPI_Finalize`).
+type Slot = Rc<RefCell<Option<GroupCoordinator<'static>>>>;
+
+/// The job's runtime and its parallel state: one per process, made by
+/// `init_distributed_environment` and finalized at exit.
+#[pyclass(unsendable)]
+struct Runtime {
+    /// Leaked at init and reclaimed by `finalize`, after every group.
+    rt: Option<&'static rankmesh::Runtime>,
+    state: Option<ParallelState<'static>>,
+    groups: Vec<Weak<RefCell<Option<GroupCoordinator<'static>>>>>,
+}
+
+impl Runtime {
+    fn rt(&self) -> PyResult<&'static rankmesh::Runtime> {
+        self.rt
+            .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))
+    }
+
+    fn state(&self) -> PyResult<&ParallelState<'static>> {
+        self.state
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))
+    }
+
+    fn handle(&mut self, g: GroupCoordinator<'static>) -> Group {
+        let slot: Slot = Rc::new(RefCell::new(Some(g)));
+        self.groups.retain(|w| w.strong_count() > 0);
+        self.groups.push(Rc::downgrade(&slot));
+        Group { slot }
+    }
+}
+
+#[pymethods]
+impl Runtime {
+    /// Starts MPI (if the launcher has not) and rankmesh on this rank.
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<Runtime> {
+        let rt = py
+            .detach(|| rankmesh::Runtime::init().map(Here::new).map_err(Here::new))
+            .map_err(|e| to_py(e.get()))?
+            .get();
+        let rt: &'static rankmesh::Runtime = Box::leak(Box::new(rt));
+        let state = ParallelState::new(rt).map_err(to_py)?;
+        Ok(Runtime {
+            rt: Some(rt),
+            state: Some(state),
+            groups: Vec::new(),
+        })
+    }
+
+    /// World rank.
+    #[getter]
+    fn rank(&self) -> PyResult<usize> {
+        Ok(self.rt()?.rank())
+    }
+
+    /// World size.
+    #[getter]
+    fn size(&self) -> PyResult<usize> {
+        Ok(self.rt()?.size())
+    }
+
+    /// Rank among the processes of this node.
+    #[getter]
+    fn local_rank(&self) -> PyResult<usize> {
+        Ok(self.rt()?.world().me().local_rank)
+    }
+
+    /// Processes on this node.
+    #[getter]
+    fn local_size(&self) -> PyResult<usize> {
+        Ok(self.rt()?.world().me().local_size)
+    }
+
+    /// FastVideo's `initialize_model_parallel` (collective over the world).
+    fn initialize_model_parallel(&mut self, py: Python<'_>, tp: usize, sp: usize) -> PyResult<()> {
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))?;
+        let state = Here::new(state);
+        py.detach(move || state.get().initialize_model_parallel(tp, sp, None))
+            .map_err(to_py)
+    }
+
+    fn model_parallel_is_initialized(&self) -> PyResult<bool> {
+        Ok(self.state()?.model_parallel_is_initialized())
+    }
+
+    fn destroy_model_parallel(&mut self) -> PyResult<()> {
+        if let Some(s) = self.state.as_mut() {
+            s.destroy_model_parallel();
+        }
+        Ok(())
+    }
+
+    /// The world group.
+    fn world_group(&mut self) -> PyResult<Group> {
+        let g = self.state()?.world().clone();
+        Ok(self.handle(g))
+    }
+
+    /// The group in force of `kind` ("tp", "sp" or "dp").
+    fn group(&mut self, kind: &str) -> PyResult<Group> {
+        let state = self.state()?;
+        let g = match kind {
+            "tp" => state.tp(),
+            "sp" => state.sp(),
+            "dp" => state.dp(),
+            _ => return Err(PyRuntimeError::new_err(format!("no group kind {kind:?}"))),
+        }
+        .map_err(to_py)?;
+        Ok(self.handle(g))
+    }
+
+    /// A group of the world ranks `ranks` (collective over the world: every
+    /// rank calls it with the same list).
+    fn subgroup(&mut self, py: Python<'_>, name: &str, ranks: Vec<usize>) -> PyResult<Group> {
+        let rt = Here::new(self.rt()?);
+        let g = py
+            .detach(move || rt.get().subgroup(name, &ranks).map(Here::new))
+            .map_err(to_py)?
+            .get();
+        Ok(self.handle(g))
+    }
+
+    /// Frees every group, then the runtime (`MPI_Finalize`). `failure`:
+    /// the uncaught exception the script ends with, told to peers still in
+    /// a call with this rank; `None` for a clean exit (errors the script
+    /// caught are not reasons to name). Handles still held refuse further
+    /// calls.
+    #[pyo3(signature = (failure = None))]
+    fn finalize(&mut self, failure: Option<String>) {
+        for w in self.groups.drain(..) {
+            if let Some(slot) = w.upgrade() {
+                slot.borrow_mut().take();
+            }
+        }
+        self.state.take();
+        if let Some(rt) = self.rt.take() {
+            // SAFETY: `rt` came from `Box::leak` in `new`, and nothing that
+            // borrows it is left: the groups and the state were dropped above.
+            let rt =
+                unsafe { Box::from_raw(rt as *const rankmesh::Runtime as *mut rankmesh::Runtime) };
+            rt.finish(failure);
+        }
+    }
+}
+
+/// One group: FastVideo's `GroupCoordinator` methods on NumPy arrays.
+#[pyclass(unsendable)]
+struct Group {
+    slot: Slot,
+}
+
+impl Group {
+    /// Runs `f` on the group with the GIL released.
+    fn run<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&GroupCoordinator<'static>) -> rankmesh::Result<R> + Send,
+    ) -> PyResult<R> {
+        let slot = self.slot.borrow();
+        let g = slot
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))?;
+        let g = Here::new(g);
+        py.detach(move || f(g.get())).map_err(to_py)
+    }
+
+    fn with_group<R>(&self, f: impl FnOnce(&GroupCoordinator<'static>) -> R) -> PyResult<R> {
+        let slot = self.slot.borrow();
+        let g = slot
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))?;
+        Ok(f(g))
+    }
+
+    /// A local refusal still calls in (a barrier the peers' call does not
+    /// match), so that every member gets an error instead of waiting.
+    fn refuse<T>(&self, py: Python<'_>, e: PyErr) -> PyResult<T> {
+        let _ = self.run(py, |g| g.barrier());
+        Err(e)
+    }
+}
+
+fn reduce_op(op: &str) -> PyResult<ReduceOp> {
+    Ok(match op.to_ascii_lowercase().as_str() {
+        "sum" => ReduceOp::Sum,
+        "prod" | "product" => ReduceOp::Prod,
+        "min" => ReduceOp::Min,
+        "max" => ReduceOp::Max,
+        "avg" | "mean" => ReduceOp::Avg,
+        _ => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown reduce op {op:?} (sum, prod, min, max, avg)"
+            )))
+        }
+    })
+}
+
+#[pymethods]
+impl Group {
+    #[getter]
+    fn name(&self) -> PyResult<String> {
+        self.with_group(|g| g.name().to_string())
+    }
+
+    #[getter]
+    fn ranks(&self) -> PyResult<Vec<usize>> {
+        self.with_group(|g| g.ranks().to_vec())
+    }
+
+    #[getter]
+    fn world_size(&self) -> PyResult<usize> {
+        self.with_group(|g| g.size())
+    }
+
+    #[getter]
+    fn rank_in_group(&self) -> PyResult<usize> {
+        self.with_group(|g| g.rank_in_group())
+    }
+
+    #[getter]
+    fn rank(&self) -> PyResult<usize> {
+        self.with_group(|g| g.global_rank())
+    }
+
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |g| g.barrier())
+    }
+
+    /// Reduces `x` across the group in place; returns `x` itself.
+    #[pyo3(signature = (x, op = "sum"))]
+    fn all_reduce<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        op: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let op = reduce_op(op)?;
+        let mut t = match Borrowed::writable(&x) {
+            Ok(t) => t,
+            Err(e) => return self.refuse(py, e),
+        };
+        let tensor = t.tensor_mut();
+        self.run(py, move |g| g.all_reduce_in_place(tensor.get(), op))?;
+        Ok(x)
+    }
+
+    /// Copies `x` from group rank `src` into every member's `x`, in place.
+    #[pyo3(signature = (x, src = 0))]
+    fn broadcast<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        src: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut t = match Borrowed::writable(&x) {
+            Ok(t) => t,
+            Err(e) => return self.refuse(py, e),
+        };
+        let tensor = t.tensor_mut();
+        self.run(py, move |g| g.broadcast(tensor.get(), src))?;
+        Ok(x)
+    }
+
+    /// Concatenation of every member's `x` along `dim`.
+    #[pyo3(signature = (x, dim = -1))]
+    fn all_gather<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        dim: isize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let size = self.world_size()?;
+        self.with_new_output(
+            py,
+            &x,
+            |shape| out_shape(rankmesh::Op::AllGather, shape, dim, size),
+            |g, t, o| g.all_gather_into(t, o, dim),
+        )
+    }
+
+    /// Sum (or `op`) over the group, slice `rank_in_group` of `dim` kept.
+    #[pyo3(signature = (x, dim = 0, op = "sum"))]
+    fn reduce_scatter<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        dim: isize,
+        op: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let op = reduce_op(op)?;
+        let size = self.world_size()?;
+        self.with_new_output(
+            py,
+            &x,
+            |shape| out_shape(rankmesh::Op::ReduceScatter, shape, dim, size),
+            |g, t, o| g.reduce_scatter_into(t, o, dim, op),
+        )
+    }
+
+    /// FastVideo's `all_to_all_4D` (`[B, S/P, H, D] ↔ [B, S, H/P, D]`).
+    #[pyo3(signature = (x, scatter_dim = 2, gather_dim = 1))]
+    #[allow(non_snake_case)] // FastVideo's name
+    fn all_to_all_4D<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        scatter_dim: usize,
+        gather_dim: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let size = self.world_size()?;
+        self.with_new_output(
+            py,
+            &x,
+            |shape| {
+                let mut s = shape.to_vec();
+                if s.len() == 4
+                    && scatter_dim < 4
+                    && gather_dim < 4
+                    && s[scatter_dim].is_multiple_of(size)
+                {
+                    s[scatter_dim] /= size;
+                    s[gather_dim] *= size;
+                }
+                s
+            },
+            |g, t, o| g.all_to_all_4d_into(t, o, scatter_dim, gather_dim),
+        )
+    }
+
+    /// Concatenation along `dim` on group rank `dst` (`None` elsewhere).
+    #[pyo3(signature = (x, dst = 0, dim = -1))]
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        dst: usize,
+        dim: isize,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let (size, me) = (self.world_size()?, self.rank_in_group()?);
+        let out = self.with_new_output(
+            py,
+            &x,
+            |shape| {
+                if me == dst {
+                    out_shape(rankmesh::Op::AllGather, shape, dim, size)
+                } else {
+                    vec![0]
+                }
+            },
+            |g, t, o| g.gather_into(t, o, dst, dim),
+        )?;
+        Ok((me == dst).then_some(out))
+    }
+
+    /// Sends `x` to group rank `dst` (the next member when `None`).
+    #[pyo3(signature = (x, dst = None))]
+    fn send(&self, py: Python<'_>, x: Bound<'_, PyAny>, dst: Option<usize>) -> PyResult<()> {
+        let t = match Borrowed::readable(&x) {
+            Ok(t) => t,
+            Err(e) => return self.refuse(py, e),
+        };
+        let tensor = t.tensor();
+        self.run(py, move |g| g.send(tensor.get(), dst))
+    }
+
+    /// Receives into `out` from group rank `src` (the previous member when
+    /// `None`); returns `out`.
+    #[pyo3(signature = (out, src = None))]
+    fn recv_into<'py>(
+        &self,
+        py: Python<'py>,
+        out: Bound<'py, PyAny>,
+        src: Option<usize>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut t = match Borrowed::writable(&out) {
+            Ok(t) => t,
+            Err(e) => return self.refuse(py, e),
+        };
+        let tensor = t.tensor_mut();
+        self.run(py, move |g| g.recv_into(tensor.get(), src))?;
+        Ok(out)
+    }
+
+    /// `obj` from group rank `src` on every member (safe format, no pickle).
+    #[pyo3(signature = (obj = None, src = 0))]
+    fn broadcast_object<'py>(
+        &self,
+        py: Python<'py>,
+        obj: Option<Bound<'py, PyAny>>,
+        src: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mine = self.rank_in_group()? == src;
+        let value = if mine {
+            let obj = obj.unwrap_or_else(|| py.None().into_bound(py));
+            match objects::Value::from_py(&obj) {
+                Ok(v) => v,
+                Err(e) => return self.refuse(py, e),
+            }
+        } else {
+            objects::Value::None
+        };
+        let v = self.run(py, move |g| g.broadcast_object(mine.then_some(&value), src))?;
+        v.into_py(py)
+    }
+
+    /// Every member's `obj`, in group-rank order.
+    fn all_gather_object<'py>(
+        &self,
+        py: Python<'py>,
+        obj: Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let value = match objects::Value::from_py(&obj) {
+            Ok(v) => v,
+            Err(e) => return self.refuse(py, e),
+        };
+        let all = self.run(py, move |g| g.all_gather_object(&value))?;
+        all.into_iter().map(|v| v.into_py(py)).collect()
+    }
+}
+
+impl Group {
+    /// Allocates the output (`numpy.empty` of `shape_of(x.shape)` and
+    /// `x`'s dtype, or `x.new_empty` for a torch tensor) and runs `f` into it.
+    fn with_new_output<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        shape_of: impl FnOnce(&[usize]) -> Vec<usize>,
+        f: impl FnOnce(
+                &GroupCoordinator<'static>,
+                &rankmesh::Tensor,
+                &mut rankmesh::Tensor,
+            ) -> rankmesh::Result<()>
+            + Send,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = match Borrowed::readable(x) {
+            Ok(t) => t,
+            Err(e) => return self.refuse(py, e),
+        };
+        let shape = shape_of(t.shape());
+        let out = Out::empty_like(x, &shape)?;
+        let mut o = Borrowed::writable(&out)?;
+        let (tensor, otensor) = (t.tensor(), o.tensor_mut());
+        self.run(py, move |g| f(g, tensor.get(), otensor.get()))?;
+        Ok(out)
+    }
+}
+
+/// The output shape of a gathering op (the input's when the arguments are
+/// bad: the call then fails on every rank with the op's own message).
+fn out_shape(op: rankmesh::Op, shape: &[usize], dim: isize, size: usize) -> Vec<usize> {
+    let nd = shape.len() as isize;
+    let d = if dim < 0 { dim + nd } else { dim };
+    let mut s = shape.to_vec();
+    if (0..nd).contains(&d) {
+        let d = d as usize;
+        match op {
+            rankmesh::Op::ReduceScatter if s[d].is_multiple_of(size) => s[d] /= size,
+            rankmesh::Op::AllGather => s[d] *= size,
+            _ => {}
+        }
+    }
+    s
+}
+
+/// A tuple of the library's dtypes this module moves, by NumPy name.
+#[pyfunction]
+fn dtypes(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+    PyTuple::new(py, arrays::NAMES.iter().map(|(n, _)| *n))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Runtime>()?;
+    m.add_class::<Group>()?;
+    m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    errors::register(m)?;
+    Ok(())
+}

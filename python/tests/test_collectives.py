@@ -1,0 +1,148 @@
+import numpy as np
+import pytest
+from conftest import DTYPES, make, tol
+
+import rankmesh as dist
+
+
+def world():
+    return dist.get_world_group()
+
+
+def reduce_ref(parts, op):
+    if parts[0].dtype == np.bool_:
+        return np.logical_or.reduce(parts) if op in ("sum", "max") else np.logical_and.reduce(parts)
+    wide = [p.astype(np.float64) for p in parts]
+    out = {"sum": np.sum, "max": np.max, "min": np.min}[op](np.stack(wide), axis=0)
+    return out
+
+
+def close(got, want, dtype):
+    got = np.asarray(got).astype(np.float64)
+    want = np.asarray(want).astype(np.float64)
+    assert got.shape == want.shape
+    t = tol(dtype)
+    assert np.all(np.abs(got - want) <= t * np.maximum(np.abs(want), 1.0)), (got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 4)])
+def test_all_reduce_in_place_matches_the_reference(dtype, op, shape):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    parts = [make(r, shape, dtype, seed=1) for r in range(p)]
+    x = parts[me].copy()
+    addr = x.ctypes.data
+    y = g.all_reduce(x, op)
+    assert y is x and x.ctypes.data == addr, "all_reduce is in place, no copy"
+    close(x, reduce_ref(parts, op), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_all_gather_and_gather(dtype, dim):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    parts = [make(r, (2, 3, 4), dtype, seed=2) for r in range(p)]
+    out = g.all_gather(parts[me], dim)
+    assert out.dtype == parts[me].dtype
+    np.testing.assert_array_equal(out, np.concatenate(parts, axis=dim))
+    got = g.gather(parts[me], dst=p - 1, dim=dim)
+    if me == p - 1:
+        np.testing.assert_array_equal(got, np.concatenate(parts, axis=dim))
+    else:
+        assert got is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=lambda d: np.dtype(d).name)
+def test_reduce_scatter(dtype):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    parts = [make(r, (2 * p, 3), dtype, seed=3) for r in range(p)]
+    out = g.reduce_scatter(parts[me], dim=0)
+    close(out, reduce_ref(parts, "sum")[2 * me: 2 * me + 2], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_broadcast_in_place(dtype):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    src = p - 1
+    x = make(me, (4, 3), dtype, seed=4)
+    addr = x.ctypes.data
+    assert g.broadcast(x, src) is x and x.ctypes.data == addr
+    np.testing.assert_array_equal(x, make(src, (4, 3), dtype, seed=4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_all_to_all_4D_there_and_back(dtype):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    B, S, H, D = 2, 3, 2 * p, 4
+    parts = [make(r, (B, S, H, D), dtype, seed=5) for r in range(p)]
+    there = g.all_to_all_4D(parts[me], 2, 1)
+    hp = H // p
+    want = np.concatenate([q[:, :, me * hp:(me + 1) * hp, :] for q in parts], axis=1)
+    np.testing.assert_array_equal(there, want)
+    back = g.all_to_all_4D(there, 1, 2)
+    np.testing.assert_array_equal(back, parts[me])
+
+
+def test_send_recv_ring():
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    if p == 1:
+        pytest.skip("a ring needs two members")
+    x = make(me, (5,), np.float32, seed=6)
+    if me % 2 == 0:
+        g.send(x)
+        got = g.recv((5,), np.float32)
+    else:
+        got = g.recv((5,), np.float32)
+        g.send(x)
+    np.testing.assert_array_equal(got, make((me - 1) % p, (5,), np.float32, seed=6))
+
+
+def test_non_contiguous_inputs_are_copied_and_outputs_refused():
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    parts = [make(r, (4, 6), np.float32, seed=7) for r in range(p)]
+    view = parts[me][:, ::2]  # every other column: not contiguous
+    assert not view.flags.c_contiguous
+    out = g.all_gather(view, 0)
+    np.testing.assert_array_equal(out, np.concatenate([q[:, ::2] for q in parts], axis=0))
+    # Written in place, a non-contiguous array cannot be: an error on every rank.
+    with pytest.raises(dist.Error):
+        g.all_reduce(parts[me][:, ::2])
+    x = parts[me].copy()
+    g.all_reduce(x)  # the group is still usable
+
+
+def test_zero_copy_all_reduce_allocates_nothing_of_the_tensors_size():
+    import tracemalloc
+
+    g = world()
+    x = np.ones(1 << 20, np.float32)  # 4 MiB
+    g.all_reduce(x)
+    tracemalloc.start()
+    for _ in range(3):
+        g.all_reduce(x)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 64 << 10, f"peak {peak} B traced during in-place all_reduce"
+    assert x[0] == g.world_size ** 4
+
+
+def test_torch_style_and_unsupported_inputs():
+    g = world()
+    with pytest.raises(TypeError, match="does not move complex64"):
+        g.all_reduce(np.ones(3, np.complex64))
+    with pytest.raises(TypeError, match="NumPy arrays and torch"):
+        g.all_reduce([1.0, 2.0])
+    ro = np.ones(3, np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(dist.TensorError, match="read-only"):
+        g.all_reduce(ro)
+    out = g.all_gather(ro, 0)  # read-only input is fine
+    assert out.shape == (3 * g.world_size,)

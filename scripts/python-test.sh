@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The Python package (issue #50): builds python/ into a virtual environment
+# (maturin, NumPy, ml_dtypes and pytest from PyPI), writes rankmesh's own
+# `topo --json` for every TP/SP layout of 1-4 ranks, then runs pytest under
+# mpirun at np 1-4 (every rank runs every test against a NumPy reference).
+# Needs python3-venv and python3-dev (scripts/install-deps.sh --test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+venv=${RANKMESH_PY_VENV:-target/python-venv}
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" numpy pytest ml_dtypes
+PATH="$PWD/$venv/bin:$PATH" CARGO_TARGET_DIR="$PWD/target/python" \
+  pip install -q --disable-pip-version-check --no-build-isolation ./python
+cargo build -q --bin rankmesh
+topo=$(mktemp -d)
+trap 'rm -rf "$topo"' EXIT
+for w in 1 2 3 4; do
+  for tp in 1 2 3 4; do
+    for sp in 1 2 3 4; do
+      if (( w % tp == 0 && w % sp == 0 )); then
+        timeout 120 mpirun --oversubscribe -np "$w" target/debug/rankmesh topo --json --tp "$tp" --sp "$sp" \
+          > "$topo/topo-$w-$tp-$sp.json"
+      fi
+    done
+  done
+done
+for np in 1 2 3 4; do
+  echo "python-test: pytest under mpirun -np $np" >&2
+  RANKMESH_TOPO_DIR="$topo" timeout 600 mpirun --oversubscribe -np "$np" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
+done
+timeout 120 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/sp_attention.py
