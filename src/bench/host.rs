@@ -140,13 +140,19 @@ impl<'rt> BenchPlane<'rt> for HostBench<'_, 'rt> {
     /// bytes, as a `Vec<u8>` received in place (`broadcast_object_into`:
     /// the same buffers every iteration, as nccl-tests reuses its own).
     fn run_other(&self, cfg: &BenchConfig, _input: &Tensor, output: &mut Tensor) -> Result<()> {
-        let Some(HostData::U8(bytes)) = output.owned_data_mut() else {
-            return Err(Error::Usage {
-                what: "bench broadcast_object",
-                group: self.0.name().to_string(),
-                msg: "it moves bytes: use -d uint8".into(),
-            });
-        };
-        self.0.broadcast_object_into(bytes, cfg.root)
+        let group = &self.0;
+        output
+            .with_owned_data(|data| match data {
+                HostData::U8(bytes) => Some(group.broadcast_object_into(bytes, cfg.root)),
+                _ => None,
+            })
+            .flatten()
+            .unwrap_or_else(|| {
+                Err(Error::Usage {
+                    what: "bench broadcast_object",
+                    group: group.name().to_string(),
+                    msg: "it moves bytes: use -d uint8".into(),
+                })
+            })
     }
 }

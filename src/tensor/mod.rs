@@ -322,10 +322,6 @@ impl HostData {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
-        with_host_data!(self, v => bytemuck::cast_slice(v.as_slice()))
-    }
-
     fn bytes_mut(&mut self) -> &mut [u8] {
         with_host_data!(self, v => bytemuck::cast_slice_mut(v.as_mut_slice()))
     }
@@ -335,57 +331,30 @@ impl HostData {
 /// memory borrowed without a copy ([`Tensor::view`], [`Tensor::view_mut`]).
 pub struct Tensor {
     shape: Vec<usize>,
-    storage: Storage,
-}
-
-enum Storage {
-    Owned(HostData),
-    Borrowed(Borrowed),
-}
-
-/// The caller's memory: `nbytes` bytes at `ptr`, aligned for `dtype`.
-/// `live` is present for views made safely: it is cleared when the view
-/// ends, and a tensor moved out of its view (`mem::replace`) then reads as
-/// an empty tensor of shape `[0]` instead of touching memory it no longer
-/// borrows.
-struct Borrowed {
     dtype: DType,
+    /// The elements: `owned`'s buffer, or the caller's memory (aligned for
+    /// `dtype`). Kept here so the hot path's byte views need no dispatch
+    /// on the storage (a moved `Vec` keeps its buffer where it is).
     ptr: NonNull<u8>,
     nbytes: usize,
+    /// rankmesh's own storage; `None` for the caller's memory.
+    owned: Option<HostData>,
+    /// Present for views made safely: cleared when the view ends, and a
+    /// tensor moved out of its view (`mem::replace`) then reads as an empty
+    /// tensor of shape `[0]` instead of touching memory it no longer borrows.
     live: Option<Arc<AtomicBool>>,
 }
 
-// SAFETY: a borrowed tensor stands for a `&[T]` or `&mut [T]` of plain
-// data, which are `Send` and `Sync`; the view or `from_raw_parts`'s
-// contract keeps the memory valid for as long as the tensor reads it.
-unsafe impl Send for Borrowed {}
-unsafe impl Sync for Borrowed {}
-
-impl Borrowed {
-    fn live(&self) -> bool {
-        self.live.as_ref().is_none_or(|l| l.load(Ordering::Acquire))
-    }
-
-    fn readable_bytes(&self) -> usize {
-        if self.live() {
-            self.nbytes
-        } else {
-            0
-        }
-    }
-}
+// SAFETY: `ptr` is either the tensor's own buffer or stands for a caller's
+// `&[T]` / `&mut [T]` of plain data, which are `Send` and `Sync`; the view
+// or `from_raw_parts`'s contract keeps the memory valid while it is read.
+unsafe impl Send for Tensor {}
+unsafe impl Sync for Tensor {}
 
 impl Clone for Tensor {
     /// A borrowed tensor's clone is an owned copy.
     fn clone(&self) -> Tensor {
-        let storage = match &self.storage {
-            Storage::Owned(d) => Storage::Owned(d.clone()),
-            Storage::Borrowed(_) => Storage::Owned(self.data().to_owned()),
-        };
-        Tensor {
-            shape: self.shape().to_vec(),
-            storage,
-        }
+        Tensor::owned(self.shape().to_vec(), self.data().to_owned())
     }
 }
 
@@ -445,10 +414,7 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor {
-            shape,
-            storage: Storage::Owned(T::into_data(data)),
-        })
+        Ok(Tensor::owned(shape, T::into_data(data)))
     }
 
     /// A zero-filled tensor; an error when the shape's size overflows or
@@ -461,10 +427,7 @@ impl Tensor {
                 "cannot allocate {bytes} bytes for shape {shape:?} of {dtype}"
             ))
         })?;
-        Ok(Tensor {
-            shape,
-            storage: Storage::Owned(data),
-        })
+        Ok(Tensor::owned(shape, data))
     }
 
     /// A tensor whose elements are `f(flat_index)` converted to `dtype`.
@@ -493,10 +456,7 @@ impl Tensor {
             copy.extend_from_slice(v);
             Element::into_data(copy)
         });
-        Tensor {
-            shape: self.shape().to_vec(),
-            storage: Storage::Owned(data),
-        }
+        Tensor::owned(self.shape().to_vec(), data)
     }
 
     /// Reinterprets raw bytes (native endianness) as a tensor.
@@ -590,35 +550,59 @@ impl Tensor {
         };
         Ok(Tensor {
             shape,
-            storage: Storage::Borrowed(Borrowed {
-                dtype,
-                ptr,
-                nbytes,
-                live,
-            }),
+            dtype,
+            ptr,
+            nbytes,
+            owned: None,
+            live,
         })
+    }
+
+    /// rankmesh's own storage as a tensor (`data` holds `numel(shape)` elements).
+    fn owned(shape: Vec<usize>, mut data: HostData) -> Tensor {
+        let (dtype, bytes) = (data.dtype(), data.bytes_mut());
+        let (ptr, nbytes) = (NonNull::from(&mut *bytes).cast::<u8>(), bytes.len());
+        Tensor {
+            shape,
+            dtype,
+            ptr,
+            nbytes,
+            owned: Some(data),
+            live: None,
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.live.as_ref().is_none_or(|l| l.load(Ordering::Acquire))
+    }
+
+    fn readable_bytes(&self) -> usize {
+        if self.live() {
+            self.nbytes
+        } else {
+            0
+        }
     }
 
     /// Whether the elements are the caller's memory (a view), not rankmesh's.
     pub fn is_borrowed(&self) -> bool {
-        matches!(self.storage, Storage::Borrowed(_))
+        self.owned.is_none()
     }
 
     /// Element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
-        match &self.storage {
-            Storage::Owned(d) => d.dtype(),
-            Storage::Borrowed(b) => b.dtype,
-        }
+        self.dtype
     }
 
     /// Shape, outermost dimension first (`[0]` for a tensor moved out of a
     /// view that has ended).
     #[inline]
     pub fn shape(&self) -> &[usize] {
-        match &self.storage {
-            Storage::Borrowed(b) if !b.live() => &[0],
-            _ => &self.shape,
+        if self.live() {
+            &self.shape
+        } else {
+            &[0]
         }
     }
 
@@ -655,12 +639,18 @@ impl Tensor {
         )
     }
 
-    /// rankmesh's own storage, `None` for a view.
-    pub(crate) fn owned_data_mut(&mut self) -> Option<&mut HostData> {
-        match &mut self.storage {
-            Storage::Owned(d) => Some(d),
-            Storage::Borrowed(_) => None,
+    /// Runs `f` on rankmesh's own storage (`None` for a view), then takes
+    /// the buffer's place and size again (`f` may have reallocated it).
+    pub(crate) fn with_owned_data<R>(&mut self, f: impl FnOnce(&mut HostData) -> R) -> Option<R> {
+        let data = self.owned.as_mut()?;
+        let r = f(data);
+        let bytes = data.bytes_mut();
+        let (ptr, nbytes) = (NonNull::from(&mut *bytes).cast::<u8>(), bytes.len());
+        if nbytes != self.nbytes {
+            self.shape = vec![nbytes / self.dtype.size()];
         }
+        (self.ptr, self.nbytes) = (ptr, nbytes);
+        Some(r)
     }
 
     /// Typed view of the elements; an error names both dtypes when `T` is wrong.
@@ -711,29 +701,19 @@ impl Tensor {
     /// Byte view of the storage (native endianness).
     #[inline]
     pub fn bytes(&self) -> &[u8] {
-        match &self.storage {
-            Storage::Owned(d) => d.bytes(),
-            // SAFETY: the view (or `from_raw_parts`'s caller) keeps the
-            // memory valid while it is live; an ended view's slice is
-            // empty, at its aligned address, so typed casts still hold.
-            Storage::Borrowed(b) => unsafe {
-                std::slice::from_raw_parts(b.ptr.as_ptr(), b.readable_bytes())
-            },
-        }
+        // SAFETY: `ptr` is the tensor's own buffer, or memory the view (or
+        // `from_raw_parts`'s caller) keeps valid while it is live; an ended
+        // view's slice is empty, at its aligned address, so typed casts hold.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.readable_bytes()) }
     }
 
     /// Mutable byte view of the storage.
     #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        match &mut self.storage {
-            Storage::Owned(d) => d.bytes_mut(),
-            // SAFETY: as for `bytes`; only a mutable view (or a
-            // `from_raw_parts` tensor the caller hands out as `&mut`)
-            // reaches here, and its memory is writable.
-            Storage::Borrowed(b) => unsafe {
-                std::slice::from_raw_parts_mut(b.ptr.as_ptr(), b.readable_bytes())
-            },
-        }
+        // SAFETY: as for `bytes`; `&mut self` is the only way in. Only a
+        // mutable view (or a `from_raw_parts` tensor its caller hands out
+        // as `&mut`) borrows memory here, and that memory is writable.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.readable_bytes()) }
     }
 
     /// Same data, new shape with the same number of elements.
