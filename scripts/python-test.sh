@@ -25,6 +25,14 @@ for w in 1 2 3 4; do
     done
   done
 done
+meshes=([1]="tp=1:" [2]="dp=2,tp=1: tp=2,dp=1:tp-dp" [3]="pp=3,tp=1:" [4]="pp=2,tp=2: dp=2,tp=2:tp-dp pp=2,dp=2:dp-pp")
+for w in 1 2 3 4; do
+  for m in ${meshes[$w]}; do
+    spec=${m%%:*} order=${m#*:}
+    timeout 120 mpirun --oversubscribe -np "$w" target/debug/rankmesh topo --json --mesh "$spec" \
+      ${order:+--order "$order"} > "$topo/mesh-$w-$spec-${order:-None}.json"
+  done
+done
 for np in 1 2 3 4; do
   echo "python-test: pytest under mpirun -np $np" >&2
   RANKMESH_TOPO_DIR="$topo" timeout 600 mpirun --oversubscribe -np "$np" \

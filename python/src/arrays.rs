@@ -50,21 +50,24 @@ pub fn name_of(dtype: DType) -> &'static str {
 
 /// The dtype of a buffer's struct-module format, `None` when rankmesh does
 /// not move it (or it is not native-endian).
-fn by_format(format: &str, itemsize: usize) -> Option<DType> {
-    let f = format.trim_start_matches(['@', '=', '<']);
+fn by_format(format: &[u8], itemsize: usize) -> Option<DType> {
+    let f = match format {
+        [b'@' | b'=' | b'<', rest @ ..] => rest,
+        f => f,
+    };
     Some(match (f, itemsize) {
-        ("f", 4) => DType::F32,
-        ("d", 8) => DType::F64,
-        ("e", 2) => DType::F16,
-        ("b", 1) => DType::I8,
-        ("B", 1) => DType::U8,
-        ("h", 2) => DType::I16,
-        ("H", 2) => DType::U16,
-        ("i" | "l", 4) => DType::I32,
-        ("I" | "L", 4) => DType::U32,
-        ("l" | "q", 8) => DType::I64,
-        ("L" | "Q", 8) => DType::U64,
-        ("?", 1) => DType::Bool,
+        (b"f", 4) => DType::F32,
+        (b"d", 8) => DType::F64,
+        (b"e", 2) => DType::F16,
+        (b"b", 1) => DType::I8,
+        (b"B", 1) => DType::U8,
+        (b"h", 2) => DType::I16,
+        (b"H", 2) => DType::U16,
+        (b"i" | b"l", 4) => DType::I32,
+        (b"I" | b"L", 4) => DType::U32,
+        (b"l" | b"q", 8) => DType::I64,
+        (b"L" | b"Q", 8) => DType::U64,
+        (b"?", 1) => DType::Bool,
         _ => return None,
     })
 }
@@ -180,15 +183,15 @@ impl Borrowed {
         let Held::Buffer(v) = &held else {
             unreachable!()
         };
-        let format = if v.format.is_null() {
-            "B".to_string()
+        let format: &[u8] = if v.format.is_null() {
+            b"B"
         } else {
-            // SAFETY: a non-null format is a NUL-terminated string.
-            unsafe { std::ffi::CStr::from_ptr(v.format) }
-                .to_string_lossy()
-                .into_owned()
+            // SAFETY: a non-null format is a NUL-terminated string that
+            // lives as long as the export.
+            unsafe { std::ffi::CStr::from_ptr(v.format) }.to_bytes()
         };
-        let Some(dtype) = by_format(&format, v.itemsize as usize) else {
+        let Some(dtype) = by_format(format, v.itemsize as usize) else {
+            let format = String::from_utf8_lossy(format);
             if x.hasattr("__array_interface__")? {
                 return Ok(None);
             }

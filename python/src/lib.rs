@@ -6,20 +6,19 @@
 
 mod arrays;
 mod errors;
+mod handles;
+mod mesh;
 mod objects;
 
 use arrays::{Borrowed, Here, Out};
 use errors::to_py;
+use handles::Handle;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use rankmesh::MeshLayout;
 use rankmesh::{Collectives, GroupCoordinator, Objects, ParallelState, ReduceOp};
-use std::cell::RefCell;
-use std::rc::{Rc, Weak};
-
-/// A group handle's coordinator, emptied when the runtime finalizes (a
-/// communicator must be freed before `MPI_Finalize`).
-type Slot = Rc<RefCell<Option<GroupCoordinator<'static>>>>;
+use serde_bytes::ByteBuf;
 
 /// The job's runtime and its parallel state: one per process, made by
 /// `init_distributed_environment` and finalized at exit.
@@ -28,7 +27,6 @@ struct Runtime {
     /// Leaked at init and reclaimed by `finalize`, after every group.
     rt: Option<&'static rankmesh::Runtime>,
     state: Option<ParallelState<'static>>,
-    groups: Vec<Weak<RefCell<Option<GroupCoordinator<'static>>>>>,
 }
 
 impl Runtime {
@@ -44,10 +42,7 @@ impl Runtime {
     }
 
     fn handle(&mut self, g: GroupCoordinator<'static>) -> Group {
-        let slot: Slot = Rc::new(RefCell::new(Some(g)));
-        self.groups.retain(|w| w.strong_count() > 0);
-        self.groups.push(Rc::downgrade(&slot));
-        Group { slot }
+        Group::new(g)
     }
 }
 
@@ -65,7 +60,6 @@ impl Runtime {
         Ok(Runtime {
             rt: Some(rt),
             state: Some(state),
-            groups: Vec::new(),
         })
     }
 
@@ -145,6 +139,81 @@ impl Runtime {
         Ok(self.handle(g))
     }
 
+    /// torch's `init_device_mesh` order: the last dimension fastest.
+    #[pyo3(signature = (dims, intra_node = Vec::new()))]
+    fn mesh_row_major(
+        &self,
+        py: Python<'_>,
+        dims: Vec<(String, usize)>,
+        intra_node: Vec<String>,
+    ) -> PyResult<mesh::Mesh> {
+        let rt = self.rt()?;
+        let dims: Vec<(&str, usize)> = dims.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        mesh::Mesh::build(py, rt, MeshLayout::row_major(rt.size(), &dims), intra_node)
+    }
+
+    /// A Megatron order string (`tp-dp-pp`: the first name fastest).
+    #[pyo3(signature = (order, sizes, intra_node = Vec::new()))]
+    fn mesh_ordered(
+        &self,
+        py: Python<'_>,
+        order: &str,
+        sizes: Vec<(String, usize)>,
+        intra_node: Vec<String>,
+    ) -> PyResult<mesh::Mesh> {
+        let rt = self.rt()?;
+        let sizes: Vec<(&str, usize)> = sizes.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        mesh::Mesh::build(
+            py,
+            rt,
+            MeshLayout::ordered(rt.size(), order, &sizes),
+            intra_node,
+        )
+    }
+
+    /// Megatron's dense and expert meshes (`tp`, `cp`, `ep`, `dp`, `pp`).
+    #[pyo3(signature = (order, tp = 1, pp = 1, cp = 1, ep = 1, etp = None, intra_node = Vec::new()))]
+    #[allow(clippy::too_many_arguments)] // Megatron's own parameters
+    fn mesh_megatron(
+        &self,
+        py: Python<'_>,
+        order: &str,
+        tp: usize,
+        pp: usize,
+        cp: usize,
+        ep: usize,
+        etp: Option<usize>,
+        intra_node: Vec<String>,
+    ) -> PyResult<(mesh::Mesh, mesh::Mesh)> {
+        let rt = self.rt()?;
+        let sizes = rankmesh::MegatronSizes {
+            tp,
+            pp,
+            cp,
+            ep,
+            etp,
+        };
+        let (dense, expert) = MeshLayout::megatron(rt.size(), order, sizes).map_err(to_py)?;
+        Ok((
+            mesh::Mesh::build(py, rt, Ok(dense), intra_node.clone())?,
+            mesh::Mesh::build(py, rt, Ok(expert), intra_node)?,
+        ))
+    }
+
+    /// vLLM's layout (`ext × dp × pp × tp`, tp fastest).
+    #[pyo3(signature = (dp = 1, pp = 1, tp = 1, intra_node = Vec::new()))]
+    fn mesh_vllm(
+        &self,
+        py: Python<'_>,
+        dp: usize,
+        pp: usize,
+        tp: usize,
+        intra_node: Vec<String>,
+    ) -> PyResult<mesh::Mesh> {
+        let rt = self.rt()?;
+        mesh::Mesh::build(py, rt, MeshLayout::vllm(rt.size(), dp, pp, tp), intra_node)
+    }
+
     /// Frees every group, then the runtime (`MPI_Finalize`). `failure`:
     /// the uncaught exception the script ends with, told to peers still in
     /// a call with this rank; `None` for a clean exit (errors the script
@@ -152,11 +221,7 @@ impl Runtime {
     /// calls.
     #[pyo3(signature = (failure = None))]
     fn finalize(&mut self, failure: Option<String>) {
-        for w in self.groups.drain(..) {
-            if let Some(slot) = w.upgrade() {
-                slot.borrow_mut().take();
-            }
-        }
+        handles::release_all();
         self.state.take();
         if let Some(rt) = self.rt.take() {
             // SAFETY: `rt` came from `Box::leak` in `new`, and nothing that
@@ -171,10 +236,16 @@ impl Runtime {
 /// One group: FastVideo's `GroupCoordinator` methods on NumPy arrays.
 #[pyclass(unsendable)]
 struct Group {
-    slot: Slot,
+    slot: Handle<GroupCoordinator<'static>>,
 }
 
 impl Group {
+    fn new(g: GroupCoordinator<'static>) -> Group {
+        Group {
+            slot: Handle::new(g),
+        }
+    }
+
     /// Runs `f` on the group with the GIL released.
     fn run<R: Send>(
         &self,
@@ -206,18 +277,24 @@ impl Group {
 }
 
 fn reduce_op(op: &str) -> PyResult<ReduceOp> {
-    Ok(match op.to_ascii_lowercase().as_str() {
-        "sum" => ReduceOp::Sum,
-        "prod" | "product" => ReduceOp::Prod,
-        "min" => ReduceOp::Min,
-        "max" => ReduceOp::Max,
-        "avg" | "mean" => ReduceOp::Avg,
-        _ => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+    // Compared in place: this runs on every all_reduce.
+    const OPS: [(&str, ReduceOp); 7] = [
+        ("sum", ReduceOp::Sum),
+        ("avg", ReduceOp::Avg),
+        ("max", ReduceOp::Max),
+        ("min", ReduceOp::Min),
+        ("prod", ReduceOp::Prod),
+        ("product", ReduceOp::Prod),
+        ("mean", ReduceOp::Avg),
+    ];
+    OPS.iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(op))
+        .map(|(_, r)| *r)
+        .ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
                 "unknown reduce op {op:?} (sum, prod, min, max, avg)"
-            )))
-        }
-    })
+            ))
+        })
 }
 
 #[pymethods]
@@ -252,63 +329,63 @@ impl Group {
     }
 
     /// Reduces `x` across the group in place; returns `x` itself.
-    #[pyo3(signature = (x, op = "sum"))]
+    #[pyo3(signature = (input_, op = "sum"))]
     fn all_reduce<'py>(
         &self,
         py: Python<'py>,
-        x: Bound<'py, PyAny>,
+        input_: Bound<'py, PyAny>,
         op: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let op = reduce_op(op)?;
-        let mut t = match Borrowed::writable(&x) {
+        let mut t = match Borrowed::writable(&input_) {
             Ok(t) => t,
             Err(e) => return self.refuse(py, e),
         };
         let tensor = t.tensor_mut();
         self.run(py, move |g| g.all_reduce_in_place(tensor.get(), op))?;
-        Ok(x)
+        Ok(input_)
     }
 
     /// Copies `x` from group rank `src` into every member's `x`, in place.
-    #[pyo3(signature = (x, src = 0))]
+    #[pyo3(signature = (input_, src = 0))]
     fn broadcast<'py>(
         &self,
         py: Python<'py>,
-        x: Bound<'py, PyAny>,
+        input_: Bound<'py, PyAny>,
         src: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = match Borrowed::writable(&x) {
+        let mut t = match Borrowed::writable(&input_) {
             Ok(t) => t,
             Err(e) => return self.refuse(py, e),
         };
         let tensor = t.tensor_mut();
         self.run(py, move |g| g.broadcast(tensor.get(), src))?;
-        Ok(x)
+        Ok(input_)
     }
 
     /// Concatenation of every member's `x` along `dim`.
-    #[pyo3(signature = (x, dim = -1))]
+    #[pyo3(signature = (input_, dim = -1))]
     fn all_gather<'py>(
         &self,
         py: Python<'py>,
-        x: Bound<'py, PyAny>,
+        input_: Bound<'py, PyAny>,
         dim: isize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let size = self.world_size()?;
         self.with_new_output(
             py,
-            &x,
+            &input_,
             |shape| out_shape(rankmesh::Op::AllGather, shape, dim, size),
             |g, t, o| g.all_gather_into(t, o, dim),
         )
     }
 
     /// Sum (or `op`) over the group, slice `rank_in_group` of `dim` kept.
-    #[pyo3(signature = (x, dim = 0, op = "sum"))]
+    #[pyo3(signature = (input_, dim = 0, op = "sum"))]
     fn reduce_scatter<'py>(
         &self,
         py: Python<'py>,
-        x: Bound<'py, PyAny>,
+        input_: Bound<'py, PyAny>,
         dim: isize,
         op: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -316,26 +393,26 @@ impl Group {
         let size = self.world_size()?;
         self.with_new_output(
             py,
-            &x,
+            &input_,
             |shape| out_shape(rankmesh::Op::ReduceScatter, shape, dim, size),
             |g, t, o| g.reduce_scatter_into(t, o, dim, op),
         )
     }
 
     /// FastVideo's `all_to_all_4D` (`[B, S/P, H, D] ↔ [B, S, H/P, D]`).
-    #[pyo3(signature = (x, scatter_dim = 2, gather_dim = 1))]
+    #[pyo3(signature = (input_, scatter_dim = 2, gather_dim = 1))]
     #[allow(non_snake_case)] // FastVideo's name
     fn all_to_all_4D<'py>(
         &self,
         py: Python<'py>,
-        x: Bound<'py, PyAny>,
+        input_: Bound<'py, PyAny>,
         scatter_dim: usize,
         gather_dim: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let size = self.world_size()?;
         self.with_new_output(
             py,
-            &x,
+            &input_,
             |shape| {
                 let mut s = shape.to_vec();
                 if s.len() == 4
@@ -353,18 +430,18 @@ impl Group {
     }
 
     /// Concatenation along `dim` on group rank `dst` (`None` elsewhere).
-    #[pyo3(signature = (x, dst = 0, dim = -1))]
+    #[pyo3(signature = (input_, dst = 0, dim = -1))]
     fn gather<'py>(
         &self,
         py: Python<'py>,
-        x: Bound<'py, PyAny>,
+        input_: Bound<'py, PyAny>,
         dst: usize,
         dim: isize,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let (size, me) = (self.world_size()?, self.rank_in_group()?);
         let out = self.with_new_output(
             py,
-            &x,
+            &input_,
             |shape| {
                 if me == dst {
                     out_shape(rankmesh::Op::AllGather, shape, dim, size)
@@ -378,9 +455,9 @@ impl Group {
     }
 
     /// Sends `x` to group rank `dst` (the next member when `None`).
-    #[pyo3(signature = (x, dst = None))]
-    fn send(&self, py: Python<'_>, x: Bound<'_, PyAny>, dst: Option<usize>) -> PyResult<()> {
-        let t = match Borrowed::readable(&x) {
+    #[pyo3(signature = (input_, dst = None))]
+    fn send(&self, py: Python<'_>, input_: Bound<'_, PyAny>, dst: Option<usize>) -> PyResult<()> {
+        let t = match Borrowed::readable(&input_) {
             Ok(t) => t,
             Err(e) => return self.refuse(py, e),
         };
@@ -415,17 +492,17 @@ impl Group {
         src: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mine = self.rank_in_group()? == src;
-        let value = if mine {
+        let bytes = if mine {
             let obj = obj.unwrap_or_else(|| py.None().into_bound(py));
-            match objects::Value::from_py(&obj) {
-                Ok(v) => v,
+            match objects::encode(&obj) {
+                Ok(v) => ByteBuf::from(v),
                 Err(e) => return self.refuse(py, e),
             }
         } else {
-            objects::Value::None
+            ByteBuf::new()
         };
-        let v = self.run(py, move |g| g.broadcast_object(mine.then_some(&value), src))?;
-        v.into_py(py)
+        let got = self.run(py, move |g| g.broadcast_object(mine.then_some(&bytes), src))?;
+        objects::decode(py, &got)
     }
 
     /// Every member's `obj`, in group-rank order.
@@ -434,12 +511,12 @@ impl Group {
         py: Python<'py>,
         obj: Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let value = match objects::Value::from_py(&obj) {
-            Ok(v) => v,
+        let bytes = match objects::encode(&obj) {
+            Ok(v) => ByteBuf::from(v),
             Err(e) => return self.refuse(py, e),
         };
-        let all = self.run(py, move |g| g.all_gather_object(&value))?;
-        all.into_iter().map(|v| v.into_py(py)).collect()
+        let all = self.run(py, move |g| g.all_gather_object(&bytes))?;
+        all.iter().map(|b| objects::decode(py, b)).collect()
     }
 }
 
@@ -488,6 +565,22 @@ fn out_shape(op: rankmesh::Op, shape: &[usize], dim: isize, size: usize) -> Vec<
     s
 }
 
+/// The value a peer's encoded object stands for: the decoder the object
+/// plane runs on received bytes, exposed so tests can hand it hostile ones.
+#[pyfunction]
+fn _decode<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    objects::decode(py, bytes)
+}
+
+/// A value's encoding on the object plane (for tests, with `_decode`).
+#[pyfunction]
+fn _encode<'py>(
+    py: Python<'py>,
+    obj: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    Ok(pyo3::types::PyBytes::new(py, &objects::encode(&obj)?))
+}
+
 /// A tuple of the library's dtypes this module moves, by NumPy name.
 #[pyfunction]
 fn dtypes(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
@@ -498,7 +591,10 @@ fn dtypes(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Runtime>()?;
     m.add_class::<Group>()?;
+    m.add_class::<mesh::Mesh>()?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(_encode, m)?)?;
     errors::register(m)?;
     Ok(())
 }

@@ -105,3 +105,42 @@ def test_helpers():
         pass
     with pytest.raises(ValueError):
         dist.divide(7, 2)
+
+
+HOSTILE = [
+    b"",  # nothing
+    b"\x63",  # an unknown tag
+    b"\x08\xff\xff\xff\xff",  # a list of 4 billion items in 5 bytes
+    b"\x06\x05\x00\x00\x00ab",  # a string longer than the bytes left
+    b"\x06\x02\x00\x00\x00\xff\xfe",  # text that is not UTF-8
+    b"\x04\x02\x00\x00\x00x1",  # a big int that is not digits
+    b"\x08\x01\x00\x00\x00" * 100 + b"\x00",  # nested past the limit
+    b"\x0a\x01\x00\x00\x00\x08\x00\x00\x00\x00\x00",  # a dict keyed by a list
+    b"\x00\x00",  # bytes after the value
+    b"\x0b\x02\x00\x00\x00|O\x01\x00\x00\x00" + (1).to_bytes(8, "little") * 2 + b"\x00" * 8,  # object dtype
+    b"\x0b\x03\x00\x00\x00<f4\x01\x00\x00\x00" + (3).to_bytes(8, "little") + (4).to_bytes(8, "little") + b"\x00" * 4,
+]
+
+
+@pytest.mark.parametrize("blob", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_bytes_are_an_object_error_never_a_crash(blob):
+    from rankmesh import _native
+
+    with pytest.raises(dist.ObjectError):
+        _native._decode(blob)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # NumPy's, for odd dtype aliases a mutation makes
+def test_random_bytes_decode_or_raise_object_error():
+    from rankmesh import _native
+
+    rng = np.random.default_rng(5)
+    good = _native._encode({"a": [1, 2.5, "x", None, (b"y", True)], "n": np.arange(6, dtype=np.int16).reshape(2, 3)})
+    for i in range(3000):
+        blob = bytearray(good)
+        for _ in range(rng.integers(1, 4)):
+            blob[rng.integers(0, len(blob))] = rng.integers(0, 256)
+        try:
+            _native._decode(bytes(blob))
+        except dist.ObjectError:
+            pass
