@@ -205,6 +205,12 @@ class GroupCoordinator:
                 dtype, shape = value
                 arr = tensor_dict[key] if me else np.empty(tuple(shape), dtype=np.dtype(dtype))
                 out[key] = self.broadcast(arr, src)
+            elif kind == "torch":
+                import torch
+
+                dtype, shape = value
+                arr = tensor_dict[key] if me else torch.empty(tuple(shape), dtype=getattr(torch, dtype))
+                out[key] = self.broadcast(arr, src)
             else:
                 out[key] = value
         return out
@@ -214,14 +220,12 @@ class GroupCoordinator:
 
 
 def _describe(key, value):
-    if _is_array(value):
+    if hasattr(value, "__array_interface__"):
         dt = value.dtype
         return (key, "array", (dt.name if dt.kind == "V" else dt.str, list(value.shape)))
+    if type(value).__module__.startswith("torch"):
+        return (key, "torch", (str(value.dtype).removeprefix("torch."), list(value.shape)))
     return (key, "value", value)
-
-
-def _is_array(x) -> bool:
-    return hasattr(x, "__array_interface__") or (hasattr(x, "data_ptr") and hasattr(x, "is_contiguous"))
 
 
 # -- the job's state (FastVideo's parallel_state) ----------------------------

@@ -2,8 +2,9 @@
 //!
 //! An array with the buffer protocol (NumPy's own dtypes) is borrowed
 //! through `PyObject_GetBuffer`, held until the call returns; one without
-//! (NumPy arrays of `ml_dtypes`' bfloat16 and fp8, torch tensors) through
-//! `__array_interface__` or `data_ptr()`, holding the object. A
+//! (NumPy arrays of `ml_dtypes`' bfloat16 and fp8) through
+//! `__array_interface__`, holding the object; torch tensors and any other
+//! DLPack producer through `__dlpack__`, holding the capsule. A
 //! non-contiguous input is copied to a contiguous one first; a
 //! non-contiguous or read-only output is refused, since it cannot be
 //! written in place.
@@ -71,6 +72,28 @@ fn by_format(format: &[u8], itemsize: usize) -> Option<DType> {
         _ => return None,
     })
 }
+
+/// DLPack's `DLTensor` (dlpack.h), the head of a `DLManagedTensor`.
+#[repr(C)]
+struct DlTensor {
+    data: *mut std::ffi::c_void,
+    device_type: i32,
+    device_id: i32,
+    ndim: i32,
+    code: u8,
+    bits: u8,
+    lanes: u16,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+const DL_CPU: i32 = 1;
+const DL_INT: u8 = 0;
+const DL_UINT: u8 = 1;
+const DL_FLOAT: u8 = 2;
+const DL_BFLOAT: u8 = 4;
+const DL_BOOL: u8 = 6;
 
 /// What keeps the memory alive while rankmesh uses it.
 enum Held {
@@ -145,8 +168,8 @@ impl Borrowed {
         if x.hasattr("__array_interface__")? {
             return Borrowed::from_array_interface(x, write);
         }
-        if x.hasattr("data_ptr")? && x.hasattr("is_contiguous")? {
-            return Borrowed::from_torch(x, write);
+        if x.hasattr("__dlpack__")? {
+            return Borrowed::from_dlpack(x, write);
         }
         Err(PyTypeError::new_err(format!(
             "rankmesh moves NumPy arrays and torch CPU tensors; got {}",
@@ -247,22 +270,73 @@ impl Borrowed {
         Borrowed::raw(x, ptr, dtype, shape)
     }
 
-    fn from_torch(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
-        let device: String = x.getattr("device")?.getattr("type")?.extract()?;
-        if device != "cpu" {
+    /// Through DLPack (torch tensors, and any other producer): the
+    /// capsule is held for the call, and its own destructor returns the
+    /// tensor to the producer.
+    fn from_dlpack(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
+        let capsule = x.call_method0("__dlpack__")?;
+        let name = c"dltensor";
+        // SAFETY: a "dltensor" capsule holds a DLManagedTensor, live while
+        // the capsule is (we hold it, unconsumed, until the call returns).
+        let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr()) };
+        if managed.is_null() {
+            return Err(PyErr::take(x.py()).unwrap_or_else(|| {
+                TensorError::new_err(format!(
+                    "{}: __dlpack__ gave no dltensor capsule",
+                    describe(x)
+                ))
+            }));
+        }
+        let t = unsafe { &*(managed as *const DlTensor) };
+        if t.device_type != DL_CPU {
             return Err(TensorError::new_err(format!(
-                "{}: this build moves CPU tensors only (the device plane's Python binding is not written yet)",
-                describe(x)
+                "{} lives on DLPack device {} (not the CPU): this build moves host memory only \
+                 (the device plane's Python binding is not written yet)",
+                describe(x),
+                t.device_type
             )));
         }
-        let name: String = x.getattr("dtype")?.str()?.extract()?;
-        let dtype = dtype_named(&name, x)?;
-        if !x.call_method0("is_contiguous")?.extract::<bool>()? {
-            return Borrowed::contiguous_copy(x, write);
+        let dtype = match (t.code, t.bits, t.lanes) {
+            (DL_FLOAT, 32, 1) => DType::F32,
+            (DL_FLOAT, 64, 1) => DType::F64,
+            (DL_FLOAT, 16, 1) => DType::F16,
+            (DL_BFLOAT, 16, 1) => DType::BF16,
+            (DL_INT, 8, 1) => DType::I8,
+            (DL_INT, 16, 1) => DType::I16,
+            (DL_INT, 32, 1) => DType::I32,
+            (DL_INT, 64, 1) => DType::I64,
+            (DL_UINT, 8, 1) => DType::U8,
+            (DL_UINT, 16, 1) => DType::U16,
+            (DL_UINT, 32, 1) => DType::U32,
+            (DL_UINT, 64, 1) => DType::U64,
+            (DL_BOOL, 8, 1) => DType::Bool,
+            (code, bits, lanes) => {
+                return Err(PyTypeError::new_err(format!(
+                    "rankmesh does not move DLPack dtype (code {code}, {bits} bits, {lanes} lanes) ({}); it moves {}",
+                    describe(x),
+                    supported()
+                )))
+            }
+        };
+        let ndim = usize::try_from(t.ndim).unwrap_or(0);
+        // SAFETY: `shape` (and `strides`, when not null) have `ndim` entries.
+        let shape: Vec<usize> = (0..ndim)
+            .map(|i| unsafe { *t.shape.add(i) } as usize)
+            .collect();
+        if !t.strides.is_null() {
+            let mut want = 1i64;
+            for i in (0..ndim).rev() {
+                let (d, st) = (shape[i], unsafe { *t.strides.add(i) });
+                if d != 1 && st != want {
+                    return Borrowed::contiguous_copy(x, write);
+                }
+                want *= d as i64;
+            }
         }
-        let ptr: usize = x.call_method0("data_ptr")?.extract()?;
-        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
-        Borrowed::raw(x, ptr, dtype, shape)
+        let ptr = (t.data as usize).wrapping_add(t.byte_offset as usize);
+        let mut b = Borrowed::raw(x, ptr, dtype, shape)?;
+        b._held = Held::Object(capsule.unbind());
+        Ok(b)
     }
 
     fn raw(
@@ -296,12 +370,14 @@ impl Borrowed {
                 describe(x)
             )));
         }
+        let numpy = x.py().import("numpy")?;
         let copy = if x.hasattr("contiguous")? && x.hasattr("data_ptr")? {
             x.call_method0("contiguous")?
+        } else if x.hasattr("__array_interface__")? || x.hasattr("__array__")? {
+            numpy.call_method1("ascontiguousarray", (x,))?
         } else {
-            x.py()
-                .import("numpy")?
-                .call_method1("ascontiguousarray", (x,))?
+            let viewed = numpy.call_method1("from_dlpack", (x,))?;
+            numpy.call_method1("ascontiguousarray", (viewed,))?
         };
         Borrowed::of(&copy, false)
     }

@@ -74,33 +74,15 @@ fn put(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> 
             "an object nested deeper than {MAX_DEPTH} levels (a list that contains itself?)"
         )));
     }
-    // The common built-ins by exact type first (one pointer compare each),
-    // then subclasses and the rest by isinstance.
-    // SAFETY: reading an object's type (`addr_of_mut!` of a static is safe).
-    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
-    let exact = |t: *mut ffi::PyTypeObject| ty == t;
-    if exact(addr_of_mut!(ffi::PyFloat_Type)) {
-        // SAFETY: its exact type is float.
-        let f = unsafe { ffi::PyFloat_AsDouble(obj.as_ptr()) };
-        out.push(FLOAT);
-        out.extend_from_slice(&f.to_le_bytes());
-        return Ok(());
-    }
-    if let Ok(f) = obj.cast::<PyFloat>() {
-        out.push(FLOAT);
-        out.extend_from_slice(&f.value().to_le_bytes());
-        return Ok(());
-    }
-    if obj.is_none() {
-        out.push(NONE);
-        return Ok(());
-    }
-    if let Ok(b) = obj.cast::<PyBool>() {
-        out.push(if b.is_true() { TRUE } else { FALSE });
-        return Ok(());
-    }
-    if exact(addr_of_mut!(ffi::PyLong_Type)) || obj.cast::<PyInt>().is_ok() {
-        match obj.extract::<i64>() {
+    match kind(obj) {
+        Some(Kind::Float) => {
+            let f: f64 = obj.extract()?;
+            out.push(FLOAT);
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        Some(Kind::None) => out.push(NONE),
+        Some(Kind::Bool) => out.push(if obj.is_truthy()? { TRUE } else { FALSE }),
+        Some(Kind::Int) => match obj.extract::<i64>() {
             Ok(v) => {
                 out.push(INT);
                 out.extend_from_slice(&v.to_le_bytes());
@@ -109,43 +91,99 @@ fn put(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> 
                 let s: String = obj.str()?.extract()?;
                 put_bytes(out, BIG_INT, s.as_bytes())?;
             }
+        },
+        Some(Kind::Str) => put_bytes(out, STR, obj.cast::<PyString>()?.to_str()?.as_bytes())?,
+        Some(Kind::Bytes) => put_bytes(out, BYTES, obj.cast::<PyBytes>()?.as_bytes())?,
+        Some(Kind::ByteArray) => put_bytes(out, BYTES, &obj.cast::<PyByteArray>()?.to_vec())?,
+        Some(Kind::List) => {
+            let l = obj.cast::<PyList>()?;
+            out.push(LIST);
+            put_len(out, l.len())?;
+            for v in l.iter() {
+                put(out, &v, depth + 1)?;
+            }
         }
-        return Ok(());
-    }
-    if let Ok(s) = obj.cast::<PyString>() {
-        return put_bytes(out, STR, s.to_str()?.as_bytes());
-    }
-    if let Ok(b) = obj.cast::<PyBytes>() {
-        return put_bytes(out, BYTES, b.as_bytes());
-    }
-    if let Ok(b) = obj.cast::<PyByteArray>() {
-        return put_bytes(out, BYTES, &b.to_vec());
-    }
-    if let Ok(l) = obj.cast::<PyList>() {
-        out.push(LIST);
-        put_len(out, l.len())?;
-        for v in l.iter() {
-            put(out, &v, depth + 1)?;
+        Some(Kind::Tuple) => {
+            let t = obj.cast::<PyTuple>()?;
+            out.push(TUPLE);
+            put_len(out, t.len())?;
+            for v in t.iter() {
+                put(out, &v, depth + 1)?;
+            }
         }
-        return Ok(());
-    }
-    if let Ok(t) = obj.cast::<PyTuple>() {
-        out.push(TUPLE);
-        put_len(out, t.len())?;
-        for v in t.iter() {
-            put(out, &v, depth + 1)?;
+        Some(Kind::Dict) => {
+            let d = obj.cast::<PyDict>()?;
+            out.push(DICT);
+            put_len(out, d.len())?;
+            for (k, v) in d.iter() {
+                put(out, &k, depth + 1)?;
+                put(out, &v, depth + 1)?;
+            }
         }
-        return Ok(());
+        None => return put_other(out, obj, depth),
     }
-    if let Ok(d) = obj.cast::<PyDict>() {
-        out.push(DICT);
-        put_len(out, d.len())?;
-        for (k, v) in d.iter() {
-            put(out, &k, depth + 1)?;
-            put(out, &v, depth + 1)?;
-        }
-        return Ok(());
+    Ok(())
+}
+
+enum Kind {
+    Float,
+    None,
+    Bool,
+    Int,
+    Str,
+    Bytes,
+    ByteArray,
+    List,
+    Tuple,
+    Dict,
+}
+
+/// Which built-in `obj` is: by exact type first (one pointer compare
+/// each; a config of a few hundred floats encodes in a few microseconds),
+/// then subclasses by isinstance.
+fn kind(obj: &Bound<'_, PyAny>) -> Option<Kind> {
+    // SAFETY: reading an object's type (`addr_of_mut!` of a static is safe).
+    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    let exact = [
+        (addr_of_mut!(ffi::PyFloat_Type), Kind::Float),
+        (addr_of_mut!(ffi::PyUnicode_Type), Kind::Str),
+        (addr_of_mut!(ffi::PyLong_Type), Kind::Int),
+        (addr_of_mut!(ffi::PyList_Type), Kind::List),
+        (addr_of_mut!(ffi::PyDict_Type), Kind::Dict),
+        (addr_of_mut!(ffi::PyBool_Type), Kind::Bool),
+        (addr_of_mut!(ffi::PyTuple_Type), Kind::Tuple),
+        (addr_of_mut!(ffi::PyBytes_Type), Kind::Bytes),
+    ];
+    if let Some((_, k)) = exact.into_iter().find(|(t, _)| *t == ty) {
+        return Some(k);
     }
+    Some(if obj.is_none() {
+        Kind::None
+    } else if obj.cast::<PyBool>().is_ok() {
+        Kind::Bool
+    } else if obj.cast::<PyFloat>().is_ok() {
+        Kind::Float
+    } else if obj.cast::<PyInt>().is_ok() {
+        Kind::Int
+    } else if obj.cast::<PyString>().is_ok() {
+        Kind::Str
+    } else if obj.cast::<PyBytes>().is_ok() {
+        Kind::Bytes
+    } else if obj.cast::<PyByteArray>().is_ok() {
+        Kind::ByteArray
+    } else if obj.cast::<PyList>().is_ok() {
+        Kind::List
+    } else if obj.cast::<PyTuple>().is_ok() {
+        Kind::Tuple
+    } else if obj.cast::<PyDict>().is_ok() {
+        Kind::Dict
+    } else {
+        return None;
+    })
+}
+
+/// NumPy arrays and scalars; anything else is refused.
+fn put_other(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
     if is_numpy(obj, "ndarray") {
         let dt = obj.getattr("dtype")?;
         let kind: String = dt.getattr("kind")?.extract()?;

@@ -146,3 +146,35 @@ def test_torch_style_and_unsupported_inputs():
         g.all_reduce(ro)
     out = g.all_gather(ro, 0)  # read-only input is fine
     assert out.shape == (3 * g.world_size,)
+
+
+class DLPackOnly:
+    """An object that offers its memory through DLPack alone, as torch
+    tensors do (here NumPy's own `__dlpack__` export, a real producer)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, np.uint16], ids=lambda d: np.dtype(d).name)
+def test_dlpack_producers_are_read_and_written_in_place(dtype):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    parts = [make(r, (3, 4), dtype, seed=11) for r in range(p)]
+    x = parts[me].copy()
+    g.all_reduce(DLPackOnly(x), "max")
+    close(x, reduce_ref(parts, "max"), dtype)
+    out = g.all_gather(DLPackOnly(parts[me]), 0)
+    np.testing.assert_array_equal(out, np.concatenate(parts, axis=0))
+    # A non-contiguous producer is copied as an input, refused as an output.
+    strided = parts[me][:, ::2]
+    out = g.all_gather(DLPackOnly(strided), 0)
+    np.testing.assert_array_equal(out, np.concatenate([q[:, ::2] for q in parts], axis=0))
+    with pytest.raises(dist.TensorError, match="not C-contiguous"):
+        g.all_reduce(DLPackOnly(x[:, ::2]))
