@@ -38,4 +38,6 @@ for np in 1 2 3 4; do
   RANKMESH_TOPO_DIR="$topo" timeout 600 mpirun --oversubscribe -np "$np" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
 done
+echo "python-test: whole jobs (python/jobs, launching mpirun itself)" >&2
+timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/jobs
 timeout 120 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/sp_attention.py
