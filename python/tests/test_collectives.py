@@ -55,13 +55,15 @@ def test_all_gather_and_gather(dtype, dim):
         assert got is None
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=lambda d: np.dtype(d).name)
-def test_reduce_scatter(dtype):
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_reduce_scatter(dtype, dim):
     g = world()
     p, me = g.world_size, g.rank_in_group
-    parts = [make(r, (2 * p, 3), dtype, seed=3) for r in range(p)]
-    out = g.reduce_scatter(parts[me], dim=0)
-    close(out, reduce_ref(parts, "sum")[2 * me: 2 * me + 2], dtype)
+    parts = [make(r, (2 * p, 3 * p), dtype, seed=3) for r in range(p)]
+    out = g.reduce_scatter(parts[me], dim=dim)
+    want = np.split(np.asarray(reduce_ref(parts, "sum")), p, axis=dim)[me]
+    close(out, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -89,19 +91,27 @@ def test_all_to_all_4D_there_and_back(dtype):
     np.testing.assert_array_equal(back, parts[me])
 
 
-def test_send_recv_ring():
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_send_recv_ring(dtype):
     g = world()
     p, me = g.world_size, g.rank_in_group
     if p == 1:
         pytest.skip("a ring needs two members")
-    x = make(me, (5,), np.float32, seed=6)
+    x = make(me, (5, 2), dtype, seed=6)
     if me % 2 == 0:
         g.send(x)
-        got = g.recv((5,), np.float32)
+        got = g.recv((5, 2), dtype)
     else:
-        got = g.recv((5,), np.float32)
+        got = g.recv((5, 2), dtype)
         g.send(x)
-    np.testing.assert_array_equal(got, make((me - 1) % p, (5,), np.float32, seed=6))
+    np.testing.assert_array_equal(got, make((me - 1) % p, (5, 2), dtype, seed=6))
+    # Into a caller's array, from an explicit source, non-contiguous input.
+    out = np.empty((5,), dtype)
+    if me == 0:
+        g.send(x[:, 1], dst=p - 1)
+    if me == p - 1:
+        assert g.recv_into(out, src=0) is out
+        np.testing.assert_array_equal(out, make(0, (5, 2), dtype, seed=6)[:, 1])
 
 
 def test_non_contiguous_inputs_are_copied_and_outputs_refused():
