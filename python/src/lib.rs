@@ -40,10 +40,6 @@ impl Runtime {
             .as_ref()
             .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))
     }
-
-    fn handle(&mut self, g: GroupCoordinator<'static>) -> Group {
-        Group::new(g)
-    }
 }
 
 #[pymethods]
@@ -56,7 +52,16 @@ impl Runtime {
             .map_err(|e| to_py(e.get()))?
             .get();
         let rt: &'static rankmesh::Runtime = Box::leak(Box::new(rt));
-        let state = ParallelState::new(rt).map_err(to_py)?;
+        let state = match ParallelState::new(rt) {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: leaked just above; nothing borrows it yet.
+                drop(unsafe {
+                    Box::from_raw(rt as *const rankmesh::Runtime as *mut rankmesh::Runtime)
+                });
+                return Err(to_py(e));
+            }
+        };
         Ok(Runtime {
             rt: Some(rt),
             state: Some(state),
@@ -112,7 +117,7 @@ impl Runtime {
     /// The world group.
     fn world_group(&mut self) -> PyResult<Group> {
         let g = self.state()?.world().clone();
-        Ok(self.handle(g))
+        Ok(Group::new(g))
     }
 
     /// The group in force of `kind` ("tp", "sp" or "dp").
@@ -125,7 +130,7 @@ impl Runtime {
             _ => return Err(PyRuntimeError::new_err(format!("no group kind {kind:?}"))),
         }
         .map_err(to_py)?;
-        Ok(self.handle(g))
+        Ok(Group::new(g))
     }
 
     /// A group of the world ranks `ranks` (collective over the world: every
@@ -136,7 +141,7 @@ impl Runtime {
             .detach(move || rt.get().subgroup(name, &ranks).map(Here::new))
             .map_err(to_py)?
             .get();
-        Ok(self.handle(g))
+        Ok(Group::new(g))
     }
 
     /// torch's `init_device_mesh` order: the last dimension fastest.
@@ -328,7 +333,7 @@ impl Group {
         self.run(py, |g| g.barrier())
     }
 
-    /// Reduces `x` across the group in place; returns `x` itself.
+    /// Reduces `input_` across the group in place; returns `input_` itself.
     #[pyo3(signature = (input_, op = "sum"))]
     fn all_reduce<'py>(
         &self,
@@ -346,7 +351,7 @@ impl Group {
         Ok(input_)
     }
 
-    /// Copies `x` from group rank `src` into every member's `x`, in place.
+    /// Copies `input_` from group rank `src` into every member's, in place.
     #[pyo3(signature = (input_, src = 0))]
     fn broadcast<'py>(
         &self,
@@ -363,7 +368,7 @@ impl Group {
         Ok(input_)
     }
 
-    /// Concatenation of every member's `x` along `dim`.
+    /// Concatenation of every member's `input_` along `dim`.
     #[pyo3(signature = (input_, dim = -1))]
     fn all_gather<'py>(
         &self,
@@ -454,7 +459,7 @@ impl Group {
         Ok((me == dst).then_some(out))
     }
 
-    /// Sends `x` to group rank `dst` (the next member when `None`).
+    /// Sends `input_` to group rank `dst` (the next member when `None`).
     #[pyo3(signature = (input_, dst = None))]
     fn send(&self, py: Python<'_>, input_: Bound<'_, PyAny>, dst: Option<usize>) -> PyResult<()> {
         let t = match Borrowed::readable(&input_) {
