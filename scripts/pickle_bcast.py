@@ -3,6 +3,7 @@
 Run: scripts/mpirun-local.sh -np 2 python3 scripts/pickle_bcast.py [ITERS] [BATCHES]
 Prints `mpi4py pickle bcast <bytes> B: <median> us` on rank 0.
 """
+import os
 import pickle
 import statistics
 import sys
@@ -10,19 +11,13 @@ import time
 
 from mpi4py import MPI
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_value import VALUE  # noqa: E402
+
 comm = MPI.COMM_WORLD
 iters = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
 batches = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-value = {
-    "name": "transformer.blocks.12.attn.qkv_proj",
-    "step": 123456,
-    "learning_rate": 3e-4,
-    "shape": [4096, 12288],
-    "dtype": "bfloat16",
-    "tags": ["tensor_parallel", "sequence_parallel"],
-    "quantized": True,
-    "scales": [1.0 / (i + 3.0) for i in range(112)],
-}
+value = VALUE
 mine = value if comm.rank == 0 else None
 assert comm.bcast(mine, root=0) == value
 times = []

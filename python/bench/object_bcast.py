@@ -2,24 +2,19 @@
 mpi4py's pickle bcast, from Python on rankmesh (no pickle: the value
 crosses as data). Prints `rankmesh python broadcast_object: <median> us`.
 """
+import os
 import statistics
 import sys
 import time
 
 import rankmesh as dist
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from bench_value import VALUE  # noqa: E402
+
 iters = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
 batches = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-value = {
-    "name": "transformer.blocks.12.attn.qkv_proj",
-    "step": 123456,
-    "learning_rate": 3e-4,
-    "shape": [4096, 12288],
-    "dtype": "bfloat16",
-    "tags": ["tensor_parallel", "sequence_parallel"],
-    "quantized": True,
-    "scales": [1.0 / (i + 3.0) for i in range(112)],
-}
+value = VALUE
 dist.init_distributed_environment()
 g = dist.get_world_group()
 mine = value if g.rank_in_group == 0 else None

@@ -279,6 +279,17 @@ impl Group {
         let _ = self.run(py, |g| g.barrier());
         Err(e)
     }
+
+    /// `x` borrowed for reading or for writing in place, or refused (see
+    /// [`refuse`](Self::refuse)).
+    fn borrow(&self, py: Python<'_>, x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
+        let borrowed = if write {
+            Borrowed::writable(x)
+        } else {
+            Borrowed::readable(x)
+        };
+        borrowed.or_else(|e| self.refuse(py, e))
+    }
 }
 
 fn reduce_op(op: &str) -> PyResult<ReduceOp> {
@@ -342,10 +353,7 @@ impl Group {
         op: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let op = reduce_op(op)?;
-        let mut t = match Borrowed::writable(&input_) {
-            Ok(t) => t,
-            Err(e) => return self.refuse(py, e),
-        };
+        let mut t = self.borrow(py, &input_, true)?;
         let tensor = t.tensor_mut();
         self.run(py, move |g| g.all_reduce_in_place(tensor.get(), op))?;
         Ok(input_)
@@ -359,10 +367,7 @@ impl Group {
         input_: Bound<'py, PyAny>,
         src: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = match Borrowed::writable(&input_) {
-            Ok(t) => t,
-            Err(e) => return self.refuse(py, e),
-        };
+        let mut t = self.borrow(py, &input_, true)?;
         let tensor = t.tensor_mut();
         self.run(py, move |g| g.broadcast(tensor.get(), src))?;
         Ok(input_)
@@ -462,10 +467,7 @@ impl Group {
     /// Sends `input_` to group rank `dst` (the next member when `None`).
     #[pyo3(signature = (input_, dst = None))]
     fn send(&self, py: Python<'_>, input_: Bound<'_, PyAny>, dst: Option<usize>) -> PyResult<()> {
-        let t = match Borrowed::readable(&input_) {
-            Ok(t) => t,
-            Err(e) => return self.refuse(py, e),
-        };
+        let t = self.borrow(py, &input_, false)?;
         let tensor = t.tensor();
         self.run(py, move |g| g.send(tensor.get(), dst))
     }
@@ -479,10 +481,7 @@ impl Group {
         out: Bound<'py, PyAny>,
         src: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = match Borrowed::writable(&out) {
-            Ok(t) => t,
-            Err(e) => return self.refuse(py, e),
-        };
+        let mut t = self.borrow(py, &out, true)?;
         let tensor = t.tensor_mut();
         self.run(py, move |g| g.recv_into(tensor.get(), src))?;
         Ok(out)
@@ -540,10 +539,7 @@ impl Group {
             ) -> rankmesh::Result<()>
             + Send,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let t = match Borrowed::readable(x) {
-            Ok(t) => t,
-            Err(e) => return self.refuse(py, e),
-        };
+        let t = self.borrow(py, x, false)?;
         let shape = shape_of(t.shape());
         let out = Out::empty_like(x, &shape)?;
         let mut o = Borrowed::writable(&out)?;

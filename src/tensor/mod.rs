@@ -496,16 +496,12 @@ impl Tensor {
     /// Borrows `data` as a tensor of `shape`, without a copy, for as long
     /// as the returned view lives (a read-only input to any op).
     pub fn view<T: Element>(shape: impl Into<Vec<usize>>, data: &[T]) -> Result<HostView<'_>> {
-        let shape = shape.into();
-        check_view_len(&shape, T::DTYPE, data.len())?;
-        let live = Arc::new(AtomicBool::new(true));
-        let ptr = data.as_ptr() as *mut u8;
         // SAFETY: `data` is borrowed for the view's lifetime; a `HostView`
         // only hands out `&Tensor`, so the memory is never written.
-        let tensor = unsafe { Tensor::borrowing(ptr, T::DTYPE, shape, Some(live.clone()))? };
+        let (tensor, end) = unsafe { Tensor::viewing(shape.into(), data.as_ptr(), data.len())? };
         Ok(HostView {
             tensor,
-            _end: ViewEnd(live),
+            _end: end,
             _borrow: std::marker::PhantomData,
         })
     }
@@ -516,18 +512,27 @@ impl Tensor {
         shape: impl Into<Vec<usize>>,
         data: &mut [T],
     ) -> Result<HostViewMut<'_>> {
-        let shape = shape.into();
-        check_view_len(&shape, T::DTYPE, data.len())?;
-        let live = Arc::new(AtomicBool::new(true));
-        let ptr = data.as_mut_ptr() as *mut u8;
         // SAFETY: `data` is borrowed mutably for the view's lifetime; a
         // tensor moved out of the view reads as empty once the view ends.
-        let tensor = unsafe { Tensor::borrowing(ptr, T::DTYPE, shape, Some(live.clone()))? };
+        let (tensor, end) =
+            unsafe { Tensor::viewing(shape.into(), data.as_mut_ptr(), data.len())? };
         Ok(HostViewMut {
             tensor,
-            _end: ViewEnd(live),
+            _end: end,
             _borrow: std::marker::PhantomData,
         })
+    }
+
+    /// A view's tensor over `len` elements at `ptr`, and what ends it.
+    unsafe fn viewing<T: Element>(
+        shape: Vec<usize>,
+        ptr: *const T,
+        len: usize,
+    ) -> Result<(Tensor, ViewEnd)> {
+        check_view_len(&shape, T::DTYPE, len)?;
+        let live = Arc::new(AtomicBool::new(true));
+        let tensor = Tensor::borrowing(ptr as *mut u8, T::DTYPE, shape, Some(live.clone()))?;
+        Ok((tensor, ViewEnd(live)))
     }
 
     unsafe fn borrowing(
