@@ -81,7 +81,7 @@ pub use helpers::{
 pub use object::{
     ConfigsByRank, DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts,
 };
-pub use op::{CheckMode, Op, ReduceOp};
+pub use op::{Args, CheckMode, Op, ReduceOp};
 pub use parallel::{
     consecutive_group_count, consecutive_groups, Differentiable, GroupKind, Layout, MegatronSizes,
     Mesh, MeshLayout, OnGroup, ParallelState,

@@ -461,7 +461,9 @@ def zero_first(is_main: bool | None = None):
 
 @contextlib.contextmanager
 def zero_only():
-    """Runs the block on the main rank only (others skip it via an exception-free guard)."""
+    """axolotl's ``zero_only``: yields whether this is the main rank, for
+    ``with zero_only() as main: if main: ...`` (a context manager cannot
+    skip its block)."""
     yield is_main_process()
 
 

@@ -17,7 +17,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rankmesh::MeshLayout;
-use rankmesh::{Collectives, GroupCoordinator, Objects, ParallelState, ReduceOp};
+use rankmesh::{Args, Collectives, GroupCoordinator, Objects, ParallelState, ReduceOp};
 use serde_bytes::ByteBuf;
 
 /// The job's runtime and its parallel state: one per process, made by
@@ -280,6 +280,20 @@ impl Group {
         Err(e)
     }
 
+    /// Runs `f` on `x` borrowed for writing (the call writes the caller's
+    /// array where it lies) and returns `x` itself.
+    fn in_place<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        f: impl FnOnce(&GroupCoordinator<'static>, &mut rankmesh::Tensor) -> rankmesh::Result<()> + Send,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut t = self.borrow(py, &x, true)?;
+        let tensor = t.tensor_mut();
+        self.run(py, move |g| f(g, tensor.get()))?;
+        Ok(x)
+    }
+
     /// `x` borrowed for reading or for writing in place, or refused (see
     /// [`refuse`](Self::refuse)).
     fn borrow(&self, py: Python<'_>, x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
@@ -353,10 +367,7 @@ impl Group {
         op: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let op = reduce_op(op)?;
-        let mut t = self.borrow(py, &input_, true)?;
-        let tensor = t.tensor_mut();
-        self.run(py, move |g| g.all_reduce_in_place(tensor.get(), op))?;
-        Ok(input_)
+        self.in_place(py, input_, move |g, t| g.all_reduce_in_place(t, op))
     }
 
     /// Copies `input_` from group rank `src` into every member's, in place.
@@ -367,10 +378,7 @@ impl Group {
         input_: Bound<'py, PyAny>,
         src: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = self.borrow(py, &input_, true)?;
-        let tensor = t.tensor_mut();
-        self.run(py, move |g| g.broadcast(tensor.get(), src))?;
-        Ok(input_)
+        self.in_place(py, input_, move |g, t| g.broadcast(t, src))
     }
 
     /// Concatenation of every member's `input_` along `dim`.
@@ -381,13 +389,9 @@ impl Group {
         input_: Bound<'py, PyAny>,
         dim: isize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let size = self.world_size()?;
-        self.with_new_output(
-            py,
-            &input_,
-            |shape| out_shape(rankmesh::Op::AllGather, shape, dim, size),
-            |g, t, o| g.all_gather_into(t, o, dim),
-        )
+        self.with_new_output(py, &input_, Some(Args::all_gather(dim)), |g, t, o| {
+            g.all_gather_into(t, o, dim)
+        })
     }
 
     /// Sum (or `op`) over the group, slice `rank_in_group` of `dim` kept.
@@ -400,11 +404,10 @@ impl Group {
         op: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let op = reduce_op(op)?;
-        let size = self.world_size()?;
         self.with_new_output(
             py,
             &input_,
-            |shape| out_shape(rankmesh::Op::ReduceScatter, shape, dim, size),
+            Some(Args::reduce_scatter(dim, op)),
             |g, t, o| g.reduce_scatter_into(t, o, dim, op),
         )
     }
@@ -419,22 +422,10 @@ impl Group {
         scatter_dim: usize,
         gather_dim: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let size = self.world_size()?;
         self.with_new_output(
             py,
             &input_,
-            |shape| {
-                let mut s = shape.to_vec();
-                if s.len() == 4
-                    && scatter_dim < 4
-                    && gather_dim < 4
-                    && s[scatter_dim].is_multiple_of(size)
-                {
-                    s[scatter_dim] /= size;
-                    s[gather_dim] *= size;
-                }
-                s
-            },
+            Some(Args::all_to_all_4d(scatter_dim, gather_dim)),
             |g, t, o| g.all_to_all_4d_into(t, o, scatter_dim, gather_dim),
         )
     }
@@ -448,17 +439,12 @@ impl Group {
         dst: usize,
         dim: isize,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let (size, me) = (self.world_size()?, self.rank_in_group()?);
+        let me = self.rank_in_group()?;
+        // Only `dst` has an output; the others pass an empty one.
         let out = self.with_new_output(
             py,
             &input_,
-            |shape| {
-                if me == dst {
-                    out_shape(rankmesh::Op::AllGather, shape, dim, size)
-                } else {
-                    vec![0]
-                }
-            },
+            (me == dst).then(|| Args::gather(dst, dim)),
             |g, t, o| g.gather_into(t, o, dst, dim),
         )?;
         Ok((me == dst).then_some(out))
@@ -481,10 +467,7 @@ impl Group {
         out: Bound<'py, PyAny>,
         src: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = self.borrow(py, &out, true)?;
-        let tensor = t.tensor_mut();
-        self.run(py, move |g| g.recv_into(tensor.get(), src))?;
-        Ok(out)
+        self.in_place(py, out, move |g, t| g.recv_into(t, src))
     }
 
     /// `obj` from group rank `src` on every member (safe format, no pickle).
@@ -525,13 +508,17 @@ impl Group {
 }
 
 impl Group {
-    /// Allocates the output (`numpy.empty` of `shape_of(x.shape)` and
-    /// `x`'s dtype, or `x.new_empty` for a torch tensor) and runs `f` into it.
+    /// Allocates the output (`numpy.empty` of the shape the op's own rule
+    /// gives for `args`, in `x`'s dtype, or `x.new_empty` for a torch
+    /// tensor; `[0]` for `None`, a member without an output) and runs `f`
+    /// into it. Arguments that name no shape leave it empty, as the
+    /// library's allocating forms do: the call then fails on every rank
+    /// with the op's own message.
     fn with_new_output<'py>(
         &self,
         py: Python<'py>,
         x: &Bound<'py, PyAny>,
-        shape_of: impl FnOnce(&[usize]) -> Vec<usize>,
+        args: Option<Args>,
         f: impl FnOnce(
                 &GroupCoordinator<'static>,
                 &rankmesh::Tensor,
@@ -540,30 +527,18 @@ impl Group {
             + Send,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = self.borrow(py, x, false)?;
-        let shape = shape_of(t.shape());
+        let shape = match args {
+            Some(args) => args
+                .output_shape(t.shape(), self.world_size()?)
+                .unwrap_or_default(),
+            None => vec![0],
+        };
         let out = Out::empty_like(x, &shape)?;
         let mut o = Borrowed::writable(&out)?;
         let (tensor, otensor) = (t.tensor(), o.tensor_mut());
         self.run(py, move |g| f(g, tensor.get(), otensor.get()))?;
         Ok(out)
     }
-}
-
-/// The output shape of a gathering op (the input's when the arguments are
-/// bad: the call then fails on every rank with the op's own message).
-fn out_shape(op: rankmesh::Op, shape: &[usize], dim: isize, size: usize) -> Vec<usize> {
-    let nd = shape.len() as isize;
-    let d = if dim < 0 { dim + nd } else { dim };
-    let mut s = shape.to_vec();
-    if (0..nd).contains(&d) {
-        let d = d as usize;
-        match op {
-            rankmesh::Op::ReduceScatter if s[d].is_multiple_of(size) => s[d] /= size,
-            rankmesh::Op::AllGather => s[d] *= size,
-            _ => {}
-        }
-    }
-    s
 }
 
 /// The value a peer's encoded object stands for: the decoder the object

@@ -366,7 +366,6 @@ pub trait Collectives<'rt> {
 /// The output shape the allocating forms allocate; empty when the arguments
 /// name none (the `_into` call then reports why, on every rank).
 fn output_shape<'rt, C: Collectives<'rt> + ?Sized>(c: &C, args: Args, t: &C::Tensor) -> Vec<usize> {
-    args.op()
-        .output_shape(t.shape(), args.params(), c.group().size())
+    args.output_shape(t.shape(), c.group().size())
         .unwrap_or_default()
 }

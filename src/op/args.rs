@@ -1,12 +1,15 @@
 //! [`Args`]: an op and its parameters, built by name. The positions in a
 //! descriptor's `params` are written here and read by the op's row
-//! ([`super::ROWS`]) only, so a call site never spells an index.
+//! ([`super::ROWS`]) only, so a call site never spells an index. The
+//! constructors of the ops that reshape are public, with
+//! [`Args::output_shape`], so that a binding allocating outputs (the Python
+//! package) asks the op's own rule instead of writing it again.
 
 use super::{CheckMode, Op, ReduceOp};
 
 /// An op with its parameters in descriptor order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Args {
+pub struct Args {
     op: Op,
     params: [i64; 4],
 }
@@ -33,7 +36,8 @@ impl Args {
         Args::with(Op::Reduce, dst as i64, op.code())
     }
 
-    pub(crate) fn all_gather(dim: isize) -> Args {
+    /// `all_gather` along `dim` (negative: from the end).
+    pub fn all_gather(dim: isize) -> Args {
         Args::with(Op::AllGather, dim as i64, 0)
     }
 
@@ -43,7 +47,8 @@ impl Args {
         Args::with(Op::AllGatherV, dim as i64, counts_digest(counts))
     }
 
-    pub(crate) fn gather(dst: usize, dim: isize) -> Args {
+    /// `gather` onto group rank `dst` along `dim`.
+    pub fn gather(dst: usize, dim: isize) -> Args {
         Args::with(Op::Gather, dst as i64, dim as i64)
     }
 
@@ -51,7 +56,8 @@ impl Args {
         Args::with(Op::Scatter, src as i64, dim as i64)
     }
 
-    pub(crate) fn reduce_scatter(dim: isize, op: ReduceOp) -> Args {
+    /// `reduce_scatter` along `dim` with `op`.
+    pub fn reduce_scatter(dim: isize, op: ReduceOp) -> Args {
         Args::with(Op::ReduceScatter, dim as i64, op.code())
     }
 
@@ -59,7 +65,8 @@ impl Args {
         Args::with(Op::Broadcast, src as i64, 0)
     }
 
-    pub(crate) fn all_to_all_4d(scatter_dim: usize, gather_dim: usize) -> Args {
+    /// FastVideo's `all_to_all_4D` with `(scatter_dim, gather_dim)`.
+    pub fn all_to_all_4d(scatter_dim: usize, gather_dim: usize) -> Args {
         Args::with(Op::AllToAll4d, scatter_dim as i64, gather_dim as i64)
     }
 
@@ -82,6 +89,14 @@ impl Args {
     pub(crate) fn object(op: Op, type_digest: i64) -> Args {
         debug_assert!(matches!(op, Op::AllGatherObject | Op::SendObject));
         Args::with(op, type_digest, 0)
+    }
+
+    /// The shape of the output for an input of `shape` on a group of
+    /// `size` (the op's own rule, as the allocating forms and the output
+    /// check use it); `None` when the arguments name none (the call then
+    /// fails on every rank, saying why).
+    pub fn output_shape(&self, shape: &[usize], size: usize) -> Option<Vec<usize>> {
+        self.op.output_shape(shape, &self.params, size)
     }
 
     #[inline(always)]
@@ -111,7 +126,7 @@ mod tests {
     #[test]
     fn constructors_write_what_the_rows_read() {
         let shape = [2, 6];
-        let shaped = |a: Args, size| a.op().output_shape(&shape, a.params(), size);
+        let shaped = |a: Args, size| a.output_shape(&shape, size);
         assert_eq!(shaped(Args::gather(1, -1), 2), Some(vec![2, 12]));
         assert_eq!(shaped(Args::all_gather(0), 3), Some(vec![6, 6]));
         assert_eq!(shaped(Args::scatter(0, 1), 3), Some(vec![2, 2]));
@@ -132,10 +147,7 @@ mod tests {
             .contains("dst 4"));
         assert!(check(Args::set_check_mode(CheckMode::Off), 2).is_ok());
         let a2a = Args::all_to_all_4d(2, 1);
-        assert_eq!(
-            a2a.op().output_shape(&[1, 2, 8, 4], a2a.params(), 4),
-            Some(vec![1, 8, 2, 4])
-        );
+        assert_eq!(a2a.output_shape(&[1, 2, 8, 4], 4), Some(vec![1, 8, 2, 4]));
         assert!(Args::gather(1, 0)
             .op()
             .output_used_on(1, Args::gather(1, 0).params()));

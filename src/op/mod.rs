@@ -10,7 +10,7 @@ mod mode;
 mod reduce;
 pub(crate) mod uneven;
 
-pub(crate) use args::Args;
+pub use args::Args;
 pub use mode::CheckMode;
 pub use reduce::ReduceOp;
 
