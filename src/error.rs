@@ -77,6 +77,25 @@ pub enum Error {
         /// What did not finish.
         msg: String,
     },
+    /// A host call given up on, with `RANKMESH_ON_HANG=error` or by an
+    /// interrupt ([`Runtime::set_interrupt_check`](crate::Runtime::set_interrupt_check)):
+    /// no progress for `RANKMESH_TIMEOUT` (the message names the members
+    /// missing and where they are), a member left, or this process was
+    /// interrupted. The runtime is unusable after it: every later call is
+    /// this error again, and dropping the runtime ends the job with
+    /// [`Abandon::exit_code`] instead of finalising MPI under calls that
+    /// never completed.
+    #[error("{} on {group}: {msg}", op.name())]
+    Abandoned {
+        /// The operation given up on.
+        op: Op,
+        /// Unique group name.
+        group: String,
+        /// Why.
+        why: Abandon,
+        /// What happened, with the members concerned.
+        msg: String,
+    },
     /// Bytes received from a peer that do not decode as the expected type.
     #[error("{} on {group}: cannot decode `{type_name}` sent by group rank {peer}: {msg}", op.name())]
     Decode {
@@ -220,9 +239,34 @@ impl Error {
             | Error::Mismatch { op, .. }
             | Error::Nccl { op, .. }
             | Error::Timeout { op, .. }
+            | Error::Abandoned { op, .. }
             | Error::Decode { op, .. }
             | Error::Encode { op, .. } => Some(*op),
             _ => None,
+        }
+    }
+}
+
+/// Why a call was given up on ([`Error::Abandoned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandon {
+    /// No progress for `RANKMESH_TIMEOUT`: a member never entered the call
+    /// or stopped inside it.
+    Timeout,
+    /// A member of the call left (an error, a panic, its process gone).
+    PeerLeft,
+    /// This process was interrupted (its interrupt check said so).
+    Interrupted,
+}
+
+impl Abandon {
+    /// The exit code of a job ended after it: 75 and 76 as when the
+    /// watchdog ends the job itself, 130 (128 + SIGINT) for an interrupt.
+    pub const fn exit_code(self) -> i32 {
+        match self {
+            Abandon::Timeout => 75,
+            Abandon::PeerLeft => 76,
+            Abandon::Interrupted => 130,
         }
     }
 }

@@ -69,7 +69,7 @@ pub mod prelude;
 pub use device::driver::driver_version as cuda_driver_version;
 pub use device::{DeviceInfo, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 pub use dtype::DType;
-pub use error::{Error, NcclError, Rejection, Result};
+pub use error::{Abandon, Error, NcclError, Rejection, Result};
 pub use group::{
     Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, MpiCalls, Options, P2p, PlaneTensor,
     RankInfo, Runtime, WorldInfo,
@@ -93,7 +93,7 @@ pub use tensor::{
     split_views_along_last_dim, Bool, Element, HostData, HostSlice, HostSliceMut, HostView,
     HostViewMut, LastDimView, Tensor, F8E4M3, F8E5M2,
 };
-pub use watch::TIMEOUT_EXIT;
+pub use watch::{OnHang, LEFT_EXIT, TIMEOUT_EXIT};
 
 /// The README's examples are compiled as doc tests so they stay true.
 #[doc = include_str!("../README.md")]

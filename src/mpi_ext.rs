@@ -107,6 +107,10 @@ impl<'c> SlotWindow<'c> {
 impl Drop for SlotWindow<'_> {
     /// Collective over the communicator, like every step of the window.
     fn drop(&mut self) {
+        // As for a group's window: not after a call was given up.
+        if crate::wait::give_up::gave_up() {
+            return;
+        }
         // SAFETY: the window is valid and freed once.
         unsafe { ffi::MPI_Win_free(&mut self.win) };
     }

@@ -207,6 +207,7 @@ fn out_of_range_environment_is_the_same_error_on_every_rank() {
         ("RANKMESH_CHECK", "lazy", "RANKMESH_CHECK=\"lazy\": expected strict, deferred or off"),
         ("RANKMESH_NCCL_RANKS_PER_ROOT", "0", "RANKMESH_NCCL_RANKS_PER_ROOT=\"0\" is not a positive whole number"),
         ("RANKMESH_MPI_CALLS", "spin", "RANKMESH_MPI_CALLS=\"spin\" is not one of auto, blocking, nonblocking"),
+        ("RANKMESH_ON_HANG", "raise", "RANKMESH_ON_HANG=\"raise\" is not one of abort, error"),
         ("RANKMESH_GATHER_SHM", "yes", "RANKMESH_GATHER_SHM=\"yes\" is not 0 or 1"),
         ("RANKMESH_NCCL_FOR_ONE", "2", "RANKMESH_NCCL_FOR_ONE=\"2\" is not 0 or 1"),
         ("RANKMESH_ALLOW_SINGLETON", "yes", "RANKMESH_ALLOW_SINGLETON=\"yes\" is not 0 or 1"),

@@ -3,8 +3,10 @@ scripts/python-test.sh): what the other ranks see when one rank fails,
 skips a call or handles its errors."""
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -16,18 +18,74 @@ def run_job(np_, script, env=None, timeout=60):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
 
 
-def test_a_rank_that_skips_a_call_ends_the_job_naming_it():
-    out = run_job(2, """
-        import numpy as np, rankmesh as dist
+def test_a_rank_that_skips_a_call_is_an_exception_on_the_ranks_waiting_for_it():
+    t0 = time.monotonic()
+    out = run_job(3, """
+        import numpy as np, rankmesh as dist, time
         dist.init_distributed_environment()
-        if dist.get_world_rank() == 0:
-            dist.get_world_group().all_reduce(np.ones(2, np.float32))
+        if dist.get_world_rank() != 1:
+            try:
+                dist.get_world_group().all_reduce(np.ones(2, np.float32))
+            except dist.TimeoutError as e:
+                print("TIMEOUT", dist.get_world_rank(), e, flush=True)
+                # Given up for good: the next call fails at once, alike.
+                t = time.monotonic()
+                try:
+                    dist.get_world_group().barrier()
+                except dist.TimeoutError:
+                    print("AGAIN", dist.get_world_rank(), f"{time.monotonic() - t:.3f}", flush=True)
         else:
-            import time; time.sleep(30)
+            time.sleep(30)
     """, env={"RANKMESH_TIMEOUT": "2"})
-    assert out.returncode != 0
+    took = time.monotonic() - t0
     text = out.stdout + out.stderr
-    assert "all_reduce" in text and "rank 1" in text, text[-2000:]
+    for r in (0, 2):
+        line = next((l for l in out.stdout.splitlines() if l.startswith(f"TIMEOUT {r} ")), None)
+        assert line is not None, text[-3000:]
+        assert "all_reduce on world: no progress for" in line, line
+        assert "group rank 1 (world rank 1, host " in line and "has not entered this call" in line, line
+        assert f"AGAIN {r} " in out.stdout, text[-3000:]
+    # The runtime gave up: the job ends with the watchdog's code, even
+    # though the script caught the error and ended cleanly.
+    assert out.returncode == 75, text[-3000:]
+    assert took < 25, f"took {took:.1f} s"
+
+
+def test_ctrl_c_interrupts_a_waiting_collective_and_its_peers_are_told():
+    with tempfile.TemporaryDirectory() as d:
+        launcher = os.environ.get("RANKMESH_MPIEXEC", "mpirun")
+        script = textwrap.dedent("""
+            import numpy as np, os, sys, time, rankmesh as dist
+            dist.init_distributed_environment()
+            r = dist.get_world_rank()
+            open(os.path.join(sys.argv[1], f"pid{r}"), "w").write(str(os.getpid()))
+            t = time.monotonic()
+            try:
+                if r == 1:
+                    time.sleep(30)
+                dist.get_world_group().all_reduce(np.ones(2, np.float32))
+            except BaseException as e:
+                print("RAISED", r, type(e).__name__, f"{time.monotonic() - t:.1f}", e, flush=True)
+                raise
+        """)
+        t0 = time.monotonic()
+        job = subprocess.Popen(
+            [launcher, "--oversubscribe", "-np", "3", sys.executable, "-c", script, d],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, RANKMESH_TIMEOUT="600"))
+        pid0 = os.path.join(d, "pid0")
+        while not os.path.exists(pid0) and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        time.sleep(1.0)  # rank 0 is blocked in the all-reduce by now
+        os.kill(int(open(pid0).read()), signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=60)
+    text = stdout + stderr
+    assert "RAISED 0 KeyboardInterrupt" in stdout, text[-3000:]
+    line = next((l for l in stdout.splitlines() if l.startswith("RAISED 2 ")), "")
+    assert line.startswith("RAISED 2 PeerError"), text[-3000:]
+    assert "group rank 0 (world rank 0, host " in line and "interrupted" in line, line
+    assert job.returncode in (130, 76), text[-3000:]
+    assert time.monotonic() - t0 < 30
 
 
 def test_an_uncaught_exception_on_one_rank_is_named_on_the_others_at_once():
@@ -43,6 +101,8 @@ def test_an_uncaught_exception_on_one_rank_is_named_on_the_others_at_once():
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert "left after: ValueError: bad config on rank 1" in text, text[-2000:]
+    # The rank waiting for it raises, naming it.
+    assert "rankmesh.PeerError: all_reduce on world: cannot complete: group rank 1" in text, text[-2000:]
     assert took < 30, f"took {took:.1f} s"
 
 

@@ -51,11 +51,37 @@ create_exception!(
 );
 create_exception!(rankmesh, GpuError, Error, "The device plane: CUDA or NCCL.");
 
+/// The exception a signal handler raised while a call waited (Ctrl-C's
+/// `KeyboardInterrupt`), for the call it interrupted to raise.
+static PENDING: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+
+/// The runtime's interrupt check: runs Python's signal handlers (they run
+/// only when the main thread holds the GIL, which a waiting call released).
+/// `true` when one raised: the call is given up and raises that.
+pub fn interrupted() -> bool {
+    Python::attach(|py| match py.check_signals() {
+        Ok(()) => false,
+        Err(e) => {
+            *PENDING.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            true
+        }
+    })
+}
+
 /// The exception of a library error.
 pub fn to_py(e: rankmesh::Error) -> PyErr {
-    use rankmesh::Error as E;
+    use rankmesh::{Abandon, Error as E};
     let msg = e.to_string();
     match e {
+        E::Abandoned { why, .. } => match why {
+            Abandon::Interrupted => PENDING
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .unwrap_or_else(|| Error::new_err(msg)),
+            Abandon::Timeout => TimeoutError::new_err(msg),
+            Abandon::PeerLeft => PeerError::new_err(msg),
+        },
         E::Mismatch { .. } => MismatchError::new_err(msg),
         E::InvalidArgument { .. } | E::Usage { .. } => InvalidArgumentError::new_err(msg),
         E::Tensor(_) => TensorError::new_err(msg),

@@ -47,10 +47,26 @@ impl Runtime {
     /// Starts MPI (if the launcher has not) and rankmesh on this rank.
     #[new]
     fn new(py: Python<'_>) -> PyResult<Runtime> {
+        // A call that cannot complete is an exception, not the end of the
+        // process: Python code handles it (`except`, `finally`) before the
+        // job ends. RANKMESH_ON_HANG=abort still chooses the other way.
+        let on_hang = match std::env::var_os("RANKMESH_ON_HANG") {
+            None => Some(rankmesh::OnHang::Error),
+            Some(_) => None,
+        };
         let rt = py
-            .detach(|| rankmesh::Runtime::init().map(Here::new).map_err(Here::new))
+            .detach(move || {
+                rankmesh::Runtime::init_adjusted(|o| {
+                    if let Some(h) = on_hang {
+                        o.on_hang = h;
+                    }
+                })
+                .map(Here::new)
+                .map_err(Here::new)
+            })
             .map_err(|e| to_py(e.get()))?
             .get();
+        rt.set_interrupt_check(Some(errors::interrupted));
         let rt: &'static rankmesh::Runtime = Box::leak(Box::new(rt));
         let state = match ParallelState::new(rt) {
             Ok(s) => s,

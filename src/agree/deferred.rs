@@ -256,6 +256,10 @@ impl Deferred {
 /// disagreement found here has no caller left to report to: it is logged.
 impl Drop for Deferred {
     fn drop(&mut self) {
+        // After a call was given up the peers may never post: leak.
+        if crate::wait::give_up::gave_up() {
+            return self.abandon_rest();
+        }
         match self.complete(Some(self.deadline())) {
             Ok(Verdict::Agreed) => {}
             Ok(Verdict::RefusedEverywhere(e) | Verdict::Disagreed(e)) | Err(e) => {

@@ -251,6 +251,13 @@ impl MpiExec<'_> {
 
 impl Drop for Swap<'_> {
     fn drop(&mut self) {
+        // Dropped by a call given up (unwinding from its wait): its peer
+        // may never answer, and waiting here would give up inside a
+        // destructor. The requests are leaked; the runtime ends the job
+        // without finalising MPI.
+        if crate::wait::give_up::gave_up() {
+            return;
+        }
         let _ = self.exec.complete(&mut self.recvs, &[], self.peer);
         let _ = self.exec.complete(&mut self.sends, &[], self.peer);
     }

@@ -23,9 +23,11 @@ pub trait Batch<'rt>: Collectives<'rt> {
 /// Host tensors of any dictionary move through the group's MPI plane.
 pub(crate) fn send_host(g: &GroupCoordinator<'_>, ts: &[&Tensor], dst: usize) -> Result<()> {
     let call = g.watched(Op::Send);
-    let bufs: Vec<&[u8]> = ts.iter().map(|t| t.bytes()).collect();
-    g.mpi().send_batch(&bufs, dst);
-    call.finish(Ok(()))
+    call.run(Op::Send, g.name(), || {
+        let bufs: Vec<&[u8]> = ts.iter().map(|t| t.bytes()).collect();
+        g.mpi().send_batch(&bufs, dst);
+        Ok(())
+    })
 }
 
 /// The receiving side of [`send_host`].
@@ -35,9 +37,11 @@ pub(crate) fn recv_host(
     src: usize,
 ) -> Result<()> {
     let call = g.watched(Op::Send);
-    let mut bufs: Vec<&mut [u8]> = outs.iter_mut().map(|t| t.bytes_mut()).collect();
-    let moved = g.mpi().recv_batch(&mut bufs, src);
-    call.finish(moved.map_err(|f| f.into_error(Op::Send, g.name())))
+    call.run(Op::Send, g.name(), || {
+        let mut bufs: Vec<&mut [u8]> = outs.iter_mut().map(|t| t.bytes_mut()).collect();
+        let moved = g.mpi().recv_batch(&mut bufs, src);
+        moved.map_err(|f| f.into_error(Op::Send, g.name()))
+    })
 }
 
 /// Host tensors of a broadcast dictionary, through the group's MPI plane.
@@ -47,9 +51,11 @@ pub(crate) fn broadcast_host(
     src: usize,
 ) -> Result<()> {
     let call = g.watched(Op::Broadcast);
-    let mut bufs: Vec<&mut [u8]> = ts.iter_mut().map(|t| t.bytes_mut()).collect();
-    g.mpi().broadcast_batch(&mut bufs, src);
-    call.finish(Ok(()))
+    call.run(Op::Broadcast, g.name(), || {
+        let mut bufs: Vec<&mut [u8]> = ts.iter_mut().map(|t| t.bytes_mut()).collect();
+        g.mpi().broadcast_batch(&mut bufs, src);
+        Ok(())
+    })
 }
 
 impl<'rt> Batch<'rt> for GroupCoordinator<'rt> {

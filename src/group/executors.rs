@@ -153,6 +153,10 @@ impl<'rt> GroupCoordinator<'rt> {
 /// order. Its ranks wait by [`crate::wait`]'s policy; members sharing
 /// fewer CPUs than they are is only a hint to it (yield before block).
 pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> ShmExec {
+    // Every member is here before the window (MPI's allocation blocks
+    // inside MPI, where a member that never comes could not be given up;
+    // the barrier waits by the host plane's policy where calls may fail).
+    crate::exec::mpi_calls::Calls(comm.as_raw()).barrier();
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
     note_shared_cpus_among(comm);

@@ -14,8 +14,8 @@ use crate::op::Op;
 use crate::parse::parse_whole_size;
 use crate::placement::{self, BindPolicy, Placement};
 use crate::watch::{
-    local_ipv4, Board, GroupWatch, PeerFacts, Secret, Service, StartupWatch, Watchdog, ADDRS,
-    SECRET_BYTES,
+    local_ipv4, Board, GroupWatch, OnHang, PeerFacts, Secret, Service, StartupWatch, Watchdog,
+    ADDRS, SECRET_BYTES,
 };
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -142,6 +142,9 @@ pub struct Options {
     /// How the MPI executor calls MPI's collectives (`RANKMESH_MPI_CALLS`:
     /// `auto`, the default, `blocking` or `nonblocking`).
     pub mpi_calls: MpiCalls,
+    /// What a call that cannot complete does (`RANKMESH_ON_HANG`: `abort`,
+    /// the default, ends the job; `error` fails the call, see [`OnHang`]).
+    pub on_hang: OnHang,
 }
 
 /// How the MPI executor (and the call agreement off shared memory) calls
@@ -185,6 +188,7 @@ impl Default for Options {
             device: None,
             allow_singleton: false,
             mpi_calls: MpiCalls::Auto,
+            on_hang: OnHang::Abort,
         }
     }
 }
@@ -242,6 +246,17 @@ impl Options {
                 _ => {
                     return Err(Error::Launch(format!(
                         "RANKMESH_MPI_CALLS={v:?} is not one of auto, blocking, nonblocking"
+                    )))
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("RANKMESH_ON_HANG") {
+            o.on_hang = match v.trim() {
+                "abort" => OnHang::Abort,
+                "error" => OnHang::Error,
+                _ => {
+                    return Err(Error::Launch(format!(
+                        "RANKMESH_ON_HANG={v:?} is not one of abort, error"
                     )))
                 }
             };
@@ -476,6 +491,9 @@ impl Runtime {
         startup.step("the node's CPU sets (MPI_Allgather)");
         let shared = super::executors::note_shared_cpus_among(&node_comm);
         let crowded = match options.mpi_calls {
+            // A call waiting inside a blocking MPI routine cannot be given
+            // up: where calls that hang are to fail, rankmesh waits.
+            MpiCalls::Auto if options.on_hang == OnHang::Error => true,
             MpiCalls::Auto => shared && !crate::mpi_ext::yields_when_idle(),
             MpiCalls::Blocking => false,
             MpiCalls::Nonblocking => true,
@@ -567,6 +585,26 @@ impl Runtime {
         self.watchdog.verdict(failure);
     }
 
+    /// Sets the interrupt check: a function that a call blocked waiting
+    /// for its peers runs on its own thread every 50 ms (never while the
+    /// call makes progress or spins). When it returns `true` the call is
+    /// given up: it fails with [`Error::Abandoned`] of
+    /// [`Abandon::Interrupted`](crate::Abandon::Interrupted), its peers are
+    /// told that this rank left, and the runtime is done (see
+    /// [`Error::Abandoned`]). The Python package checks for Ctrl-C here.
+    /// `None` removes it. A call waiting inside a blocking MPI routine is
+    /// not interrupted.
+    pub fn set_interrupt_check(&self, check: Option<fn() -> bool>) {
+        crate::wait::give_up::set_interrupt_check(check);
+    }
+
+    /// Why this process gave a call up ([`Error::Abandoned`]), if it did:
+    /// every later call fails with that, and dropping the runtime ends the
+    /// job.
+    pub fn given_up(&self) -> Option<(crate::Abandon, String)> {
+        crate::wait::give_up::given_up()
+    }
+
     /// Start-up options in force.
     pub fn options(&self) -> &Options {
         &self.options
@@ -601,7 +639,7 @@ impl Runtime {
         let mut desc = Descriptor::new(Op::CreateGroup, &[]);
         desc.seq = self.creations.get();
         self.creations.set(desc.seq + 1);
-        self.creation.call(&desc).finish(f())
+        self.creation.call(&desc).run(Op::CreateGroup, "world", f)
     }
 
     /// The placement rankmesh applied at start, when a binding policy was set.
@@ -758,7 +796,7 @@ impl Runtime {
             .register(format!("{name}{ranks:?} (being created)").into(), ranks);
         watch
             .call(&Descriptor::new(Op::CreateGroup, &[]))
-            .finish(self.subgroup_watched(name, ranks))
+            .run(Op::CreateGroup, name, || self.subgroup_watched(name, ranks))
     }
 
     fn subgroup_watched(&self, name: &str, ranks: &[usize]) -> Result<GroupCoordinator<'_>> {
@@ -801,6 +839,10 @@ impl Drop for Runtime {
         // and end the job within about a second.
         let panic = std::thread::panicking().then(panic_message);
         self.watchdog.leaving(panic);
+        // Calls given up left MPI mid-call: finalising could wait forever.
+        if let Some((why, _)) = crate::wait::give_up::given_up() {
+            self.watchdog.end_after_giving_up(why);
+        }
     }
 }
 
@@ -975,6 +1017,7 @@ fn start_watchdog(
     Watchdog::start(
         info.rank,
         options.timeout,
+        options.on_hang,
         board,
         service,
         peers,

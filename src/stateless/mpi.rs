@@ -84,7 +84,7 @@ impl Links for MpiLinks<'_> {
 
     fn watch<R>(&self, op: Op, f: impl FnOnce() -> Result<R>) -> Result<R> {
         let call = self.group.watched(op);
-        call.finish(f())
+        call.run(op, self.group.name(), f)
     }
 
     fn post(&self, header: Header, payload: Vec<u8>, dsts: &[usize], limit: usize) -> Result<()> {

@@ -6,7 +6,9 @@
 //! have not entered that call and where each one is (from the board, across
 //! nodes through the status [service](service)), dumps the flight record
 //! (to stderr, and to `RANKMESH_TRACE_DIR` when set) and ends the job with
-//! `MPI_Abort` and exit code [`TIMEOUT_EXIT`]. The hot path only stores a
+//! `MPI_Abort` and exit code [`TIMEOUT_EXIT`]; with [`OnHang::Error`] it
+//! gives the call up instead, which then fails with that report as
+//! [`Error::Abandoned`](crate::Error::Abandoned). The hot path only stores a
 //! few atomics; the watchdog thread never calls MPI except to abort.
 
 mod arrival;
@@ -25,7 +27,9 @@ pub(crate) use service::{local_ipv4, Secret, Service, ADDRS, SECRET_BYTES};
 pub(crate) use startup::StartupWatch;
 
 use crate::agree::Descriptor;
+use crate::error::{Abandon, Error, Result};
 use crate::op::Op;
+use crate::wait::give_up;
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
@@ -40,11 +44,37 @@ const ABORT_GRACE: Duration = Duration::from_millis(300);
 
 /// Exit code of a job the watchdog ends (`MPI_Abort`): `EX_TEMPFAIL` of
 /// sysexits.h, apart from `timeout(1)`'s 124 so the two can be told apart.
-pub const TIMEOUT_EXIT: i32 = 75;
+pub const TIMEOUT_EXIT: i32 = Abandon::Timeout.exit_code();
 
 /// Exit code of a job ended because a member of a call left (its runtime
 /// dropped after an error or a panic, or its process gone): `EX_PROTOCOL`.
-pub const LEFT_EXIT: i32 = 76;
+pub const LEFT_EXIT: i32 = Abandon::PeerLeft.exit_code();
+
+/// What the watchdog does with a call that cannot complete (no progress
+/// for `RANKMESH_TIMEOUT`, or a member that left): `RANKMESH_ON_HANG`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnHang {
+    /// Prints the report and ends the job (`MPI_Abort`, exit code
+    /// [`TIMEOUT_EXIT`] or [`LEFT_EXIT`]): the default, since a rank
+    /// stuck in a call usually cannot do anything useful anyway.
+    #[default]
+    Abort,
+    /// Gives the call up: it fails on this rank with the report as
+    /// [`Error::Abandoned`], so the program can run its own handlers (a
+    /// Python `except`, a checkpoint) before the job ends. A call waiting
+    /// inside a blocking MPI routine cannot be given up; the job is then
+    /// ended as with `Abort` after [`GIVE_UP_GRACE`].
+    Error,
+}
+
+/// How long the watchdog waits for a call it gave up to end before it
+/// ends the job itself (a call inside a blocking MPI routine never does).
+pub const GIVE_UP_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a runtime that gave up a call waits, when dropped, before it
+/// ends the job: time for the peers' watchdogs (a tick or two) to see that
+/// it left and give their own calls up with that reason.
+const GAVE_UP_EXIT_GRACE: Duration = Duration::from_millis(1200);
 
 /// How often the watchdog looks, at most: a member that left is named
 /// within about two of these.
@@ -99,6 +129,9 @@ struct Shared {
     /// call (`now_ns`), and which of the call's other nodes is next.
     remote_at: AtomicU64,
     remote_turn: AtomicU64,
+    on_hang: OnHang,
+    /// This rank's departure is published already (a call it gave up).
+    published: AtomicBool,
 }
 
 /// Watches one process's calls (owned by the `Runtime`).
@@ -114,15 +147,20 @@ impl Watchdog {
     /// Starts watching for world rank `rank` (no thread when `limit` is `None`).
     /// Starts watching for world rank `rank`: hangs past `limit` (`None`:
     /// never), and members of its calls that leave (always).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         rank: usize,
         limit: Option<Duration>,
+        on_hang: OnHang,
         board: Board,
         service: Option<Service>,
         peers: Vec<PeerFacts>,
         trace_dir: Option<PathBuf>,
         secret: Secret,
     ) -> Watchdog {
+        if on_hang == OnHang::Error {
+            give_up::arm();
+        }
         let shared = Arc::new(Shared {
             rank,
             board: board.view().clone(),
@@ -140,6 +178,8 @@ impl Watchdog {
             secret,
             remote_at: AtomicU64::new(0),
             remote_turn: AtomicU64::new(0),
+            on_hang,
+            published: AtomicBool::new(false),
         });
         let s = shared.clone();
         let thread = Some(
@@ -220,26 +260,8 @@ impl Watchdog {
                 s.rank
             );
         }
-        s.board.set_left(&reason, now_ns());
-        let my_node = s.peers.get(s.rank).map(|p| p.node);
-        let mut told: Vec<usize> = Vec::new();
-        for p in &s.peers {
-            if Some(p.node) == my_node || told.contains(&p.node) {
-                continue;
-            }
-            let node = p.node;
-            let took = s.peers.iter().filter(|q| q.node == node).take(4).any(|q| {
-                service::notify(
-                    &q.service,
-                    &s.secret,
-                    s.rank,
-                    &reason,
-                    Duration::from_millis(300),
-                )
-            });
-            if took {
-                told.push(node);
-            }
+        if !s.published.swap(true, Ordering::Relaxed) {
+            s.publish_left(&reason);
         }
         // If no peer ends the job (none is waiting on this rank), finishing
         // MPI may wait on peers forever: end it after a grace period.
@@ -266,6 +288,15 @@ impl Watchdog {
     /// still publishes it, without printing it again.
     pub fn error_reported(&self) {
         self.shared.reported.store(true, Ordering::Relaxed);
+    }
+
+    /// Ends the job after this process gave a call up (`why`): MPI cannot
+    /// be finalised under calls that never completed, and the peers may be
+    /// in them still. Waits [`GAVE_UP_EXIT_GRACE`] first, for the peers to
+    /// see that this rank left and give up their own calls.
+    pub fn end_after_giving_up(&self, why: Abandon) -> ! {
+        std::thread::sleep(GAVE_UP_EXIT_GRACE);
+        abort_job(why.exit_code())
     }
 
     /// The flight record of this rank, oldest call first.
@@ -317,6 +348,17 @@ impl GroupWatch {
         }
     }
 
+    /// Runs `f`, a whole call of this group (its [`call`](Self::call)
+    /// guard inside), so that its waits can be given up, as
+    /// [`Call::run`] does: for a hot caller that runs `f` itself when
+    /// [`give_up::armed`] is false, keeping its own code inline.
+    pub fn catching<T>(&self, op: Op, group: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        match give_up::run(f) {
+            Ok(result) => result,
+            Err((why, msg)) => Err(self.s.gave_up(op, group, why, msg)),
+        }
+    }
+
     /// The group's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -337,6 +379,28 @@ pub(crate) struct Call<'w> {
 }
 
 impl Call<'_> {
+    /// Runs the call's body `f` so that its waits can be given up
+    /// ([`give_up`]), then ends the call as [`finish`](Self::finish) does.
+    /// A call given up is [`Error::Abandoned`] of `op` on `group`, and this
+    /// rank is published as gone with it: the members waiting for it are
+    /// told at once, as after an error from `main`.
+    #[inline]
+    pub fn run<T>(self, op: Op, group: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        match give_up::run(f) {
+            Ok(result) => self.finish(result),
+            Err((why, msg)) => self.given_up(op, group, why, msg),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn given_up<T>(self, op: Op, group: &str, why: Abandon, msg: String) -> Result<T> {
+        let s = self.s;
+        // Off the call first: the guard's drop marks the slot idle.
+        drop(self);
+        Err(s.gave_up(op, group, why, msg))
+    }
+
     /// Ends the call, recording whether `result` succeeded (a failure's
     /// text is kept for [`Watchdog::leaving`]); returns it.
     #[inline]
@@ -368,6 +432,61 @@ impl Pulse<'_> {
 }
 
 impl Shared {
+    /// The error of a call given up (its guard dropped already), recorded
+    /// as the call's failure; the rank is published as gone with it (the
+    /// slot says so again after a later call; other nodes are told once).
+    #[cold]
+    #[inline(never)]
+    fn gave_up(&self, op: Op, group: &str, why: Abandon, msg: String) -> Error {
+        let e = Error::Abandoned {
+            op,
+            group: group.to_string(),
+            why,
+            msg,
+        };
+        let text = e.to_string();
+        if let Some(number) = self.recorder.last_failed() {
+            self.record_failure(number, &text);
+        }
+        if self.published.swap(true, Ordering::Relaxed) {
+            self.board.set_left(&text, now_ns());
+        } else {
+            self.publish_left(&text);
+        }
+        e
+    }
+
+    /// Publishes that this rank left with `reason`: on its node's board,
+    /// and to one rank's status service on every other node.
+    fn publish_left(&self, reason: &str) {
+        self.board.set_left(reason, now_ns());
+        let my_node = self.peers.get(self.rank).map(|p| p.node);
+        let mut told: Vec<usize> = Vec::new();
+        for p in &self.peers {
+            if Some(p.node) == my_node || told.contains(&p.node) {
+                continue;
+            }
+            let node = p.node;
+            let took = self
+                .peers
+                .iter()
+                .filter(|q| q.node == node)
+                .take(4)
+                .any(|q| {
+                    service::notify(
+                        &q.service,
+                        &self.secret,
+                        self.rank,
+                        reason,
+                        Duration::from_millis(300),
+                    )
+                });
+            if took {
+                told.push(node);
+            }
+        }
+    }
+
     fn groups(&self) -> std::sync::MutexGuard<'_, HashMap<u64, GroupFacts>> {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -389,12 +508,15 @@ fn watch(s: &Shared, limit: Option<Duration>) {
         let Some(me) = s.board.read_own() else {
             continue;
         };
-        if me.state != State::InCall {
+        // A process that gave up has nothing more to name: its calls
+        // fail at once.
+        if me.state != State::InCall || give_up::gave_up() {
             continue;
         }
         if let Some(limit) = limit {
             if me.quiet_ns > limit.as_nanos().min(u64::MAX as u128) as u64 {
                 fire(s, &me, limit);
+                continue;
             }
         }
         // A call quiet past a tick: has a member left?
@@ -498,20 +620,27 @@ fn remote_board(s: &Shared, me: &Status, members: &[usize], my_node: Option<usiz
     query_node(s, node, first).unwrap_or_default()
 }
 
-/// Names the member that left and ends the job (`LEFT_EXIT`).
-fn fire_left(s: &Shared, me: &Status, why: &str) -> ! {
+/// Names the member that left and ends the job (`LEFT_EXIT`), or gives the
+/// call up ([`OnHang`]).
+fn fire_left(s: &Shared, me: &Status, why: &str) {
     let host = s.peers.get(s.rank).map_or("?", |p| &p.host);
     let op = Op::from_code(me.op).map_or("a call", Op::name);
     let msg = format!(
         "rankmesh: rank {} (host {host}): {op} on {} (call #{}) cannot complete: {why}; aborting the job\n",
         s.rank, me.group, me.seq
     );
+    if s.on_hang == OnHang::Error {
+        let text = format!("cannot complete: {why}");
+        if give_up_call(s, me, Abandon::PeerLeft, text, &msg) {
+            return;
+        }
+    }
     // The cause is the message; the flight record goes to the trace only.
     end_job(s, &msg, false, LEFT_EXIT)
 }
 
-/// Reports the hang and ends the job.
-fn fire(s: &Shared, me: &Status, limit: Duration) -> ! {
+/// Reports the hang and ends the job (or gives the call up, [`OnHang`]).
+fn fire(s: &Shared, me: &Status, limit: Duration) {
     let host = s.peers.get(s.rank).map_or("?", |p| &p.host);
     let op = Op::from_code(me.op).map_or("a call", Op::name);
     let mut msg = format!(
@@ -530,10 +659,56 @@ fn fire(s: &Shared, me: &Status, limit: Duration) -> ! {
             .get(&s.group.load(Ordering::Relaxed))
             .map(|g| (g.name.clone(), g.members.clone()))
     };
-    if let Some((name, members)) = members {
-        msg.push_str(&describe_members(s, me, &name, &members));
+    let described = members.map_or(String::new(), |(name, members)| {
+        describe_members(s, me, &name, &members)
+    });
+    msg.push_str(&described);
+    if s.on_hang == OnHang::Error {
+        let mut text = format!(
+            "no progress for {} (RANKMESH_TIMEOUT={} s)",
+            secs(me.quiet_ns),
+            limit.as_secs_f64()
+        );
+        for line in described.lines() {
+            text.push_str("; ");
+            text.push_str(line.trim_start_matches("rankmesh:").trim());
+        }
+        if give_up_call(s, me, Abandon::Timeout, text, &msg) {
+            return;
+        }
     }
     end_job(s, &msg, true, TIMEOUT_EXIT)
+}
+
+/// Gives the current call `me` up (`text`: the error it fails with) and
+/// waits up to [`GIVE_UP_GRACE`] for it to end: whether it did (if not, a
+/// blocking MPI routine, the caller ends the job with `report`).
+fn give_up_call(s: &Shared, me: &Status, why: Abandon, text: String, report: &str) -> bool {
+    if let Some(dir) = &s.trace_dir {
+        let header = format!("rankmesh: rank {}", s.rank);
+        let path = dir.join(format!("rankmesh-trace-rank{}.txt", s.rank));
+        let _ = std::fs::write(&path, format!("{report}{}", s.recorder.dump(&header)));
+    }
+    give_up::give_up(why, text);
+    let until = std::time::Instant::now() + GIVE_UP_GRACE;
+    while std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+        let open = s
+            .board
+            .read_own()
+            .is_some_and(|st| st.state == State::InCall && st.seq == me.seq && st.op == me.op);
+        if !open {
+            // The call failed; its thread goes on.
+            return true;
+        }
+    }
+    eprintln!(
+        "rankmesh: rank {}: the call could not be given up within {} s (it waits inside MPI); \
+         ending the job",
+        s.rank,
+        GIVE_UP_GRACE.as_secs_f64()
+    );
+    false
 }
 
 /// Prints `msg` (and the flight record after it, with `record_too`), keeps

@@ -178,6 +178,11 @@ impl ShmWindow {
 impl Drop for ShmWindow {
     /// Collective: only the runtime drops windows, all in creation order.
     fn drop(&mut self) {
+        // Freeing is collective: after a call was given up, a peer may never
+        // free its part. The runtime ends the job without finalising MPI.
+        if crate::wait::give_up::gave_up() {
+            return;
+        }
         // SAFETY: a valid window, freed once, with no call using it.
         unsafe { ffi::MPI_Win_free(&mut self.win) };
     }

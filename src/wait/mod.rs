@@ -27,8 +27,14 @@
 //!
 //! The watchdog is a thread of its own: a rank blocked here is still in its
 //! call, which the node's status board shows open, and `RANKMESH_TIMEOUT`
-//! ends the job as before.
+//! ends the job as before, or, with `RANKMESH_ON_HANG=error`, [gives
+//! up](give_up) the wait: a blocked waiter looks every
+//! [`give_up::LOOK_EVERY`] (its futex sleeps last no longer), and unwinds
+//! to its call, which fails.
 
+pub(crate) mod give_up;
+
+use give_up::{Looks, LOOK_EVERY};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -183,7 +189,11 @@ fn share_cpus(cpus: &[[u64; CPU_WORDS + 1]]) -> bool {
 
 /// On a crowded node, yields from `start` until `ready` holds or
 /// [`YIELD_FOR`] passes: whether it held.
-fn yield_while_crowded(start: Instant, ready: &mut impl FnMut() -> bool) -> bool {
+fn yield_while_crowded(
+    start: Instant,
+    ready: &mut impl FnMut() -> bool,
+    looks: &mut Looks,
+) -> bool {
     if !CROWDED.load(Ordering::Relaxed) {
         return false;
     }
@@ -192,6 +202,7 @@ fn yield_while_crowded(start: Instant, ready: &mut impl FnMut() -> bool) -> bool
         if ready() {
             return true;
         }
+        looks.look();
     }
     false
 }
@@ -232,30 +243,36 @@ fn wait_slow(
     deadline: Option<Instant>,
 ) -> bool {
     let mut ready = || counter.load(Ordering::Acquire) >= target;
-    spin_then_block(&mut ready, |_| {
-        block_on(counter, target, sleepers, deadline)
+    spin_then_block(&mut ready, |_, looks| {
+        block_on(counter, target, sleepers, deadline, looks)
     })
 }
 
 /// The policy's order, once: spin within the budget, yield where the node
 /// is crowded, then `block`; the budget learns from how long it all took.
-fn spin_then_block<R: FnMut() -> bool>(ready: &mut R, block: impl FnOnce(&mut R) -> bool) -> bool {
+fn spin_then_block<R: FnMut() -> bool>(
+    ready: &mut R,
+    block: impl FnOnce(&mut R, &mut Looks) -> bool,
+) -> bool {
     let start = Instant::now();
     if spin(start, ready) {
         return true;
     }
-    let done = yield_while_crowded(start, ready) || block(ready);
+    let mut looks = Looks::new(start);
+    let done = yield_while_crowded(start, ready, &mut looks) || block(ready, &mut looks);
     Spin::blocked(start.elapsed());
     done
 }
 
 /// The blocking part of [`until_at_least`]: registers as a sleeper, looks
-/// once more, and sleeps on the counter.
+/// once more, and sleeps on the counter ([`LOOK_EVERY`] at most, then
+/// looks whether to give up).
 fn block_on(
     counter: &AtomicU64,
     target: u64,
     sleepers: &AtomicU32,
     deadline: Option<Instant>,
+    looks: &mut Looks,
 ) -> bool {
     loop {
         sleepers.fetch_add(1, Ordering::SeqCst);
@@ -266,19 +283,20 @@ fn block_on(
         }
         let timeout = match deadline {
             Some(d) => match d.checked_duration_since(Instant::now()) {
-                Some(left) => Some(left),
+                Some(left) => left.min(LOOK_EVERY),
                 None => {
                     sleepers.fetch_sub(1, Ordering::SeqCst);
                     return false;
                 }
             },
-            None => None,
+            None => LOOK_EVERY,
         };
-        futex_wait(counter, seen, timeout);
+        futex_wait(counter, seen, Some(timeout));
         sleepers.fetch_sub(1, Ordering::SeqCst);
         if counter.load(Ordering::Acquire) >= target {
             return true;
         }
+        looks.look();
     }
 }
 
@@ -289,7 +307,7 @@ pub(crate) fn until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) 
     if ready() {
         return true;
     }
-    spin_then_block(&mut ready, |ready| loop {
+    spin_then_block(&mut ready, |ready, looks| loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return ready();
         }
@@ -297,6 +315,7 @@ pub(crate) fn until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) 
         if ready() {
             return true;
         }
+        looks.look();
     })
 }
 
@@ -520,7 +539,13 @@ mod tests {
                         // test is between registration and the write.
                         let limit = Instant::now() + Duration::from_secs(20);
                         let ok = s.counter.load(Ordering::Acquire) >= step
-                            || block_on(&s.counter, step, &s.sleepers, Some(limit));
+                            || block_on(
+                                &s.counter,
+                                step,
+                                &s.sleepers,
+                                Some(limit),
+                                &mut Looks::new(Instant::now()),
+                            );
                         assert!(ok, "the wait for write {step} was never woken");
                     }
                 })
