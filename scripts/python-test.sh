@@ -38,6 +38,19 @@ for np in 1 2 3 4; do
   RANKMESH_TOPO_DIR="$topo" timeout 600 mpirun --oversubscribe -np "$np" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
 done
+# CUDA tensors through DLPack on the device plane, on the CUDA and NCCL
+# emulators (tests/emulator; built by the gpu test binary), np 1-3.
+cargo build -q --test gpu
+gpu_test=$(ls -t target/debug/deps/gpu-* | grep -v '\.d$' | head -n1)
+emu="$topo/emu"
+RANKMESH_EMU_BUILD="$emu" "$gpu_test" >/dev/null
+for np in 1 2 3; do
+  echo "python-test: CUDA tensors on the emulators, mpirun -np $np" >&2
+  LD_LIBRARY_PATH="$emu" RANKMESH_NCCL_LIB="$emu/libnccl.so.2" RANKMESH_EMU_GPUS=4 \
+    RANKMESH_TEST_CUDA=emulator timeout 600 mpirun --oversubscribe -np "$np" \
+    -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_GPUS -x RANKMESH_TEST_CUDA \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests/test_cuda.py
+done
 echo "python-test: whole jobs (python/jobs, launching mpirun itself)" >&2
 timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/jobs
 timeout 120 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/sp_attention.py

@@ -1,10 +1,14 @@
-//! NumPy arrays and torch CPU tensors as rankmesh tensors, without a copy.
+//! NumPy arrays and torch tensors as rankmesh tensors, without a copy.
 //!
 //! An array with the buffer protocol (NumPy's own dtypes) is borrowed
 //! through `PyObject_GetBuffer`, held until the call returns; one without
 //! (NumPy arrays of `ml_dtypes`' bfloat16 and fp8) through
 //! `__array_interface__`, holding the object; torch tensors and any other
-//! DLPack producer through `__dlpack__`, holding the capsule. A
+//! DLPack producer through `__dlpack__`, holding the capsule. A CUDA tensor
+//! (DLPack device `kDLCUDA` or `kDLCUDAManaged`) becomes a device tensor for
+//! the device plane, with the stream its library calls current (torch's
+//! `current_stream`, CuPy's `get_current_stream`, else the legacy default
+//! stream), which is the stream its export is made ready for. A
 //! non-contiguous input is copied to a contiguous one first; a
 //! non-contiguous or read-only output is refused, since it cannot be
 //! written in place.
@@ -14,7 +18,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use rankmesh::{DType, Tensor};
+use rankmesh::{DType, DeviceTensor, Tensor};
 
 /// The dtypes rankmesh moves, by their NumPy (and torch) names.
 pub const NAMES: &[(&str, DType)] = &[
@@ -89,6 +93,10 @@ struct DlTensor {
 }
 
 const DL_CPU: i32 = 1;
+const DL_CUDA: i32 = 2;
+/// Pinned host memory: the CPU reads it as its own.
+const DL_CUDA_HOST: i32 = 3;
+const DL_CUDA_MANAGED: i32 = 13;
 const DL_INT: u8 = 0;
 const DL_UINT: u8 = 1;
 const DL_FLOAT: u8 = 2;
@@ -103,10 +111,31 @@ enum Held {
     Object(#[allow(dead_code)] Py<PyAny>),
 }
 
+/// A CUDA array's device and the stream its library calls current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cuda {
+    /// The CUDA ordinal the producer names.
+    pub device: usize,
+    /// A `CUstream` (0: the legacy default stream).
+    pub stream: usize,
+}
+
+/// Where a borrowed array's memory is.
+enum Mem {
+    Host(Tensor),
+    Device(DeviceTensor, Cuda),
+}
+
+/// A borrowed array as the plane that moves it.
+pub enum Plane<'a> {
+    Host(Here<&'a mut Tensor>),
+    Device(Here<&'a mut DeviceTensor>, Cuda),
+}
+
 /// An array borrowed as a tensor for the length of one call.
 pub struct Borrowed {
     // Dropped before `held`: the tensor never outlives the memory.
-    tensor: Tensor,
+    mem: Mem,
     _held: Held,
 }
 
@@ -150,15 +179,34 @@ impl Borrowed {
     }
 
     pub fn shape(&self) -> &[usize] {
-        self.tensor.shape()
+        match &self.mem {
+            Mem::Host(t) => t.shape(),
+            Mem::Device(t, _) => t.shape(),
+        }
     }
 
-    pub fn tensor(&self) -> Here<&Tensor> {
-        Here(&self.tensor)
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match &self.mem {
+            Mem::Host(t) => t.dtype(),
+            Mem::Device(t, _) => t.dtype(),
+        }
     }
 
-    pub fn tensor_mut(&mut self) -> Here<&mut Tensor> {
-        Here(&mut self.tensor)
+    /// The tensor, on its plane.
+    pub fn plane(&mut self) -> Plane<'_> {
+        match &mut self.mem {
+            Mem::Host(t) => Plane::Host(Here(t)),
+            Mem::Device(t, cuda) => Plane::Device(Here(t), *cuda),
+        }
+    }
+
+    /// The CUDA device and stream of a device array (`None` on the host).
+    pub fn cuda(&self) -> Option<Cuda> {
+        match &self.mem {
+            Mem::Host(_) => None,
+            Mem::Device(_, cuda) => Some(*cuda),
+        }
     }
 
     fn of(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
@@ -240,7 +288,7 @@ impl Borrowed {
         let tensor =
             unsafe { Tensor::from_raw_parts(ptr, dtype, shape) }.map_err(crate::errors::to_py)?;
         Ok(Some(Borrowed {
-            tensor,
+            mem: Mem::Host(tensor),
             _held: held,
         }))
     }
@@ -274,7 +322,27 @@ impl Borrowed {
     /// capsule is held for the call, and its own destructor returns the
     /// tensor to the producer.
     fn from_dlpack(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
-        let capsule = x.call_method0("__dlpack__")?;
+        let device: Option<(i32, usize)> = match x.getattr("__dlpack_device__") {
+            Ok(f) => Some(f.call0()?.extract()?),
+            Err(_) => None,
+        };
+        let cuda = match device {
+            Some((DL_CUDA | DL_CUDA_MANAGED, id)) => Some(Cuda {
+                device: id,
+                stream: caller_stream(x, id)?,
+            }),
+            _ => None,
+        };
+        let capsule = match cuda {
+            // DLPack's stream argument: the consumer's stream, which the
+            // producer makes the data ready on (1: the legacy default).
+            Some(c) => {
+                let kwargs = PyDict::new(x.py());
+                kwargs.set_item("stream", if c.stream == 0 { 1 } else { c.stream })?;
+                x.call_method("__dlpack__", (), Some(&kwargs))?
+            }
+            None => x.call_method0("__dlpack__")?,
+        };
         let name = c"dltensor";
         // SAFETY: a "dltensor" capsule holds a DLManagedTensor, live while
         // the capsule is (we hold it, unconsumed, until the call returns).
@@ -288,14 +356,17 @@ impl Borrowed {
             }));
         }
         let t = unsafe { &*(managed as *const DlTensor) };
-        if t.device_type != DL_CPU {
-            return Err(TensorError::new_err(format!(
-                "{} lives on DLPack device {} (not the CPU): this build moves host memory only \
-                 (the device plane's Python binding is not written yet)",
-                describe(x),
-                t.device_type
-            )));
-        }
+        let on_device = match t.device_type {
+            DL_CPU | DL_CUDA_HOST => false,
+            DL_CUDA | DL_CUDA_MANAGED if cuda.is_some() => true,
+            other => {
+                return Err(TensorError::new_err(format!(
+                    "{} lives on DLPack device type {other}: rankmesh moves host memory (CPU, \
+                     pinned) and CUDA memory",
+                    describe(x)
+                )))
+            }
+        };
         let dtype = match (t.code, t.bits, t.lanes) {
             (DL_FLOAT, 32, 1) => DType::F32,
             (DL_FLOAT, 64, 1) => DType::F64,
@@ -334,6 +405,25 @@ impl Borrowed {
             }
         }
         let ptr = (t.data as usize).wrapping_add(t.byte_offset as usize);
+        if let (true, Some(cuda)) = (on_device, cuda) {
+            if !ptr.is_multiple_of(dtype.size()) {
+                return Err(TensorError::new_err(format!(
+                    "{}: its device address {ptr:#x} is not aligned for {}",
+                    describe(x),
+                    dtype.name()
+                )));
+            }
+            // SAFETY: the producer exported `shape` elements of `dtype` at
+            // `ptr` on device `cuda.device`, ready on `cuda.stream`; the
+            // capsule (and so the memory) is held until the call returns,
+            // and the call enqueues its work on that same stream, where the
+            // caller's library orders any later reuse of the memory.
+            let tensor = unsafe { DeviceTensor::from_raw(ptr as u64, dtype, shape) };
+            return Ok(Borrowed {
+                mem: Mem::Device(tensor, cuda),
+                _held: Held::Object(capsule.unbind()),
+            });
+        }
         let mut b = Borrowed::raw(x, ptr, dtype, shape)?;
         b._held = Held::Object(capsule.unbind());
         Ok(b)
@@ -356,7 +446,7 @@ impl Borrowed {
         let tensor = unsafe { Tensor::from_raw_parts(ptr as *mut u8, dtype, shape) }
             .map_err(crate::errors::to_py)?;
         Ok(Borrowed {
-            tensor,
+            mem: Mem::Host(tensor),
             _held: Held::Object(x.clone().unbind()),
         })
     }
@@ -381,6 +471,30 @@ impl Borrowed {
         };
         Borrowed::of(&copy, false)
     }
+}
+
+/// The stream `x`'s library calls current on CUDA device `device`: torch's
+/// `current_stream`, CuPy's `get_current_stream`; 0 (the legacy default
+/// stream) for any other producer.
+fn caller_stream(x: &Bound<'_, PyAny>, device: usize) -> PyResult<usize> {
+    let py = x.py();
+    let module: String = x.get_type().module()?.extract()?;
+    if module == "torch" || module.starts_with("torch.") {
+        let cuda = py.import("torch")?.getattr("cuda")?;
+        return cuda
+            .call_method1("current_stream", (device,))?
+            .getattr("cuda_stream")?
+            .extract();
+    }
+    if module == "cupy" || module.starts_with("cupy.") {
+        return py
+            .import("cupy")?
+            .getattr("cuda")?
+            .call_method0("get_current_stream")?
+            .getattr("ptr")?
+            .extract();
+    }
+    Ok(0)
 }
 
 fn dtype_named(name: &str, x: &Bound<'_, PyAny>) -> PyResult<DType> {
@@ -418,19 +532,38 @@ fn describe(x: &Bound<'_, PyAny>) -> String {
 pub struct Out;
 
 impl Out {
-    /// An uninitialised array like `x` (its dtype, its library) of `shape`.
-    pub fn empty_like<'py>(x: &Bound<'py, PyAny>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+    /// An uninitialised array like `x` (its dtype, its library, its
+    /// device) of `shape`: `new_empty` (torch, and any producer that has
+    /// it), CuPy's `empty` for a CuPy array, else NumPy's; a CUDA array
+    /// (`on_device`) of another library is refused.
+    pub fn empty_like<'py>(
+        x: &Bound<'py, PyAny>,
+        shape: &[usize],
+        on_device: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = x.py();
         let dims = PyTuple::new(py, shape)?;
         if x.hasattr("new_empty")? {
             return x.call_method1("new_empty", (dims,));
+        }
+        let module: String = x.get_type().module()?.extract()?;
+        if module == "cupy" || module.starts_with("cupy.") {
+            let dtype = x.getattr("dtype")?;
+            return py.import("cupy")?.call_method1("empty", (dims, dtype));
+        }
+        if on_device {
+            return Err(TensorError::new_err(format!(
+                "{}: rankmesh allocates a CUDA output through the input's own library, torch \
+                 (`new_empty`) or CuPy, and this one is neither",
+                describe(x)
+            )));
         }
         let numpy = py.import("numpy")?;
         let dtype = match x.getattr("dtype") {
             Ok(d) => d,
             Err(_) => {
                 let t = Borrowed::readable(x)?;
-                numpy.call_method1("dtype", (name_of(t.tensor.dtype()),))?
+                numpy.call_method1("dtype", (name_of(t.dtype()),))?
             }
         };
         numpy.call_method1("empty", (dims, dtype))

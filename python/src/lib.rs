@@ -10,14 +10,35 @@ mod handles;
 mod mesh;
 mod objects;
 
-use arrays::{Borrowed, Here, Out};
+use arrays::{Borrowed, Cuda, Here, Out, Plane};
 use errors::to_py;
 use handles::Handle;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rankmesh::MeshLayout;
-use rankmesh::{Args, Collectives, GroupCoordinator, Objects, ParallelState, ReduceOp};
+use rankmesh::{
+    Args, Collectives, DeviceGroup, DeviceTensor, GroupCoordinator, Objects, ParallelState,
+    ReduceOp, Tensor,
+};
+
+/// One op body for both planes: compiled for the host (`GroupCoordinator`,
+/// host tensors) and for the device (`DeviceGroup`, CUDA tensors), whose
+/// `Collectives` methods have the same names.
+macro_rules! both {
+    (|$g:ident, $t:ident| $body:expr) => {
+        (
+            move |$g: &GroupCoordinator<'static>, $t: &mut Tensor| $body,
+            move |$g: &DeviceGroup<'_, 'static>, $t: &mut DeviceTensor| $body,
+        )
+    };
+    (|$g:ident, $t:ident, $o:ident| $body:expr) => {
+        (
+            move |$g: &GroupCoordinator<'static>, $t: &Tensor, $o: &mut Tensor| $body,
+            move |$g: &DeviceGroup<'_, 'static>, $t: &DeviceTensor, $o: &mut DeviceTensor| $body,
+        )
+    };
+}
 use serde_bytes::ByteBuf;
 
 /// The job's runtime and its parallel state: one per process, made by
@@ -54,11 +75,19 @@ impl Runtime {
             None => Some(rankmesh::OnHang::Error),
             Some(_) => None,
         };
+        // CUDA tensors' calls agree before they are enqueued, so that a bad
+        // call is an exception at the call on every rank (the library's
+        // default agrees later, at a synchronisation Python code does not
+        // make through rankmesh). RANKMESH_CHECK still chooses.
+        let strict = std::env::var_os("RANKMESH_CHECK").is_none();
         let rt = py
             .detach(move || {
                 rankmesh::Runtime::init_adjusted(|o| {
                     if let Some(h) = on_hang {
                         o.on_hang = h;
+                    }
+                    if strict {
+                        o.check = rankmesh::CheckMode::Strict;
                     }
                 })
                 .map(Here::new)
@@ -296,29 +325,74 @@ impl Group {
         Err(e)
     }
 
-    /// Runs `f` on `x` borrowed for writing (the call writes the caller's
-    /// array where it lies) and returns `x` itself.
+    /// Runs `f` on the group's device plane, enqueuing on `cuda`'s stream
+    /// (the caller's), with the GIL released.
+    fn run_device<R: Send>(
+        &self,
+        py: Python<'_>,
+        cuda: Cuda,
+        f: impl FnOnce(&DeviceGroup<'_, 'static>) -> rankmesh::Result<R> + Send,
+    ) -> PyResult<R> {
+        self.run(py, move |g| {
+            let gpu = g.runtime().gpu()?;
+            // SAFETY: the caller's library named this stream current on the
+            // device checked in `borrow`; it outlives the call, which only
+            // enqueues on it.
+            let stream = unsafe { gpu.wrap_stream(cuda.stream as cudarc::driver::sys::CUstream) };
+            f(&g.device()?.on_stream(&stream)?)
+        })
+    }
+
+    /// Runs the op `f` (host and device bodies, [`both!`]) on `x`
+    /// borrowed for writing (the call writes the caller's array where it
+    /// lies) and returns `x` itself.
     fn in_place<'py>(
         &self,
         py: Python<'py>,
         x: Bound<'py, PyAny>,
-        f: impl FnOnce(&GroupCoordinator<'static>, &mut rankmesh::Tensor) -> rankmesh::Result<()> + Send,
+        f: (
+            impl FnOnce(&GroupCoordinator<'static>, &mut Tensor) -> rankmesh::Result<()> + Send,
+            impl FnOnce(&DeviceGroup<'_, 'static>, &mut DeviceTensor) -> rankmesh::Result<()> + Send,
+        ),
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = self.borrow(py, &x, true)?;
-        let tensor = t.tensor_mut();
-        self.run(py, move |g| f(g, tensor.get()))?;
+        let mut b = self.borrow(py, &x, true)?;
+        match b.plane() {
+            Plane::Host(t) => self.run(py, move |g| f.0(g, t.get()))?,
+            Plane::Device(t, cuda) => self.run_device(py, cuda, move |d| f.1(d, t.get()))?,
+        }
         Ok(x)
     }
 
     /// `x` borrowed for reading or for writing in place, or refused (see
-    /// [`refuse`](Self::refuse)).
+    /// [`refuse`](Self::refuse)): a CUDA array must be on this rank's GPU.
     fn borrow(&self, py: Python<'_>, x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
         let borrowed = if write {
             Borrowed::writable(x)
         } else {
             Borrowed::readable(x)
         };
+        let borrowed = borrowed.and_then(|b| match b.cuda() {
+            Some(cuda) => self.on_my_gpu(cuda).map(|()| b),
+            None => Ok(b),
+        });
         borrowed.or_else(|e| self.refuse(py, e))
+    }
+
+    /// Whether `cuda`'s device is the GPU this rank's device plane uses.
+    fn on_my_gpu(&self, cuda: Cuda) -> PyResult<()> {
+        self.with_group(|g| {
+            let gpu = g.runtime().gpu().map_err(to_py)?;
+            let mine = gpu.info().ordinal;
+            if mine != cuda.device {
+                return Err(errors::TensorError::new_err(format!(
+                    "a CUDA tensor on device {} given to {}, whose device plane uses device {mine} \
+                     on this rank (RANKMESH_DEVICE, or the local rank by default)",
+                    cuda.device,
+                    g.name()
+                )));
+            }
+            Ok(())
+        })?
     }
 }
 
@@ -383,7 +457,7 @@ impl Group {
         op: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let op = reduce_op(op)?;
-        self.in_place(py, input_, move |g, t| g.all_reduce_in_place(t, op))
+        self.in_place(py, input_, both!(|g, t| g.all_reduce_in_place(t, op)))
     }
 
     /// Copies `input_` from group rank `src` into every member's, in place.
@@ -394,7 +468,7 @@ impl Group {
         input_: Bound<'py, PyAny>,
         src: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.in_place(py, input_, move |g, t| g.broadcast(t, src))
+        self.in_place(py, input_, both!(|g, t| g.broadcast(t, src)))
     }
 
     /// Concatenation of every member's `input_` along `dim`.
@@ -405,9 +479,12 @@ impl Group {
         input_: Bound<'py, PyAny>,
         dim: isize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.with_new_output(py, &input_, Some(Args::all_gather(dim)), |g, t, o| {
-            g.all_gather_into(t, o, dim)
-        })
+        self.with_new_output(
+            py,
+            &input_,
+            Some(Args::all_gather(dim)),
+            both!(|g, t, o| g.all_gather_into(t, o, dim)),
+        )
     }
 
     /// Sum (or `op`) over the group, slice `rank_in_group` of `dim` kept.
@@ -424,7 +501,7 @@ impl Group {
             py,
             &input_,
             Some(Args::reduce_scatter(dim, op)),
-            |g, t, o| g.reduce_scatter_into(t, o, dim, op),
+            both!(|g, t, o| g.reduce_scatter_into(t, o, dim, op)),
         )
     }
 
@@ -442,7 +519,7 @@ impl Group {
             py,
             &input_,
             Some(Args::all_to_all_4d(scatter_dim, gather_dim)),
-            |g, t, o| g.all_to_all_4d_into(t, o, scatter_dim, gather_dim),
+            both!(|g, t, o| g.all_to_all_4d_into(t, o, scatter_dim, gather_dim)),
         )
     }
 
@@ -461,7 +538,7 @@ impl Group {
             py,
             &input_,
             (me == dst).then(|| Args::gather(dst, dim)),
-            |g, t, o| g.gather_into(t, o, dst, dim),
+            both!(|g, t, o| g.gather_into(t, o, dst, dim)),
         )?;
         Ok((me == dst).then_some(out))
     }
@@ -469,9 +546,11 @@ impl Group {
     /// Sends `input_` to group rank `dst` (the next member when `None`).
     #[pyo3(signature = (input_, dst = None))]
     fn send(&self, py: Python<'_>, input_: Bound<'_, PyAny>, dst: Option<usize>) -> PyResult<()> {
-        let t = self.borrow(py, &input_, false)?;
-        let tensor = t.tensor();
-        self.run(py, move |g| g.send(tensor.get(), dst))
+        let mut t = self.borrow(py, &input_, false)?;
+        match t.plane() {
+            Plane::Host(t) => self.run(py, move |g| g.send(t.get(), dst)),
+            Plane::Device(t, cuda) => self.run_device(py, cuda, move |d| d.send(t.get(), dst)),
+        }
     }
 
     /// Receives into `out` from group rank `src` (the previous member when
@@ -483,7 +562,7 @@ impl Group {
         out: Bound<'py, PyAny>,
         src: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.in_place(py, out, move |g, t| g.recv_into(t, src))
+        self.in_place(py, out, both!(|g, t| g.recv_into(t, src)))
     }
 
     /// `obj` from group rank `src` on every member (safe format, no pickle).
@@ -535,24 +614,44 @@ impl Group {
         py: Python<'py>,
         x: &Bound<'py, PyAny>,
         args: Option<Args>,
-        f: impl FnOnce(
-                &GroupCoordinator<'static>,
-                &rankmesh::Tensor,
-                &mut rankmesh::Tensor,
-            ) -> rankmesh::Result<()>
-            + Send,
+        f: (
+            impl FnOnce(&GroupCoordinator<'static>, &Tensor, &mut Tensor) -> rankmesh::Result<()> + Send,
+            impl FnOnce(
+                    &DeviceGroup<'_, 'static>,
+                    &DeviceTensor,
+                    &mut DeviceTensor,
+                ) -> rankmesh::Result<()>
+                + Send,
+        ),
     ) -> PyResult<Bound<'py, PyAny>> {
-        let t = self.borrow(py, x, false)?;
+        let mut t = self.borrow(py, x, false)?;
         let shape = match args {
             Some(args) => args
                 .output_shape(t.shape(), self.world_size()?)
                 .unwrap_or_default(),
             None => vec![0],
         };
-        let out = Out::empty_like(x, &shape)?;
+        let out = match Out::empty_like(x, &shape, t.cuda().is_some()) {
+            Ok(out) => out,
+            Err(e) => return self.refuse(py, e),
+        };
         let mut o = Borrowed::writable(&out)?;
-        let (tensor, otensor) = (t.tensor(), o.tensor_mut());
-        self.run(py, move |g| f(g, tensor.get(), otensor.get()))?;
+        match (t.plane(), o.plane()) {
+            (Plane::Host(t), Plane::Host(o)) => {
+                self.run(py, move |g| f.0(g, &*t.get(), o.get()))?
+            }
+            (Plane::Device(t, cuda), Plane::Device(o, _)) => {
+                self.run_device(py, cuda, move |d| f.1(d, &*t.get(), o.get()))?
+            }
+            _ => {
+                return self.refuse(
+                    py,
+                    errors::TensorError::new_err(
+                        "the output was allocated on the other plane than the input (host/CUDA)",
+                    ),
+                )
+            }
+        }
         Ok(out)
     }
 }

@@ -43,6 +43,50 @@ def test_a_local_refusal_is_an_error_on_every_rank():
     g.barrier()
 
 
+class _CudaCapsuleOnly:
+    """A DLPack producer that claims CUDA memory (never touched: a rank
+    without a GPU stack refuses before any device call)."""
+
+    shape = (4,)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        import ctypes
+
+        from emulated_cuda import _DLDataType, _DLDevice, _DLManagedTensor
+
+        self._shape = (ctypes.c_int64 * 1)(4)
+        m = _DLManagedTensor()
+        m.dl_tensor.data = 0x10000
+        m.dl_tensor.device = _DLDevice(2, 0)
+        m.dl_tensor.ndim = 1
+        m.dl_tensor.dtype = _DLDataType(2, 32, 1)
+        m.dl_tensor.shape = self._shape
+        self._m = m
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(m), b"dltensor", None)
+
+
+def test_a_cuda_tensor_without_a_gpu_stack_is_an_error_on_every_rank():
+    import os
+
+    if os.environ.get("RANKMESH_TEST_CUDA"):
+        pytest.skip("this run has a GPU stack")
+    g = world()
+    me = g.rank_in_group
+    # Rank 0 passes CUDA memory; the others pass host arrays and call in.
+    x = _CudaCapsuleOnly() if me == 0 else np.ones(4, np.float32)
+    with pytest.raises(dist.Error) as e:
+        g.all_reduce(x)
+    if me == 0:
+        assert isinstance(e.value, dist.GpuError), e.value
+    g.barrier()
+
+
 OBJECTS = [
     None, True, 3, -(2 ** 70), 2.5, "héllo", b"\x00\xff",
     [1, [2, (3, None)]], {"lr": 1e-4, "steps": [1, 2], 7: "seven", (1, 2): False},
