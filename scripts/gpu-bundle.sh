@@ -2,6 +2,8 @@
 # Packs what scripts/gpu-check.sh needs on a CUDA host that has no Rust
 # toolchain and no MPI (such as a lent GPU machine) into DIR (git-ignored):
 #   rankmesh, gpu        the release CLI and the device test binary
+#   wheels/              the Python package's abi3 wheel (maturin), for the
+#                        check's PyTorch CUDA-tensor row
 #   mpiroot/             Open MPI's runtime unpacked from Debian's packages
 #   lib/                 every other shared library these need that is not
 #                        glibc's own, copied from this machine, so nothing
@@ -23,6 +25,11 @@ mkdir -p "$dir/debs" "$dir/lib"
 cp target/release/rankmesh "$dir/"
 cp "$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -n1)" "$dir/gpu"
 strip "$dir/rankmesh" "$dir/gpu"
+venv=target/python-venv
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+[ -x "$venv/bin/maturin" ] || "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2"
+CARGO_TARGET_DIR=target/python "$venv/bin/maturin" build -q --release --strip --auditwheel skip --compatibility linux \
+    -m python/Cargo.toml -o "$dir/wheels" >/dev/null
 (cd "$dir/debs" && apt-get download -q libopenmpi3 openmpi-bin openmpi-common libpmix2 \
     libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 >/dev/null)
 for f in "$dir"/debs/*.deb; do dpkg -x "$f" "$dir/mpiroot"; done
@@ -49,6 +56,7 @@ done
     echo "rankmesh $(git rev-parse --short HEAD 2>/dev/null || echo unknown), built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME")"
     echo "open mpi: $(dpkg-query -W -f '${Version}' libopenmpi3 2>/dev/null || echo '?') (Debian packages)"
     echo "lib/: $(ls "$dir/lib" | tr '\n' ' ')"
+    echo "wheels/: $(ls "$dir/wheels" | tr '\n' ' ')"
 } >"$dir/BUNDLE"
 size=$(du -sm "$dir" | cut -f1)
 echo "gpu-bundle: $dir, ${size} MiB"

@@ -296,6 +296,27 @@ else
     row "$name" skip "no CUDA-capable torch here: $(tail -n1 <<<"$torch_why" | cut -c1-200)"
 fi
 
+# The Python package on PyTorch CUDA tensors: DLPack, the caller's current
+# stream, the device plane through NCCL at world size 1 (python/tests/
+# test_cuda.py, as CI runs it on the emulators). The bundle's wheel goes into
+# a directory of the report, not into python3's environment.
+name="Python package on PyTorch CUDA tensors (DLPack, current stream; test_cuda.py, world size 1)"
+wheel=$(ls "${pre:-/nonexistent}"/wheels/rankmesh-*.whl 2>/dev/null | head -n1)
+if [[ -z $wheel ]]; then
+    row "$name" skip "no wheel (RANKMESH_PREBUILT from scripts/gpu-bundle.sh carries one)"
+elif ! LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, pytest, numpy; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    row "$name" skip "no CUDA-capable torch (or pytest, numpy) for python3 here"
+else
+    python3 -m pip install -q --no-deps --no-index --target "$report/py" "$wheel" >>"$log" 2>&1
+    run "$name" env PYTHONPATH="$report/py" RANKMESH_TEST_CUDA=torch RANKMESH_NCCL_FOR_ONE=1 \
+        python3 -m pytest -q -p no:cacheprovider --color=no python/tests/test_cuda.py
+    if ((rc == 0)); then
+        row "$name" pass "$(grep -E '[0-9]+ passed' <<<"$out" | tail -n1)"
+    else
+        row "$name" fail "rc $rc: $(grep -E 'Error|assert|failed' <<<"$out" | head -n 3 | tr '\n' ' ' | cut -c1-300)"
+    fi
+fi
+
 # ---- the report ----
 total=$(($(date +%s) - started))
 failed=$(awk -F'\t' '$2 == "fail"' "$rows" | wc -l)
