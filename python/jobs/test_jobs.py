@@ -11,43 +11,70 @@ import textwrap
 import time
 
 
+# `say(...)` in a job's script: a line into the rank's own file, since the
+# launcher's merged stdout may cut one rank's line with another's.
+SAY = """
+import os as _os
+def say(*words):
+    with open(_os.path.join(_os.environ["JOB_OUT"], "rank" + _os.environ.get("OMPI_COMM_WORLD_RANK", "0")), "a") as f:
+        f.write(" ".join(str(w) for w in words) + "\\n")
+"""
+
+
 def run_job(np_, script, env=None, timeout=60):
+    """Runs `script` on `np_` ranks: (the finished process, every line the
+    ranks said)."""
     launcher = os.environ.get("RANKMESH_MPIEXEC", "mpirun")
-    cmd = [launcher, "--oversubscribe", "-np", str(np_), sys.executable, "-c", textwrap.dedent(script)]
-    e = dict(os.environ, **(env or {}))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+    with tempfile.TemporaryDirectory() as d:
+        code = SAY + textwrap.dedent(script)
+        cmd = [launcher, "--oversubscribe", "-np", str(np_), sys.executable, "-c", code]
+        e = dict(os.environ, JOB_OUT=d, **(env or {}))
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+        said = [l for f in sorted(os.listdir(d)) for l in open(os.path.join(d, f)).read().splitlines()]
+    return out, said
 
 
 def test_a_rank_that_skips_a_call_is_an_exception_on_the_ranks_waiting_for_it():
     t0 = time.monotonic()
-    out = run_job(3, """
+    out, said = run_job(3, """
         import numpy as np, rankmesh as dist, time
         dist.init_distributed_environment()
         if dist.get_world_rank() != 1:
             try:
                 dist.get_world_group().all_reduce(np.ones(2, np.float32))
             except dist.TimeoutError as e:
-                print("TIMEOUT", dist.get_world_rank(), e, flush=True)
+                say("TIMEOUT", dist.get_world_rank(), e)
                 # Given up for good: the next call fails at once, alike.
                 t = time.monotonic()
                 try:
                     dist.get_world_group().barrier()
                 except dist.TimeoutError:
-                    print("AGAIN", dist.get_world_rank(), f"{time.monotonic() - t:.3f}", flush=True)
+                    say("AGAIN", dist.get_world_rank(), f"{time.monotonic() - t:.3f}")
+                time.sleep(3)  # the script's own clean-up
         else:
-            time.sleep(30)
+            # The rank that skipped: its next call raises too, naming a
+            # rank that gave up on it.
+            time.sleep(2.8)
+            try:
+                dist.get_world_group().barrier()
+            except dist.PeerError as e:
+                say("LATE 1", e)
     """, env={"RANKMESH_TIMEOUT": "2"})
     took = time.monotonic() - t0
     text = out.stdout + out.stderr
     for r in (0, 2):
-        line = next((l for l in out.stdout.splitlines() if l.startswith(f"TIMEOUT {r} ")), None)
+        line = next((l for l in said if l.startswith(f"TIMEOUT {r} ")), None)
         assert line is not None, text[-3000:]
         assert "all_reduce on world: no progress for" in line, line
         assert "group rank 1 (world rank 1, host " in line and "has not entered this call" in line, line
-        assert f"AGAIN {r} " in out.stdout, text[-3000:]
-    # The runtime gave up: the job ends with the watchdog's code, even
-    # though the script caught the error and ended cleanly.
-    assert out.returncode == 75, text[-3000:]
+        assert any(l.startswith(f"AGAIN {r} ") for l in said), text[-3000:]
+    late = next((l for l in said if l.startswith("LATE 1 ")), "")
+    assert "barrier on world: cannot complete: group rank " in late, text[-3000:]
+    assert "left after: all_reduce on world: no progress for" in late, late
+    # The runtime gave up: the job ends with the watchdog's code (75 from
+    # ranks 0 and 2, or 76 from rank 1 if it ends first), even though the
+    # scripts caught the errors and ended cleanly.
+    assert out.returncode in (75, 76), text[-3000:]
     assert took < 25, f"took {took:.1f} s"
 
 
@@ -65,7 +92,8 @@ def test_ctrl_c_interrupts_a_waiting_collective_and_its_peers_are_told():
                     time.sleep(30)
                 dist.get_world_group().all_reduce(np.ones(2, np.float32))
             except BaseException as e:
-                print("RAISED", r, type(e).__name__, f"{time.monotonic() - t:.1f}", e, flush=True)
+                with open(os.path.join(sys.argv[1], f"said{r}"), "w") as f:
+                    f.write(f"RAISED {r} {type(e).__name__} {time.monotonic() - t:.1f} {e}\\n")
                 raise
         """)
         t0 = time.monotonic()
@@ -79,9 +107,10 @@ def test_ctrl_c_interrupts_a_waiting_collective_and_its_peers_are_told():
         time.sleep(1.0)  # rank 0 is blocked in the all-reduce by now
         os.kill(int(open(pid0).read()), signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)
+        said = [open(os.path.join(d, f)).read().strip() for f in sorted(os.listdir(d)) if f.startswith("said")]
     text = stdout + stderr
-    assert "RAISED 0 KeyboardInterrupt" in stdout, text[-3000:]
-    line = next((l for l in stdout.splitlines() if l.startswith("RAISED 2 ")), "")
+    assert any(l.startswith("RAISED 0 KeyboardInterrupt") for l in said), (said, text[-3000:])
+    line = next((l for l in said if l.startswith("RAISED 2 ")), "")
     assert line.startswith("RAISED 2 PeerError"), text[-3000:]
     assert "group rank 0 (world rank 0, host " in line and "interrupted" in line, line
     assert job.returncode in (130, 76), text[-3000:]
@@ -90,7 +119,7 @@ def test_ctrl_c_interrupts_a_waiting_collective_and_its_peers_are_told():
 
 def test_an_uncaught_exception_on_one_rank_is_named_on_the_others_at_once():
     t0 = time.monotonic()
-    out = run_job(2, """
+    out, _ = run_job(2, """
         import numpy as np, rankmesh as dist
         dist.init_distributed_environment()
         if dist.get_world_rank() == 1:
@@ -107,7 +136,7 @@ def test_an_uncaught_exception_on_one_rank_is_named_on_the_others_at_once():
 
 
 def test_caught_errors_then_a_clean_exit_end_the_job_with_zero():
-    out = run_job(2, """
+    out, _ = run_job(2, """
         import numpy as np, rankmesh as dist
         dist.init_distributed_environment()
         g = dist.get_world_group()

@@ -132,6 +132,9 @@ struct Shared {
     on_hang: OnHang,
     /// This rank's departure is published already (a call it gave up).
     published: AtomicBool,
+    /// The error of the first call it gave up, which the slot keeps saying
+    /// after later calls fail alike.
+    gave_up_first: Mutex<Option<String>>,
 }
 
 /// Watches one process's calls (owned by the `Runtime`).
@@ -180,6 +183,7 @@ impl Watchdog {
             remote_turn: AtomicU64::new(0),
             on_hang,
             published: AtomicBool::new(false),
+            gave_up_first: Mutex::new(None),
         });
         let s = shared.clone();
         let thread = Some(
@@ -448,11 +452,15 @@ impl Shared {
         if let Some(number) = self.recorder.last_failed() {
             self.record_failure(number, &text);
         }
-        if self.published.swap(true, Ordering::Relaxed) {
-            self.board.set_left(&text, now_ns());
-        } else {
-            self.publish_left(&text);
+        let mut first = self.gave_up_first.lock().unwrap_or_else(|p| p.into_inner());
+        match &*first {
+            Some(first) => self.board.set_left(first, now_ns()),
+            None if self.published.swap(true, Ordering::Relaxed) => {
+                self.board.set_left(&text, now_ns())
+            }
+            None => self.publish_left(&text),
         }
+        first.get_or_insert(text);
         e
     }
 
