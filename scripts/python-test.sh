@@ -2,7 +2,8 @@
 # The Python package (issue #50): builds python/ into a virtual environment
 # (maturin, NumPy, ml_dtypes and pytest from PyPI), writes rankmesh's own
 # `topo --json` for every TP/SP layout of 1-4 ranks, then runs pytest under
-# mpirun at np 1-4 (every rank runs every test against a NumPy reference).
+# mpirun at np 1-4 (every rank runs every test against a NumPy reference),
+# the CUDA tests on the emulators, the tests again under MPICH, and whole jobs.
 # Needs python3-venv and python3-dev (scripts/install-deps.sh --test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,16 @@ for np in 1 2 3; do
     RANKMESH_TEST_CUDA=emulator timeout 600 mpirun --oversubscribe -np "$np" \
     -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_GPUS -x RANKMESH_TEST_CUDA \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests/test_cuda.py
+done
+# The same tests under Debian's MPICH: the package built against it (its own
+# target directory and install directory), launched by its hydra.
+PATH="$PWD/$venv/bin:$PATH" MPICC=mpicc.mpich CARGO_TARGET_DIR="$PWD/target/python-mpich" \
+  pip install -q --disable-pip-version-check --no-build-isolation --upgrade \
+  --target target/python-mpich-site ./python
+for np in 2 3; do
+  echo "python-test: pytest under MPICH's mpiexec -n $np" >&2
+  RANKMESH_TOPO_DIR="$topo" PYTHONPATH="$PWD/target/python-mpich-site" timeout 600 \
+    mpiexec.mpich -n "$np" "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
 done
 echo "python-test: whole jobs (python/jobs, launching mpirun itself)" >&2
 timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/jobs
