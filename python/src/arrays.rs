@@ -478,15 +478,14 @@ impl Borrowed {
 /// stream) for any other producer.
 fn caller_stream(x: &Bound<'_, PyAny>, device: usize) -> PyResult<usize> {
     let py = x.py();
-    let module: String = x.get_type().module()?.extract()?;
-    if module == "torch" || module.starts_with("torch.") {
+    if of_library(x, "torch")? {
         let cuda = py.import("torch")?.getattr("cuda")?;
         return cuda
             .call_method1("current_stream", (device,))?
             .getattr("cuda_stream")?
             .extract();
     }
-    if module == "cupy" || module.starts_with("cupy.") {
+    if of_library(x, "cupy")? {
         return py
             .import("cupy")?
             .getattr("cuda")?
@@ -495,6 +494,14 @@ fn caller_stream(x: &Bound<'_, PyAny>, device: usize) -> PyResult<usize> {
             .extract();
     }
     Ok(0)
+}
+
+/// Whether `x`'s type comes from the package `name` (or a module of it).
+fn of_library(x: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+    let module: String = x.get_type().module()?.extract()?;
+    Ok(module
+        .strip_prefix(name)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.')))
 }
 
 fn dtype_named(name: &str, x: &Bound<'_, PyAny>) -> PyResult<DType> {
@@ -546,8 +553,7 @@ impl Out {
         if x.hasattr("new_empty")? {
             return x.call_method1("new_empty", (dims,));
         }
-        let module: String = x.get_type().module()?.extract()?;
-        if module == "cupy" || module.starts_with("cupy.") {
+        if of_library(x, "cupy")? {
             let dtype = x.getattr("dtype")?;
             return py.import("cupy")?.call_method1("empty", (dims, dtype));
         }

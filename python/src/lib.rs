@@ -21,6 +21,7 @@ use rankmesh::{
     Args, Collectives, DeviceGroup, DeviceTensor, GroupCoordinator, Objects, ParallelState,
     ReduceOp, Tensor,
 };
+use serde_bytes::ByteBuf;
 
 /// One op body for both planes: compiled for the host (`GroupCoordinator`,
 /// host tensors) and for the device (`DeviceGroup`, CUDA tensors), whose
@@ -39,7 +40,6 @@ macro_rules! both {
         )
     };
 }
-use serde_bytes::ByteBuf;
 
 /// The job's runtime and its parallel state: one per process, made by
 /// `init_distributed_environment` and finalized at exit.

@@ -50,6 +50,27 @@ def _code(dtype):
     return {"f": 2, "i": 0, "u": 1, "b": 6}[dt.kind]
 
 
+def dltensor_capsule(ptr, device, shape, dtype, keep):
+    """A "dltensor" capsule of a contiguous CUDA array at `ptr`; the ctypes
+    structures it points into are appended to `keep`, which the caller holds
+    as long as the capsule."""
+    dtype = np.dtype(dtype)
+    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    m = _DLManagedTensor()
+    m.dl_tensor.data = ptr
+    m.dl_tensor.device = _DLDevice(_KDL_CUDA, device)
+    m.dl_tensor.ndim = len(shape)
+    m.dl_tensor.dtype = _DLDataType(_code(dtype), dtype.itemsize * 8, 1)
+    m.dl_tensor.shape = dims
+    m.dl_tensor.strides = None
+    m.dl_tensor.byte_offset = 0
+    keep.extend((dims, m))
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(m), b"dltensor", None)
+
+
 _driver = None
 
 
@@ -112,18 +133,6 @@ class EmulatedCudaArray:
     def __dlpack__(self, stream=None):
         self.exports += 1
         self.last_stream = stream
-        shape = (ctypes.c_int64 * max(len(self.shape), 1))(*self.shape)
-        m = _DLManagedTensor()
-        m.dl_tensor.data = self.ptr
-        m.dl_tensor.device = _DLDevice(_KDL_CUDA, self.device)
-        m.dl_tensor.ndim = len(self.shape)
-        m.dl_tensor.dtype = _DLDataType(_code(self.dtype), self.dtype.itemsize * 8, 1)
-        m.dl_tensor.shape = shape
-        m.dl_tensor.strides = None
-        m.dl_tensor.byte_offset = 0
         # Kept with the array: the capsule points into them.
-        self._keep = (shape, m)
-        new = ctypes.pythonapi.PyCapsule_New
-        new.restype = ctypes.py_object
-        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return new(ctypes.addressof(m), b"dltensor", None)
+        self._keep = []
+        return dltensor_capsule(self.ptr, self.device, self.shape, self.dtype, self._keep)

@@ -53,22 +53,10 @@ class _CudaCapsuleOnly:
         return (2, 0)
 
     def __dlpack__(self, stream=None):
-        import ctypes
+        from emulated_cuda import dltensor_capsule
 
-        from emulated_cuda import _DLDataType, _DLDevice, _DLManagedTensor
-
-        self._shape = (ctypes.c_int64 * 1)(4)
-        m = _DLManagedTensor()
-        m.dl_tensor.data = 0x10000
-        m.dl_tensor.device = _DLDevice(2, 0)
-        m.dl_tensor.ndim = 1
-        m.dl_tensor.dtype = _DLDataType(2, 32, 1)
-        m.dl_tensor.shape = self._shape
-        self._m = m
-        new = ctypes.pythonapi.PyCapsule_New
-        new.restype = ctypes.py_object
-        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return new(ctypes.addressof(m), b"dltensor", None)
+        self._keep = []
+        return dltensor_capsule(0x10000, 0, self.shape, np.float32, self._keep)
 
 
 def test_a_cuda_tensor_without_a_gpu_stack_is_an_error_on_every_rank():

@@ -156,6 +156,8 @@ pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> Sh
     // Every member is here before the window (MPI's allocation blocks
     // inside MPI, where a member that never comes could not be given up;
     // the barrier waits by the host plane's policy where calls may fail).
+    // On every rank whatever it set: a member that skipped it would meet
+    // the others' barrier with its window allocation.
     crate::exec::mpi_calls::Calls(comm.as_raw()).barrier();
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());

@@ -639,7 +639,8 @@ impl Runtime {
         let mut desc = Descriptor::new(Op::CreateGroup, &[]);
         desc.seq = self.creations.get();
         self.creations.set(desc.seq + 1);
-        self.creation.call(&desc).run(Op::CreateGroup, "world", f)
+        let call = self.creation.call(&desc);
+        call.run(Op::CreateGroup, self.creation.name(), f)
     }
 
     /// The placement rankmesh applied at start, when a binding policy was set.

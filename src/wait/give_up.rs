@@ -18,7 +18,7 @@
 
 use crate::error::Abandon;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 /// 20 times a second at most; a call given up on ends within this.
 pub(super) const LOOK_EVERY: Duration = Duration::from_millis(50);
 
-/// 0 until the process gives up; then 1 + the reason's index.
-static GIVEN_UP: AtomicU8 = AtomicU8::new(0);
+/// Whether the process gave up (the reason is in [`REASON`]).
+static GIVEN_UP: AtomicBool = AtomicBool::new(false);
 /// Whether calls can be given up at all: the watchdog gives up
 /// ([`arm`]) or an interrupt check is set. Unarmed, [`run`] runs its call
 /// as a plain call, with no landing pad to set up (about 60 instructions
@@ -60,13 +60,13 @@ pub(crate) fn give_up(why: Abandon, msg: String) -> bool {
         return false;
     }
     *reason = Some((why, msg));
-    GIVEN_UP.store(1 + why as u8, Ordering::Release);
+    GIVEN_UP.store(true, Ordering::Release);
     true
 }
 
 /// Why this process gave up, if it did.
 pub(crate) fn given_up() -> Option<(Abandon, String)> {
-    if GIVEN_UP.load(Ordering::Acquire) == 0 {
+    if !GIVEN_UP.load(Ordering::Acquire) {
         return None;
     }
     REASON.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -75,7 +75,7 @@ pub(crate) fn given_up() -> Option<(Abandon, String)> {
 /// Whether this process gave up (one atomic load).
 #[inline]
 pub(crate) fn gave_up() -> bool {
-    GIVEN_UP.load(Ordering::Relaxed) != 0
+    GIVEN_UP.load(Ordering::Relaxed)
 }
 
 /// Sets the interrupt check: a function the thread of a blocked call runs
@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(run(|| 1).err().map(|e| e.0), Some(Abandon::Interrupted));
         // A real panic inside a call is still a panic.
         *REASON.lock().unwrap() = None;
-        GIVEN_UP.store(0, Ordering::Release);
+        GIVEN_UP.store(false, Ordering::Release);
         let p = std::panic::catch_unwind(|| run(|| panic!("a bug")));
         assert!(p.is_err());
         assert_eq!(DEPTH.get(), 0);

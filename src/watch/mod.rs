@@ -63,13 +63,13 @@ pub enum OnHang {
     /// [`Error::Abandoned`], so the program can run its own handlers (a
     /// Python `except`, a checkpoint) before the job ends. A call waiting
     /// inside a blocking MPI routine cannot be given up; the job is then
-    /// ended as with `Abort` after [`GIVE_UP_GRACE`].
+    /// ended as with `Abort`, 2 s later.
     Error,
 }
 
 /// How long the watchdog waits for a call it gave up to end before it
 /// ends the job itself (a call inside a blocking MPI routine never does).
-pub const GIVE_UP_GRACE: Duration = Duration::from_secs(2);
+const GIVE_UP_GRACE: Duration = Duration::from_secs(2);
 
 /// How long a runtime that gave up a call waits, when dropped, before it
 /// ends the job: time for the peers' watchdogs (a tick or two) to see that
@@ -692,11 +692,7 @@ fn fire(s: &Shared, me: &Status, limit: Duration) {
 /// waits up to [`GIVE_UP_GRACE`] for it to end: whether it did (if not, a
 /// blocking MPI routine, the caller ends the job with `report`).
 fn give_up_call(s: &Shared, me: &Status, why: Abandon, text: String, report: &str) -> bool {
-    if let Some(dir) = &s.trace_dir {
-        let header = format!("rankmesh: rank {}", s.rank);
-        let path = dir.join(format!("rankmesh-trace-rank{}.txt", s.rank));
-        let _ = std::fs::write(&path, format!("{report}{}", s.recorder.dump(&header)));
-    }
+    keep_trace(s, report, &flight_record(s));
     give_up::give_up(why, text);
     let until = std::time::Instant::now() + GIVE_UP_GRACE;
     while std::time::Instant::now() < until {
@@ -722,19 +718,28 @@ fn give_up_call(s: &Shared, me: &Status, why: Abandon, text: String, report: &st
 /// Prints `msg` (and the flight record after it, with `record_too`), keeps
 /// both in `RANKMESH_TRACE_DIR` when set, and ends the job with `code`.
 fn end_job(s: &Shared, msg: &str, record_too: bool, code: i32) -> ! {
-    let header = format!("rankmesh: rank {}", s.rank);
-    let record = s.recorder.dump(&header);
+    let record = flight_record(s);
     let mut out = std::io::stderr().lock();
     let _ = std::io::Write::write_all(&mut out, msg.as_bytes());
     if record_too {
         let _ = std::io::Write::write_all(&mut out, record.as_bytes());
     }
     drop(out);
+    keep_trace(s, msg, &record);
+    abort_job(code)
+}
+
+/// This rank's flight record, headed with its rank.
+fn flight_record(s: &Shared) -> String {
+    s.recorder.dump(&format!("rankmesh: rank {}", s.rank))
+}
+
+/// Writes `msg` and `record` to `RANKMESH_TRACE_DIR`, when set.
+fn keep_trace(s: &Shared, msg: &str, record: &str) {
     if let Some(dir) = &s.trace_dir {
         let path = dir.join(format!("rankmesh-trace-rank{}.txt", s.rank));
         let _ = std::fs::write(&path, format!("{msg}{record}"));
     }
-    abort_job(code)
 }
 
 /// Asks the launcher to end the whole job with `code` (`MPI_Abort`).
