@@ -2,8 +2,9 @@
 //!
 //! 1. **Suspects.** Whatever is below `threshold` × the median of its kind
 //!    in the concurrent rounds. A node whose links are all slow is one
-//!    suspect (its median link is what falls), not each of its links; a slow
-//!    link between two healthy nodes is the link.
+//!    suspect (its median link falls below the median of the links it does
+//!    not touch), not each of its links; a slow link between two healthy
+//!    nodes is the link (held to the links between healthy nodes).
 //! 2. **Confirmed alone.** Each suspect is measured again with every other
 //!    rank idle ([`plan`] lists the measurements: the suspect's own, and a
 //!    few of its comparable healthy peers' as the reference), so two pairs
@@ -327,22 +328,34 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
     };
 
     // Between nodes: nodes first (needs 3 nodes to tell which end is slow),
-    // then links whose two ends are both healthy.
-    let links: Vec<f64> = m.inter_node.iter().map(|p| p.bandwidth_gbs).collect();
-    if let Some(med) = median(&links) {
+    // then links whose two ends are both healthy. Each is held to the links
+    // it does not touch: a slow node's links are a third or more of all of
+    // them (half, on 4 nodes), and against a median they pull down, a node
+    // at 0.7 of its peers' rate passed while one of its links was blamed.
+    let links_without = |out: &dyn Fn(&PairResult) -> bool| {
+        let rest: Vec<f64> = m
+            .inter_node
+            .iter()
+            .filter(|p| !out(p))
+            .map(|p| p.bandwidth_gbs)
+            .collect();
+        median(&rest)
+    };
+    if let Some(med) = links_without(&|_| false) {
         let mut slow_nodes = Vec::new();
         if m.nodes.len() >= 3 {
             let nodes: Vec<usize> = m.nodes.iter().map(|n| n.node).collect();
             for (n, v) in member_medians(&m.inter_node, &nodes) {
-                if flag(Subject::Node(n), v, med) {
+                let others = links_without(&|p| p.a == n || p.b == n).unwrap_or(med);
+                if flag(Subject::Node(n), v, others) {
                     slow_nodes.push(n);
                 }
             }
         }
-        for p in &m.inter_node {
-            if !slow_nodes.contains(&p.a) && !slow_nodes.contains(&p.b) {
-                flag(Subject::Link(p.a, p.b), p.bandwidth_gbs, med);
-            }
+        let touches_slow = |p: &PairResult| slow_nodes.contains(&p.a) || slow_nodes.contains(&p.b);
+        let healthy = links_without(&touches_slow).unwrap_or(med);
+        for p in m.inter_node.iter().filter(|p| !touches_slow(p)) {
+            flag(Subject::Link(p.a, p.b), p.bandwidth_gbs, healthy);
         }
     }
 
@@ -810,6 +823,28 @@ mod tests {
             "{}",
             f.line()
         );
+    }
+
+    /// A node only somewhat slow in the rounds (its link's limit near what
+    /// the busy cores gave every pair): its three links are half of the six,
+    /// so the median of all of them (0.85) would let it pass at 0.68.
+    #[test]
+    fn a_node_somewhat_slow_is_the_node_not_its_lowest_link() {
+        let m = four_nodes(|a, b| match (a, b) {
+            (2, 3) => 0.66,
+            (_, 2) => 0.7,
+            _ => 1.0,
+        });
+        let s = suspects(&m, 0.8);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!(s[0].subject, Subject::Node(2));
+        assert_eq!(s[0].median, 1.0, "held to the links it does not touch");
+        let (_, j) = judge_with(&m, |t| match t {
+            Task::Pair(a, b) if *a == 2 || *b == 2 => 0.5,
+            _ => 1.0,
+        });
+        assert_eq!(j.findings.len(), 1, "{j:?}");
+        assert_eq!(j.findings[0].subject, "2 (h2)");
     }
 
     #[test]
