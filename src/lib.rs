@@ -72,7 +72,7 @@ pub use dtype::DType;
 pub use error::{Abandon, Error, NcclError, Rejection, Result};
 pub use group::{
     Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, MpiCalls, Options, P2p, PlaneTensor,
-    RankInfo, Runtime, WorldInfo,
+    RankInfo, Runtime, SingleCopy, WorldInfo,
 };
 pub use helpers::{
     is_distributed, is_local_main_process, is_main_process, zero_only, MainRank, RankState,

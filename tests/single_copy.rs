@@ -76,9 +76,11 @@ fn refused_reads_fall_back_to_the_window_and_say_so_once() {
             "-w",
             "1",
         ];
-        // Open MPI's own single copy would meet the same refusal.
+        // Open MPI's own single copy would meet the same refusal. `cma`:
+        // with `auto`, the start-up timing meets the refusal first.
         let env = [
             ("RANKMESH_LOG", "debug"),
+            ("RANKMESH_SINGLE_COPY", "cma"),
             ("OMPI_MCA_btl_vader_single_copy_mechanism", "none"),
         ];
         let job = support::mpirun(2, &deny, &args, &env);
@@ -98,12 +100,46 @@ fn refused_reads_fall_back_to_the_window_and_say_so_once() {
     }
 }
 
+/// With `auto`, a kernel that refuses is found by the start-up timing:
+/// every block moves through the window from the first call, with nothing
+/// to fall back from.
+#[test]
+fn with_auto_a_refusing_kernel_means_the_window_from_the_start() {
+    let deny = deny_cma();
+    let args = [
+        exe().to_str().unwrap(),
+        "bench",
+        "alltoall",
+        "-b",
+        "4M",
+        "-e",
+        "16M",
+        "-f",
+        "4",
+        "-n",
+        "3",
+    ];
+    let env = [
+        ("RANKMESH_LOG", "debug"),
+        ("OMPI_MCA_btl_vader_single_copy_mechanism", "none"),
+    ];
+    let job = support::mpirun(2, &deny, &args, &env);
+    assert_validated(&job, 2);
+    assert!(!job.stderr.contains(FALLBACK), "{}", job.describe());
+    let refused = job
+        .stderr
+        .lines()
+        .filter(|l| l.contains("single copies refused at start"))
+        .count();
+    assert_eq!(refused, 2, "one line per rank: {}", job.describe());
+}
+
 #[test]
 fn ranks_differing_in_the_setting_move_through_the_window() {
     let args = [
         "bench", "alltoall", "-b", "4M", "-e", "16M", "-f", "4", "-n", "3",
     ];
-    let on: &[(&str, &str)] = &[("RANKMESH_LOG", "debug")];
+    let on: &[(&str, &str)] = &[("RANKMESH_LOG", "debug"), ("RANKMESH_SINGLE_COPY", "cma")];
     let off: &[(&str, &str)] = &[("RANKMESH_LOG", "debug"), ("RANKMESH_SINGLE_COPY", "none")];
     let job = support::mpirun_each(exe(), &args, &[on, off, on]);
     assert_validated(&job, 2);
@@ -117,7 +153,7 @@ fn a_bad_setting_is_refused_at_start() {
     assert!(!job.ok(), "{}", job.describe());
     assert!(
         job.stderr
-            .contains("RANKMESH_SINGLE_COPY=\"xpmem\" is not one of cma, none"),
+            .contains("RANKMESH_SINGLE_COPY=\"xpmem\" is not one of auto, cma, none"),
         "{}",
         job.describe()
     );

@@ -14,3 +14,5 @@ pub mod mpi;
 pub(crate) mod mpi_calls;
 mod reduction;
 pub(crate) mod shm;
+
+pub(crate) use cma::pays_from as single_copy_pays_from;

@@ -162,7 +162,7 @@ pub(super) fn shm_exec(rt: &Runtime, comm: &SimpleCommunicator, me: usize) -> Sh
     let window = Rc::new(ShmWindow::allocate(comm, rt.options().shm_chunk_bytes));
     rt.keep_window(window.clone());
     note_shared_cpus_among(comm);
-    ShmExec::new(window, me, rt.options().single_copy)
+    ShmExec::new(window, me, rt.single_copy_from())
 }
 
 /// Gives [`crate::wait`] the CPUs of `comm`'s members, ranks of one node

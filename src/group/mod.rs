@@ -19,7 +19,7 @@ pub use batch::Batch;
 pub(crate) use call::{tensor_desc, OutputFit};
 pub use collectives::{Collectives, P2p, PlaneTensor};
 pub use device::{DeviceEvent, DeviceGroup};
-pub use runtime::{MpiCalls, Options, RankInfo, Runtime, WorldInfo};
+pub use runtime::{MpiCalls, Options, RankInfo, Runtime, SingleCopy, WorldInfo};
 
 use crate::agree::Admitted;
 use crate::error::{Error, Result};

@@ -101,10 +101,11 @@ pub struct Options {
     /// rounded up to whole pages).
     pub shm_chunk_bytes: usize,
     /// Whether large all-to-alls within a node read each peer's buffer with
-    /// one copy (`RANKMESH_SINGLE_COPY`: `cma`, the default, or `none`, as
-    /// Open MPI's `btl_vader_single_copy_mechanism` spells them). Where the
-    /// kernel refuses, a window falls back to two copies by itself.
-    pub single_copy: bool,
+    /// one copy (`RANKMESH_SINGLE_COPY`: `auto`, the default, `cma` or
+    /// `none`; the last two as Open MPI's `btl_vader_single_copy_mechanism`
+    /// spells them). Where the kernel refuses, a window falls back to two
+    /// copies by itself.
+    pub single_copy: SingleCopy,
     /// When device calls agree on their descriptors (`RANKMESH_CHECK`:
     /// `strict`, `deferred` — the default — or `off`). Set it the same on
     /// every rank: a group's members check it.
@@ -147,6 +148,23 @@ pub struct Options {
     pub on_hang: OnHang,
 }
 
+/// Whether all-to-alls within a node read each peer's blocks with one copy
+/// (`process_vm_readv`) instead of two through the group's window. The
+/// ranks of a node agree at start-up on the block size from which they
+/// do ([`Runtime::single_copy_from`]): the largest any of them asks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SingleCopy {
+    /// From where this machine makes one read cheaper than two copies,
+    /// timed at start-up (about 1 ms); never where it does not (a VM whose
+    /// kernel pins pages slowly).
+    #[default]
+    Auto,
+    /// From 16 KiB blocks, whatever the timing says.
+    Cma,
+    /// Never: every block moves through the window.
+    Off,
+}
+
 /// How the MPI executor (and the call agreement off shared memory) calls
 /// MPI's collectives. Whatever each rank asks, the job agrees on one way
 /// at start-up: nonblocking if any rank's choice says so.
@@ -178,7 +196,7 @@ impl Default for Options {
             trace_dir: None,
             host_plane: ExecChoice::Auto,
             shm_chunk_bytes: crate::exec::shm::DEFAULT_CHUNK,
-            single_copy: true,
+            single_copy: SingleCopy::Auto,
             check: CheckMode::Deferred,
             status_addrs: Vec::new(),
             gather_shm: true,
@@ -229,11 +247,12 @@ impl Options {
         }
         if let Ok(v) = std::env::var("RANKMESH_SINGLE_COPY") {
             o.single_copy = match v.trim() {
-                "cma" => true,
-                "none" => false,
+                "auto" => SingleCopy::Auto,
+                "cma" => SingleCopy::Cma,
+                "none" => SingleCopy::Off,
                 _ => {
                     return Err(Error::Launch(format!(
-                        "RANKMESH_SINGLE_COPY={v:?} is not one of cma, none"
+                        "RANKMESH_SINGLE_COPY={v:?} is not one of auto, cma, none"
                     )))
                 }
             };
@@ -329,6 +348,27 @@ fn byte_count(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
         .ok_or_else(|| Error::Launch(format!("{name}={v:?} is not a byte count in {lo}..={hi}")))
 }
 
+/// The block size from which the ranks of `node` (collective over it) read
+/// peers' all-to-all blocks with one copy: the largest any of them asks
+/// (`Off`, or a machine where a read never pays, asks never), so a
+/// group's members always take the same phases. Timed only where the
+/// node has peers to read from.
+fn agree_single_copy(node: &SimpleCommunicator, setting: SingleCopy) -> Option<usize> {
+    use crate::exec::shm::SINGLE_COPY_FROM;
+    const NEVER: u64 = u64::MAX;
+    let mine = match setting {
+        SingleCopy::Off => NEVER,
+        SingleCopy::Cma => SINGLE_COPY_FROM as u64,
+        SingleCopy::Auto if node.size() == 1 => SINGLE_COPY_FROM as u64,
+        SingleCopy::Auto => {
+            crate::exec::single_copy_pays_from(SINGLE_COPY_FROM).map_or(NEVER, |n| n as u64)
+        }
+    };
+    let mut agreed = NEVER;
+    node.all_reduce_into(&mine, &mut agreed, mpi::collective::SystemOperation::max());
+    (agreed != NEVER).then_some(agreed as usize)
+}
+
 /// Largest `RANKMESH_SHM_CHUNK_BYTES` (1 GiB): two of them per rank and group.
 const MAX_SHM_CHUNK: usize = 1 << 30;
 
@@ -381,6 +421,8 @@ pub struct Runtime {
     /// Watches group creation over the world (members: every rank).
     creation: GroupWatch,
     creations: Cell<u64>,
+    /// The node's agreed [`Runtime::single_copy_from`].
+    single_copy_from: Option<usize>,
     watchdog: Watchdog,
     _universe: Universe,
 }
@@ -506,6 +548,8 @@ impl Runtime {
             mpi::collective::SystemOperation::max(),
         );
         crate::exec::mpi_calls::wait_by_policy(anywhere != 0);
+        startup.step("where single copies pay on this node (timed, MPI_Allreduce)");
+        let single_copy_from = agree_single_copy(&node_comm, options.single_copy);
         startup.step("the watchdog's start (status board, service addresses)");
         let watchdog = start_watchdog(&world_comm, &info, node_comm, &options);
         startup.finish();
@@ -523,6 +567,7 @@ impl Runtime {
             placement,
             creation,
             creations: Cell::new(0),
+            single_copy_from,
             watchdog,
             _universe: universe,
         })
@@ -603,6 +648,13 @@ impl Runtime {
     /// job.
     pub fn given_up(&self) -> Option<(crate::Abandon, String)> {
         crate::wait::give_up::given_up()
+    }
+
+    /// The block size from which all-to-alls within this node read each
+    /// peer's blocks with one copy, as its ranks agreed at start-up (see
+    /// [`SingleCopy`]); `None`: every block moves through the window.
+    pub fn single_copy_from(&self) -> Option<usize> {
+        self.single_copy_from
     }
 
     /// Start-up options in force.

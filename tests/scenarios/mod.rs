@@ -455,6 +455,13 @@ pub const ALL: &[Scenario] = &[
         name: "single_copy",
         nodes: &[],
         sizes: &[2, 3, 4],
+        env: &[("RANKMESH_SINGLE_COPY", "cma")],
+        run: single_copy::run,
+    },
+    Scenario {
+        name: "single_copy_auto",
+        nodes: &[],
+        sizes: &[3],
         env: &[],
         run: single_copy::run,
     },

@@ -1,5 +1,5 @@
 //! All-to-alls whose blocks pass the shared-memory executor's single-copy
-//! crossover (16 KiB): contiguous blocks, FastVideo's strided 4-D blocks
+//! crossover (16 KiB with `RANKMESH_SINGLE_COPY=cma`): contiguous blocks, FastVideo's strided 4-D blocks
 //! (runs of an odd number of bytes included) and uneven blocks, each
 //! against the serial reference, beside gathers and broadcasts of the same
 //! sizes (which keep the window). On one node the all-to-alls read each
@@ -11,11 +11,23 @@ use super::collectives::all_to_all_4d_shaped;
 use super::planes::check_long_blocks;
 use super::reference::random_f32;
 use rankmesh::Collectives as _;
+use rankmesh::Objects as _;
 use rankmesh::{DType, Runtime, Tensor};
 
 pub fn run(rt: &Runtime) {
     let g = rt.world_group().unwrap();
     let (p, me) = (g.size(), g.rank_in_group());
+
+    // Where single copies start: as set, and alike on every rank (it
+    // decides the phases), whatever the start-up timing said.
+    let from = rt.single_copy_from();
+    match std::env::var("RANKMESH_SINGLE_COPY").as_deref() {
+        Ok("cma") => assert_eq!(from, Some(16 << 10)),
+        Ok("none") => assert_eq!(from, None),
+        _ => {}
+    }
+    let every = g.all_gather_object(&from).unwrap();
+    assert!(every.iter().all(|f| *f == from), "{every:?}");
 
     // Contiguous blocks of 1 MiB + 12 bytes of random f32, and of u8.
     let per = (1 << 18) + 3;

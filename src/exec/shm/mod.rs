@@ -105,10 +105,12 @@ struct Place {
     inline: bool,
 }
 
-/// Blocks of at least this many bytes make all-to-alls read their peers'
-/// blocks directly (one copy, [`single_copy`]) instead of through the
-/// window (two). Measured on 2 ranks (docs/BENCHMARKS.md, "Tuned
-/// constants"). Gathers and broadcasts keep the window: its two copies
+/// The smallest blocks all-to-alls may read from their peers directly (one
+/// copy, [`single_copy`]) instead of through the window (two): where a
+/// read pays at all, its system call and second synchronisation cost
+/// about 1 µs, which a 16 KiB block repays (docs/BENCHMARKS.md, "Tuned
+/// constants"). Whether and from where above this it pays is timed at
+/// start-up (`Runtime::single_copy_from`). Gathers and broadcasts keep the window: its two copies
 /// run on both ranks at once, pipelined by pieces, where a single copy
 /// puts all of it on the reader (16 MiB broadcast, idle: 1.2 ms against
 /// 2.6-3.5 ms; one busy process: no faster).
@@ -209,13 +211,23 @@ pub(crate) struct ShmExec {
     /// setting until a read is refused (then off for the window's life,
     /// and [`cma::refused`] turns it off for the process's other windows).
     single_copy: Cell<bool>,
+    /// Blocks from which all-to-alls take single copies, agreed by the
+    /// node's ranks (`usize::MAX`: never); it decides the phases, so it is
+    /// the same on every member.
+    single_copy_from: usize,
 }
 
 impl ShmExec {
-    /// The plane of group rank `me` over `window`; `single_copy`: large
-    /// all-to-alls may read peers' buffers directly (`RANKMESH_SINGLE_COPY`).
-    pub(crate) fn new(window: Rc<ShmWindow>, me: usize, single_copy: bool) -> ShmExec {
+    /// The plane of group rank `me` over `window`; all-to-alls read blocks
+    /// from `single_copy_from` bytes from peers' buffers directly (the
+    /// node's agreed `Runtime::single_copy_from`; `None`: never).
+    pub(crate) fn new(
+        window: Rc<ShmWindow>,
+        me: usize,
+        single_copy_from: Option<usize>,
+    ) -> ShmExec {
         let size = window.slots.len();
+        let single_copy = single_copy_from.is_some();
         if single_copy {
             cma::allow_peer_reads();
         }
@@ -229,6 +241,7 @@ impl ShmExec {
             staged: Cell::new(None),
             disagreement: RefCell::new(None),
             single_copy: Cell::new(single_copy),
+            single_copy_from: single_copy_from.unwrap_or(usize::MAX),
         }
     }
 

@@ -3,9 +3,9 @@
 //! its own slot, synchronises, and reads its peers'. Reductions split large
 //! pieces so each rank combines a share; block exchanges move `P` blocks per
 //! rank through a piece of each data area, or by single copy
-//! ([`super::single_copy`]) from 16 KiB blocks.
+//! ([`super::single_copy`]) from the block size the node agreed on.
 
-use super::{Place, ShmExec, SINGLE_COPY_FROM, TABLE_ENTRY};
+use super::{Place, ShmExec, TABLE_ENTRY};
 use crate::dtype::DType;
 use crate::error::Fault;
 use crate::exec::blocks::{BlockLayout, Blocks, Spans};
@@ -186,7 +186,7 @@ impl ShmExec {
         // A block of a single copy's size leaves the window alone: the
         // rest of the call reads it from the sender (both ends judge it by
         // the same agreed count; a refused link moves nothing).
-        let first = |rows: usize, len: usize| match rows * row >= SINGLE_COPY_FROM {
+        let first = |rows: usize, len: usize| match rows * row >= self.single_copy_from {
             true => 0,
             false => len.min(m),
         };
@@ -219,7 +219,7 @@ impl ShmExec {
         }
         // The longest block any rank sends decides, the same everywhere.
         let longest = links.longest.saturating_mul(row);
-        if longest > m || longest >= SINGLE_COPY_FROM {
+        if longest > m || longest >= self.single_copy_from {
             // What is left of each block (this rank's own is done).
             let rest = |spans: &[Range<usize>], counts: &[usize]| -> Vec<Range<usize>> {
                 let left = |(r, s): (usize, &Range<usize>)| match r == me {
@@ -229,7 +229,7 @@ impl ShmExec {
                 spans.iter().enumerate().map(left).collect()
             };
             let (sent, got) = (rest(&sent, sc), rest(&got, rc));
-            let left = match longest >= SINGLE_COPY_FROM {
+            let left = match longest >= self.single_copy_from {
                 true => longest,
                 false => longest - m,
             };

@@ -15,7 +15,7 @@
 //! The choice is made on what every rank knows alike (the group's size and
 //! the longest block), so every rank takes the same phases.
 
-use super::{Place, ShmExec, SINGLE_COPY_FROM};
+use super::{Place, ShmExec};
 use crate::error::Fault;
 use crate::exec::blocks::Blocks;
 use crate::exec::cma::{self, pair_runs, Segment};
@@ -93,7 +93,7 @@ impl ShmExec {
     /// Whether a call whose longest block is `longest` bytes (the same on
     /// every rank) offers its buffers for single copies.
     pub(super) fn moves_by_single_copy(&self, longest: usize) -> bool {
-        self.size > 1 && longest >= SINGLE_COPY_FROM
+        self.size > 1 && longest >= self.single_copy_from
     }
 
     /// The first phase: publishes this rank's pid and `addresses`; `None`
