@@ -845,6 +845,25 @@ mod tests {
         });
         assert_eq!(j.findings.len(), 1, "{j:?}");
         assert_eq!(j.findings[0].subject, "2 (h2)");
+
+        // As CI once measured it: also a link between two healthy nodes
+        // low in a noisy round (0-3), which four low links of six made the
+        // median. Node 2 is still the node; 0-3, healthy alone, is cleared.
+        let m = four_nodes(|a, b| match (a, b) {
+            (0, 3) => 0.2,
+            (_, 2) | (2, _) => 0.5,
+            _ => 1.0,
+        });
+        let s = suspects(&m, 0.8);
+        let subjects: Vec<Subject> = s.iter().map(|x| x.subject).collect();
+        assert_eq!(subjects, [Subject::Node(2), Subject::Link(0, 3)]);
+        let (_, j) = judge_with(&m, |t| match t {
+            Task::Pair(a, b) if *a == 2 || *b == 2 => 0.5,
+            _ => 1.0,
+        });
+        assert_eq!(j.findings.len(), 1, "{j:?}");
+        assert_eq!(j.findings[0].subject, "2 (h2)");
+        assert_eq!(j.cleared.len(), 1, "{j:?}");
     }
 
     #[test]
