@@ -50,15 +50,16 @@ def _code(dtype):
     return {"f": 2, "i": 0, "u": 1, "b": 6}[dt.kind]
 
 
-def dltensor_capsule(ptr, device, shape, dtype, keep):
-    """A "dltensor" capsule of a contiguous CUDA array at `ptr`; the ctypes
-    structures it points into are appended to `keep`, which the caller holds
-    as long as the capsule."""
+def dltensor_capsule(ptr, device, shape, dtype, keep, device_type=None):
+    """A "dltensor" capsule of a contiguous array at `ptr` on DLPack device
+    `(device_type, device)` (CUDA unless said); the ctypes structures it
+    points into are appended to `keep`, which the caller holds as long as
+    the capsule."""
     dtype = np.dtype(dtype)
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     m = _DLManagedTensor()
     m.dl_tensor.data = ptr
-    m.dl_tensor.device = _DLDevice(_KDL_CUDA, device)
+    m.dl_tensor.device = _DLDevice(_KDL_CUDA if device_type is None else device_type, device)
     m.dl_tensor.ndim = len(shape)
     m.dl_tensor.dtype = _DLDataType(_code(dtype), dtype.itemsize * 8, 1)
     m.dl_tensor.shape = dims

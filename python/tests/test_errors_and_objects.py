@@ -75,6 +75,34 @@ def test_a_cuda_tensor_without_a_gpu_stack_is_an_error_on_every_rank():
     g.barrier()
 
 
+class _RocmCapsule:
+    """A DLPack producer of ROCm memory (DLPack's kDLROCM, 10), which
+    rankmesh does not move (never touched: refused from the capsule)."""
+
+    shape = (4,)
+
+    def __dlpack_device__(self):
+        return (10, 0)
+
+    def __dlpack__(self, stream=None):
+        from emulated_cuda import dltensor_capsule
+
+        self._keep = []
+        return dltensor_capsule(0x10000, 0, self.shape, np.float32, self._keep, device_type=10)
+
+
+def test_memory_of_another_device_kind_is_an_error_on_every_rank():
+    g = world()
+    me = g.rank_in_group
+    x = _RocmCapsule() if me == 0 else np.ones(4, np.float32)
+    with pytest.raises(dist.Error) as e:
+        g.all_reduce(x)
+    if me == 0:
+        assert isinstance(e.value, dist.TensorError), e.value
+        assert "DLPack device type 10" in str(e.value), e.value
+    g.barrier()
+
+
 OBJECTS = [
     None, True, 3, -(2 ** 70), 2.5, "héllo", b"\x00\xff",
     [1, [2, (3, None)]], {"lr": 1e-4, "steps": [1, 2], 7: "seven", (1, 2): False},
