@@ -55,27 +55,21 @@ fn assert_validated(job: &support::Job, sizes: usize) {
     }
 }
 
+/// Arguments for `deny_cma`: rankmesh's bench of `op` at 4 and 16 MiB.
+fn denied_bench(op: &str) -> [&str; 13] {
+    let exe = exe().to_str().unwrap();
+    [
+        exe, "bench", op, "-b", "4M", "-e", "16M", "-f", "4", "-n", "3", "-w", "1",
+    ]
+}
+
 const FALLBACK: &str = "copying through shared memory from now on";
 
 #[test]
 fn refused_reads_fall_back_to_the_window_and_say_so_once() {
     let deny = deny_cma();
     for op in ["alltoall", "alltoallv", "all_to_all_4d"] {
-        let args = [
-            exe().to_str().unwrap(),
-            "bench",
-            op,
-            "-b",
-            "4M",
-            "-e",
-            "16M",
-            "-f",
-            "4",
-            "-n",
-            "3",
-            "-w",
-            "1",
-        ];
+        let args = denied_bench(op);
         // Open MPI's own single copy would meet the same refusal. `cma`:
         // with `auto`, the start-up timing meets the refusal first.
         let env = [
@@ -106,19 +100,7 @@ fn refused_reads_fall_back_to_the_window_and_say_so_once() {
 #[test]
 fn with_auto_a_refusing_kernel_means_the_window_from_the_start() {
     let deny = deny_cma();
-    let args = [
-        exe().to_str().unwrap(),
-        "bench",
-        "alltoall",
-        "-b",
-        "4M",
-        "-e",
-        "16M",
-        "-f",
-        "4",
-        "-n",
-        "3",
-    ];
+    let args = denied_bench("alltoall");
     let env = [
         ("RANKMESH_LOG", "debug"),
         ("OMPI_MCA_btl_vader_single_copy_mechanism", "none"),

@@ -43,20 +43,26 @@ def test_a_local_refusal_is_an_error_on_every_rank():
     g.barrier()
 
 
-class _CudaCapsuleOnly:
-    """A DLPack producer that claims CUDA memory (never touched: a rank
-    without a GPU stack refuses before any device call)."""
+class _CapsuleOnly:
+    """A DLPack producer that claims memory on DLPack device type `kind`
+    (2: CUDA, 10: ROCm) at a made-up address, never touched: each test's
+    rank refuses it before any device call."""
 
     shape = (4,)
 
+    def __init__(self, kind):
+        self.kind = kind
+
     def __dlpack_device__(self):
-        return (2, 0)
+        return (self.kind, 0)
 
     def __dlpack__(self, stream=None):
         from emulated_cuda import dltensor_capsule
 
         self._keep = []
-        return dltensor_capsule(0x10000, 0, self.shape, np.float32, self._keep)
+        return dltensor_capsule(
+            0x10000, 0, self.shape, np.float32, self._keep, device_type=self.kind
+        )
 
 
 def test_a_cuda_tensor_without_a_gpu_stack_is_an_error_on_every_rank():
@@ -67,7 +73,7 @@ def test_a_cuda_tensor_without_a_gpu_stack_is_an_error_on_every_rank():
     g = world()
     me = g.rank_in_group
     # Rank 0 passes CUDA memory; the others pass host arrays and call in.
-    x = _CudaCapsuleOnly() if me == 0 else np.ones(4, np.float32)
+    x = _CapsuleOnly(2) if me == 0 else np.ones(4, np.float32)
     with pytest.raises(dist.Error) as e:
         g.all_reduce(x)
     if me == 0:
@@ -75,26 +81,10 @@ def test_a_cuda_tensor_without_a_gpu_stack_is_an_error_on_every_rank():
     g.barrier()
 
 
-class _RocmCapsule:
-    """A DLPack producer of ROCm memory (DLPack's kDLROCM, 10), which
-    rankmesh does not move (never touched: refused from the capsule)."""
-
-    shape = (4,)
-
-    def __dlpack_device__(self):
-        return (10, 0)
-
-    def __dlpack__(self, stream=None):
-        from emulated_cuda import dltensor_capsule
-
-        self._keep = []
-        return dltensor_capsule(0x10000, 0, self.shape, np.float32, self._keep, device_type=10)
-
-
 def test_memory_of_another_device_kind_is_an_error_on_every_rank():
     g = world()
     me = g.rank_in_group
-    x = _RocmCapsule() if me == 0 else np.ones(4, np.float32)
+    x = _CapsuleOnly(10) if me == 0 else np.ones(4, np.float32)  # ROCm
     with pytest.raises(dist.Error) as e:
         g.all_reduce(x)
     if me == 0:
