@@ -174,8 +174,9 @@ pub(crate) fn pays_from(floor: usize) -> Option<usize> {
         Ok(p) => {
             let from = crossover(&p, floor);
             let us = |t: [f64; 2]| format!("{:.2} / {:.2} us", t[0] * 1e6, t[1] * 1e6);
+            let [small, large] = PROBE_BYTES.map(|n| n >> 10);
             tracing::debug!(
-                "single copies timed at 16 KiB / 1 MiB: a read {}, a copy {}: {}",
+                "single copies timed at {small} / {large} KiB: a read {}, a copy {}: {}",
                 us(p.cma),
                 us(p.copy),
                 match from {

@@ -1,6 +1,6 @@
 //! All-to-alls whose blocks pass the shared-memory executor's single-copy
-//! crossover (16 KiB with `RANKMESH_SINGLE_COPY=cma`): contiguous blocks, FastVideo's strided 4-D blocks
-//! (runs of an odd number of bytes included) and uneven blocks, each
+//! crossover (16 KiB with `RANKMESH_SINGLE_COPY=cma`): contiguous blocks,
+//! FastVideo's strided 4-D blocks (runs of an odd number of bytes included) and uneven blocks, each
 //! against the serial reference, beside gathers and broadcasts of the same
 //! sizes (which keep the window). On one node the all-to-alls read each
 //! peer's buffer straight into the output (`process_vm_readv`); with

@@ -110,10 +110,11 @@ struct Place {
 /// read pays at all, its system call and second synchronisation cost
 /// about 1 µs, which a 16 KiB block repays (docs/BENCHMARKS.md, "Tuned
 /// constants"). Whether and from where above this it pays is timed at
-/// start-up (`Runtime::single_copy_from`). Gathers and broadcasts keep the window: its two copies
-/// run on both ranks at once, pipelined by pieces, where a single copy
-/// puts all of it on the reader (16 MiB broadcast, idle: 1.2 ms against
-/// 2.6-3.5 ms; one busy process: no faster).
+/// start-up (`Runtime::single_copy_from`). Gathers and broadcasts keep
+/// the window: its two copies run on both ranks at once, pipelined by
+/// pieces, where a single copy puts all of it on the reader (16 MiB
+/// broadcast, idle: 1.2 ms against 2.6-3.5 ms; one busy process: no
+/// faster).
 pub(crate) const SINGLE_COPY_FROM: usize = 16 << 10;
 /// Default bytes of one data area (`RANKMESH_SHM_CHUNK_BYTES`): 1 MiB was
 /// fastest for 64 MiB all-reduces on 2 ranks (256 KiB took twice as long;
