@@ -2,6 +2,7 @@
 
 mod adjoint;
 mod bench_sweep;
+mod broadcast_ring;
 mod collectives;
 mod dicts;
 mod errors;
@@ -436,6 +437,13 @@ pub const ALL: &[Scenario] = &[
         sizes: &[2, 3],
         env: &[],
         run: streamed::run,
+    },
+    Scenario {
+        name: "broadcast_ring",
+        nodes: &[],
+        sizes: &[2, 3, 4],
+        env: &[("RANKMESH_HOST_PLANE", "shm")],
+        run: broadcast_ring::run,
     },
     Scenario {
         name: "node_aware",

@@ -11,7 +11,11 @@
 //! between the two areas, so a rank may write a phase's area as soon as it
 //! has passed the previous phase's synchronisation: every peer that got
 //! there had finished reading the area two phases back. Steps alternate
-//! between the two headers by the same argument.
+//! between the two headers by the same argument. Broadcasts longer than a
+//! data area are the exception: after their first phase they stream
+//! through the root's areas, ordered by counters of their own
+//! ([`stream`]), and a phase that writes the areas afterwards first waits
+//! for the stream's readers.
 //!
 //! A rank waiting for a peer's step spins briefly, then sleeps on the
 //! peer's counter (a futex in the window), and the peer wakes it only when
@@ -52,6 +56,7 @@ use std::cell::{Cell, RefCell};
 
 mod ops;
 mod single_copy;
+mod stream;
 
 pub(crate) use ops::ShmCall;
 use std::rc::Rc;
@@ -68,8 +73,12 @@ const RING_AT: usize = DESC_AT + 2 * DESC_AREA;
 /// Where the slot's sleeper count lies: peers waiting on this rank's
 /// counters register there (a line of its own, written only by sleepers).
 const SLEEPERS_AT: usize = (RING_AT + RING_BYTES).next_multiple_of(64);
+/// Where the slot's two stream counters lie (a line each): the pieces of
+/// streamed calls this rank has written, and those it has read
+/// ([`stream`]).
+const STREAM_AT: usize = SLEEPERS_AT + 64;
 /// Where the data areas start in a slot (page-aligned).
-const DATA_AT: usize = (SLEEPERS_AT + 64).next_multiple_of(4096);
+const DATA_AT: usize = (STREAM_AT + 128).next_multiple_of(4096);
 /// Bytes of one member's entry in a count table (see `all_to_all_v`).
 const TABLE_ENTRY: usize = 24;
 /// Page size the slots are aligned to.
@@ -144,14 +153,17 @@ impl ShmWindow {
         // before any rank can wait on it.
         let own = slots[comm.rank() as usize];
         // SAFETY: this rank's slot begins with its two 64-aligned headers,
-        // its ring lies inside it, 64-aligned (RING_AT is), and so does its
-        // sleeper count.
+        // its ring lies inside it, 64-aligned (RING_AT is), and so do its
+        // sleeper count and its stream counters.
         unsafe {
             for h in 0..2 {
                 (*(own.add(h * HEADER) as *const AtomicU64)).store(0, Ordering::Release);
             }
             reset_ring(own.add(RING_AT));
             (*(own.add(SLEEPERS_AT) as *const AtomicU32)).store(0, Ordering::Release);
+            for line in 0..2 {
+                (*(own.add(STREAM_AT + 64 * line) as *const AtomicU64)).store(0, Ordering::Release);
+            }
         }
         comm.barrier();
         ShmWindow {
@@ -216,6 +228,12 @@ pub(crate) struct ShmExec {
     /// node's ranks (`usize::MAX`: never); it decides the phases, so it is
     /// the same on every member.
     single_copy_from: usize,
+    /// Pieces of streamed calls so far (the same on every member).
+    streamed: Cell<u64>,
+    /// What every peer's read-piece counter must reach before this rank
+    /// writes its data areas again: a stream it wrote and returned from
+    /// without waiting for its readers (0: none).
+    drain_due: Cell<u64>,
 }
 
 impl ShmExec {
@@ -243,6 +261,8 @@ impl ShmExec {
             disagreement: RefCell::new(None),
             single_copy: Cell::new(single_copy),
             single_copy_from: single_copy_from.unwrap_or(usize::MAX),
+            streamed: Cell::new(0),
+            drain_due: Cell::new(0),
         }
     }
 
@@ -339,6 +359,9 @@ impl ShmExec {
         self.phase.set(p + 1);
         self.second_line
             .set(published > INLINE_FIRST_LINE && published <= INLINE);
+        if published > INLINE {
+            self.await_drained();
+        }
         Place {
             area: (p % 2) as usize,
             inline: published <= INLINE,

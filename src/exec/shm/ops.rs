@@ -335,7 +335,7 @@ fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// How a call whose output is `total` bytes copies into it.
-fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
+pub(super) fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
     if total >= STREAM_FROM {
         stream_bytes
     } else {
@@ -499,19 +499,7 @@ impl HostMoves for ShmCall<'_> {
     }
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
-        let plane = self.plane;
-        let put = output_copy(buf.len());
-        for (off, m) in pieces(buf.len(), plane.chunk()) {
-            let place = plane.begin_phase(m);
-            if plane.me == root {
-                copy_bytes(plane.own(place, 0, m), &buf[off..off + m]);
-            }
-            plane.sync(&self.pulse)?;
-            if plane.me != root {
-                put(&mut buf[off..off + m], plane.peer(root, place, 0, m));
-            }
-        }
-        Ok(())
+        self.plane.broadcast(&self.pulse, buf, root)
     }
 
     fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
