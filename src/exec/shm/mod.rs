@@ -333,22 +333,27 @@ impl ShmExec {
     /// Rank `r`'s data at `place`, bytes `at..at + len`, to read.
     ///
     /// Only after the synchronisation that published `r`'s writes to it,
-    /// and before this rank's next one (the protocol of the module docs).
+    /// and before this rank's next one (the protocol of the module docs),
+    /// or, for a streamed piece, after the root's written-piece counter
+    /// and before this rank's read-piece counter ([`stream`]).
     fn peer(&self, r: usize, place: Place, at: usize, len: usize) -> &[u8] {
         assert!(at + len <= self.capacity(place), "inside the data area");
         let base = self.base(r, place, self.step.get());
-        // SAFETY: in bounds (checked); no one writes it during this phase.
+        // SAFETY: in bounds (checked); no one writes it during this phase
+        // (or, streamed, before this rank says it read it).
         unsafe { std::slice::from_raw_parts(base.add(at), len) }
     }
 
     /// This rank's data at `place`, bytes `at..at + len`, to write before
-    /// the synchronisation that publishes them.
+    /// the synchronisation (or, streamed, the written-piece counter) that
+    /// publishes them.
     #[allow(clippy::mut_from_ref)]
     fn own(&self, place: Place, at: usize, len: usize) -> &mut [u8] {
         assert!(at + len <= self.capacity(place), "inside the data area");
         let base = self.base(self.me, place, self.step.get() + 1);
         // SAFETY: in bounds; only this rank writes its own slot, and no
-        // peer reads this range in the phase that writes it.
+        // peer reads this range in the phase that writes it (or, streamed,
+        // before the counter that publishes it).
         unsafe { std::slice::from_raw_parts_mut(base.add(at), len) }
     }
 

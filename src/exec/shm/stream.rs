@@ -20,7 +20,7 @@
 //! the same on every member, is where this call's pieces start), so they
 //! only grow, and a waiter compares them with the total it needs.
 
-use super::{ShmExec, STREAM_AT};
+use super::{Place, ShmExec, STREAM_AT};
 use crate::error::Fault;
 use crate::exec::copy::copy_bytes;
 use crate::wait;
@@ -30,7 +30,7 @@ use std::sync::atomic::AtomicU64;
 /// Bytes of one streamed piece (at most a data area): small enough that a
 /// piece is still in the root's cache when its reader copies it
 /// (docs/BENCHMARKS.md, "Tuned constants").
-pub(super) const STREAM_PIECE: usize = 256 << 10;
+const STREAM_PIECE: usize = 256 << 10;
 
 /// Which of a slot's stream counters.
 #[derive(Clone, Copy)]
@@ -53,13 +53,17 @@ impl ShmExec {
     /// read the pieces of the last stream this rank wrote.
     pub(super) fn await_drained(&self) {
         let due = self.drain_due.take();
-        if due == 0 {
-            return;
+        if due != 0 {
+            self.until_read_by_peers(due);
         }
+    }
+
+    /// Waits until every peer's read-piece counter reaches `total`.
+    fn until_read_by_peers(&self, total: u64) {
         for r in (0..self.size).filter(|r| *r != self.me) {
             let read = self.stream_counter(r, Counter::Read);
             // No deadline: a missing peer is the watchdog's to name.
-            wait::until_at_least(read, due, self.sleepers(r), None);
+            wait::until_at_least(read, total, self.sleepers(r), None);
         }
     }
 
@@ -99,12 +103,18 @@ impl ShmExec {
         self.streamed.set(base + count);
         // Piece `i` lies at ring position `i % ring`: the positions of the
         // first phase's area, then the other's.
-        let per_area = (self.window.chunk / piece) as u64;
+        let per_area = (chunk / piece) as u64;
         let ring = 2 * per_area;
         let at = |i: u64| {
             let pos = i % ring;
             let area = (place.area + (pos / per_area) as usize) % 2;
-            (area, (pos % per_area) as usize * piece)
+            (
+                Place {
+                    area,
+                    inline: false,
+                },
+                (pos % per_area) as usize * piece,
+            )
         };
         let n = buf.len();
         let span = |i: u64| {
@@ -115,15 +125,12 @@ impl ShmExec {
             for i in 1..count {
                 if i >= ring {
                     // Position `i % ring` held piece `i - ring`.
-                    for r in (0..self.size).filter(|r| *r != me) {
-                        let read = self.stream_counter(r, Counter::Read);
-                        wait::until_at_least(read, base + i - ring + 1, self.sleepers(r), None);
-                    }
+                    self.until_read_by_peers(base + i - ring + 1);
                     pulse.beat();
                 }
-                let (area, off) = at(i);
+                let (spot, off) = at(i);
                 let span = span(i);
-                copy_bytes(self.own_area(area, off, span.len()), &buf[span]);
+                copy_bytes(self.own(spot, off, span.len()), &buf[span]);
                 let written = self.stream_counter(me, Counter::Written);
                 wait::publish(written, base + i + 1, self.sleepers(me));
             }
@@ -135,33 +142,13 @@ impl ShmExec {
         let written = self.stream_counter(root, Counter::Written);
         for i in 1..count {
             wait::until_at_least(written, base + i + 1, self.sleepers(root), None);
-            let (area, off) = at(i);
+            let (spot, off) = at(i);
             let span = span(i);
             let len = span.len();
-            put(&mut buf[span], self.peer_area(root, area, off, len));
+            put(&mut buf[span], self.peer(root, spot, off, len));
             wait::publish(read, base + i + 1, self.sleepers(me));
             pulse.beat();
         }
         Ok(())
-    }
-
-    /// Bytes `at..at + len` of this rank's data area `area`, to write a
-    /// piece no reader is reading (the ring's wait, or
-    /// [`Self::await_drained`], saw it read).
-    #[allow(clippy::mut_from_ref)]
-    fn own_area(&self, area: usize, at: usize, len: usize) -> &mut [u8] {
-        assert!(at + len <= self.window.chunk, "inside the data area");
-        // SAFETY: in bounds (checked); only this rank writes its slot, and
-        // no reader reads this range until the counter that publishes it.
-        unsafe { std::slice::from_raw_parts_mut(self.data_at(self.me, area).add(at), len) }
-    }
-
-    /// Bytes `at..at + len` of rank `r`'s data area `area`, to read after
-    /// the written-piece counter that published them (`r` does not rewrite
-    /// them before this rank's read-piece counter says it read them).
-    fn peer_area(&self, r: usize, area: usize, at: usize, len: usize) -> &[u8] {
-        assert!(at + len <= self.window.chunk, "inside the data area");
-        // SAFETY: in bounds (checked); not written while this rank reads.
-        unsafe { std::slice::from_raw_parts(self.data_at(r, area).add(at), len) }
     }
 }
