@@ -51,9 +51,14 @@ enum Placement {
 
 /// Scenarios that also run on a busy node and on one CPU: the host
 /// collectives (every op, dtypes and shapes, through shared memory and MPI)
-/// and the single-copy all-to-alls. They assert values only; timing lives
+/// the single-copy all-to-alls and the streamed calls. They assert values only; timing lives
 /// in scripts/bench-busy.sh.
-const CROWDED: &[&str] = &["collectives", "collectives_mpi", "single_copy"];
+const CROWDED: &[&str] = &[
+    "collectives",
+    "collectives_mpi",
+    "single_copy",
+    "stream_ring",
+];
 
 fn launch(s: &'static scenarios::Scenario, place: Placement) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| Failed::from(e.to_string()))?;

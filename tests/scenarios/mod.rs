@@ -2,7 +2,6 @@
 
 mod adjoint;
 mod bench_sweep;
-mod broadcast_ring;
 mod collectives;
 mod dicts;
 mod errors;
@@ -20,6 +19,7 @@ mod single_copy;
 pub mod planes;
 pub mod reference;
 mod stateless;
+mod stream_ring;
 mod streamed;
 mod views;
 mod workspace;
@@ -439,11 +439,26 @@ pub const ALL: &[Scenario] = &[
         run: streamed::run,
     },
     Scenario {
-        name: "broadcast_ring",
+        name: "stream_ring",
         nodes: &[],
         sizes: &[2, 3, 4],
-        env: &[("RANKMESH_HOST_PLANE", "shm")],
-        run: broadcast_ring::run,
+        env: &[
+            ("RANKMESH_HOST_PLANE", "shm"),
+            ("RANKMESH_SINGLE_COPY", "none"),
+        ],
+        run: stream_ring::run,
+    },
+    Scenario {
+        // Areas smaller than a piece: one piece per area, a ring of two.
+        name: "stream_ring_small_areas",
+        nodes: &[],
+        sizes: &[2, 3],
+        env: &[
+            ("RANKMESH_HOST_PLANE", "shm"),
+            ("RANKMESH_SINGLE_COPY", "none"),
+            ("RANKMESH_SHM_CHUNK_BYTES", "96K"),
+        ],
+        run: stream_ring::run,
     },
     Scenario {
         name: "node_aware",

@@ -11,11 +11,11 @@
 //! between the two areas, so a rank may write a phase's area as soon as it
 //! has passed the previous phase's synchronisation: every peer that got
 //! there had finished reading the area two phases back. Steps alternate
-//! between the two headers by the same argument. Broadcasts longer than a
-//! data area are the exception: after their first phase they stream
-//! through the root's areas, ordered by counters of their own
-//! ([`stream`]), and a phase that writes the areas afterwards first waits
-//! for the stream's readers.
+//! between the two headers by the same argument. Calls longer than a data
+//! area, but for reductions, are the exception: after their first phase
+//! they stream through their writers' areas, ordered by counters of their
+//! own ([`stream`]), and a phase that writes the areas afterwards first
+//! waits for the stream's readers.
 //!
 //! A rank waiting for a peer's step spins briefly, then sleeps on the
 //! peer's counter (a futex in the window), and the peer wakes it only when
