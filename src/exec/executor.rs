@@ -39,8 +39,10 @@ pub(crate) trait HostMoves {
     ) -> Result<(), Fault>;
     /// Every rank's `block` (same length everywhere) into `out`, in rank order.
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault>;
-    /// Every rank's `block` concatenated on `root`; `None` elsewhere.
-    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault>;
+    /// Every rank's `block` concatenated into `root`'s `out` (`P` blocks;
+    /// the caller's buffer, so a large gather faults in no fresh pages);
+    /// the other ranks pass `None`.
+    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault>;
     /// Each rank's `mine` (lengths `lens`, known to all) on `root`, or on
     /// every rank when `root` is `None`; `None` on ranks that get nothing.
     fn gather_varcount(

@@ -488,7 +488,13 @@ impl HierCall<'_> {
         let b = block.len();
         let local = self.hier.here().1;
         let mine = match self.local() {
-            Some(n) => n.gather(block, 0)?,
+            Some(n) => {
+                let (node, _) = self.hier.here();
+                let size = self.hier.map.members[node].len();
+                let mut mine = (local == 0).then(|| vec![0u8; b * size]);
+                n.gather_into(block, mine.as_deref_mut(), 0)?;
+                mine
+            }
             None => Some(block.to_vec()),
         };
         if local == 0 {
@@ -714,8 +720,8 @@ impl HostMoves for HierCall<'_> {
         }
     }
 
-    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
-        HostMoves::gather(&self.flat, block, root)
+    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault> {
+        HostMoves::gather_into(&self.flat, block, out, root)
     }
 
     fn gather_varcount(

@@ -848,19 +848,24 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault> {
         let (n, p) = (block.len(), self.size());
         if n == 0 {
-            return Ok((self.comm.rank() as usize == root).then(Vec::new));
+            return Ok(());
         }
-        let is_root = self.comm.rank() as usize == root;
-        let mut out = is_root.then(|| vec![0u8; n * p]);
+        let mut out = out.filter(|_| self.comm.rank() as usize == root);
         let piece = self.per_rank_piece();
-        let mut tmp = vec![0u8; if is_root { piece.min(n) * p } else { 0 }];
+        if n <= piece {
+            self.calls().gather(block, out, root);
+            self.pulse.beat();
+            return Ok(());
+        }
+        // Each piece lands as `P` runs of the root's blocks.
+        let mut tmp = vec![0u8; if out.is_some() { piece * p } else { 0 }];
         for start in (0..n).step_by(piece) {
             let len = piece.min(n - start);
             let send = &block[start..start + len];
-            match out.as_mut() {
+            match out.as_deref_mut() {
                 Some(out) => {
                     self.calls().gather(send, Some(&mut tmp[..len * p]), root);
                     for r in 0..p {
@@ -874,7 +879,7 @@ impl HostMoves for MpiExec<'_> {
             }
             self.pulse.beat();
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Through MPI derived datatypes (`layout`s), so no pack or unpack copy

@@ -122,9 +122,19 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 out.bytes_mut().copy_from_slice(t.bytes());
                 return Ok(());
             }
-            if let Some(blocks) = self.host().gather(t.bytes(), dst)? {
-                let elem = t.dtype().size();
-                concat_dim_into(&blocks, t.shape(), d, size, elem, out.bytes_mut());
+            if self.rank_in_group() != dst {
+                self.host().gather_into(t.bytes(), None, dst)?;
+            } else if is_contiguous_split(t.shape(), d) {
+                self.host()
+                    .gather_into(t.bytes(), Some(out.bytes_mut()), dst)?;
+            } else {
+                self.with_scratch(out.nbytes(), 0, |blocks, _| {
+                    self.host()
+                        .gather_into(t.bytes(), Some(&mut *blocks), dst)?;
+                    let elem = t.dtype().size();
+                    concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
+                    Ok::<_, Fault>(())
+                })?;
             }
             Ok(())
         })

@@ -137,7 +137,7 @@ impl ShmExec {
         if longest <= self.chunk() || self.size == 1 {
             let phases = (longest, self.chunk());
             return self
-                .gather_phases(pulse, mine, blocks, out, phases)
+                .gather_phases(pulse, mine, blocks, (root, out), phases)
                 .map(drop);
         }
         self.gather_streamed(pulse, mine, blocks, (root, out), longest)
@@ -155,15 +155,17 @@ impl ShmExec {
         longest: usize,
     ) -> Result<(), Fault> {
         let step = self.stream_slot();
-        let first = self.gather_phases(pulse, mine, blocks, out.as_deref_mut(), (step, step))?;
+        let phase = (root, out.as_deref_mut());
+        let first = self.gather_phases(pulse, mine, blocks, phase, (step, step))?;
         let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         let part = |len: usize, off: usize| len.saturating_sub(off).min(step);
-        let readers = match root {
-            Some(root) => Ranks::Only(root),
-            None => Ranks::All,
+        // A gather's root publishes nothing: no one reads it.
+        let roles = match root {
+            Some(root) => (Ranks::AllBut(root), Ranks::Only(root)),
+            None => (Ranks::All, Ranks::All),
         };
         let count = longest.div_ceil(step) as u64;
-        self.stream(pulse, first, count, (Ranks::All, readers), |piece| {
+        self.stream(pulse, first, count, roles, |piece| {
             match piece {
                 Piece::Write(i, bytes) => {
                     let off = i as usize * step;
@@ -186,6 +188,10 @@ impl ShmExec {
                 }
             }
         });
+        if let Some(out) = out.filter(|_| root == Some(self.me) && mine.len() > step) {
+            // The rest of the root's own block, straight from its input.
+            land(blocks, put, out, self.me, step, &mine[step..]);
+        }
         Ok(())
     }
 
@@ -197,15 +203,17 @@ impl ShmExec {
         pulse: &Pulse,
         mine: &[u8],
         blocks: B,
-        mut out: Option<&mut [u8]>,
+        (root, mut out): (Option<usize>, Option<&mut [u8]>),
         (upto, step): (usize, usize),
     ) -> Result<Place, Fault> {
         let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
+        // A gather's root publishes nothing: no one reads it.
+        let publishes = root != Some(self.me);
         let mut last = None;
         for (off, m) in pieces(upto, step) {
             let place = self.begin_phase(m);
             let own = mine.len().saturating_sub(off).min(m);
-            if own > 0 {
+            if own > 0 && publishes {
                 copy_bytes(self.own(place, 0, own), &mine[off..off + own]);
             }
             self.sync(pulse)?;
@@ -701,12 +709,11 @@ impl HostMoves for ShmCall<'_> {
             .gather_blocks(&self.pulse, block, layout, (None, Some(out)))
     }
 
-    fn gather(&self, block: &[u8], root: usize) -> Result<Option<Vec<u8>>, Fault> {
+    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault> {
         let plane = self.plane;
-        let mut out = (plane.me == root).then(|| vec![0u8; block.len() * plane.size]);
+        let out = out.filter(|_| plane.me == root);
         let layout = contiguous(block.len());
-        plane.gather_blocks(&self.pulse, block, layout, (Some(root), out.as_deref_mut()))?;
-        Ok(out)
+        plane.gather_blocks(&self.pulse, block, layout, (Some(root), out))
     }
 
     fn gather_varcount(
