@@ -486,10 +486,9 @@ impl HierCall<'_> {
     /// all-gather through the leaders (unequal nodes).
     fn all_gather_by_leaders(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
         let b = block.len();
-        let local = self.hier.here().1;
+        let (node, local) = self.hier.here();
         let mine = match self.local() {
             Some(n) => {
-                let (node, _) = self.hier.here();
                 let size = self.hier.map.members[node].len();
                 let mut mine = (local == 0).then(|| vec![0u8; b * size]);
                 n.gather_into(block, mine.as_deref_mut(), 0)?;

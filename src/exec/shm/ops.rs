@@ -157,6 +157,7 @@ impl ShmExec {
         let step = self.stream_slot();
         let phase = (root, out.as_deref_mut());
         let first = self.gather_phases(pulse, mine, blocks, phase, (step, step))?;
+        let first = first.expect("pieces() yields one piece at least");
         let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         let part = |len: usize, off: usize| len.saturating_sub(off).min(step);
         // A gather's root publishes nothing: no one reads it.
@@ -205,7 +206,7 @@ impl ShmExec {
         blocks: B,
         (root, mut out): (Option<usize>, Option<&mut [u8]>),
         (upto, step): (usize, usize),
-    ) -> Result<Place, Fault> {
+    ) -> Result<Option<Place>, Fault> {
         let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         // A gather's root publishes nothing: no one reads it.
         let publishes = root != Some(self.me);
@@ -233,7 +234,7 @@ impl ShmExec {
             }
             last = Some(place);
         }
-        Ok(last.expect("pieces() yields one piece at least"))
+        Ok(last)
     }
 
     /// Broadcast of `buf` from `root`: one phase up to a data area; longer,
@@ -588,7 +589,7 @@ fn land<B: Blocks>(
 }
 
 /// How a call whose output is `total` bytes copies into it.
-pub(super) fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
+fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
     if total >= STREAM_FROM {
         stream_bytes
     } else {

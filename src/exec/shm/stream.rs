@@ -8,9 +8,10 @@
 //!
 //! Why not a phase per piece: a phase is a rendezvous of every rank, so a
 //! writer waits for the slowest reader at each piece, and a rank that is
-//! descheduled (a busy node) stalls every piece. Here a writer runs up to a
-//! ring ahead of its own reads and waits only when its ring is full, and
-//! not at all at the end: it returns once it has written, and the next
+//! descheduled (a busy node) stalls every piece. Here a writer waits for
+//! room in its ring only for the piece its peers need next, writes further
+//! (up to an area ahead of its own reads) only where there is room already,
+//! and does not wait at all at the end: it returns once it has written, and the next
 //! write to its areas (any later phase's, in [`ShmExec::await_drained`])
 //! first waits for the readers to have read.
 //! Small pieces keep each piece's lines in the writer's cache until the
