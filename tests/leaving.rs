@@ -49,6 +49,27 @@ fn panics_in_tp(rt: &Runtime, across: bool) -> rankmesh::Result<()> {
     rt.world_group()?.barrier()
 }
 
+/// Ranks 0 and 1 wait in a world barrier from the start while ranks 2 and
+/// 3 step through TP calls, 100 ms apart; rank 2 panics at step 10. Ranks 0
+/// and 1 have been quiet for a second when it leaves, rank 3 only since its
+/// last step: the first to look must not end the job before rank 3 names
+/// the panic too.
+fn panics_while_the_world_waits(rt: &Runtime) -> rankmesh::Result<()> {
+    let tp = rt.split_groups("tp", &[vec![0, 1], vec![2, 3]])?;
+    let world = rt.world_group()?;
+    if rt.rank() >= 2 {
+        let tp = tp.expect("a TP group");
+        for i in 0..20 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if rt.rank() == 2 && i == 10 {
+                panic!("boom while the world waits (step {i})");
+            }
+            tp.all_reduce(&x(256), ReduceOp::Sum)?;
+        }
+    }
+    world.barrier()
+}
+
 /// Rank 0 finishes at once; the others compute for 3 s, then run calls among
 /// themselves: a correct program, nothing to report.
 fn finishes_early(rt: &Runtime) -> rankmesh::Result<()> {
@@ -74,6 +95,7 @@ fn worker() -> rankmesh::Result<()> {
         "skip" => skipped_step(&rt)?,
         "panic" => panics_in_tp(&rt, false)?,
         "panic-across" => panics_in_tp(&rt, true)?,
+        "panic-waited" => panics_while_the_world_waits(&rt)?,
         _ => finishes_early(&rt)?,
     }
     println!("WORKER-DONE {}", rt.rank());
@@ -149,6 +171,36 @@ fn a_panic_is_named_on_shared_memory() {
 #[test]
 fn a_panic_is_named_on_mpi() {
     a_panic_is_named("mpi");
+}
+
+/// Every rank blocked with the one that left names it, not only the first
+/// to look (its `MPI_Abort` used to kill the others mid-look).
+#[test]
+fn every_rank_blocked_with_a_leaver_names_it() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let (job, took) = run(4, &[(WORKER, "panic-waited")]);
+    assert!(!job.ok(), "{}", job.describe());
+    assert!(took < 10.0, "ended in {took:.1} s: {}", job.describe());
+    let cause = "left after: panicked: boom while the world waits (step 10)";
+    for (rank, call) in [
+        (0, "barrier on world"),
+        (1, "barrier on world"),
+        (3, "all_reduce on tp"),
+    ] {
+        assert!(
+            job.stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("rankmesh: rank {rank} (host "))
+                    && l.contains(call)
+                    && l.contains("(world rank 2, host ")
+                    && l.contains(cause)),
+            "rank {rank} names rank 2 and its panic: {}",
+            job.describe()
+        );
+    }
+    assert_eq!(job.code, Some(76), "{}", job.describe());
 }
 
 /// Two fake nodes of two ranks; rank 2 (node 1) panics while its TP partner,

@@ -356,6 +356,21 @@ fn futex_wait(counter: &AtomicU64, seen: u64, timeout: Option<Duration>) {
     }
 }
 
+/// Sleeps while `bell` still reads `seen`, `timeout` at most, until a
+/// [`ring`] from any process that maps its page. For rare events: there is
+/// no sleeper count, so every ring is a system call.
+pub(crate) fn doze(bell: &AtomicU64, seen: u64, timeout: Duration) {
+    if bell.load(Ordering::SeqCst) == seen {
+        futex_wait(bell, seen, Some(timeout));
+    }
+}
+
+/// Rings `bell`: every [`doze`] on it returns.
+pub(crate) fn ring(bell: &AtomicU64) {
+    bell.fetch_add(1, Ordering::SeqCst);
+    wake_all(bell);
+}
+
 /// Wakes every waiter sleeping on `counter`.
 #[cold]
 #[inline(never)]

@@ -1,7 +1,8 @@
 //! The node's status board: one slot per local rank in an MPI shared-memory
 //! window, saying what the rank is doing (op, group, call number, since
 //! when, last progress). A rank writes only its own slot, with plain atomic
-//! stores (no system call, no MPI); any rank of the node reads every slot,
+//! stores (no system call, no MPI), and rings the others' bells when it
+//! leaves; any rank of the node reads every slot,
 //! even one whose owner is stopped, which is what lets a stuck rank name
 //! where its peers are. MPI owns the segment, so a killed job leaves nothing
 //! in `/dev/shm`.
@@ -24,6 +25,8 @@ const IN_CALL: u64 = 1;
 const FINISHED: u64 = 2;
 /// The runtime was dropped after an error or a panic (its text in `reason`).
 const LEFT: u64 = 3;
+/// Its watchdog found a call that cannot complete and is ending the job.
+const ENDING: u64 = 4;
 
 /// One rank's state. Written only by its owner; `gen` is a sequence lock
 /// (odd while the owner rewrites the call fields).
@@ -53,6 +56,12 @@ pub(crate) struct Slot {
     notice_rank: AtomicU64,
     notice_len: AtomicU64,
     notice_reason: [AtomicU64; REASON_WORDS],
+    /// Rung by any rank of the node when a rank leaves (or a notice says
+    /// one did elsewhere): the owner's watchdog dozes on it between ticks,
+    /// so every peer looks at once rather than a tick later (ticks are out
+    /// of phase, and a peer that ends the job first used to kill the others
+    /// before they named the cause).
+    bell: AtomicU64,
 }
 
 /// Stores `text` (cut at the words' size) in `words`, its length in `len`.
@@ -113,6 +122,8 @@ pub(crate) enum State {
     Finished,
     /// Its runtime was dropped after an error or a panic.
     Left,
+    /// Its watchdog is ending the job (a call of it cannot complete).
+    Ending,
 }
 
 /// The slots of every rank on this node, readable from any thread.
@@ -208,6 +219,7 @@ impl BoardView {
             s.since.store(now, Ordering::Relaxed);
             s.state.store(LEFT, Ordering::Relaxed);
         });
+        self.ring_all();
     }
 
     /// Takes a notice that world rank `rank`, on another node, left with
@@ -220,7 +232,40 @@ impl BoardView {
         }
         store_text(&s.notice_reason, &s.notice_len, reason);
         s.notice_rank.store(rank as u64 + 1, Ordering::Release);
+        self.ring_all();
         true
+    }
+
+    /// Rings every slot's bell: each watchdog of the node looks now.
+    pub fn ring_all(&self) {
+        if !self.live.load(Ordering::Acquire) {
+            return;
+        }
+        for p in &self.slots {
+            // SAFETY: as in `own`, for every rank's slot.
+            crate::wait::ring(unsafe { &(**p).bell });
+        }
+    }
+
+    /// Rings this rank's own bell (its watchdog is to stop).
+    pub fn ring_own(&self) {
+        crate::wait::ring(&self.own().bell);
+    }
+
+    /// This rank's bell as it reads now, for [`doze`](Self::doze).
+    pub fn bell(&self) -> u64 {
+        self.own().bell.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps `timeout` at most, or until this rank's bell rings past
+    /// `seen`.
+    pub fn doze(&self, seen: u64, timeout: std::time::Duration) {
+        crate::wait::doze(&self.own().bell, seen, timeout);
+    }
+
+    /// Marks this rank as ending the job.
+    pub fn set_ending(&self) {
+        self.set_state(ENDING, now_ns());
     }
 
     /// The departures of ranks on other nodes that this node's services
@@ -287,6 +332,7 @@ fn read(s: &Slot, now: u64) -> Option<Status> {
             IN_CALL => State::InCall,
             FINISHED => State::Finished,
             LEFT => State::Left,
+            ENDING => State::Ending,
             _ => State::Idle,
         };
         let reason = if state == State::Left {

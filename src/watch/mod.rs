@@ -86,6 +86,15 @@ const MAX_TICK: Duration = Duration::from_millis(500);
 const REMOTE_AFTER: Duration = Duration::from_millis(1000);
 const REMOTE_EVERY: Duration = Duration::from_millis(1000);
 
+/// The tick once a rank of the node left (its bell rang): a call quiet
+/// this long looks whether a member of it left.
+const ALARMED_TICK: Duration = Duration::from_millis(20);
+
+/// How long a rank that ends the job because a member left waits, at most,
+/// for the node's other ranks in calls to see it and print their own cause
+/// (`MPI_Abort` kills them mid-look otherwise).
+const PEER_REPORTS_GRACE: Duration = Duration::from_millis(1500);
+
 /// How long a rank that left after an error waits in MPI finalisation for
 /// its peers to notice before it ends the job itself.
 const LEAVER_GRACE: Duration = Duration::from_secs(30);
@@ -311,9 +320,9 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
-            t.thread().unpark();
+            self.shared.board.ring_own();
             let _ = t.join();
         }
         self.service.take();
@@ -510,9 +519,21 @@ fn watch(s: &Shared, limit: Option<Duration>) {
     let tick = limit.map_or(MAX_TICK, |l| {
         (l / 10).clamp(Duration::from_millis(10), MAX_TICK)
     });
-    let tick_ns = tick.as_nanos() as u64;
+    let mut tick_ns = tick.as_nanos() as u64;
+    let mut tick = tick;
     while !s.stop.load(Ordering::Acquire) {
-        std::thread::park_timeout(tick);
+        let seen = s.board.bell();
+        // `drop` stores `stop`, then rings: one of the two is seen here.
+        if s.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        s.board.doze(seen, tick);
+        if s.board.bell() != seen {
+            // A rank left: its peers are about to end the job, and every
+            // rank blocked with it should name it first.
+            tick = tick.min(ALARMED_TICK);
+            tick_ns = tick.as_nanos() as u64;
+        }
         let Some(me) = s.board.read_own() else {
             continue;
         };
@@ -647,6 +668,24 @@ fn fire_left(s: &Shared, me: &Status, why: &str) {
     end_job(s, &msg, false, LEFT_EXIT)
 }
 
+/// Waits, [`PEER_REPORTS_GRACE`] at most, until no other rank of the node
+/// is in a call: each one blocked with the member that left has named it
+/// and is ending the job too (or left, or finished).
+fn await_peer_reports(s: &Shared) {
+    let until = std::time::Instant::now() + PEER_REPORTS_GRACE;
+    while std::time::Instant::now() < until {
+        let busy = s.board.read_all().iter().any(|st| {
+            st.rank != s.rank
+                && st.state == State::InCall
+                && !matches!(st.process, None | Some('Z' | 'T' | 't'))
+        });
+        if !busy {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Reports the hang and ends the job (or gives the call up, [`OnHang`]).
 fn fire(s: &Shared, me: &Status, limit: Duration) {
     let host = s.peers.get(s.rank).map_or("?", |p| &p.host);
@@ -726,6 +765,10 @@ fn end_job(s: &Shared, msg: &str, record_too: bool, code: i32) -> ! {
     }
     drop(out);
     keep_trace(s, msg, &record);
+    s.board.set_ending();
+    if code == LEFT_EXIT {
+        await_peer_reports(s);
+    }
     abort_job(code)
 }
 
@@ -833,6 +876,10 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
                         "{who}: has not entered this call; it left {} ago after: {}",
                         secs(st.for_ns),
                         st.reason
+                    ),
+                    State::Ending => format!(
+                        "{who}: ending the job: a call of it cannot complete ({} ago)",
+                        secs(st.for_ns)
                     ),
                 }
             }
