@@ -116,6 +116,41 @@ fn with_auto_a_refusing_kernel_means_the_window_from_the_start() {
     assert_eq!(refused, 2, "one line per rank: {}", job.describe());
 }
 
+/// With `auto`, two ranks of the node time a read of a peer's freshly
+/// written buffer against the window's two copies of it, and every rank
+/// (the third only synchronises) takes the same figures and the same
+/// choice; the results are right whichever it is.
+#[test]
+fn with_auto_one_pair_times_both_and_the_node_agrees() {
+    let args = [
+        "bench", "alltoall", "-b", "64K", "-e", "4M", "-f", "4", "-n", "3", "-w", "1",
+    ];
+    let job = support::mpirun(3, exe(), &args, &[("RANKMESH_LOG", "debug")]);
+    assert_validated(&job, 4);
+    let timed: Vec<&str> = job
+        .stderr
+        .lines()
+        .filter_map(|l| l.split_once("single copies timed at ").map(|(_, t)| t))
+        .collect();
+    assert_eq!(timed.len(), 3, "one line per rank: {}", job.describe());
+    assert!(
+        timed.iter().all(|t| *t == timed[0]),
+        "the same figures everywhere: {timed:?}"
+    );
+    // "16 / 1024 KiB between local ranks 0 and 1: a read R1 / R2 us, the
+    // window's two copies W1 / W2 us: …"
+    let figures: Vec<f64> = timed[0]
+        .split([' ', ',', ':'])
+        .filter_map(|w| w.parse::<f64>().ok())
+        .collect();
+    assert_eq!(figures.len(), 8, "{}", timed[0]);
+    assert!(
+        figures[4..].iter().all(|t| *t > 0.0),
+        "a read and the copies were timed: {}",
+        timed[0]
+    );
+}
+
 #[test]
 fn ranks_differing_in_the_setting_move_through_the_window() {
     let args = [

@@ -11,10 +11,16 @@
 //! Whether one copy by the kernel beats two by the CPU is the machine's
 //! to say, not a constant's: on one VM a 16 KiB block read once was 1.12×
 //! the window, on another (a Firecracker guest, where the kernel pins each
-//! page at about 300 ns) a read is 2-4× the cost of two copies at every
-//! size. [`pays_from`] times both at start.
+//! page at about 300 ns) a read was 2-4× the cost of two hot copies at
+//! every size, yet the same guest later ran the window's copies, whose
+//! lines cross between cores, at half a read's speed. [`pays_from`] times
+//! both at start, between two ranks of the node, as a call moves them.
 
 use super::copy::copy_bytes;
+use crate::mpi_ext::allocate_shared;
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -111,45 +117,102 @@ const PROBE_REPS: usize = 7;
 /// Largest block [`crossover`] considers.
 const LARGEST: usize = 1 << 30;
 
-/// The fastest time, in seconds, of a read of this process's own memory
-/// (`cma`) and of a copy (`copy`), at each of [`PROBE_BYTES`].
+/// The fastest time, in seconds, at each of [`PROBE_BYTES`], of one read
+/// of a peer's freshly written buffer (`cma`) and of the window's two
+/// copies of one (`window`: the writer's in, the reader's out).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Probe {
     pub cma: [f64; 2],
-    pub copy: [f64; 2],
+    pub window: [f64; 2],
 }
 
-/// Times a read of this process's own memory against a plain copy, at
-/// each of [`PROBE_BYTES`] (about 1 ms; no peer needed: the kernel pins
-/// and copies the same way whoever the reader is). An `Err` is the
-/// kernel's refusal.
-pub(crate) fn probe() -> io::Result<Probe> {
+/// Times, between local ranks 0 (the reader) and 1 (the writer) of
+/// `node`, both ways of moving a block the writer has just written: one
+/// read of its buffer, and a copy into a shared window then out of it.
+/// Collective over `node` (at least two ranks; the others only take part
+/// in the synchronisations); about 1 ms on an idle node. Both ranks of the
+/// pair time it as a call would run: on their own cores, with the lines
+/// crossing between them (a probe inside one process timed hot copies, and
+/// chose the window on a VM where its copies ran at half a read's speed).
+/// An `Err` on every rank alike is the kernel's refusal.
+pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
     let big = PROBE_BYTES[1];
-    let src = vec![1u8; big];
-    let mut dst = vec![2u8; big];
-    let pid = std::process::id();
-    let mut p = Probe {
-        cma: [f64::INFINITY; 2],
-        copy: [f64::INFINITY; 2],
+    let me = node.rank();
+    let (reader, writer) = (me == 0, me == 1);
+    let (win, slots) = allocate_shared(node, if writer { big } else { 0 }, 64);
+    let shared = slots[1];
+    let mut own = vec![0u8; if reader || writer { big } else { 0 }];
+    let mut fill = vec![0u8; if writer { big } else { 0 }];
+    // The writer's pid and the address of the buffer the reader reads.
+    let mut whose = [u64::from(std::process::id()), own.as_ptr() as u64];
+    node.process_at_rank(1).broadcast_into(&mut whose[..]);
+    // Fastest times: reads, the writer's copies in, the reader's copies out.
+    let mut t = [f64::INFINITY; 6];
+    let mut refused: Option<io::Error> = None;
+    let timed = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
     };
-    for _ in 0..PROBE_REPS {
+    for rep in 0..PROBE_REPS {
         for (i, &n) in PROBE_BYTES.iter().enumerate() {
-            let read = Segment {
-                local: dst.as_mut_ptr(),
-                remote: src.as_ptr() as usize,
-                len: n,
-            };
-            let t = Instant::now();
-            // SAFETY: `dst` is this function's own buffer, `n` <= its length.
-            unsafe { read_from(pid, &[read])? };
-            p.cma[i] = p.cma[i].min(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            copy_bytes(&mut dst[..n], &src[..n]);
-            std::hint::black_box(&mut dst);
-            p.copy[i] = p.copy[i].min(t.elapsed().as_secs_f64());
+            let stamp = (rep * 2 + i) as u8;
+            if writer {
+                own[..n].fill(stamp);
+            }
+            node.barrier();
+            if reader && refused.is_none() {
+                let read = Segment {
+                    local: own.as_mut_ptr(),
+                    remote: whose[1] as usize,
+                    len: n,
+                };
+                // SAFETY: `own` is this function's buffer, `n` <= its length.
+                let took = timed(&mut || {
+                    if let Err(e) = unsafe { read_from(whose[0] as u32, &[read]) } {
+                        refused = Some(e);
+                    }
+                });
+                t[i] = t[i].min(took);
+            }
+            if writer {
+                fill[..n].fill(stamp.wrapping_add(1));
+                // SAFETY: the writer's slot of the window, `big` bytes; the
+                // reader reads it only after the next barrier.
+                let window = unsafe { std::slice::from_raw_parts_mut(shared, n) };
+                t[2 + i] = t[2 + i].min(timed(&mut || copy_bytes(window, &fill[..n])));
+            }
+            node.barrier();
+            if reader {
+                // SAFETY: written before the barrier; rewritten only after
+                // the next one.
+                let window = unsafe { std::slice::from_raw_parts(shared as *const u8, n) };
+                t[4 + i] = t[4 + i].min(timed(&mut || copy_bytes(&mut own[..n], window)));
+                std::hint::black_box(&mut own);
+            }
+            node.barrier();
         }
     }
-    Ok(p)
+    // Every rank learns every figure (a rank that timed nothing gives 0).
+    let mine = t.map(|x| if x.is_finite() { x } else { 0.0 });
+    let mut all = [0.0f64; 6];
+    node.all_reduce_into(&mine[..], &mut all[..], SystemOperation::max());
+    // The reader's errno (EIO for a short read), 0 where none.
+    let code = refused
+        .as_ref()
+        .map_or(0, |e| e.raw_os_error().unwrap_or(libc::EIO).max(1));
+    let mut any = 0i32;
+    node.all_reduce_into(&code, &mut any, SystemOperation::max());
+    let mut win = win;
+    // SAFETY: every rank is past its last access to the window.
+    unsafe { mpi::ffi::MPI_Win_free(&mut win) };
+    if any != 0 {
+        return Err(refused.unwrap_or_else(|| io::Error::from_raw_os_error(any)));
+    }
+    Ok(Probe {
+        cma: [all[0], all[1]],
+        window: [all[2] + all[4], all[3] + all[5]],
+    })
 }
 
 /// The smallest block, a power of two from `floor`, that one read costs
@@ -161,27 +224,29 @@ pub(crate) fn crossover(p: &Probe, floor: usize) -> Option<usize> {
         let rate = ((t[1] - t[0]) / (large - small)).max(0.0);
         move |n: f64| t[0] + rate * (n - small)
     };
-    let (read, copy) = (line(p.cma), line(p.copy));
+    let (read, window) = (line(p.cma), line(p.window));
     std::iter::successors(Some(floor.next_power_of_two()), |n| n.checked_mul(2))
         .take_while(|n| *n <= LARGEST)
-        .find(|&n| read(n as f64) < 2.0 * copy(n as f64))
+        .find(|&n| read(n as f64) < window(n as f64))
 }
 
-/// Where single copies pay on this machine: [`crossover`] of a fresh
-/// [`probe`], `None` where they never do or the kernel refuses.
-pub(crate) fn pays_from(floor: usize) -> Option<usize> {
-    match probe() {
+/// Where single copies pay on this node: [`crossover`] of a fresh
+/// [`probe_pair`], the same on every rank; `None` where they never do or
+/// the kernel refuses. Collective over `node`.
+pub(crate) fn pays_from(node: &SimpleCommunicator, floor: usize) -> Option<usize> {
+    match probe_pair(node) {
         Ok(p) => {
             let from = crossover(&p, floor);
             let us = |t: [f64; 2]| format!("{:.2} / {:.2} us", t[0] * 1e6, t[1] * 1e6);
             let [small, large] = PROBE_BYTES.map(|n| n >> 10);
             tracing::debug!(
-                "single copies timed at {small} / {large} KiB: a read {}, a copy {}: {}",
+                "single copies timed at {small} / {large} KiB between local ranks 0 and 1: \
+                 a read {}, the window's two copies {}: {}",
                 us(p.cma),
-                us(p.copy),
+                us(p.window),
                 match from {
-                    Some(n) => format!("one read beats two copies from {} KiB", n >> 10),
-                    None => "one read never beats two copies here".into(),
+                    Some(n) => format!("one read beats them from {} KiB", n >> 10),
+                    None => "one read never beats them here".into(),
                 }
             );
             from
@@ -233,15 +298,15 @@ pub(crate) fn pair_runs(
 mod tests {
     use super::*;
 
-    /// Read and copy times (µs at 16 KiB and 1 MiB): a machine that pins
-    /// pages cheaply (synthetic) pays from the floor; the Firecracker CI
-    /// guest's own timings never do; a costly call at a good rate pays
-    /// from where the saved copy repays the call.
+    /// Read and copy times (µs at 16 KiB and 1 MiB; the window costs two
+    /// copies): a machine that pins pages cheaply (synthetic) pays from the
+    /// floor; the Firecracker CI guest's hot copies never do; a costly call
+    /// at a good rate pays from where the saved copy repays the call.
     #[test]
     fn single_copies_pay_where_one_read_beats_two_copies() {
         let us = |cma: [f64; 2], copy: [f64; 2]| Probe {
             cma: cma.map(|t| t * 1e-6),
-            copy: copy.map(|t| t * 1e-6),
+            window: copy.map(|t| 2.0 * t * 1e-6),
         };
         let cheap = us([0.6, 20.0], [0.4, 14.0]);
         assert_eq!(crossover(&cheap, 16 << 10), Some(16 << 10));
@@ -252,14 +317,6 @@ mod tests {
         let costly_call = us([2.16, 12.24], [0.26, 10.34]);
         assert_eq!(crossover(&costly_call, 16 << 10), Some(256 << 10));
         assert_eq!(crossover(&costly_call, 1 << 20), Some(1 << 20));
-    }
-
-    #[test]
-    fn the_probe_times_both_and_reads_what_it_copies() {
-        let p = probe().expect("a process may read its own memory");
-        for t in p.cma.iter().chain(&p.copy) {
-            assert!(t.is_finite() && *t > 0.0, "{p:?}");
-        }
     }
 
     #[test]

@@ -361,7 +361,7 @@ fn agree_single_copy(node: &SimpleCommunicator, setting: SingleCopy) -> Option<u
         SingleCopy::Cma => SINGLE_COPY_FROM as u64,
         SingleCopy::Auto if node.size() == 1 => SINGLE_COPY_FROM as u64,
         SingleCopy::Auto => {
-            crate::exec::single_copy_pays_from(SINGLE_COPY_FROM).map_or(NEVER, |n| n as u64)
+            crate::exec::single_copy_pays_from(node, SINGLE_COPY_FROM).map_or(NEVER, |n| n as u64)
         }
     };
     let mut agreed = NEVER;
