@@ -61,6 +61,12 @@ pub(crate) fn allow_peer_reads() {
     unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
 }
 
+/// Takes [`allow_peer_reads`] back (Yama's default again).
+fn deny_peer_reads() {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PTRACER, 0, 0, 0, 0) };
+}
+
 /// Reads every segment from process `pid`, at most [`IOV_MAX`] per system
 /// call. A short read (the kernel stops at the first segment it cannot
 /// touch) is an error like a refusal.
@@ -143,6 +149,12 @@ pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
     let shared = slots[1];
     let mut own = vec![0u8; if reader || writer { big } else { 0 }];
     let mut fill = vec![0u8; if writer { big } else { 0 }];
+    // Under Yama's `ptrace_scope = 1` the reader is refused otherwise; the
+    // grant is taken back below (a group's plane makes it again where
+    // single copies are on).
+    if writer {
+        allow_peer_reads();
+    }
     // The writer's pid and the address of the buffer the reader reads.
     let mut whose = [u64::from(std::process::id()), own.as_ptr() as u64];
     node.process_at_rank(1).broadcast_into(&mut whose[..]);
@@ -203,6 +215,9 @@ pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
         .map_or(0, |e| e.raw_os_error().unwrap_or(libc::EIO).max(1));
     let mut any = 0i32;
     node.all_reduce_into(&code, &mut any, SystemOperation::max());
+    if writer {
+        deny_peer_reads();
+    }
     let mut win = win;
     // SAFETY: every rank is past its last access to the window.
     unsafe { mpi::ffi::MPI_Win_free(&mut win) };
