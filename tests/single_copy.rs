@@ -168,6 +168,13 @@ fn ranks_differing_in_the_setting_move_through_the_window() {
     assert_validated(&job, 2);
     // Nothing was refused: the window was simply agreed on.
     assert!(!job.stderr.contains(FALLBACK), "{}", job.describe());
+    // `auto` times between two ranks, collectively: a rank set `none` (here
+    // local rank 0, the timing's reader) takes part, and the node agrees on
+    // the window (this start-up hung before every rank took part).
+    let auto: &[(&str, &str)] = &[("RANKMESH_LOG", "debug")];
+    let job = support::mpirun_each(exe(), &args, &[off, auto, auto]);
+    assert_validated(&job, 2);
+    assert!(!job.stderr.contains(FALLBACK), "{}", job.describe());
 }
 
 #[test]

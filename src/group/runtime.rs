@@ -355,17 +355,24 @@ fn byte_count(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
 /// node has peers to read from.
 fn agree_single_copy(node: &SimpleCommunicator, setting: SingleCopy) -> Option<usize> {
     use crate::exec::shm::SINGLE_COPY_FROM;
+    use mpi::collective::SystemOperation;
     const NEVER: u64 = u64::MAX;
+    // The timing is collective over the node: every rank takes part where
+    // any rank asks for it (the settings may differ among ranks).
+    let asks = u8::from(setting == SingleCopy::Auto && node.size() > 1);
+    let mut any_asks = 0u8;
+    node.all_reduce_into(&asks, &mut any_asks, SystemOperation::max());
+    let timed = (any_asks != 0)
+        .then(|| crate::exec::single_copy_pays_from(node, SINGLE_COPY_FROM))
+        .flatten();
     let mine = match setting {
         SingleCopy::Off => NEVER,
         SingleCopy::Cma => SINGLE_COPY_FROM as u64,
         SingleCopy::Auto if node.size() == 1 => SINGLE_COPY_FROM as u64,
-        SingleCopy::Auto => {
-            crate::exec::single_copy_pays_from(node, SINGLE_COPY_FROM).map_or(NEVER, |n| n as u64)
-        }
+        SingleCopy::Auto => timed.map_or(NEVER, |n| n as u64),
     };
     let mut agreed = NEVER;
-    node.all_reduce_into(&mine, &mut agreed, mpi::collective::SystemOperation::max());
+    node.all_reduce_into(&mine, &mut agreed, SystemOperation::max());
     (agreed != NEVER).then_some(agreed as usize)
 }
 
