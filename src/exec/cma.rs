@@ -145,7 +145,7 @@ pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
     let big = PROBE_BYTES[1];
     let me = node.rank();
     let (reader, writer) = (me == 0, me == 1);
-    let (win, slots) = allocate_shared(node, if writer { big } else { 0 }, 64);
+    let (mut win, slots) = allocate_shared(node, if writer { big } else { 0 }, 64);
     let shared = slots[1];
     let mut own = vec![0u8; if reader || writer { big } else { 0 }];
     let mut fill = vec![0u8; if writer { big } else { 0 }];
@@ -218,7 +218,6 @@ pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
     if writer {
         deny_peer_reads();
     }
-    let mut win = win;
     // SAFETY: every rank is past its last access to the window.
     unsafe { mpi::ffi::MPI_Win_free(&mut win) };
     if any != 0 {

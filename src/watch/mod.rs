@@ -516,12 +516,10 @@ impl Shared {
 }
 
 fn watch(s: &Shared, limit: Option<Duration>) {
-    let tick = limit.map_or(MAX_TICK, |l| {
+    let mut tick = limit.map_or(MAX_TICK, |l| {
         (l / 10).clamp(Duration::from_millis(10), MAX_TICK)
     });
-    let mut tick_ns = tick.as_nanos() as u64;
-    let mut tick = tick;
-    while !s.stop.load(Ordering::Acquire) {
+    loop {
         let seen = s.board.bell();
         // `drop` stores `stop`, then rings: one of the two is seen here.
         if s.stop.load(Ordering::SeqCst) {
@@ -532,7 +530,6 @@ fn watch(s: &Shared, limit: Option<Duration>) {
             // A rank left: its peers are about to end the job, and every
             // rank blocked with it should name it first.
             tick = tick.min(ALARMED_TICK);
-            tick_ns = tick.as_nanos() as u64;
         }
         let Some(me) = s.board.read_own() else {
             continue;
@@ -549,7 +546,7 @@ fn watch(s: &Shared, limit: Option<Duration>) {
             }
         }
         // A call quiet past a tick: has a member left?
-        if me.quiet_ns > tick_ns {
+        if u128::from(me.quiet_ns) > tick.as_nanos() {
             if let Some(why) = departed_member(s, &me) {
                 fire_left(s, &me, &why);
             }
