@@ -100,14 +100,9 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
-            } else if is_contiguous_split(t.shape(), d) {
-                self.host().all_gather_into(t.bytes(), out.bytes_mut())?;
             } else {
-                self.with_scratch(out.nbytes(), 0, |blocks, _| {
-                    self.host().all_gather_into(t.bytes(), blocks)?;
-                    let elem = t.dtype().size();
-                    concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
-                    Ok::<_, Fault>(())
+                self.land_joined(t, d, out, |blocks| {
+                    self.host().all_gather_into(t.bytes(), blocks)
                 })?;
             }
             Ok(())
@@ -124,16 +119,9 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             }
             if self.rank_in_group() != dst {
                 self.host().gather_into(t.bytes(), None, dst)?;
-            } else if is_contiguous_split(t.shape(), d) {
-                self.host()
-                    .gather_into(t.bytes(), Some(out.bytes_mut()), dst)?;
             } else {
-                self.with_scratch(out.nbytes(), 0, |blocks, _| {
-                    self.host()
-                        .gather_into(t.bytes(), Some(&mut *blocks), dst)?;
-                    let elem = t.dtype().size();
-                    concat_dim_into(blocks, t.shape(), d, size, elem, out.bytes_mut());
-                    Ok::<_, Fault>(())
+                self.land_joined(t, d, out, |blocks| {
+                    self.host().gather_into(t.bytes(), Some(blocks), dst)
                 })?;
             }
             Ok(())
@@ -394,6 +382,28 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 }
 
 impl GroupCoordinator<'_> {
+    /// Lands every member's `t`, joined along dim `d`, in `out`: `gather`
+    /// writes the members' blocks in rank order, straight into `out` where
+    /// blocks along `d` are contiguous in it, else into scratch that is
+    /// then joined along `d` (an all-gather's, and a gather's root's).
+    fn land_joined(
+        &self,
+        t: &Tensor,
+        d: usize,
+        out: &mut Tensor,
+        gather: impl FnOnce(&mut [u8]) -> Result<(), Fault>,
+    ) -> Result<(), Fault> {
+        if is_contiguous_split(t.shape(), d) {
+            return gather(out.bytes_mut());
+        }
+        self.with_scratch(out.nbytes(), 0, |blocks, _| {
+            gather(blocks)?;
+            let elem = t.dtype().size();
+            concat_dim_into(blocks, t.shape(), d, self.size(), elem, out.bytes_mut());
+            Ok(())
+        })
+    }
+
     /// `(dst, src)` of a send/receive pair, defaulting to the next and the
     /// previous member.
     pub(crate) fn ring_peers(&self, dst: Option<usize>, src: Option<usize>) -> (usize, usize) {

@@ -11,9 +11,9 @@
 //! descheduled (a busy node) stalls every piece. Here a writer waits for
 //! room in its ring only for the piece its peers need next, writes further
 //! (up to an area ahead of its own reads) only where there is room already,
-//! and does not wait at all at the end: it returns once it has written, and the next
-//! write to its areas (any later phase's, in [`ShmExec::await_drained`])
-//! first waits for the readers to have read.
+//! and does not wait at all at the end: it returns once it has written, and
+//! the next write to its areas (any later phase's, in
+//! [`ShmExec::await_drained`]) first waits for the readers to have read.
 //! Small pieces keep each piece's lines in the writer's cache until the
 //! reader takes them: on this project's VM, whole 1 MiB pieces took 2-4×
 //! longer to cross between cores for minutes at a time (docs/BENCHMARKS.md,
