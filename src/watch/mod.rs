@@ -76,8 +76,8 @@ const GIVE_UP_GRACE: Duration = Duration::from_secs(2);
 /// it left and give their own calls up with that reason.
 const GAVE_UP_EXIT_GRACE: Duration = Duration::from_millis(1200);
 
-/// How often the watchdog looks, at most: a member that left is named
-/// within about two of these.
+/// How often the watchdog looks, at most (a member that left rings every
+/// bell of its node, and the watchdogs look at once).
 const MAX_TICK: Duration = Duration::from_millis(500);
 
 /// A call quiet this long asks the other nodes of its group, one node every
@@ -89,6 +89,15 @@ const REMOTE_EVERY: Duration = Duration::from_millis(1000);
 /// The tick once a rank of the node left (its bell rang): a call quiet
 /// this long looks whether a member of it left.
 const ALARMED_TICK: Duration = Duration::from_millis(20);
+
+/// How long a call must stay the same call, with no progress, after the
+/// watchdog first saw that a member of it left, before it is held to be
+/// blocked by that member. A member that did its part of the call and then
+/// left (the same error on every rank, found after the call's exchange)
+/// does not block it: the others finish it a moment later, unless their
+/// node is busy. Without this, a rank still finishing such a call was
+/// ended 20 ms into it, naming a member that had not stopped it.
+const LEFT_GRACE: Duration = Duration::from_millis(500);
 
 /// How long a rank that ends the job because a member left waits, at most,
 /// for the node's other ranks in calls to see it and print their own cause
@@ -519,6 +528,8 @@ fn watch(s: &Shared, limit: Option<Duration>) {
     let mut tick = limit.map_or(MAX_TICK, |l| {
         (l / 10).clamp(Duration::from_millis(10), MAX_TICK)
     });
+    // The departure seen in the current call, not yet held against it.
+    let mut suspect: Option<Suspect> = None;
     loop {
         let seen = s.board.bell();
         // `drop` stores `stop`, then rings: one of the two is seen here.
@@ -531,12 +542,16 @@ fn watch(s: &Shared, limit: Option<Duration>) {
             // rank blocked with it should name it first.
             tick = tick.min(ALARMED_TICK);
         }
+        // Before the read: a call with no progress since `now` is quiet
+        // at least as long as `now` is old.
+        let now = now_ns();
         let Some(me) = s.board.read_own() else {
             continue;
         };
         // A process that gave up has nothing more to name: its calls
         // fail at once.
         if me.state != State::InCall || give_up::gave_up() {
+            suspect = None;
             continue;
         }
         if let Some(limit) = limit {
@@ -545,12 +560,51 @@ fn watch(s: &Shared, limit: Option<Duration>) {
                 continue;
             }
         }
-        // A call quiet past a tick: has a member left?
-        if u128::from(me.quiet_ns) > tick.as_nanos() {
-            if let Some(why) = departed_member(s, &me) {
-                fire_left(s, &me, &why);
+        let call = (me.op, me.seq, s.group.load(Ordering::Relaxed));
+        match &mut suspect {
+            Some(x) if x.call == call => {
+                if x.blocks(me.quiet_ns, now, now_ns()) {
+                    fire_left(s, &me, &x.why);
+                }
             }
+            // A call quiet past a tick: has a member left?
+            _ if u128::from(me.quiet_ns) > tick.as_nanos() => {
+                suspect = departed_member(s, &me).map(|why| Suspect {
+                    call,
+                    seen_ns: now,
+                    why,
+                });
+                if suspect.is_some() {
+                    tick = tick.min(ALARMED_TICK);
+                }
+            }
+            _ => suspect = None,
         }
+    }
+}
+
+/// A member of the current call that left, seen at `seen_ns`: the call is
+/// held to be blocked by it once it stayed quiet [`LEFT_GRACE`] since.
+struct Suspect {
+    /// The call's op, number and group id.
+    call: (u32, u64, u64),
+    seen_ns: u64,
+    /// The member and its reason, as [`departed_member`] described it.
+    why: String,
+}
+
+impl Suspect {
+    /// Whether the call, read quiet `quiet_ns` at `read` (taken just
+    /// before the read), is now (`now`) held to be blocked. Progress since
+    /// the departure was seen means the call was waiting for something
+    /// else then: the grace starts again from `read`.
+    fn blocks(&mut self, quiet_ns: u64, read: u64, now: u64) -> bool {
+        let held = now.saturating_sub(self.seen_ns);
+        if quiet_ns < read.saturating_sub(self.seen_ns) {
+            self.seen_ns = read;
+            return false;
+        }
+        u128::from(held) >= LEFT_GRACE.as_nanos()
     }
 }
 
@@ -900,4 +954,58 @@ fn query_node(s: &Shared, node: usize, first: usize) -> Option<Vec<Status>> {
         let addrs = &s.peers.get(r)?.service;
         service::query(addrs, &s.secret, Duration::from_millis(500))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Suspect, LEFT_GRACE};
+
+    const MS: u64 = 1_000_000;
+
+    fn seen_at(ns: u64) -> Suspect {
+        Suspect {
+            call: (1, 7, 0),
+            seen_ns: ns,
+            why: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_call_quiet_since_the_departure_is_blocked_only_after_the_grace() {
+        let grace = LEFT_GRACE.as_nanos() as u64;
+        let mut x = seen_at(1000 * MS);
+        // Quiet since long before the departure was seen.
+        assert!(!x.blocks(900 * MS, 1020 * MS, 1020 * MS));
+        assert!(!x.blocks(
+            900 * MS + grace - 30 * MS,
+            1000 * MS + grace - 10 * MS,
+            1000 * MS + grace - 10 * MS
+        ));
+        assert!(x.blocks(
+            900 * MS + grace + 100 * MS,
+            1000 * MS + grace,
+            1000 * MS + grace
+        ));
+    }
+
+    #[test]
+    fn progress_after_the_departure_starts_the_grace_again() {
+        let grace = LEFT_GRACE.as_nanos() as u64;
+        let mut x = seen_at(1000 * MS);
+        // A piece completed 5 ms before this read, 195 ms after the departure.
+        let read = 1200 * MS;
+        assert!(!x.blocks(5 * MS, read, read));
+        assert_eq!(x.seen_ns, read);
+        // Quiet since that piece, but not yet for a grace after this read.
+        assert!(!x.blocks(
+            grace - 10 * MS,
+            read + grace - 15 * MS,
+            read + grace - 15 * MS
+        ));
+        assert!(x.blocks(
+            grace + 10 * MS,
+            read + grace + 5 * MS,
+            read + grace + 5 * MS
+        ));
+    }
 }
