@@ -6,6 +6,9 @@
 # rankmesh time). Raw MPI runs at Open MPI's defaults and with vader's single
 # copy off (BASELINES, alternated); the faster setting's median is the
 # baseline. Ranks are placed by mpirun's defaults (scripts/mpirun-bench.sh).
+# The last column compares each build's fastest run: on a VM whose runs are
+# bimodal (the same call 2x slower in some runs), minima compare code where
+# medians of a few runs compare luck.
 # Usage: scripts/bench-ab.sh BASE NEW "OP OP..." [RUNS] [NP] [bench flags...]
 #   e.g. scripts/bench-ab.sh /tmp/rankmesh-main target/release/rankmesh "alltoall" 3 2 -b 16K -e 64M -f 4
 set -euo pipefail
@@ -43,10 +46,10 @@ for line in open(rows):
 def raw_of(op, size):
     # The faster baseline setting's median.
     return min(st.median(v) for (o, s, b), v in raws.items() if (o, s) == (op, size))
-print(f"{'op':>14} {'size (B)':>10} {'base us':>9} {'new us':>9} {'base/new':>8} {'raw/base':>8} {'raw/new':>8}  ({runs} alternating runs, medians)")
+print(f"{'op':>14} {'size (B)':>10} {'base us':>9} {'new us':>9} {'base/new':>8} {'raw/base':>8} {'raw/new':>8} {'min b/n':>8}  ({runs} alternating runs, medians; min b/n: of each side's fastest run)")
 for op, size in sorted({(k[0], k[1]) for k in d}, key=lambda k: (k[0], k[1])):
     b, n = d[(op, size, "base")], d[(op, size, "new")]
     bt, nt, raw = st.median(b), st.median(n), raw_of(op, size)
     rb, rn = raw / bt, raw / nt
-    print(f"{op:>14} {size:>10} {bt:9.1f} {nt:9.1f} {bt / nt:8.2f} {rb:8.2f} {rn:8.2f}")
+    print(f"{op:>14} {size:>10} {bt:9.1f} {nt:9.1f} {bt / nt:8.2f} {rb:8.2f} {rn:8.2f} {min(b) / min(n):8.2f}")
 PY

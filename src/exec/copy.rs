@@ -100,6 +100,59 @@ unsafe fn stream_avx(dst: &mut [u8], src: &[u8]) {
     std::arch::x86_64::_mm_sfence();
 }
 
+/// Bytes of the last-level cache of the CPU this thread runs on (the
+/// highest cache level sysfs lists for it), or 32 MiB where sysfs says
+/// nothing. Read once. `sysconf(_SC_LEVEL3_CACHE_SIZE)` is not used: on
+/// the AMD guest that set the shared-memory executor's streaming threshold it
+/// says 384 MiB, the whole socket's, where the two CPUs share 32 MiB.
+pub(crate) fn last_level_cache() -> usize {
+    static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LLC.get_or_init(|| {
+        // SAFETY: no arguments; returns -1 where unsupported.
+        let cpu = unsafe { libc::sched_getcpu() }.max(0);
+        cache_from_sysfs(&format!("/sys/devices/system/cpu/cpu{cpu}/cache")).unwrap_or(32 << 20)
+    })
+}
+
+/// The size of the highest-level data or unified cache under `dir`
+/// (sysfs's `index*/{level,type,size}`).
+fn cache_from_sysfs(dir: &str) -> Option<usize> {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
+        .filter_map(|e| {
+            let path = e.path();
+            let kind = read(path.join("type"))?;
+            if kind.trim() == "Instruction" {
+                return None;
+            }
+            let level: u32 = read(path.join("level"))?.trim().parse().ok()?;
+            Some((level, parse_size(&read(path.join("size"))?)?))
+        })
+        .max()
+        .map(|(_, bytes)| bytes)
+}
+
+/// sysfs's cache sizes: `32768K`, `2M`, `512`.
+fn parse_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: usize = digits.parse().ok()?;
+    let scale = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    (n > 0).then(|| n * scale)
+}
+
 /// `flat` cut into consecutive pieces of `lens` bytes, each its own vector
 /// (the object gathers' result, one value per rank).
 pub(crate) fn split_lens(flat: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
@@ -114,7 +167,39 @@ pub(crate) fn split_lens(flat: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{copy_bytes, stream_bytes};
+    use super::{cache_from_sysfs, copy_bytes, last_level_cache, parse_size, stream_bytes};
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(parse_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_size("2M"), Some(2 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("0K"), None);
+        assert_eq!(parse_size("12Q"), None);
+        assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn the_last_level_is_the_highest_non_instruction_cache() {
+        let dir = std::env::temp_dir().join(format!("rankmesh-cache-{}", std::process::id()));
+        for (i, level, kind, size) in [
+            (0, 1, "Data", "48K"),
+            (1, 1, "Instruction", "32K"),
+            (2, 2, "Unified", "1024K"),
+            (3, 3, "Unified", "32768K"),
+            (4, 4, "Instruction", "99M"),
+        ] {
+            let d = dir.join(format!("index{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("level"), format!("{level}\n")).unwrap();
+            std::fs::write(d.join("type"), format!("{kind}\n")).unwrap();
+            std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+        }
+        assert_eq!(cache_from_sysfs(dir.to_str().unwrap()), Some(32 << 20));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(cache_from_sysfs("/nonexistent/cache"), None);
+        assert!(last_level_cache() >= 1 << 20);
+    }
 
     #[test]
     fn copies_every_length_at_every_relative_offset() {

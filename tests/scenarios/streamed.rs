@@ -1,22 +1,48 @@
 //! Calls large enough that the shared-memory executor writes their outputs
-//! with streaming stores (8 MiB and up): random non-integer f32 values and
-//! an odd element count, so shares and tails fall off every alignment, and
-//! bit-exact comparison with a serial f32 reference summed in rank order.
+//! with streaming stores (from the last-level cache ÷ the group's ranks:
+//! 16 MiB for 2 ranks on a 32 MiB cache): random non-integer f32 values
+//! and an odd element count, so shares and tails fall off every alignment,
+//! and bit-exact comparison with a serial f32 reference summed in rank
+//! order.
 
 use super::reference::{assert_replicated_ops, random_f32};
 use rankmesh::Runtime;
 
-/// 9 MiB and 5 elements.
-const N: usize = (9 << 20) / 4 + 5;
+/// Bytes of the largest data or unified cache sysfs lists for CPU 0, or
+/// 32 MiB where it lists none (as the executor reads it).
+fn last_level_cache() -> usize {
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
+        return 32 << 20;
+    };
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    dir.flatten()
+        .filter(|e| read(e.path().join("type")).trim() != "Instruction")
+        .filter_map(|e| {
+            let level: u32 = read(e.path().join("level")).trim().parse().ok()?;
+            let size = read(e.path().join("size"));
+            let kib: usize = size.trim().strip_suffix('K')?.parse().ok()?;
+            Some((level, kib << 10))
+        })
+        .max()
+        .map_or(32 << 20, |(_, bytes)| bytes)
+}
+
+/// Elements per rank: past the threshold for 2 ranks (every op's output
+/// streams at 2 and 3), at least 9 MiB, and 5 over a whole MiB.
+fn elements() -> usize {
+    let bytes = (9 << 20).max(last_level_cache() / 2 + (1 << 20));
+    bytes.next_multiple_of(1 << 20) / 4 + 5
+}
 
 /// Rank `rank`'s values.
-fn values(rank: usize) -> Vec<f32> {
-    random_f32((rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03), N)
+fn values(rank: usize, n: usize) -> Vec<f32> {
+    random_f32((rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03), n)
 }
 
 pub fn run(rt: &Runtime) {
     let g = rt.world_group().unwrap();
     let p = g.size();
-    let all: Vec<Vec<f32>> = (0..p).map(values).collect();
+    let n = elements();
+    let all: Vec<Vec<f32>> = (0..p).map(|r| values(r, n)).collect();
     assert_replicated_ops(&g, &all, [p - 1]);
 }

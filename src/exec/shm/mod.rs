@@ -43,6 +43,7 @@
 //! whatever order each rank's program drops them.
 
 use super::cma;
+use super::copy::last_level_cache;
 use crate::agree::Descriptor;
 use crate::agree::{reset_ring, RingArea, RING_BYTES};
 use crate::error::Fault;
@@ -228,6 +229,13 @@ pub(crate) struct ShmExec {
     /// node's ranks (`usize::MAX`: never); it decides the phases, so it is
     /// the same on every member.
     single_copy_from: usize,
+    /// Outputs from this many bytes are written with streaming stores: the
+    /// group's ranks' outputs together fill the last-level cache
+    /// ([`last_level_cache`]). On the 2-core VM (32 MiB), 2 ranks: 16 MiB;
+    /// an 8 MiB all-gather streamed ran at 0.73× of plain stores, which
+    /// left it in cache for the next call (docs/BENCHMARKS.md, "Tuned
+    /// constants").
+    stream_from: usize,
     /// Pieces of streamed calls so far (the same on every member).
     streamed: Cell<u64>,
     /// What every peer's read-piece counter must reach before this rank
@@ -261,6 +269,7 @@ impl ShmExec {
             disagreement: RefCell::new(None),
             single_copy: Cell::new(single_copy),
             single_copy_from: single_copy_from.unwrap_or(usize::MAX),
+            stream_from: last_level_cache() / size.max(1),
             streamed: Cell::new(0),
             drain_due: Cell::new(0),
         }

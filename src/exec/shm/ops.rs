@@ -24,12 +24,6 @@ use std::ops::Range;
 /// and the shares are exchanged after a second one (docs/BENCHMARKS.md,
 /// "Tuned constants").
 const SPLIT_BYTES: usize = 8 << 10;
-/// Calls of at least this many bytes write their outputs with streaming
-/// stores: the output outgrows the last-level cache (32 MiB on the
-/// machine that set it, shared with the window and the inputs), so reading
-/// each output line before writing it (what a plain store does) is traffic
-/// for nothing (docs/BENCHMARKS.md, "Tuned constants").
-const STREAM_FROM: usize = 8 << 20;
 impl ShmExec {
     /// Bytes of each block's piece when every rank's piece of each of `P`
     /// blocks shares one data area (whole cache lines).
@@ -62,7 +56,7 @@ impl ShmExec {
         gathers: bool,
     ) -> Result<(), Fault> {
         let (p, me, elem) = (self.size, self.me, dtype.size());
-        let put = output_copy(n);
+        let put = self.output_copy(n);
         for (off, m) in pieces(n, self.window.chunk) {
             let place = self.begin_phase(m);
             let split = m > SPLIT_BYTES;
@@ -158,7 +152,7 @@ impl ShmExec {
         let phase = (root, out.as_deref_mut());
         let first = self.gather_phases(pulse, mine, blocks, phase, (step, step))?;
         let first = first.expect("pieces() yields one piece at least");
-        let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
+        let put = self.output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         let part = |len: usize, off: usize| len.saturating_sub(off).min(step);
         // A gather's root publishes nothing: no one reads it.
         let roles = match root {
@@ -207,7 +201,7 @@ impl ShmExec {
         (root, mut out): (Option<usize>, Option<&mut [u8]>),
         (upto, step): (usize, usize),
     ) -> Result<Option<Place>, Fault> {
-        let put = output_copy((0..self.size).map(|r| blocks.len(r)).sum());
+        let put = self.output_copy((0..self.size).map(|r| blocks.len(r)).sum());
         // A gather's root publishes nothing: no one reads it.
         let publishes = root != Some(self.me);
         let mut last = None;
@@ -261,13 +255,17 @@ impl ShmExec {
             copy_bytes(self.own(place, 0, first), &buf[..first]);
         }
         self.sync(pulse)?;
-        let put = output_copy(n);
         if me != root {
-            put(&mut buf[..first], self.peer(root, place, 0, first));
+            let (to, from) = (&mut buf[..first], self.peer(root, place, 0, first));
+            match n >= self.stream_from {
+                true => stream_bytes(to, from),
+                false => copy_bytes(to, from),
+            }
         }
         if !streamed {
             return Ok(());
         }
+        let put = self.output_copy(n);
         let span = |i: u64| {
             let off = i as usize * step;
             off..n.min(off + step)
@@ -590,12 +588,20 @@ fn land<B: Blocks>(
     }
 }
 
-/// How a call whose output is `total` bytes copies into it.
-fn output_copy(total: usize) -> fn(&mut [u8], &[u8]) {
-    if total >= STREAM_FROM {
-        stream_bytes
-    } else {
-        copy_bytes
+impl ShmExec {
+    /// How a call whose output is `total` bytes copies into it: with
+    /// streaming stores once the outputs of the group's ranks together
+    /// outgrow the last-level cache ([`ShmExec::stream_from`]), when reading
+    /// each output line before writing it (what a plain store does) is
+    /// traffic for nothing; with plain stores below, where the output stays
+    /// in cache for whoever reads it next.
+    #[inline]
+    fn output_copy(&self, total: usize) -> fn(&mut [u8], &[u8]) {
+        if total >= self.stream_from {
+            stream_bytes
+        } else {
+            copy_bytes
+        }
     }
 }
 
