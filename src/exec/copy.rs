@@ -10,6 +10,8 @@
 //! copies whose ends disagree within a line go through a vector loop
 //! instead; everything else stays with `memcpy`.
 
+use crate::parse::parse_whole_size;
+
 /// Shorter copies stay with `memcpy`: below its `rep movsb` threshold
 /// (docs/BENCHMARKS.md, "Tuned constants").
 const LOOP_FROM: usize = 1024;
@@ -129,28 +131,12 @@ fn cache_from_sysfs(dir: &str) -> Option<usize> {
                 return None;
             }
             let level: u32 = read(path.join("level"))?.trim().parse().ok()?;
-            Some((level, parse_size(&read(path.join("size"))?)?))
+            // sysfs writes `32768K`: powers of 1024, as nccl-tests' sizes.
+            let bytes = parse_whole_size(&read(path.join("size"))?).filter(|b| *b > 0)?;
+            Some((level, bytes as usize))
         })
         .max()
         .map(|(_, bytes)| bytes)
-}
-
-/// sysfs's cache sizes: `32768K`, `2M`, `512`.
-fn parse_size(text: &str) -> Option<usize> {
-    let t = text.trim();
-    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => t.split_at(i),
-        None => (t, ""),
-    };
-    let n: usize = digits.parse().ok()?;
-    let scale = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return None,
-    };
-    (n > 0).then(|| n * scale)
 }
 
 /// `flat` cut into consecutive pieces of `lens` bytes, each its own vector
@@ -167,17 +153,7 @@ pub(crate) fn split_lens(flat: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_from_sysfs, copy_bytes, last_level_cache, parse_size, stream_bytes};
-
-    #[test]
-    fn cache_sizes_read_as_sysfs_writes_them() {
-        assert_eq!(parse_size("32768K\n"), Some(32 << 20));
-        assert_eq!(parse_size("2M"), Some(2 << 20));
-        assert_eq!(parse_size("512"), Some(512));
-        assert_eq!(parse_size("0K"), None);
-        assert_eq!(parse_size("12Q"), None);
-        assert_eq!(parse_size(""), None);
-    }
+    use super::{cache_from_sysfs, copy_bytes, last_level_cache, stream_bytes};
 
     #[test]
     fn the_last_level_is_the_highest_non_instruction_cache() {
@@ -185,9 +161,10 @@ mod tests {
         for (i, level, kind, size) in [
             (0, 1, "Data", "48K"),
             (1, 1, "Instruction", "32K"),
-            (2, 2, "Unified", "1024K"),
+            (2, 2, "Unified", "1M"),
             (3, 3, "Unified", "32768K"),
             (4, 4, "Instruction", "99M"),
+            (5, 5, "Unified", "0K"),
         ] {
             let d = dir.join(format!("index{i}"));
             std::fs::create_dir_all(&d).unwrap();
@@ -195,6 +172,7 @@ mod tests {
             std::fs::write(d.join("type"), format!("{kind}\n")).unwrap();
             std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
         }
+        // Level 5's "0K" is no cache; level 4 holds instructions.
         assert_eq!(cache_from_sysfs(dir.to_str().unwrap()), Some(32 << 20));
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(cache_from_sysfs("/nonexistent/cache"), None);
