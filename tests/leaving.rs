@@ -70,6 +70,29 @@ fn panics_while_the_world_waits(rt: &Runtime) -> rankmesh::Result<()> {
     world.barrier()
 }
 
+/// World rank 1 panics at once while rank 0 waits in a receive from rank
+/// 2, which sends 1.5 s later (past the watchdog's grace for a member that
+/// left): a point-to-point call waits on its peer only, so rank 0 receives
+/// and checks the tensor, and neither it nor rank 2 names rank 1.
+fn third_member_leaves_during_a_receive(rt: &Runtime) -> rankmesh::Result<()> {
+    let world = rt.world_group()?;
+    match rt.rank() {
+        1 => panic!("boom beside a point-to-point pair"),
+        2 => {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            world.send(&x(1000), Some(0))?;
+        }
+        _ => {
+            let mut out = Tensor::zeros([1000], DType::F32)?;
+            world.recv_into(&mut out, Some(2))?;
+            let want = x(1000);
+            assert_eq!(out.to_f64_vec(), want.to_f64_vec());
+            println!("RECEIVED-OK {}", rt.rank());
+        }
+    }
+    Ok(())
+}
+
 /// Rank 0 finishes at once; the others compute for 3 s, then run calls among
 /// themselves: a correct program, nothing to report.
 fn finishes_early(rt: &Runtime) -> rankmesh::Result<()> {
@@ -96,6 +119,7 @@ fn worker() -> rankmesh::Result<()> {
         "panic" => panics_in_tp(&rt, false)?,
         "panic-across" => panics_in_tp(&rt, true)?,
         "panic-waited" => panics_while_the_world_waits(&rt)?,
+        "third-leaves" => third_member_leaves_during_a_receive(&rt)?,
         _ => finishes_early(&rt)?,
     }
     println!("WORKER-DONE {}", rt.rank());
@@ -201,6 +225,35 @@ fn every_rank_blocked_with_a_leaver_names_it() {
         );
     }
     assert_eq!(job.code, Some(76), "{}", job.describe());
+}
+
+/// A member that is not a point-to-point call's peer does not stop it
+/// when it leaves (the call used to be named blocked by any member of its
+/// group that left).
+#[test]
+fn a_third_member_leaving_does_not_stop_a_point_to_point_call() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let (job, took) = run(3, &[(WORKER, "third-leaves")]);
+    assert!(!job.ok(), "rank 1 panicked: {}", job.describe());
+    assert!(took < 20.0, "ended in {took:.1} s: {}", job.describe());
+    assert!(
+        job.stdout.contains("RECEIVED-OK 0"),
+        "rank 0 received from rank 2: {}",
+        job.describe()
+    );
+    assert!(
+        job.stderr
+            .contains("leaves after: panicked: boom beside a point-to-point pair"),
+        "{}",
+        job.describe()
+    );
+    assert!(
+        !job.stderr.contains("cannot complete"),
+        "{}",
+        job.describe()
+    );
 }
 
 /// Two fake nodes of two ranks; rank 2 (node 1) panics while its TP partner,

@@ -22,7 +22,7 @@ pub trait Batch<'rt>: Collectives<'rt> {
 
 /// Host tensors of any dictionary move through the group's MPI plane.
 pub(crate) fn send_host(g: &GroupCoordinator<'_>, ts: &[&Tensor], dst: usize) -> Result<()> {
-    let call = g.watched(Op::Send);
+    let call = g.watched_with(Op::Send, dst);
     call.run(Op::Send, g.name(), || {
         let bufs: Vec<&[u8]> = ts.iter().map(|t| t.bytes()).collect();
         g.mpi().send_batch(&bufs, dst);
@@ -36,7 +36,7 @@ pub(crate) fn recv_host(
     outs: &mut [&mut Tensor],
     src: usize,
 ) -> Result<()> {
-    let call = g.watched(Op::Send);
+    let call = g.watched_with(Op::Send, src);
     call.run(Op::Send, g.name(), || {
         let mut bufs: Vec<&mut [u8]> = outs.iter_mut().map(|t| t.bytes_mut()).collect();
         let moved = g.mpi().recv_batch(&mut bufs, src);

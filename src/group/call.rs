@@ -32,6 +32,26 @@ impl<'rt> GroupCoordinator<'rt> {
         self.inner.watch.call(&desc)
     }
 
+    /// [`watch_now`](Self::watch_now) of a point-to-point call that waits
+    /// on group ranks `peers` only (one peer twice, or a ring shift's two):
+    /// the watchdog then holds only their departure against it.
+    fn watch_between(&self, mut desc: Descriptor, peers: [usize; 2]) -> Call<'_> {
+        desc.seq = self.inner.seq.get();
+        match (
+            self.inner.ranks.get(peers[0]),
+            self.inner.ranks.get(peers[1]),
+        ) {
+            (Some(&a), Some(&b)) => self.inner.watch.call_between(&desc, [a, b]),
+            _ => self.inner.watch.call(&desc),
+        }
+    }
+
+    /// [`watched`](Self::watched) for a point-to-point call with group
+    /// rank `peer`.
+    pub(crate) fn watched_with(&self, op: Op, peer: usize) -> Call<'_> {
+        self.watch_between(Descriptor::new(op, &[]), [peer, peer])
+    }
+
     /// Validates a position argument (`src`, `dst`) for `op`.
     pub(crate) fn check_rank(&self, op: Op, what: &str, rank: usize) -> Result<usize> {
         rank_in_range(what, rank as i64, self.size())
@@ -453,7 +473,7 @@ impl<'rt> GroupCoordinator<'rt> {
         );
         let _entered = span.enter();
         let plane = self.mpi();
-        let call = self.watch_now(desc);
+        let call = self.watch_between(desc, [peer_rank, peer_rank]);
         call.run(op, self.name(), || {
             let mut other = Descriptor::new(op, &[]);
             let other_bytes = bytemuck::bytes_of_mut(&mut other);
@@ -576,7 +596,7 @@ impl<'rt> GroupCoordinator<'rt> {
         let plane = self.mpi();
         let mut incoming = Descriptor::new(op, &[]);
         let mut answer = Descriptor::new(op, &[]);
-        let call = self.watch_now(sent);
+        let call = self.watch_between(sent, [dst, src]);
         call.run(Op::SendRecv, self.name(), || {
             plane.exchange_headers(
                 bytemuck::bytes_of(&sent),

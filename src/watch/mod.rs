@@ -91,7 +91,8 @@ const REMOTE_EVERY: Duration = Duration::from_millis(1000);
 const ALARMED_TICK: Duration = Duration::from_millis(20);
 
 /// How long a call must stay the same call, with no progress, after the
-/// watchdog first saw that a member of it left, before it is held to be
+/// watchdog first saw that a member of it left rankmesh (an error or a
+/// panic; not a process that is gone), before it is held to be
 /// blocked by that member. A member that did its part of the call and then
 /// left (the same error on every rank, found after the call's exchange)
 /// does not block it: the others finish it a moment later, unless their
@@ -153,6 +154,10 @@ struct Shared {
     /// The error of the first call it gave up, which the slot keeps saying
     /// after later calls fail alike.
     gave_up_first: Mutex<Option<String>>,
+    /// World rank + 1 of the only members the current call waits on (a
+    /// point-to-point call's peers, [`GroupWatch::call_between`]); 0 and 0:
+    /// every member of its group.
+    only: [AtomicU64; 2],
 }
 
 /// Watches one process's calls (owned by the `Runtime`).
@@ -202,6 +207,7 @@ impl Watchdog {
             on_hang,
             published: AtomicBool::new(false),
             gave_up_first: Mutex::new(None),
+            only: [AtomicU64::new(0), AtomicU64::new(0)],
         });
         let s = shared.clone();
         let thread = Some(
@@ -367,7 +373,20 @@ impl GroupWatch {
             s,
             number,
             ok: false,
+            between: false,
         }
+    }
+
+    /// [`call`](Self::call) for a call that waits on world ranks `peers`
+    /// only (a point-to-point call: its peer, or a ring shift's two): a
+    /// member of the group that leaves blocks it only if it is one of them.
+    pub fn call_between(&self, desc: &Descriptor, peers: [usize; 2]) -> Call<'_> {
+        for (only, peer) in self.s.only.iter().zip(peers) {
+            only.store(peer as u64 + 1, Ordering::Relaxed);
+        }
+        let mut call = self.call(desc);
+        call.between = true;
+        call
     }
 
     /// Runs `f`, a whole call of this group (its [`call`](Self::call)
@@ -398,6 +417,8 @@ pub(crate) struct Call<'w> {
     s: &'w Shared,
     number: u64,
     ok: bool,
+    /// Made by [`GroupWatch::call_between`]: its peers are cleared at its end.
+    between: bool,
 }
 
 impl Call<'_> {
@@ -439,6 +460,11 @@ impl Drop for Call<'_> {
     fn drop(&mut self) {
         self.s.board.leave();
         self.s.recorder.end(self.number, self.ok);
+        if self.between {
+            for only in &self.s.only {
+                only.store(0, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -568,19 +594,37 @@ fn watch(s: &Shared, limit: Option<Duration>) {
                 }
             }
             // A call quiet past a tick: has a member left?
-            _ if u128::from(me.quiet_ns) > tick.as_nanos() => {
-                suspect = departed_member(s, &me).map(|why| Suspect {
-                    call,
-                    seen_ns: now,
+            _ if u128::from(me.quiet_ns) > tick.as_nanos() => match departed_member(s, &me) {
+                Some(Departure {
                     why,
-                });
-                if suspect.is_some() {
+                    maybe_done: false,
+                }) => fire_left(s, &me, &why),
+                Some(Departure { why, .. }) => {
+                    suspect = Some(Suspect {
+                        call,
+                        seen_ns: now,
+                        why,
+                    });
                     tick = tick.min(ALARMED_TICK);
                 }
-            }
+                None => suspect = None,
+            },
             _ => suspect = None,
         }
     }
+}
+
+/// A member of the current call that has left ([`departed_member`]).
+struct Departure {
+    /// The member and why it left.
+    why: String,
+    /// It left rankmesh with an error or a panic, and may have done its
+    /// part of the call first (the call is held blocked only after
+    /// [`LEFT_GRACE`]). A process that is gone, or a runtime that shut
+    /// down before it entered the call, blocks it at once: the launcher is
+    /// about to end a job with a killed rank, and the job's message must
+    /// come first.
+    maybe_done: bool,
 }
 
 /// A member of the current call that left, seen at `seen_ns`: the call is
@@ -612,8 +656,10 @@ impl Suspect {
 /// ("group rank 1 (world rank 3, host n0) left after: …"): its runtime
 /// dropped after an error or a panic (its node's board, or a notice from
 /// its node), its process gone, or its runtime shut down cleanly before it
-/// entered this call. A member that is only slow has not left.
-fn departed_member(s: &Shared, me: &Status) -> Option<String> {
+/// entered this call. A member that is only slow has not left. A
+/// point-to-point call looks at its peers only: a third member's departure
+/// does not stop it.
+fn departed_member(s: &Shared, me: &Status) -> Option<Departure> {
     let members = {
         let groups = s.groups();
         groups
@@ -621,12 +667,14 @@ fn departed_member(s: &Shared, me: &Status) -> Option<String> {
             .members
             .clone()
     };
+    let only = s.only.each_ref().map(|w| w.load(Ordering::Relaxed));
+    let waited_on = |w: usize| only == [0, 0] || only.contains(&(w as u64 + 1));
     let my_node = s.peers.get(s.rank).map(|p| p.node);
     let local: Vec<Status> = s.board.read_all();
     let notices = s.board.notices();
     let remote = remote_board(s, me, &members, my_node);
     members.iter().enumerate().find_map(|(g, &w)| {
-        if w == s.rank {
+        if w == s.rank || !waited_on(w) {
             return None;
         }
         let facts = s.peers.get(w);
@@ -634,8 +682,16 @@ fn departed_member(s: &Shared, me: &Status) -> Option<String> {
             "group rank {g} (world rank {w}, host {})",
             facts.map_or("?", |p| &p.host)
         );
+        let left = |why: String| Departure {
+            why,
+            maybe_done: true,
+        };
+        let gone = |why: String| Departure {
+            why,
+            maybe_done: false,
+        };
         if let Some((_, reason)) = notices.iter().find(|(r, _)| *r == w) {
-            return Some(format!("{who} left after: {reason}"));
+            return Some(left(format!("{who} left after: {reason}")));
         }
         let st = if facts.map(|p| p.node) == my_node {
             local.iter().find(|st| st.rank == w)?
@@ -643,20 +699,20 @@ fn departed_member(s: &Shared, me: &Status) -> Option<String> {
             remote.iter().find(|st| st.rank == w)?
         };
         match st.state {
-            State::Left => Some(format!("{who} left after: {}", st.reason)),
+            State::Left => Some(left(format!("{who} left after: {}", st.reason))),
             // Calls on a group are sequential for each member: a clean
             // finisher whose last call was an earlier one on this group
             // never entered this one. Its last call elsewhere proves
             // nothing (it may have done this one first).
-            State::Finished if same_sequence(st, me) && st.seq < me.seq => Some(format!(
+            State::Finished if same_sequence(st, me) && st.seq < me.seq => Some(gone(format!(
                 "{who} left: its runtime shut down {} ago, before it entered this call",
                 secs(st.for_ns)
-            )),
+            ))),
             State::Finished => None,
-            _ if matches!(st.process, None | Some('Z')) => Some(format!(
+            _ if matches!(st.process, None | Some('Z')) => Some(gone(format!(
                 "{who} is gone: its process (pid {}) ended without leaving rankmesh",
                 st.pid
-            )),
+            ))),
             _ => None,
         }
     })
