@@ -1,14 +1,18 @@
 //! Byte copies on the host data paths.
 //!
 //! glibc copies mid-sized blocks (a few KiB up to about 1 MiB) with
-//! `rep movsb`, which on this AMD Zen 3 host runs 10–14× slower when source
-//! and destination sit at different offsets within a cache line: 256 KiB
-//! took 90–100 µs (2.7 GB/s) with the destination 4, 16 or 24 bytes off
-//! the source's alignment, against 7 µs with both aligned or with a plain
-//! AVX loop at any offset. A buffer from `malloc` (16 bytes past a page)
-//! against a page-aligned shared window is that case on every call, so
-//! copies whose ends disagree within a line go through a vector loop
-//! instead; everything else stays with `memcpy`.
+//! `rep movsb`, which on some CPUs runs an order of magnitude slower when
+//! source and destination sit at different offsets within a cache line: on
+//! an AMD Zen 3 host, 256 KiB took 90–100 µs (2.7 GB/s) with the
+//! destination 4, 16 or 24 bytes off the source's alignment, against 7 µs
+//! with both aligned or with a plain AVX loop at any offset. A buffer from
+//! `malloc` (16 bytes past a page) against a page-aligned shared window is
+//! that case on every call. Elsewhere `memcpy` is the faster of the two:
+//! on an AMD Zen 5 host it copied 64 KiB into the window 1.35× faster than
+//! the loop, and the host collectives of 64 KiB–4 MiB ran 1.1–1.7× faster
+//! with it (docs/BENCHMARKS.md, "Copies that disagree within a line"). So
+//! each process times both once ([`misaligned_by_memcpy`]) and copies whose
+//! ends disagree within a line take the faster.
 
 use crate::parse::parse_whole_size;
 
@@ -23,13 +27,60 @@ pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= LOOP_FROM
         && (dst.as_ptr() as usize ^ src.as_ptr() as usize) & 63 != 0
-        && std::arch::is_x86_feature_detected!("avx")
+        && !misaligned_by_memcpy()
     {
-        // SAFETY: AVX is present (checked just above); lengths are equal.
+        // SAFETY: only true where AVX is present; lengths are equal.
         unsafe { copy_avx(dst, src) };
         return;
     }
     dst.copy_from_slice(src);
+}
+
+/// Whether copies whose ends disagree within a cache line keep `memcpy`
+/// on this CPU: timed against the vector loop the first time it is asked
+/// (about 50 µs; the runtime asks at start-up, before any call). Always
+/// true without AVX.
+pub(crate) fn misaligned_by_memcpy() -> bool {
+    static BY_MEMCPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BY_MEMCPY.get_or_init(memcpy_keeps_up)
+}
+
+/// Times 64 KiB copies (above glibc's `rep movsb` threshold, inside L2)
+/// both ways between a line-aligned buffer and one 16 bytes past a line,
+/// by `memcpy` and by the vector loop, alternating; true when `memcpy`'s
+/// fastest round is no slower than the loop's. The rounds' minima: a
+/// round that lost the core to another process only loses its turn.
+fn memcpy_keeps_up() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        const N: usize = 64 << 10;
+        let a = vec![1u8; N + 128];
+        let mut b = vec![2u8; N + 128];
+        let (pa, pb) = (a.as_ptr().align_offset(64), b.as_ptr().align_offset(64));
+        let mut round = |by_memcpy: bool| {
+            let t = std::time::Instant::now();
+            for (from, to) in [(16, 0), (0, 16)] {
+                let src = &a[pa + from..][..N];
+                let dst = &mut b[pb + to..][..N];
+                match by_memcpy {
+                    true => dst.copy_from_slice(src),
+                    // SAFETY: AVX is present (checked above); equal lengths.
+                    false => unsafe { copy_avx(dst, src) },
+                }
+                std::hint::black_box(dst);
+            }
+            t.elapsed()
+        };
+        let (mut by_memcpy, mut by_loop) = (std::time::Duration::MAX, std::time::Duration::MAX);
+        for i in 0..9 {
+            let (m, l) = (round(true), round(false));
+            if i > 0 {
+                (by_memcpy, by_loop) = (by_memcpy.min(m), by_loop.min(l));
+            }
+        }
+        return by_memcpy <= by_loop;
+    }
+    true
 }
 
 /// The whole 128-byte steps of `src[from..]` into `dst[from..]`, each as
@@ -155,6 +206,16 @@ pub(crate) fn split_lens(flat: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
 mod tests {
     use super::{cache_from_sysfs, copy_bytes, last_level_cache, stream_bytes};
 
+    /// The vector loop, whichever way this CPU's timing went.
+    fn by_loop(dst: &mut [u8], src: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: AVX is present; the test passes equal lengths.
+            return unsafe { super::copy_avx(dst, src) };
+        }
+        dst.copy_from_slice(src);
+    }
+
     #[test]
     fn the_last_level_is_the_highest_non_instruction_cache() {
         let dir = std::env::temp_dir().join(format!("rankmesh-cache-{}", std::process::id()));
@@ -184,7 +245,7 @@ mod tests {
         let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
         for off in [0, 1, 16, 33, 64] {
             for len in [0, 1, 127, 1023, 1024, 1025, 1151, 4096, 4999 - off] {
-                for copy in [copy_bytes, stream_bytes] {
+                for copy in [copy_bytes, stream_bytes, by_loop] {
                     let mut dst = vec![0u8; len + off + 1];
                     copy(&mut dst[off..off + len], &src[1..1 + len]);
                     assert_eq!(

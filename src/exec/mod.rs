@@ -16,3 +16,4 @@ mod reduction;
 pub(crate) mod shm;
 
 pub(crate) use cma::pays_from as single_copy_pays_from;
+pub(crate) use copy::misaligned_by_memcpy;

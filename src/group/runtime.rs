@@ -555,6 +555,16 @@ impl Runtime {
             mpi::collective::SystemOperation::max(),
         );
         crate::exec::mpi_calls::wait_by_policy(anywhere != 0);
+        startup.step("how copies across cache-line offsets run here (timed)");
+        let by_memcpy = crate::exec::misaligned_by_memcpy();
+        tracing::debug!(
+            "copies whose ends disagree within a cache line: {}",
+            if by_memcpy {
+                "memcpy"
+            } else {
+                "vector loop (memcpy slower here)"
+            }
+        );
         startup.step("where single copies pay on this node (timed, MPI_Allreduce)");
         let single_copy_from = agree_single_copy(&node_comm, options.single_copy);
         startup.step("the watchdog's start (status board, service addresses)");
