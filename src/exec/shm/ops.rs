@@ -24,6 +24,7 @@ use std::ops::Range;
 /// and the shares are exchanged after a second one (docs/BENCHMARKS.md,
 /// "Tuned constants").
 const SPLIT_BYTES: usize = 8 << 10;
+
 impl ShmExec {
     /// Bytes of each block's piece when every rank's piece of each of `P`
     /// blocks shares one data area (whole cache lines).
@@ -36,6 +37,21 @@ impl ShmExec {
     fn share(&self, m: usize, elem: usize, r: usize) -> (usize, usize) {
         let part = m.div_ceil(self.size).next_multiple_of(64.max(elem));
         ((r * part).min(m), ((r + 1) * part).min(m))
+    }
+
+    /// How a call whose output is `total` bytes copies into it: with
+    /// streaming stores once the outputs of the group's ranks together
+    /// outgrow the last-level cache ([`ShmExec::stream_from`]), when reading
+    /// each output line before writing it (what a plain store does) is
+    /// traffic for nothing; with plain stores below, where the output stays
+    /// in cache for whoever reads it next.
+    #[inline]
+    fn output_copy(&self, total: usize) -> fn(&mut [u8], &[u8]) {
+        if total >= self.stream_from {
+            stream_bytes
+        } else {
+            copy_bytes
+        }
     }
 
     /// Reduces `input` (or `out`, in place) into `out` on the ranks where
@@ -585,23 +601,6 @@ fn land<B: Blocks>(
 ) {
     for (at, pos, len) in blocks.runs(r, off, from.len()) {
         put(&mut out[at..at + len], &from[pos..pos + len]);
-    }
-}
-
-impl ShmExec {
-    /// How a call whose output is `total` bytes copies into it: with
-    /// streaming stores once the outputs of the group's ranks together
-    /// outgrow the last-level cache ([`ShmExec::stream_from`]), when reading
-    /// each output line before writing it (what a plain store does) is
-    /// traffic for nothing; with plain stores below, where the output stays
-    /// in cache for whoever reads it next.
-    #[inline]
-    fn output_copy(&self, total: usize) -> fn(&mut [u8], &[u8]) {
-        if total >= self.stream_from {
-            stream_bytes
-        } else {
-            copy_bytes
-        }
     }
 }
 
