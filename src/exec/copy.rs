@@ -12,7 +12,8 @@
 //! the loop, and the host collectives of 64 KiB–4 MiB ran 1.1–1.7× faster
 //! with it (docs/BENCHMARKS.md, "Copies that disagree within a line"). So
 //! each process times both once ([`misaligned_by_memcpy`]) and copies whose
-//! ends disagree within a line take the faster.
+//! ends disagree within a line take the faster, but for a streamed
+//! broadcast's, which keep the loop ([`copy_by_loop`]).
 
 use crate::parse::parse_whole_size;
 
@@ -30,6 +31,26 @@ pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8]) {
         && !misaligned_by_memcpy()
     {
         // SAFETY: only true where AVX is present; lengths are equal.
+        unsafe { copy_avx(dst, src) };
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// [`copy_bytes`], but by the vector loop whenever the ends disagree
+/// within a line (and AVX is there), whatever [`misaligned_by_memcpy`]
+/// found: for a streamed broadcast, where `rep movsb` fell into a mode
+/// 2.4× slower in most runs at 2-8 MiB on the host where `memcpy` won the
+/// start-up timing (the root writing slots while its reader copies the
+/// ones before).
+pub(crate) fn copy_by_loop(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy between slices of one length");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= LOOP_FROM
+        && (dst.as_ptr() as usize ^ src.as_ptr() as usize) & 63 != 0
+        && std::arch::is_x86_feature_detected!("avx")
+    {
+        // SAFETY: AVX is present (checked just above); lengths are equal.
         unsafe { copy_avx(dst, src) };
         return;
     }
@@ -204,17 +225,7 @@ pub(crate) fn split_lens(flat: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_from_sysfs, copy_bytes, last_level_cache, stream_bytes};
-
-    /// The vector loop, whichever way this CPU's timing went.
-    fn by_loop(dst: &mut [u8], src: &[u8]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: AVX is present; the test passes equal lengths.
-            return unsafe { super::copy_avx(dst, src) };
-        }
-        dst.copy_from_slice(src);
-    }
+    use super::{cache_from_sysfs, copy_by_loop, copy_bytes, last_level_cache, stream_bytes};
 
     #[test]
     fn the_last_level_is_the_highest_non_instruction_cache() {
@@ -245,7 +256,7 @@ mod tests {
         let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
         for off in [0, 1, 16, 33, 64] {
             for len in [0, 1, 127, 1023, 1024, 1025, 1151, 4096, 4999 - off] {
-                for copy in [copy_bytes, stream_bytes, by_loop] {
+                for copy in [copy_bytes, stream_bytes, copy_by_loop] {
                     let mut dst = vec![0u8; len + off + 1];
                     copy(&mut dst[off..off + len], &src[1..1 + len]);
                     assert_eq!(

@@ -11,7 +11,7 @@ use crate::dtype::DType;
 use crate::error::Fault;
 use crate::exec::blocks::{BlockLayout, Blocks, Spans};
 use crate::exec::combine::combine;
-use crate::exec::copy::{copy_bytes, split_lens, stream_bytes};
+use crate::exec::copy::{copy_by_loop, copy_bytes, split_lens, stream_bytes};
 use crate::exec::executor::HostMoves;
 use crate::op::uneven::Links;
 use crate::op::ReduceOp;
@@ -267,21 +267,33 @@ impl ShmExec {
         let first = n.min(step);
         let place = self.begin_phase(first);
         let me = self.me;
+        // A streamed call's copies take the vector loop, not `memcpy`:
+        // there `rep movsb` fell into a mode 2.4x slower in most runs (2-8
+        // MiB, the root writing slots while its readers copy the ones
+        // before; docs/BENCHMARKS.md, "Copies that disagree within a line").
         if me == root {
-            copy_bytes(self.own(place, 0, first), &buf[..first]);
+            let (to, from) = (self.own(place, 0, first), &buf[..first]);
+            match streamed {
+                true => copy_by_loop(to, from),
+                false => copy_bytes(to, from),
+            }
         }
         self.sync(pulse)?;
         if me != root {
             let (to, from) = (&mut buf[..first], self.peer(root, place, 0, first));
-            match n >= self.stream_from {
-                true => stream_bytes(to, from),
-                false => copy_bytes(to, from),
+            match (n >= self.stream_from, streamed) {
+                (true, _) => stream_bytes(to, from),
+                (false, true) => copy_by_loop(to, from),
+                (false, false) => copy_bytes(to, from),
             }
         }
         if !streamed {
             return Ok(());
         }
-        let put = self.output_copy(n);
+        let put = match n >= self.stream_from {
+            true => stream_bytes,
+            false => copy_by_loop,
+        };
         let span = |i: u64| {
             let off = i as usize * step;
             off..n.min(off + step)
@@ -295,7 +307,7 @@ impl ShmExec {
             |piece| match piece {
                 Piece::Write(i, bytes) => {
                     let span = span(i);
-                    copy_bytes(&mut bytes[..span.len()], &buf[span]);
+                    copy_by_loop(&mut bytes[..span.len()], &buf[span]);
                 }
                 Piece::Read(i, _, bytes) => {
                     let span = span(i);
