@@ -5,7 +5,7 @@
 
 mod support;
 
-use rankmesh::{Collectives as _, DType, Mesh, MeshLayout, ReduceOp, Runtime, Tensor};
+use rankmesh::{Collectives as _, DType, Mesh, MeshLayout, P2p, ReduceOp, Runtime, Tensor};
 use std::time::Instant;
 
 const WORKER: &str = "RANKMESH_LEAVING_WORKER";
@@ -93,6 +93,41 @@ fn third_member_leaves_during_a_receive(rt: &Runtime) -> rankmesh::Result<()> {
     Ok(())
 }
 
+/// Ranks 0 and 2 swap two tensors each way in one `batch_send_recv`, rank 2
+/// 1.5 s late; rank 1, not one of their peers, panics first.
+fn third_member_leaves_during_a_batch(rt: &Runtime) -> rankmesh::Result<()> {
+    let world = rt.world_group()?;
+    let me = rt.rank();
+    if me == 1 {
+        panic!("boom beside a point-to-point pair");
+    }
+    if me == 2 {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+    }
+    let peer = 2 - me;
+    let (a, b) = (mine(me, 1000), mine(me, 300));
+    let mut got_a = Tensor::zeros([1000], DType::F32)?;
+    let mut got_b = Tensor::zeros([300], DType::F32)?;
+    world.batch_send_recv(&mut [
+        P2p::Recv(&mut got_a, peer),
+        P2p::Recv(&mut got_b, peer),
+        P2p::Send(&a, peer),
+        P2p::Send(&b, peer),
+    ])?;
+    assert_eq!(got_a.to_f64_vec(), mine(peer, 1000).to_f64_vec());
+    assert_eq!(got_b.to_f64_vec(), mine(peer, 300).to_f64_vec());
+    println!("RECEIVED-OK {me}");
+    Ok(())
+}
+
+/// `n` non-integer f32 values that differ by rank.
+fn mine(rank: usize, n: usize) -> Tensor {
+    Tensor::from_fn(vec![n], DType::F32, |i| {
+        rank as f64 * 1000.0 + i as f64 * 0.37
+    })
+    .unwrap()
+}
+
 /// Rank 0 finishes at once; the others compute for 3 s, then run calls among
 /// themselves: a correct program, nothing to report.
 fn finishes_early(rt: &Runtime) -> rankmesh::Result<()> {
@@ -120,6 +155,7 @@ fn worker() -> rankmesh::Result<()> {
         "panic-across" => panics_in_tp(&rt, true)?,
         "panic-waited" => panics_while_the_world_waits(&rt)?,
         "third-leaves" => third_member_leaves_during_a_receive(&rt)?,
+        "third-leaves-batch" => third_member_leaves_during_a_batch(&rt)?,
         _ => finishes_early(&rt)?,
     }
     println!("WORKER-DONE {}", rt.rank());
@@ -249,6 +285,29 @@ fn a_third_member_leaving_does_not_stop_a_point_to_point_call() {
         "{}",
         job.describe()
     );
+    assert!(
+        !job.stderr.contains("cannot complete"),
+        "{}",
+        job.describe()
+    );
+}
+
+/// The same with a batch of sends and receives between ranks 0 and 2.
+#[test]
+fn a_third_member_leaving_does_not_stop_a_batch_between_two_others() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let (job, took) = run(3, &[(WORKER, "third-leaves-batch")]);
+    assert!(!job.ok(), "rank 1 panicked: {}", job.describe());
+    assert!(took < 20.0, "ended in {took:.1} s: {}", job.describe());
+    for r in [0, 2] {
+        assert!(
+            job.stdout.contains(&format!("RECEIVED-OK {r}")),
+            "rank {r} got its peer's tensors: {}",
+            job.describe()
+        );
+    }
     assert!(
         !job.stderr.contains("cannot complete"),
         "{}",

@@ -520,7 +520,18 @@ impl<'rt> GroupCoordinator<'rt> {
             }
             peers.push(peer);
         }
-        let call = self.watch_now(Descriptor::new(op, &[]));
+        // A batch with one or two peers (a pipeline stage's next and
+        // previous) waits on them only, as a send or a receive does; with
+        // more, the watchdog holds any member's departure against it.
+        let mut distinct = peers.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let desc = Descriptor::new(op, &[]);
+        let call = match distinct[..] {
+            [a] => self.watch_between(desc, [a, a]),
+            [a, b] => self.watch_between(desc, [a, b]),
+            _ => self.watch_now(desc),
+        };
         call.run(op, self.name(), || {
             self.swap_then_move(op, pairs, &peers, body)
         })
