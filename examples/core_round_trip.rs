@@ -59,7 +59,11 @@ fn main() {
     let round_trip = start.elapsed().as_nanos() as f64 / n as f64;
     bouncer.join().unwrap();
 
-    let words = Arc::new((0..(1 << 20) / 8).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+    let words = Arc::new(
+        (0..(1 << 20) / 8)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>(),
+    );
     let turn = Arc::new(AtomicU64::new(0));
     let (w, t) = (words.clone(), turn.clone());
     let rounds = 200u64;
