@@ -93,6 +93,11 @@ pub struct NodeResult {
     pub device_busbw: Option<f64>,
     /// Why the node's device all_reduce failed, when it did.
     pub device_error: Option<String>,
+    /// The node's ranks outnumber the CPUs they may use: a pair's figure
+    /// there says where the scheduler ran its two ranks, so its ranks are
+    /// not judged by their pairs.
+    #[serde(default)]
+    pub ranks_share_cpus: bool,
 }
 
 /// One rank's GPU stack.
@@ -187,6 +192,7 @@ pub fn run(rt: &Runtime, cfg: &DoctorConfig) -> Result<Option<Outcome>> {
         all_reduce_busbw: node_busbw,
         device_busbw: device_run.as_ref().and_then(|r| r.as_ref().ok().copied()),
         device_error: device_run.and_then(|r| r.err()).map(one_line),
+        ranks_share_cpus: crate::wait::crowded(),
     });
     let world = rt.world_group()?;
     let measured = d.gathered(&world, mine, node_entry, facts, start)?;

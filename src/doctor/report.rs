@@ -97,6 +97,12 @@ pub fn table(o: &Outcome, threshold: f64) -> String {
             num(slowest.is_finite().then_some(slowest))
         );
     }
+    for n in m.nodes.iter().filter(|n| n.ranks_share_cpus) {
+        out += &format!(
+            "  node {} ({}): its ranks outnumber their CPUs; ranks not judged by their pairs\n",
+            n.node, n.host
+        );
+    }
     out += &devices(m);
     if m.nodes.len() > 1 {
         for (title, pick) in [
@@ -322,6 +328,7 @@ mod tests {
                     all_reduce_busbw: None,
                     device_busbw: None,
                     device_error: None,
+                    ranks_share_cpus: false,
                 })
                 .collect(),
             intra_node: vec![],

@@ -374,10 +374,30 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
             }
         }
     }
-    let intra: Vec<f64> = m.intra_node.iter().map(|p| p.bandwidth_gbs).collect();
+    // Ranks whose node has fewer CPUs than ranks are not judged: there a
+    // pair's figure depends on whether the scheduler ran its two ranks on
+    // one CPU or two (3 healthy ranks on 2 CPUs: pairs at 7, 11 and 20 GB/s
+    // in one run, and a rank's retakes alone at 0.67 of another pair's).
+    let judged = |r: usize| {
+        m.nodes
+            .iter()
+            .any(|n| n.ranks.contains(&r) && !n.ranks_share_cpus)
+    };
+    let pairs: Vec<PairResult> = m
+        .intra_node
+        .iter()
+        .filter(|p| judged(p.a))
+        .cloned()
+        .collect();
+    let intra: Vec<f64> = pairs.iter().map(|p| p.bandwidth_gbs).collect();
     if let Some(med) = median(&intra) {
-        let ranks: Vec<usize> = m.nodes.iter().flat_map(|n| n.ranks.clone()).collect();
-        for (r, v) in member_medians(&m.intra_node, &ranks) {
+        let ranks: Vec<usize> = m
+            .nodes
+            .iter()
+            .filter(|n| !n.ranks_share_cpus)
+            .flat_map(|n| n.ranks.clone())
+            .collect();
+        for (r, v) in member_medians(&pairs, &ranks) {
             flag(Subject::Rank(r), v, med);
         }
     }
@@ -762,6 +782,7 @@ mod tests {
                 all_reduce_busbw: None,
                 device_busbw: None,
                 device_error: None,
+                ranks_share_cpus: false,
             })
             .collect()
     }
@@ -940,6 +961,32 @@ mod tests {
         assert_eq!(p.tasks.len(), 6, "{:?}", p.tasks);
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
         assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn ranks_that_share_cpus_are_not_judged_by_their_pairs() {
+        // Four healthy ranks on two CPUs: pairs the scheduler ran on one
+        // CPU read slow, in the rounds and alone.
+        let mut m = run(vec![], 1);
+        m.nodes[0].ranks = vec![0, 1, 2, 3];
+        m.intra_node = vec![
+            link(0, 1, 20.0),
+            link(0, 2, 20.0),
+            link(1, 2, 20.0),
+            link(0, 3, 7.0),
+            link(1, 3, 11.0),
+            link(2, 3, 7.0),
+        ];
+        let slow = |t: &Task| match t {
+            Task::Pair(_, 3) => 14.0,
+            _ => 21.0,
+        };
+        let (_, j) = judge_with(&m, slow);
+        assert!(!j.findings.is_empty(), "judged as on CPUs of their own");
+        m.nodes[0].ranks_share_cpus = true;
+        assert!(suspects(&m, 0.8).is_empty());
+        let (p, j) = judge_with(&m, slow);
+        assert!(p.tasks.is_empty() && j.findings.is_empty(), "{j:?}");
     }
 
     #[test]

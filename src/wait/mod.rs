@@ -119,6 +119,12 @@ fn spin(start: Instant, ready: &mut impl FnMut() -> bool) -> bool {
 /// crowded, even one core each: a yield there hands the rank's core to
 /// whatever else runs on it, for that process's time slice.
 static CROWDED: AtomicBool = AtomicBool::new(false);
+/// Whether this process's ranks share CPUs ([`CROWDED`]: a group on its
+/// node has more members than the CPUs they may use).
+pub(crate) fn crowded() -> bool {
+    CROWDED.load(Ordering::Relaxed)
+}
+
 /// The longest a crowded waiter yields before it blocks: long enough that
 /// a rank descheduled for a scheduler tick or two is waited for by yields,
 /// not by futex sleeps and wakes (4 ranks on 2 cores, 8 B all-reduce,
