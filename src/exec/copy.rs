@@ -21,8 +21,9 @@ use crate::parse::parse_whole_size;
 /// (docs/BENCHMARKS.md, "Tuned constants").
 const LOOP_FROM: usize = 1024;
 
-/// `dst.copy_from_slice(src)`, without `rep movsb` when the two are not
-/// equally aligned within a cache line. Panics if the lengths differ.
+/// `dst.copy_from_slice(src)`; when the two are not equally aligned within
+/// a cache line, by the faster of `memcpy` and the vector loop as timed at
+/// start-up ([`misaligned_by_memcpy`]). Panics if the lengths differ.
 pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy between slices of one length");
     #[cfg(target_arch = "x86_64")]
