@@ -818,6 +818,18 @@ mod tests {
         run(links, 4)
     }
 
+    /// One node of ranks 0-3, pair `(a, b)` at `gbs(a, b)` GB/s.
+    fn one_node_of_four(gbs: impl Fn(usize, usize) -> f64) -> Measurements {
+        let mut m = run(vec![], 1);
+        m.nodes[0].ranks = vec![0, 1, 2, 3];
+        for a in 0..4 {
+            for b in a + 1..4 {
+                m.intra_node.push(link(a, b, gbs(a, b)));
+            }
+        }
+        m
+    }
+
     #[test]
     fn a_slow_node_is_named_once_not_as_its_links() {
         let m = four_nodes(|_, b| if b == 3 { 0.01 } else { 1.0 });
@@ -941,16 +953,7 @@ mod tests {
         assert!(suspects(&even, 0.8).is_empty());
         let (p, j) = judge_with(&even, |_| 1.0);
         assert!(p.tasks.is_empty() && j.findings.is_empty());
-        let mut m = run(vec![], 1);
-        m.nodes[0].ranks = vec![0, 1, 2, 3];
-        m.intra_node = vec![
-            link(0, 1, 5.0),
-            link(2, 3, 0.5),
-            link(0, 2, 5.0),
-            link(1, 3, 0.5),
-            link(0, 3, 0.5),
-            link(1, 2, 5.0),
-        ];
+        let m = one_node_of_four(|_, b| if b == 3 { 0.5 } else { 5.0 });
         let (p, j) = judge_with(&m, |t| match t {
             Task::Pair(_, 3) => 0.5,
             _ => 5.0,
@@ -967,16 +970,11 @@ mod tests {
     fn ranks_that_share_cpus_are_not_judged_by_their_pairs() {
         // Four healthy ranks on two CPUs: pairs the scheduler ran on one
         // CPU read slow, in the rounds and alone.
-        let mut m = run(vec![], 1);
-        m.nodes[0].ranks = vec![0, 1, 2, 3];
-        m.intra_node = vec![
-            link(0, 1, 20.0),
-            link(0, 2, 20.0),
-            link(1, 2, 20.0),
-            link(0, 3, 7.0),
-            link(1, 3, 11.0),
-            link(2, 3, 7.0),
-        ];
+        let mut m = one_node_of_four(|a, b| match (a, b) {
+            (1, 3) => 11.0,
+            (_, 3) => 7.0,
+            _ => 20.0,
+        });
         let slow = |t: &Task| match t {
             Task::Pair(_, 3) => 14.0,
             _ => 21.0,
