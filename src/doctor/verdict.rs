@@ -378,25 +378,20 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
     // pair's figure depends on whether the scheduler ran its two ranks on
     // one CPU or two (3 healthy ranks on 2 CPUs: pairs at 7, 11 and 20 GB/s
     // in one run, and a rank's retakes alone at 0.67 of another pair's).
-    let judged = |r: usize| {
-        m.nodes
-            .iter()
-            .any(|n| n.ranks.contains(&r) && !n.ranks_share_cpus)
-    };
+    let ranks: Vec<usize> = m
+        .nodes
+        .iter()
+        .filter(|n| !n.ranks_share_cpus)
+        .flat_map(|n| n.ranks.clone())
+        .collect();
     let pairs: Vec<PairResult> = m
         .intra_node
         .iter()
-        .filter(|p| judged(p.a))
+        .filter(|p| ranks.contains(&p.a))
         .cloned()
         .collect();
     let intra: Vec<f64> = pairs.iter().map(|p| p.bandwidth_gbs).collect();
     if let Some(med) = median(&intra) {
-        let ranks: Vec<usize> = m
-            .nodes
-            .iter()
-            .filter(|n| !n.ranks_share_cpus)
-            .flat_map(|n| n.ranks.clone())
-            .collect();
         for (r, v) in member_medians(&pairs, &ranks) {
             flag(Subject::Rank(r), v, med);
         }
