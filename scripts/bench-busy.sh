@@ -6,6 +6,9 @@
 # settings alternate. Prints, per op and size, rankmesh's median time, raw
 # MPI's (the faster setting's median) and raw / rankmesh (above 1: rankmesh
 # is faster). Ranks are placed by mpirun's defaults (scripts/mpirun-bench.sh).
+# BUSY_PIN=1 pins busy process k to the k-th CPU this script may run on, as
+# a co-located job or a hyperthread sibling holds one core each (unpinned,
+# the kernel moves them between cores as it likes).
 # Usage: scripts/bench-busy.sh BUSY [NP] [RUNS] ["OP OP..."] [bench flags...]
 #   e.g. scripts/bench-busy.sh 1 2 3 "all_reduce all_gather broadcast alltoall" -b 8 -e 16M -f 8 -n 200
 set -euo pipefail
@@ -18,6 +21,10 @@ bin=${RANKMESH_BIN:-target/release/rankmesh}
 baselines=${BASELINES:-default nocma}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
+# The CPUs this script may run on, in order ("0-3,8" -> 0 1 2 3 8).
+cpus=()
+IFS=, read -r -a spans <<< "$(taskset -cp $$ | sed 's/.*: //')"
+for span in "${spans[@]}"; do cpus+=($(seq "${span%-*}" "${span#*-}")); done
 hogs=()
 stop_hogs() { for p in "${hogs[@]}"; do kill "$p" 2>/dev/null || true; done; hogs=(); }
 trap 'stop_hogs; rm -rf "$tmp"' EXIT
@@ -26,8 +33,10 @@ for run in $(seq "$runs"); do
     for baseline in $baselines; do
       # Each busy process stops itself within 10 minutes if this script dies
       # (bash's SECONDS: the loop forks nothing).
-      for _ in $(seq "$busy"); do
-        bash -c 'while [ $SECONDS -lt 600 ]; do :; done' >/dev/null 2>&1 & hogs+=($!)
+      for k in $(seq 0 $((busy - 1))); do
+        pin=()
+        [[ "${BUSY_PIN:-0}" == 1 ]] && pin=(taskset -c "${cpus[k % ${#cpus[@]}]}")
+        "${pin[@]}" bash -c 'while [ $SECONDS -lt 600 ]; do :; done' >/dev/null 2>&1 & hogs+=($!)
       done
       BASELINE=$baseline "$here/mpirun-bench.sh" -np "$np" "$bin" bench "$op" --baseline mpi "$@" \
         > "$tmp/out" 2>&1 || { stop_hogs; cat "$tmp/out"; exit 1; }
@@ -38,14 +47,15 @@ for run in $(seq "$runs"); do
   done
 done
 python3 - "$tmp/rows" "$runs" "$busy" "$np" <<'PY'
-import sys, collections, statistics as st
+import os, sys, collections, statistics as st
 rows, runs, busy, np = sys.argv[1:5]
 rm, raw = collections.defaultdict(list), collections.defaultdict(list)
 for line in open(rows):
     op, b, size, t, r = line.split()
     rm[(op, int(size))].append(float(t))
     raw[(op, int(size), b)].append(float(r))
-print(f"# {busy} busy process(es) beside {np} ranks; {runs} runs per baseline setting, alternating; medians")
+pinned = " (pinned, one per CPU)" if os.environ.get("BUSY_PIN") == "1" else ""
+print(f"# {busy} busy process(es){pinned} beside {np} ranks; {runs} runs per baseline setting, alternating; medians")
 print(f"{'op':>14} {'size (B)':>10} {'rankmesh us':>12} {'raw us':>10} {'raw setting':>11} {'raw/rankmesh':>12}")
 for op, size in sorted(rm, key=lambda k: (k[0], k[1])):
     t = st.median(rm[(op, size)])
