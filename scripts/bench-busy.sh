@@ -9,8 +9,11 @@
 # BUSY_PIN=1 pins busy process k to the k-th CPU this script may run on, as
 # a co-located job or a hyperthread sibling holds one core each (unpinned,
 # the kernel moves them between cores as it likes).
+# Give each size a second or more of calls (-n): the scheduler shares a core
+# in slices of milliseconds, and a shorter window samples stretches in which
+# no rank was preempted (docs/BENCHMARKS.md, "Busy node").
 # Usage: scripts/bench-busy.sh BUSY [NP] [RUNS] ["OP OP..."] [bench flags...]
-#   e.g. scripts/bench-busy.sh 1 2 3 "all_reduce all_gather broadcast alltoall" -b 8 -e 16M -f 8 -n 200
+#   e.g. scripts/bench-busy.sh 2 2 3 "all_reduce alltoall" -b 64K -e 64K -n 100000 -w 50
 set -euo pipefail
 busy=${1:?usage: $0 BUSY [NP] [RUNS] [\"OP OP...\"] [bench flags...]}
 np=${2:-2}

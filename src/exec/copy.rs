@@ -10,7 +10,8 @@
 //! that case on every call. Elsewhere `memcpy` is the faster of the two:
 //! on an AMD Zen 5 host it copied 64 KiB into the window 1.35× faster than
 //! the loop, and the host collectives of 64 KiB–4 MiB ran 1.1–1.7× faster
-//! with it (docs/BENCHMARKS.md, "Copies that disagree within a line"). So
+//! with it (docs/bench-log/2026-11-27-to-29.md, "Copies that disagree
+//! within a line"). So
 //! each process times both once ([`misaligned_by_memcpy`]) and copies whose
 //! ends disagree within a line take the faster, but for a streamed
 //! broadcast's, which keep the loop ([`copy_by_loop`]).

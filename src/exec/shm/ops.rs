@@ -270,7 +270,8 @@ impl ShmExec {
         // A streamed call's copies take the vector loop, not `memcpy`:
         // there `rep movsb` fell into a mode 2.4x slower in most runs (2-8
         // MiB, the root writing slots while its readers copy the ones
-        // before; docs/BENCHMARKS.md, "Copies that disagree within a line").
+        // before; docs/bench-log/2026-11-27-to-29.md, "Copies that disagree
+        // within a line").
         if me == root {
             let (to, from) = (self.own(place, 0, first), &buf[..first]);
             match streamed {

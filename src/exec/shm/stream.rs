@@ -16,8 +16,8 @@
 //! [`ShmExec::await_drained`]) first waits for the readers to have read.
 //! Small pieces keep each piece's lines in the writer's cache until the
 //! reader takes them: on this project's VM, whole 1 MiB pieces took 2-4×
-//! longer to cross between cores for minutes at a time (docs/BENCHMARKS.md,
-//! "Streamed broadcasts"). A call of one area or less keeps its phases.
+//! longer to cross between cores for minutes at a time
+//! (docs/bench-log/2026-11-27-to-29.md, "Streamed broadcasts"). A call of one area or less keeps its phases.
 //!
 //! The counters hold totals over the group's life ([`ShmExec::streamed`],
 //! the same on every member, is where this call's pieces start), so they
@@ -189,7 +189,7 @@ impl ShmExec {
                 // area ahead: waiting for room here would make every piece
                 // a rendezvous, and further ahead the pieces leave the
                 // writer's cache before their readers come (2 MiB of L2
-                // here; docs/BENCHMARKS.md, "Streamed calls").
+                // here; docs/bench-log/2026-11-27-to-29.md, "Streamed calls").
                 while writes && next.get() <= i {
                     write_next(true, &mut each);
                 }
