@@ -207,7 +207,7 @@ type Rule = fn(Call, &[i64], usize) -> Result<(), String>;
 type Resize = fn(usize, &[i64]) -> Option<Resized>;
 
 /// Everything rankmesh knows about one op, in one place: adding a
-/// collective adds a row here (docs/ARCHITECTURE.md, "How to add a
+/// collective adds a row here (docs/ARCHITECTURE.md, "Adding a
 /// collective"). Rules and resizes read `params` by the positions that
 /// [`Args`]'s constructors write.
 struct Row {
