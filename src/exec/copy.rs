@@ -11,10 +11,10 @@
 //! on an AMD Zen 5 host it copied 64 KiB into the window 1.35× faster than
 //! the loop, and the host collectives of 64 KiB–4 MiB ran 1.1–1.7× faster
 //! with it (docs/bench-log/2026-11-27-to-29.md, "Copies that disagree
-//! within a line"). So
-//! each process times both once ([`misaligned_by_memcpy`]) and copies whose
-//! ends disagree within a line take the faster, but for a streamed
-//! broadcast's, which keep the loop ([`copy_by_loop`]).
+//! within a line"). So each process times both once
+//! ([`misaligned_by_memcpy`]) and copies whose ends disagree within a line
+//! take the faster, but for a streamed broadcast's, which keep the loop
+//! ([`copy_by_loop`]).
 
 use crate::parse::parse_whole_size;
 

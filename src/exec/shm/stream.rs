@@ -17,7 +17,8 @@
 //! Small pieces keep each piece's lines in the writer's cache until the
 //! reader takes them: on this project's VM, whole 1 MiB pieces took 2-4×
 //! longer to cross between cores for minutes at a time
-//! (docs/bench-log/2026-11-27-to-29.md, "Streamed broadcasts"). A call of one area or less keeps its phases.
+//! (docs/bench-log/2026-11-27-to-29.md, "Streamed broadcasts"). A call of
+//! one area or less keeps its phases.
 //!
 //! The counters hold totals over the group's life ([`ShmExec::streamed`],
 //! the same on every member, is where this call's pieces start), so they
