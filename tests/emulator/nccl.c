@@ -99,6 +99,11 @@ typedef struct ncclComm {
     long inflight; /* calls enqueued on streams and not yet run */
     int nonblocking;
     int ready;      /* 0 while a non-blocking creation runs in the background */
+    /* 0 until ncclCommGetAsyncError has told the caller a non-blocking
+       creation finished: NCCL's contract is to poll to ncclSuccess before
+       any call, and refusing calls until then keeps the emulator's answer
+       from depending on whether the background thread happened to finish. */
+    int polled;
     int polls_busy; /* ncclInProgress answers still due (a split settling) */
     /* An out-pointer NCCL fills in the background (a split's child, a
        window's handle), written when the communicator is polled to rest. */
@@ -390,6 +395,7 @@ static Comm *new_comm(int rank, int nranks) {
     c->rank = rank;
     c->size = nranks;
     c->ready = 1;
+    c->polled = 1;
     c->world = calloc((size_t)nranks, sizeof(int));
     return c;
 }
@@ -543,6 +549,7 @@ static ncclResult_t create(Comm **out, int nranks, IdFields f, int rank, const v
     }
     c->nonblocking = 1;
     c->ready = 0;
+    c->polled = 0;
     InitJob *j = malloc(sizeof *j);
     *j = (InitJob){c, f, world};
     pthread_attr_t attr;
@@ -709,6 +716,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
         *e = IN_PROGRESS_RC;
     } else {
         *e = (fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
+        __atomic_store_n(&c->polled, 1, __ATOMIC_RELEASE);
     }
     return SUCCESS;
 }
@@ -961,7 +969,7 @@ static ncclResult_t enter(Comm *c, int t, const char *call) {
     if (dead(c, call)) return INVALID_USAGE;
     if (c->aborted) return INVALID_USAGE;
     if (busy(c, call)) return INVALID_ARGUMENT;
-    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) || !__atomic_load_n(&c->polled, __ATOMIC_ACQUIRE)) {
         snprintf(last_error, sizeof last_error, "%s: communicator is still being created (poll ncclCommGetAsyncError)",
                  call);
         return INVALID_USAGE;
