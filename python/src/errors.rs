@@ -68,17 +68,19 @@ pub fn interrupted() -> bool {
     })
 }
 
+/// The exception a signal handler raised, if one is waiting to be raised
+/// (the torch backend's calls raise it themselves).
+pub fn take_pending() -> Option<PyErr> {
+    PENDING.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
 /// The exception of a library error.
 pub fn to_py(e: rankmesh::Error) -> PyErr {
     use rankmesh::{Abandon, Error as E};
     let msg = e.to_string();
     match e {
         E::Abandoned { why, .. } => match why {
-            Abandon::Interrupted => PENDING
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .unwrap_or_else(|| Error::new_err(msg)),
+            Abandon::Interrupted => take_pending().unwrap_or_else(|| Error::new_err(msg)),
             Abandon::Timeout => TimeoutError::new_err(msg),
             Abandon::PeerLeft => PeerError::new_err(msg),
         },

@@ -42,6 +42,13 @@ impl<T: 'static> Handle<T> {
     }
 }
 
+impl<T: 'static> Clone for Handle<T> {
+    /// Another holder of the same object (released with it).
+    fn clone(&self) -> Handle<T> {
+        Handle(self.0.clone())
+    }
+}
+
 /// Drops every object a handle holds.
 pub fn release_all() {
     let live = LIVE.with(|live| std::mem::take(&mut *live.borrow_mut()));

@@ -9,6 +9,7 @@ mod errors;
 mod handles;
 mod mesh;
 mod objects;
+mod torch_abi;
 
 use arrays::{Borrowed, Cuda, Here, Out, Plane};
 use errors::to_py;
@@ -448,6 +449,13 @@ impl Group {
         self.run(py, |g| g.barrier())
     }
 
+    /// A handle on this group for `rankmesh.torch`'s C++ backend (an
+    /// address it passes back to the [`torch_abi`] functions and releases
+    /// once). Finalizing empties it with the group's other handles.
+    fn _torch_handle(&self) -> usize {
+        torch_abi::TorchGroup::leak(self.slot.clone())
+    }
+
     /// Reduces `input_` across the group in place; returns `input_` itself.
     #[pyo3(signature = (input_, op = "sum"))]
     fn all_reduce<'py>(
@@ -672,6 +680,20 @@ fn _encode<'py>(
     Ok(pyo3::types::PyBytes::new(py, &objects::encode(&obj)?))
 }
 
+/// The C entry points of the torch backend, as a capsule named
+/// `rankmesh._native.torch_api` holding the address of their table.
+#[pyfunction]
+fn _torch_api(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let table = &torch_abi::API as *const torch_abi::Api as *mut std::ffi::c_void;
+    // SAFETY: the table and the name are `static`s: they outlive the
+    // capsule, which has no destructor.
+    unsafe {
+        let capsule =
+            pyo3::ffi::PyCapsule_New(table, c"rankmesh._native.torch_api".as_ptr(), None);
+        Bound::from_owned_ptr_or_err(py, capsule)
+    }
+}
+
 /// A tuple of the library's dtypes this module moves, by NumPy name.
 #[pyfunction]
 fn dtypes(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
@@ -686,6 +708,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(_decode, m)?)?;
     m.add_function(wrap_pyfunction!(_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(_torch_api, m)?)?;
     errors::register(m)?;
     Ok(())
 }
