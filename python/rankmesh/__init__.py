@@ -215,6 +215,22 @@ class GroupCoordinator:
                 out[key] = value
         return out
 
+    # -- torch.distributed (rankmesh.torch) --------------------------------
+    @property
+    def device_group(self):
+        """This group as a torch process group (FastVideo's ``device_group``),
+        on this same rankmesh group: made by ``initialize_model_parallel``
+        once ``rankmesh.torch`` is imported and
+        ``torch.distributed.init_process_group("rankmesh")`` has run. It
+        takes CPU and CUDA tensors alike, so it is ``cpu_group`` too."""
+        return _torch_group(self)
+
+    @property
+    def cpu_group(self):
+        """The same torch process group as ``device_group`` (rankmesh's
+        backend serves both devices)."""
+        return _torch_group(self)
+
     def __repr__(self) -> str:
         return f"GroupCoordinator({self.unique_name!r}, ranks={self.ranks}, rank_in_group={self.rank_in_group})"
 
@@ -226,6 +242,25 @@ def _describe(key, value):
     if type(value).__module__.startswith("torch"):
         return (key, "torch", (str(value.dtype).removeprefix("torch."), list(value.shape)))
     return (key, "value", value)
+
+
+# torch process groups on the layout's groups, by group name.
+_torch_groups: dict[str, Any] = {}
+
+
+def _torch_group(group: "GroupCoordinator"):
+    bridge = sys.modules.get("rankmesh.torch")
+    if bridge is not None and bridge.initialized():
+        if group.ranks == list(range(get_world_size())) and group.unique_name == "world":
+            import torch.distributed
+
+            return torch.distributed.group.WORLD
+        if group.unique_name in _torch_groups:
+            return _torch_groups[group.unique_name]
+    raise StateError(
+        f"{group.unique_name} has no torch process group: import rankmesh.torch and call "
+        "torch.distributed.init_process_group('rankmesh') before initialize_model_parallel"
+    )
 
 
 # -- the job's state (FastVideo's parallel_state) ----------------------------
@@ -283,6 +318,9 @@ def initialize_model_parallel(
         raise InvalidArgumentError(
             f"data_parallel_size={data_parallel_size} but the layout's DP size is {get_dp_world_size()}"
         )
+    bridge = sys.modules.get("rankmesh.torch")
+    if bridge is not None and bridge.initialized():
+        _torch_groups.update(bridge._model_parallel_groups())
 
 
 def model_parallel_is_initialized() -> bool:
@@ -290,6 +328,7 @@ def model_parallel_is_initialized() -> bool:
 
 
 def destroy_model_parallel() -> None:
+    _torch_groups.clear()
     if _runtime is not None:
         _runtime.destroy_model_parallel()
 

@@ -48,7 +48,7 @@ from rankmesh import _native
 # The module (torch.distributed re-exports a function of the same name).
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
 
-__all__ = ["build", "backend_module", "BACKEND"]
+__all__ = ["build", "backend_module", "initialized", "BACKEND"]
 
 BACKEND = "rankmesh"
 _SOURCE = Path(__file__).with_name("backend.cpp")
@@ -245,6 +245,11 @@ def _launcher_env() -> None:
     for var, value in (("RANK", rt.rank), ("WORLD_SIZE", rt.size), ("LOCAL_RANK", rt.local_rank),
                        ("LOCAL_WORLD_SIZE", rt.local_size)):
         os.environ.setdefault(var, str(value))
+
+
+def initialized() -> bool:
+    """Whether torch's default process group runs on rankmesh."""
+    return dist.is_initialized() and dist.get_backend() == BACKEND
 
 
 # -- FastVideo's groups as torch groups ---------------------------------------------
