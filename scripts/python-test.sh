@@ -3,14 +3,21 @@
 # (maturin, NumPy, ml_dtypes and pytest from PyPI), writes rankmesh's own
 # `topo --json` for every TP/SP layout of 1-4 ranks, then runs pytest under
 # mpirun at np 1-4 (every rank runs every test against a NumPy reference),
-# the CUDA tests on the emulators, the tests again under MPICH, and whole jobs.
+# the CUDA tests on the emulators, the tests again under MPICH, and whole jobs;
+# then torch.distributed on the "rankmesh" backend (python/torch_tests, torch
+# from PyPI: about 4.3 GB with its CUDA packages, once per venv) at np 1-4,
+# and under MPICH.
 # Needs python3-venv and python3-dev (scripts/install-deps.sh --test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 venv=${RANKMESH_PY_VENV:-target/python-venv}
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" numpy pytest ml_dtypes
+"$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" numpy pytest ml_dtypes \
+  "torch==2.11.0"
+# The torch backend's C++ library, built by the first rank that imports
+# rankmesh.torch (the others wait on its lock), kept with the build.
+export RANKMESH_TORCH_CACHE="$PWD/target/torch-backend"
 PATH="$PWD/$venv/bin:$PATH" CARGO_TARGET_DIR="$PWD/target/python" \
   pip install -q --disable-pip-version-check --no-build-isolation ./python
 cargo build -q --bin rankmesh
@@ -62,6 +69,15 @@ for np in 2 3; do
   RANKMESH_TOPO_DIR="$topo" PYTHONPATH="$PWD/target/python-mpich-site" timeout 600 \
     mpiexec.mpich -n "$np" "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
 done
+for np in 1 2 3 4; do
+  echo "python-test: torch.distributed on rankmesh, mpirun -np $np" >&2
+  timeout 600 mpirun --oversubscribe -np "$np" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    --color=no python/torch_tests
+done
+echo "python-test: torch.distributed on rankmesh under MPICH's mpiexec -n 2" >&2
+PYTHONPATH="$PWD/target/python-mpich-site" timeout 600 mpiexec.mpich -n 2 "$venv/bin/python" -m pytest -q \
+  -p no:cacheprovider --color=no python/torch_tests
 echo "python-test: whole jobs (python/jobs, launching mpirun itself)" >&2
 timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/jobs
 timeout 120 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/sp_attention.py
+timeout 300 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/torch_ddp.py
