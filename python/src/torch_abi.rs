@@ -11,9 +11,7 @@
 
 use crate::errors;
 use crate::handles::Handle;
-use rankmesh::{
-    Collectives, DType, DeviceTensor, Error, GroupCoordinator, P2p, ReduceOp, Tensor,
-};
+use rankmesh::{Collectives, DType, DeviceTensor, Error, GroupCoordinator, P2p, ReduceOp, Tensor};
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::thread::ThreadId;
