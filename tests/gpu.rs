@@ -103,14 +103,27 @@ fn check_reductions(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check
                 for dst in 0..g.size() {
                     let want = g.reduce(&x, dst, op).map_err(e)?;
                     let got = dg.reduce(&dx, dst, op).map_err(e)?;
-                    if let (Some(w), Some(d)) = (want, got) {
-                        let got = gpu.download(&d).map_err(e)?;
-                        same(
-                            &format!("reduce {op:?} to {dst} {dtype}"),
-                            &got,
-                            &w,
-                            Some(op),
-                        )?;
+                    let root = g.rank_in_group() == dst;
+                    match (want, got) {
+                        (Some(w), Some(d)) if root => {
+                            let got = gpu.download(&d).map_err(e)?;
+                            same(
+                                &format!("reduce {op:?} to {dst} {dtype}"),
+                                &got,
+                                &w,
+                                Some(op),
+                            )?;
+                        }
+                        (None, None) if !root => {}
+                        (w, d) => {
+                            return Err(format!(
+                                "reduce {op:?} to {dst} {dtype} on group rank {}: the host plane \
+                                 gave a result: {}, the device plane: {} (only the root has one)",
+                                g.rank_in_group(),
+                                w.is_some(),
+                                d.is_some()
+                            ))
+                        }
                     }
                 }
             }

@@ -113,6 +113,15 @@ fn worker() {
         .iter()
         .flat_map(|at| (0..200).filter_map(|_| TcpStream::connect(*at).ok()))
         .collect();
+    // The claim is about 200 held connections: fewer would test less.
+    assert_eq!(
+        held.len(),
+        200 * mine.len(),
+        "rank {}: only {} of {} strangers' connections opened",
+        rt.rank(),
+        held.len(),
+        200 * mine.len()
+    );
     let x = Tensor::from_vec([4], vec![1.5f32; 4]).unwrap();
     for _ in 0..50 {
         let y = world.all_reduce(&x, ReduceOp::Sum).unwrap();

@@ -136,15 +136,17 @@ def test_an_uncaught_exception_on_one_rank_is_named_on_the_others_at_once():
 
 
 def test_caught_errors_then_a_clean_exit_end_the_job_with_zero():
-    out, _ = run_job(2, """
+    out, said = run_job(2, """
         import numpy as np, rankmesh as dist
         dist.init_distributed_environment()
         g = dist.get_world_group()
         try:
             g.all_gather(np.ones(2, np.float32), dim=3)
-        except dist.InvalidArgumentError:
-            pass
+        except dist.InvalidArgumentError as e:
+            say("CAUGHT", dist.get_world_rank(), e)
         print("done", dist.get_world_rank())
     """)
     assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
+    assert sorted(l.split()[1] for l in said if l.startswith("CAUGHT ")) == ["0", "1"], said
+    assert all("dim 3 out of range" in l for l in said if l.startswith("CAUGHT ")), said
     assert "leaves after" not in out.stderr

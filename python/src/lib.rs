@@ -4,6 +4,7 @@
 //! library's collectives with the GIL released, and turns its errors into
 //! exceptions.
 
+mod alloc_probe;
 mod arrays;
 mod errors;
 mod handles;
@@ -680,6 +681,13 @@ fn _encode<'py>(
     Ok(pyo3::types::PyBytes::new(py, &objects::encode(&obj)?))
 }
 
+/// The largest allocation (bytes) the calling thread made on the Rust heap
+/// since the last call (tests of the zero-copy claims).
+#[pyfunction]
+fn _largest_rust_allocation() -> usize {
+    alloc_probe::largest_since_last()
+}
+
 /// The C entry points of the torch backend, as a capsule named
 /// `rankmesh._native.torch_api` holding the address of their table.
 #[pyfunction]
@@ -688,8 +696,7 @@ fn _torch_api(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     // SAFETY: the table and the name are `static`s: they outlive the
     // capsule, which has no destructor.
     unsafe {
-        let capsule =
-            pyo3::ffi::PyCapsule_New(table, c"rankmesh._native.torch_api".as_ptr(), None);
+        let capsule = pyo3::ffi::PyCapsule_New(table, c"rankmesh._native.torch_api".as_ptr(), None);
         Bound::from_owned_ptr_or_err(py, capsule)
     }
 }
@@ -709,6 +716,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_decode, m)?)?;
     m.add_function(wrap_pyfunction!(_encode, m)?)?;
     m.add_function(wrap_pyfunction!(_torch_api, m)?)?;
+    m.add_function(wrap_pyfunction!(_largest_rust_allocation, m)?)?;
     errors::register(m)?;
     Ok(())
 }

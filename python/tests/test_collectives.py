@@ -132,16 +132,27 @@ def test_non_contiguous_inputs_are_copied_and_outputs_refused():
 def test_zero_copy_all_reduce_allocates_nothing_of_the_tensors_size():
     import tracemalloc
 
+    from rankmesh import _native
+
     g = world()
     x = np.ones(1 << 20, np.float32)  # 4 MiB
     g.all_reduce(x)
+    # Python's heap (tracemalloc) and the library's (the extension's
+    # allocator, which records each thread's largest allocation).
+    _native._largest_rust_allocation()
     tracemalloc.start()
     for _ in range(3):
         g.all_reduce(x)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    largest = _native._largest_rust_allocation()
     assert peak < 64 << 10, f"peak {peak} B traced during in-place all_reduce"
+    assert largest < 64 << 10, f"a {largest} B allocation on the Rust heap during in-place all_reduce"
     assert x[0] == g.world_size ** 4
+    # The probe sees the library's allocations: the object plane encodes
+    # 1 MiB of bytes into a buffer on the Rust heap.
+    g.broadcast_object(b"x" * (1 << 20), 0)
+    assert _native._largest_rust_allocation() >= 1 << 20
 
 
 def test_torch_style_and_unsupported_inputs():
