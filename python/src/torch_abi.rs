@@ -450,23 +450,3 @@ unsafe extern "C" fn restore_interrupt() -> i32 {
         None => 0,
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn op_codes_are_their_positions() {
-        for (i, c) in Code::ALL.iter().enumerate() {
-            assert_eq!(*c as u32 as usize, i);
-        }
-    }
-
-    #[test]
-    fn messages_are_truncated_on_a_character_boundary() {
-        let mut buf = [1 as c_char; 6];
-        write_message("abcdé", buf.as_mut_ptr(), buf.len());
-        let got = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-        assert_eq!(got.to_str().unwrap(), "abcd");
-    }
-}
