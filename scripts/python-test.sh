@@ -21,6 +21,10 @@ export RANKMESH_TORCH_CACHE="$PWD/target/torch-backend"
 PATH="$PWD/$venv/bin:$PATH" CARGO_TARGET_DIR="$PWD/target/python" \
   pip install -q --disable-pip-version-check --no-build-isolation ./python
 cargo build -q --bin rankmesh
+# pytest with the skip rule (python/testing/ci_skips.py: each skip says why;
+# under CI one fails unless tests/allowed-skips.txt lists it).
+export PYTHONPATH="$PWD/python/testing${PYTHONPATH:+:$PYTHONPATH}"
+pytest=("$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --color=no -p ci_skips)
 topo=$(mktemp -d)
 trap 'rm -rf "$topo"' EXIT
 for w in 1 2 3 4; do
@@ -44,7 +48,7 @@ done
 for np in 1 2 3 4; do
   echo "python-test: pytest under mpirun -np $np" >&2
   RANKMESH_TOPO_DIR="$topo" timeout 600 mpirun --oversubscribe -np "$np" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
+    "${pytest[@]}" python/tests --ignore=python/tests/test_cuda.py
 done
 # CUDA tensors through DLPack on the device plane, on the CUDA and NCCL
 # emulators (tests/emulator; built by the gpu test binary), np 1-3.
@@ -57,7 +61,7 @@ for np in 1 2 3; do
   LD_LIBRARY_PATH="$emu" RANKMESH_NCCL_LIB="$emu/libnccl.so.2" RANKMESH_EMU_GPUS=4 \
     RANKMESH_TEST_CUDA=emulator timeout 600 mpirun --oversubscribe -np "$np" \
     -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_GPUS -x RANKMESH_TEST_CUDA \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests/test_cuda.py
+    "${pytest[@]}" python/tests/test_cuda.py
 done
 # The same tests under Debian's MPICH: the package built against it (its own
 # target directory and install directory), launched by its hydra.
@@ -66,18 +70,17 @@ PATH="$PWD/$venv/bin:$PATH" MPICC=mpicc.mpich CARGO_TARGET_DIR="$PWD/target/pyth
   --target target/python-mpich-site ./python
 for np in 2 3; do
   echo "python-test: pytest under MPICH's mpiexec -n $np" >&2
-  RANKMESH_TOPO_DIR="$topo" PYTHONPATH="$PWD/target/python-mpich-site" timeout 600 \
-    mpiexec.mpich -n "$np" "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/tests
+  RANKMESH_TOPO_DIR="$topo" PYTHONPATH="$PWD/target/python-mpich-site:$PYTHONPATH" timeout 600 \
+    mpiexec.mpich -n "$np" "${pytest[@]}" python/tests --ignore=python/tests/test_cuda.py
 done
 for np in 1 2 3 4; do
   echo "python-test: torch.distributed on rankmesh, mpirun -np $np" >&2
-  timeout 600 mpirun --oversubscribe -np "$np" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    --color=no python/torch_tests
+  timeout 600 mpirun --oversubscribe -np "$np" "${pytest[@]}" python/torch_tests
 done
 echo "python-test: torch.distributed on rankmesh under MPICH's mpiexec -n 2" >&2
-PYTHONPATH="$PWD/target/python-mpich-site" timeout 600 mpiexec.mpich -n 2 "$venv/bin/python" -m pytest -q \
-  -p no:cacheprovider --color=no python/torch_tests
+PYTHONPATH="$PWD/target/python-mpich-site:$PYTHONPATH" timeout 600 mpiexec.mpich -n 2 "${pytest[@]}" \
+  python/torch_tests
 echo "python-test: whole jobs (python/jobs, launching mpirun itself)" >&2
-timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider --color=no python/jobs
+timeout 600 "${pytest[@]}" python/jobs
 timeout 120 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/sp_attention.py
 timeout 300 mpirun --oversubscribe -np 4 "$venv/bin/python" examples/python/torch_ddp.py

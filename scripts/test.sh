@@ -12,7 +12,15 @@ bash scripts/install-deps.sh --test
 bash scripts/fetch-nccl.sh >/dev/null || echo "test.sh: NCCL's wheels not fetched; the real-library tests will skip" >&2
 # Open MPI refuses to run as root without these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cargo test "$@"
+# Every step's output is also kept, and at the end (pass or fail) tallied:
+# tests run, failed, ignored and skipped, per binary and per pytest run, and
+# each skip with its reason (tests/support's skip, python/testing/ci_skips).
+mkdir -p target
+log=target/test-output.log
+: > "$log"
+rm -f target/test-skips.log
+trap 'python3 scripts/test_summary.py "$log" target/test-skips.log' EXIT
+cargo test "$@" 2>&1 | tee -a "$log"
 # The GPU check rehearsed end to end on the emulators, from a bundle built as
 # for a GPU machine (issue #46), and rankmesh built against Debian's MPICH
 # and the PyPI wheels of Open MPI 5, MPICH 5 and Intel MPI, each run under
@@ -20,7 +28,7 @@ cargo test "$@"
 # (issue #49); a run narrowed by arguments skips them.
 if (($# == 0)); then
     # The Python package (issue #50): pytest under mpirun at np 1-4.
-    bash scripts/python-test.sh
+    bash scripts/python-test.sh 2>&1 | tee -a "$log"
     bash scripts/gpu-rehearse.sh
     for mpi in mpich openmpi5 mpich5 impi; do
         bash scripts/mpi-smoke.sh "$mpi"

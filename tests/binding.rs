@@ -148,7 +148,7 @@ fn launcher_binding_is_respected_unless_overridden() {
     }
     let all = machine();
     if all.len() < 2 {
-        eprintln!("SKIPPED launcher binding test: one CPU");
+        support::skip("launcher_binding_is_respected_unless_overridden", "one CPU");
         return;
     }
     let bound =

@@ -256,7 +256,10 @@ fn settings_that_differ_among_ranks_are_an_error_on_every_rank() {
 #[test]
 fn forced_shared_memory_across_nodes_is_an_error_on_every_rank() {
     if !support::fake_nodes_available() {
-        eprintln!("SKIPPED: `unshare --uts` is not permitted here");
+        support::skip(
+            "forced_shared_memory_across_nodes_is_an_error_on_every_rank",
+            "`unshare --uts` is not permitted here",
+        );
         return;
     }
     let job = support::fake_nodes("1,2", exe(), &["topo"], &[("RANKMESH_HOST_PLANE", "shm")]);
@@ -269,7 +272,10 @@ fn forced_shared_memory_across_nodes_is_an_error_on_every_rank() {
 #[test]
 fn topo_sees_fake_nodes() {
     if !support::fake_nodes_available() {
-        eprintln!("SKIPPED topo_sees_fake_nodes: `unshare --uts` is not permitted here");
+        support::skip(
+            "topo_sees_fake_nodes",
+            "`unshare --uts` is not permitted here",
+        );
         return;
     }
     let job = support::fake_nodes("2,3", exe(), &["topo", "--json"], &[]);
@@ -471,10 +477,11 @@ fn topo_mesh_bad_sizes_fail_on_every_rank() {
 /// naming the group and the hosts; without it the crossing is reported.
 #[test]
 fn topo_mesh_intra_node_dimensions_on_fake_nodes() {
-    let fake = support::fake_nodes_available();
-    assert!(fake || std::env::var("CI").is_err(), "CI runs fake nodes");
-    if !fake {
-        return println!("skipped: fake nodes need unshare --uts");
+    if !support::fake_nodes_available() {
+        return support::skip(
+            "topo_mesh_intra_node_dimensions_on_fake_nodes",
+            "fake nodes need unshare --uts",
+        );
     }
     let job = support::fake_nodes(
         "2,2",

@@ -76,7 +76,10 @@ fn bad_arguments_are_refused_on_every_rank() {
 #[test]
 fn a_rate_limited_node_is_named_and_fails_the_run() {
     if !support::network_namespaces_available() {
-        eprintln!("SKIPPED a_rate_limited_node_is_named_and_fails_the_run: network namespaces are not permitted here");
+        support::skip(
+            "a_rate_limited_node_is_named_and_fails_the_run",
+            "network namespaces are not permitted here",
+        );
         return;
     }
     let doctor = |svg: &Path, json: &Path, slow: Option<&str>| {

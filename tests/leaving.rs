@@ -323,7 +323,7 @@ fn a_panic_on_another_node_is_named() {
         return;
     }
     if !support::fake_nodes_available() {
-        println!("skipped: no UTS namespaces here");
+        support::skip("a_panic_on_another_node_is_named", "no UTS namespaces here");
         return;
     }
     let exe = std::env::current_exe().unwrap();

@@ -111,7 +111,10 @@ fn main() {
     let args = Arguments::from_args();
     let fake_nodes = support::fake_nodes_available();
     if !fake_nodes {
-        eprintln!("SKIPPED: fake-node trials need `unshare --uts` (root or user namespaces); they are marked ignored");
+        support::skip(
+            "mpi_ranks (the fake-node trials, marked ignored)",
+            "fake nodes need `unshare --uts` (root or user namespaces)",
+        );
     }
     let mut trials: Vec<Trial> = Vec::new();
     for s in scenarios::ALL {

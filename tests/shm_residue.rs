@@ -89,7 +89,10 @@ fn killed_rank_leaves_no_shared_memory_behind() {
     let job = support::mpirun(3, &exe, &args, &[(WORKER, "shm")]);
     expect_aborted_and_clean(&job, &before);
     if !support::fake_nodes_available() {
-        eprintln!("SKIPPED the hierarchical case: fake nodes need `unshare --uts`");
+        support::skip(
+            "killed_rank_leaves_no_shared_memory_behind (its hierarchical case)",
+            "fake nodes need `unshare --uts`",
+        );
         return;
     }
     let before = shared_memory_files();

@@ -130,7 +130,10 @@ fn main() {
         Err(e) => (None, e.to_string()),
     };
     if cluster.is_none() {
-        eprintln!("SKIPPED: Slurm tests are marked ignored: {}", why.trim());
+        support::skip(
+            "slurm (every trial, marked ignored)",
+            &format!("the local Slurm did not start: {}", why.trim()),
+        );
     }
     let c = std::sync::Arc::new(cluster);
     let ignored = c.is_none();

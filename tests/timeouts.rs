@@ -149,7 +149,10 @@ fn a_stopped_peer_on_another_node_is_named_through_its_nodes_service() {
         return;
     }
     if !support::fake_nodes_available() {
-        println!("skipped: no UTS namespaces here");
+        support::skip(
+            "a_stopped_peer_on_another_node_is_named_through_its_nodes_service",
+            "no UTS namespaces here",
+        );
         return;
     }
     let exe = std::env::current_exe().unwrap();
