@@ -21,13 +21,16 @@ def say(*words):
 """
 
 
-def run_job(np_, script, env=None, timeout=60):
+def run_job(np_, script, env=None, timeout=60, launch=None, rank_var="OMPI_COMM_WORLD_RANK"):
     """Runs `script` on `np_` ranks: (the finished process, every line the
-    ranks said)."""
+    ranks said). `launch`: the launcher's command line before the program
+    (Open MPI's mpirun by default); `rank_var`: where it puts the rank."""
     launcher = os.environ.get("RANKMESH_MPIEXEC", "mpirun")
+    launch = launch or [launcher, "--oversubscribe", "-np", str(np_)]
     with tempfile.TemporaryDirectory() as d:
-        code = SAY + textwrap.dedent(script)
-        cmd = [launcher, "--oversubscribe", "-np", str(np_), sys.executable, "-c", code]
+        os.chmod(d, 0o777)  # srun's tasks may run as another user
+        code = SAY.replace("OMPI_COMM_WORLD_RANK", rank_var) + textwrap.dedent(script)
+        cmd = [*launch, sys.executable, "-c", code]
         e = dict(os.environ, JOB_OUT=d, **(env or {}))
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
         said = [l for f in sorted(os.listdir(d)) for l in open(os.path.join(d, f)).read().splitlines()]

@@ -5,7 +5,6 @@ that leaves, a rank that never calls in."""
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
@@ -47,17 +46,8 @@ def test_under_mpich_mpiexec():
     if not os.path.isdir(site) or launcher is None:
         pytest.fail("the MPICH build of the package (scripts/python-test.sh builds it) or "
                     "mpiexec.mpich is missing")
-    import tempfile
-    import textwrap
-
-    from test_jobs import SAY
-
-    with tempfile.TemporaryDirectory() as d:
-        code = SAY.replace("OMPI_COMM_WORLD_RANK", "PMI_RANK") + textwrap.dedent(PROGRAM)
-        env = dict(os.environ, JOB_OUT=d, PYTHONPATH=site)
-        out = subprocess.run([launcher, "-n", "2", sys.executable, "-c", code], capture_output=True,
-                             text=True, timeout=120, env=env)
-        said = [l for f in sorted(os.listdir(d)) for l in open(os.path.join(d, f)).read().splitlines()]
+    out, said = run_job(2, PROGRAM, env={"PYTHONPATH": site}, timeout=120,
+                        launch=[launcher, "-n", "2"], rank_var="PMI_RANK")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert sums(said, 2), said
 
@@ -66,26 +56,16 @@ def test_under_srun():
     script = os.path.join(REPO, "scripts", "local-slurm.sh")
     started = subprocess.run(["bash", script, "start"], capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, f"the local Slurm did not start:\n{started.stderr[-2000:]}"
-    env = dict(os.environ)
+    env = {}
     for line in started.stdout.splitlines():
         if line.startswith("export "):
             k, _, v = line[len("export "):].partition("=")
             env[k] = v.strip("'\"")
+    mpi = "pmix" if "Open MPI" in subprocess.run(["mpirun", "--version"], capture_output=True,
+                                                 text=True).stdout else "pmi2"
     try:
-        import tempfile
-        import textwrap
-
-        from test_jobs import SAY
-
-        with tempfile.TemporaryDirectory() as d:
-            os.chmod(d, 0o777)
-            code = SAY.replace("OMPI_COMM_WORLD_RANK", "SLURM_PROCID") + textwrap.dedent(PROGRAM)
-            env["JOB_OUT"] = d
-            mpi = "pmix" if "Open MPI" in subprocess.run(["mpirun", "--version"], capture_output=True,
-                                                         text=True).stdout else "pmi2"
-            out = subprocess.run(["srun", f"--mpi={mpi}", "-n", "2", sys.executable, "-c", code],
-                                 capture_output=True, text=True, timeout=180, env=env)
-            said = [l for f in sorted(os.listdir(d)) for l in open(os.path.join(d, f)).read().splitlines()]
+        out, said = run_job(2, PROGRAM, env=env, timeout=180,
+                            launch=["srun", f"--mpi={mpi}", "-n", "2"], rank_var="SLURM_PROCID")
     finally:
         subprocess.run(["bash", script, "stop"], capture_output=True, timeout=60)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import close, make
+from conftest import close
 
 
 def R():
