@@ -55,10 +55,25 @@ create_exception!(rankmesh, GpuError, Error, "The device plane: CUDA or NCCL.");
 /// `KeyboardInterrupt`), for the call it interrupted to raise.
 static PENDING: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
 
+/// The thread that started the runtime: the one whose waits check for
+/// Python's signals.
+static PYTHON_THREAD: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
+
+/// Makes this thread the one whose waits run Python's signal handlers.
+pub fn note_python_thread() {
+    let _ = PYTHON_THREAD.set(std::thread::current().id());
+}
+
 /// The runtime's interrupt check: runs Python's signal handlers (they run
 /// only when the main thread holds the GIL, which a waiting call released).
-/// `true` when one raised: the call is given up and raises that.
+/// `true` when one raised: the call is given up and raises that. Other
+/// threads' waits (torch's autograd threads in the torch backend) skip it:
+/// Python runs handlers on its main thread only, and taking the GIL there
+/// could wait on a thread that waits for their MPI lock.
 pub fn interrupted() -> bool {
+    if PYTHON_THREAD.get() != Some(&std::thread::current().id()) {
+        return false;
+    }
     Python::attach(|py| match py.check_signals() {
         Ok(()) => false,
         Err(e) => {

@@ -85,6 +85,9 @@ impl Runtime {
         let rt = py
             .detach(move || {
                 rankmesh::Runtime::init_adjusted(|o| {
+                    // torch's autograd threads call the torch backend; the
+                    // package's lock (handles::serial) takes their turns.
+                    o.serialized = true;
                     if let Some(h) = on_hang {
                         o.on_hang = h;
                     }
@@ -97,6 +100,7 @@ impl Runtime {
             })
             .map_err(|e| to_py(e.get()))?
             .get();
+        errors::note_python_thread();
         rt.set_interrupt_check(Some(errors::interrupted));
         let rt: &'static rankmesh::Runtime = Box::leak(Box::new(rt));
         let state = match ParallelState::new(rt) {
@@ -141,6 +145,7 @@ impl Runtime {
 
     /// FastVideo's `initialize_model_parallel` (collective over the world).
     fn initialize_model_parallel(&mut self, py: Python<'_>, tp: usize, sp: usize) -> PyResult<()> {
+        let _turn = handles::serial();
         let state = self
             .state
             .as_mut()
@@ -155,6 +160,7 @@ impl Runtime {
     }
 
     fn destroy_model_parallel(&mut self) -> PyResult<()> {
+        let _turn = handles::serial();
         if let Some(s) = self.state.as_mut() {
             s.destroy_model_parallel();
         }
@@ -163,12 +169,14 @@ impl Runtime {
 
     /// The world group.
     fn world_group(&mut self) -> PyResult<Group> {
+        let _turn = handles::serial();
         let g = self.state()?.world().clone();
         Ok(Group::new(g))
     }
 
     /// The group in force of `kind` ("tp", "sp" or "dp").
     fn group(&mut self, kind: &str) -> PyResult<Group> {
+        let _turn = handles::serial();
         let state = self.state()?;
         let g = match kind {
             "tp" => state.tp(),
@@ -183,6 +191,7 @@ impl Runtime {
     /// A group of the world ranks `ranks` (collective over the world: every
     /// rank calls it with the same list).
     fn subgroup(&mut self, py: Python<'_>, name: &str, ranks: Vec<usize>) -> PyResult<Group> {
+        let _turn = handles::serial();
         let rt = Here::new(self.rt()?);
         let g = py
             .detach(move || rt.get().subgroup(name, &ranks).map(Here::new))
@@ -199,6 +208,7 @@ impl Runtime {
         dims: Vec<(String, usize)>,
         intra_node: Vec<String>,
     ) -> PyResult<mesh::Mesh> {
+        let _turn = handles::serial();
         let rt = self.rt()?;
         let dims: Vec<(&str, usize)> = dims.iter().map(|(n, s)| (n.as_str(), *s)).collect();
         mesh::Mesh::build(py, rt, MeshLayout::row_major(rt.size(), &dims), intra_node)
@@ -213,6 +223,7 @@ impl Runtime {
         sizes: Vec<(String, usize)>,
         intra_node: Vec<String>,
     ) -> PyResult<mesh::Mesh> {
+        let _turn = handles::serial();
         let rt = self.rt()?;
         let sizes: Vec<(&str, usize)> = sizes.iter().map(|(n, s)| (n.as_str(), *s)).collect();
         mesh::Mesh::build(
@@ -237,6 +248,7 @@ impl Runtime {
         etp: Option<usize>,
         intra_node: Vec<String>,
     ) -> PyResult<(mesh::Mesh, mesh::Mesh)> {
+        let _turn = handles::serial();
         let rt = self.rt()?;
         let sizes = rankmesh::MegatronSizes {
             tp,
@@ -262,6 +274,7 @@ impl Runtime {
         tp: usize,
         intra_node: Vec<String>,
     ) -> PyResult<mesh::Mesh> {
+        let _turn = handles::serial();
         let rt = self.rt()?;
         mesh::Mesh::build(py, rt, MeshLayout::vllm(rt.size(), dp, pp, tp), intra_node)
     }
@@ -273,6 +286,7 @@ impl Runtime {
     /// calls.
     #[pyo3(signature = (failure = None))]
     fn finalize(&mut self, failure: Option<String>) {
+        let _turn = handles::serial();
         handles::release_all();
         self.state.take();
         if let Some(rt) = self.rt.take() {

@@ -107,20 +107,23 @@ enum Code {
 }
 
 impl Code {
-    const ALL: [Code; 12] = [
-        Code::Barrier,
-        Code::AllReduce,
-        Code::Reduce,
-        Code::Broadcast,
-        Code::AllGather,
-        Code::Gather,
-        Code::Scatter,
-        Code::ReduceScatter,
-        Code::AllToAll,
-        Code::AllToAllV,
-        Code::AllGatherV,
-        Code::Refuse,
-    ];
+    fn from_u32(op: u32) -> Option<Code> {
+        Some(match op {
+            0 => Code::Barrier,
+            1 => Code::AllReduce,
+            2 => Code::Reduce,
+            3 => Code::Broadcast,
+            4 => Code::AllGather,
+            5 => Code::Gather,
+            6 => Code::Scatter,
+            7 => Code::ReduceScatter,
+            8 => Code::AllToAll,
+            9 => Code::AllToAllV,
+            10 => Code::AllGatherV,
+            11 => Code::Refuse,
+            _ => return None,
+        })
+    }
 }
 
 /// Return codes: which `rankmesh` exception the error stands for
@@ -141,8 +144,10 @@ mod status {
 }
 
 /// A group as the C++ backend holds it: the same handle Python's `Group`
-/// holds (so finalizing empties both), and the thread that made it, the
-/// only one MPI is called from (the runtime asks for MPI_THREAD_FUNNELED).
+/// holds (so finalizing empties both), and the thread that made it. Other
+/// threads (torch's autograd threads, which all-reduce DDP's buckets on
+/// CUDA) may call too where MPI runs SERIALIZED: the handle's borrow takes
+/// the package's MPI lock.
 pub struct TorchGroup {
     slot: Handle<GroupCoordinator<'static>>,
     thread: ThreadId,
@@ -207,16 +212,20 @@ fn guarded(
         // SAFETY: `h` came from `TorchGroup::leak` and is released only by
         // `release`, after the C++ backend's last call.
         let group = unsafe { &*(h as *const TorchGroup) };
-        if std::thread::current().id() != group.thread {
+        let slot = group.slot.borrow();
+        if std::thread::current().id() != group.thread
+            && !slot
+                .as_ref()
+                .is_some_and(|g| g.runtime().calls_from_any_thread())
+        {
             return Err((
                 status::STATE,
                 "rankmesh's torch backend was called from a thread other than the one that \
-                 initialised it: MPI runs FUNNELED, on the thread that called \
-                 init_process_group (call collectives from it)"
+                 initialised it, and this MPI granted less than MPI_THREAD_SERIALIZED: call \
+                 collectives from the thread that called init_process_group"
                     .to_string(),
             ));
         }
-        let slot = group.slot.borrow();
         let g = slot.as_ref().ok_or_else(|| {
             (
                 status::STATE,
@@ -258,6 +267,13 @@ fn dtype_of(code: u32) -> Result<DType, (i32, String)> {
         .ok_or_else(|| invalid(format!("unknown dtype code {code} from the torch backend")))
 }
 
+fn reduce_of(code: u32) -> Result<ReduceOp, (i32, String)> {
+    ReduceOp::ALL
+        .get(code as usize)
+        .copied()
+        .ok_or_else(|| invalid(format!("unknown reduce code {code} from the torch backend")))
+}
+
 fn counts(ptr: *const u64, n: usize) -> Vec<usize> {
     if ptr.is_null() {
         return Vec::new();
@@ -274,13 +290,10 @@ fn dispatch<'rt, C: Collectives<'rt>>(
     g: &C,
     call: &Call,
     code: Code,
+    reduce: ReduceOp,
     make: impl Fn(Buf) -> rankmesh::Result<C::Tensor>,
 ) -> rankmesh::Result<()> {
     let size = g.group().size();
-    let reduce = ReduceOp::ALL
-        .get(call.reduce as usize)
-        .copied()
-        .unwrap_or(ReduceOp::Sum);
     let peer = usize::try_from(call.peer).unwrap_or(usize::MAX);
     match code {
         Code::Barrier | Code::Refuse => g.barrier(),
@@ -360,16 +373,19 @@ unsafe extern "C" fn run(h: *mut c_void, call: *const Call, err: *mut c_char, le
     guarded(h, err, len, |g| {
         // SAFETY: the C++ side passes a live `RmCall`.
         let call = unsafe { &*call };
-        let code = Code::ALL
-            .get(call.op as usize)
-            .copied()
-            .ok_or_else(|| invalid(format!("unknown op code {}", call.op)))?;
+        let code = Code::from_u32(call.op).ok_or_else(|| {
+            invalid(format!(
+                "unknown op code {} from the torch backend",
+                call.op
+            ))
+        })?;
         let dtype = dtype_of(call.dtype)?;
+        let reduce = reduce_of(call.reduce)?;
         if call.device < 0 {
-            dispatch(g, call, code, |b| host_tensor(b, dtype)).map_err(lib)
+            dispatch(g, call, code, reduce, |b| host_tensor(b, dtype)).map_err(lib)
         } else {
             on_device(g, call.device, call.stream, |d| {
-                dispatch(d, call, code, |b| Ok(device_tensor(b, dtype)))
+                dispatch(d, call, code, reduce, |b| Ok(device_tensor(b, dtype)))
             })
         }
     })
@@ -379,15 +395,12 @@ unsafe extern "C" fn run(h: *mut c_void, call: *const Call, err: *mut c_char, le
 fn batch_ops<'rt, C: Collectives<'rt>>(
     g: &C,
     ops: &[P2pOp],
+    dtypes: &[DType],
     make: impl Fn(Buf, DType) -> rankmesh::Result<C::Tensor>,
 ) -> rankmesh::Result<()> {
     let mut tensors = Vec::with_capacity(ops.len());
-    for op in ops {
-        let dtype = DType::ALL
-            .get(op.dtype as usize)
-            .copied()
-            .unwrap_or(DType::U8);
-        tensors.push(make(op.buf, dtype)?);
+    for (op, dtype) in ops.iter().zip(dtypes) {
+        tensors.push(make(op.buf, *dtype)?);
     }
     let mut list: Vec<P2p<'_, C::Tensor>> = tensors
         .iter_mut()
@@ -420,14 +433,15 @@ unsafe extern "C" fn batch(
             // SAFETY: the C++ side passes `n` live ops.
             unsafe { std::slice::from_raw_parts(ops, n) }
         };
-        for op in ops {
-            dtype_of(op.dtype)?;
-        }
+        let dtypes = ops
+            .iter()
+            .map(|op| dtype_of(op.dtype))
+            .collect::<Result<Vec<_>, _>>()?;
         if device < 0 {
-            batch_ops(g, ops, host_tensor).map_err(lib)
+            batch_ops(g, ops, &dtypes, host_tensor).map_err(lib)
         } else {
             on_device(g, device, stream, |d| {
-                batch_ops(d, ops, |b, dt| Ok(device_tensor(b, dt)))
+                batch_ops(d, ops, &dtypes, |b, dt| Ok(device_tensor(b, dt)))
             })
         }
     })
@@ -437,6 +451,7 @@ unsafe extern "C" fn release(h: *mut c_void) {
     if !h.is_null() {
         // SAFETY: from `TorchGroup::leak`, released once (the C++
         // backend's destructor).
+        let _turn = crate::handles::serial();
         drop(unsafe { Box::from_raw(h as *mut TorchGroup) });
     }
 }

@@ -44,6 +44,31 @@ def test_ddp_at_its_defaults_ends_identical_everywhere_and_as_gloo(gloo):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
+def test_ddp_trains_from_another_thread_as_on_cuda(gloo):
+    # DDP on CUDA all-reduces its buckets from autograd's device thread,
+    # not the one that called init_process_group: the runtime runs MPI
+    # SERIALIZED, and the package's lock takes the turns.
+    import threading
+
+    out, failed = [], []
+
+    def steps():
+        try:
+            out.append(train(DDP(model())))
+        except BaseException as e:  # re-raised on the test's thread
+            failed.append(e)
+
+    t = threading.Thread(target=steps)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "training on a second thread never finished"
+    if failed:
+        raise failed[0]
+    theirs = train(DDP(model(), process_group=gloo))
+    torch.testing.assert_close(out[0], theirs, rtol=1e-5, atol=1e-6)
+    dist.all_reduce(torch.ones(1))  # and the first thread still calls in
+
+
 def test_ddp_comm_hook_gets_a_future():
     seen = []
 

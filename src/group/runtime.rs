@@ -146,6 +146,11 @@ pub struct Options {
     /// What a call that cannot complete does (`RANKMESH_ON_HANG`: `abort`,
     /// the default, ends the job; `error` fails the call, see [`OnHang`]).
     pub on_hang: OnHang,
+    /// Whether calls may come from any thread, one at a time
+    /// (MPI_THREAD_SERIALIZED; the caller serialises them, as the Python
+    /// package does for torch's autograd threads). Off by default: MPI is
+    /// asked for FUNNELED, and calls stay on the thread that started it.
+    pub serialized: bool,
 }
 
 /// Whether all-to-alls within a node read each peer's blocks with one copy
@@ -207,6 +212,7 @@ impl Default for Options {
             allow_singleton: false,
             mpi_calls: MpiCalls::Auto,
             on_hang: OnHang::Abort,
+            serialized: false,
         }
     }
 }
@@ -477,10 +483,16 @@ impl Runtime {
             return Err(refuse_start(None, why));
         }
         let startup = StartupWatch::start(options.init_timeout);
-        let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
-            .ok_or_else(|| {
-                Error::Launch("MPI is already initialised: create one Runtime per process".into())
-            })?;
+        // SERIALIZED costs nothing over FUNNELED in Open MPI and MPICH: both
+        // lock their internals only for MULTIPLE.
+        let wanted = if options.serialized {
+            Threading::Serialized
+        } else {
+            Threading::Funneled
+        };
+        let (universe, threading) = mpi::initialize_with_threading(wanted).ok_or_else(|| {
+            Error::Launch("MPI is already initialised: create one Runtime per process".into())
+        })?;
         startup.step("the world communicator's duplicate (MPI_Comm_dup)");
         let world_comm = universe.world().duplicate();
         let (info, node_comm) = gather_world_info(&world_comm, &startup)?;
@@ -518,9 +530,10 @@ impl Runtime {
             )?),
             None => None,
         };
-        if threading < Threading::Funneled {
+        if threading < wanted {
             warnings.push(format!(
-                "MPI granted thread level {threading:?}; rankmesh keeps all MPI calls on one thread"
+                "MPI granted thread level {threading:?} where rankmesh asked for {wanted:?}; \
+                 rankmesh keeps all MPI calls on one thread"
             ));
         }
         for w in &warnings {
@@ -682,6 +695,12 @@ impl Runtime {
     /// Thread level MPI granted.
     pub fn threading(&self) -> Threading {
         self.threading
+    }
+
+    /// Whether MPI lets calls come from any thread, one at a time (it
+    /// granted SERIALIZED or more).
+    pub fn calls_from_any_thread(&self) -> bool {
+        self.threading >= Threading::Serialized
     }
 
     pub(crate) fn watchdog(&self) -> &Watchdog {

@@ -106,6 +106,20 @@ int dtype_code(at::ScalarType t) {
   }
 }
 
+// torch's ReduceOp as the library's code (its ReduceOp::ALL order: sum,
+// prod, min, max, avg); -1 where it has none, which the callers compose
+// (bitwise ops by a gather and a fold, PREMUL_SUM by scaling).
+int32_t library_reduce(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return 0;
+    case c10d::ReduceOp::PRODUCT: return 1;
+    case c10d::ReduceOp::MIN: return 2;
+    case c10d::ReduceOp::MAX: return 3;
+    case c10d::ReduceOp::AVG: return 4;
+    default: return -1;
+  }
+}
+
 const char* op_name(c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM: return "SUM";
@@ -283,11 +297,8 @@ class RankmeshBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override {
-    check_lists(outputs.size(), inputs.size(), "all_gather_into_tensor_coalesced");
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      _allgather_base(outputs[i], inputs[i], opts);
-    }
-    return done(c10d::OpType::COALESCED, outputs);
+    return pairwise(outputs, inputs, "all_gather_into_tensor_coalesced",
+                    [&](at::Tensor& o, at::Tensor& i) { _allgather_base(o, i, opts); });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -413,11 +424,8 @@ class RankmeshBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    check_lists(outputs.size(), inputs.size(), "reduce_scatter_tensor_coalesced");
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      _reduce_scatter_base(outputs[i], inputs[i], opts);
-    }
-    return done(c10d::OpType::COALESCED, outputs);
+    return pairwise(outputs, inputs, "reduce_scatter_tensor_coalesced",
+                    [&](at::Tensor& o, at::Tensor& i) { _reduce_scatter_base(o, i, opts); });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -598,22 +606,27 @@ class RankmeshBackend : public c10d::Backend {
     return c10::make_intrusive<BatchWork>(this, pending_, type, tensors);
   }
 
+  // A coalesced form: each (output, input) pair as its own call, and one
+  // Work for them all.
+  template <class Each>
+  c10::intrusive_ptr<c10d::Work> pairwise(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs, const char* what,
+                                          Each each) {
+    check_lists(outputs.size(), inputs.size(), what);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      each(outputs[i], inputs[i]);
+    }
+    return done(c10d::OpType::COALESCED, outputs);
+  }
+
   // all_reduce (root -1) or reduce (root >= 0) of `t` in place, every
   // torch ReduceOp: the library's five, bitwise ones by a gather and a
   // local fold, PREMUL_SUM by scaling first.
   void reduce_into_place(at::Tensor& t, const c10d::ReduceOp& rop, int root, const char* what) {
     auto x = in_place(t, what);
     const auto op = rop.op_;
-    int32_t code = -1;
-    switch (op) {
-      case c10d::ReduceOp::SUM: code = 0; break;
-      case c10d::ReduceOp::PRODUCT: code = 1; break;
-      case c10d::ReduceOp::MIN: code = 2; break;
-      case c10d::ReduceOp::MAX: code = 3; break;
-      case c10d::ReduceOp::AVG: code = 4; break;
-      case c10d::ReduceOp::PREMUL_SUM: code = 0; break;
-      default: break;
-    }
+    // PREMUL_SUM: scaled below, then summed.
+    const int32_t code = op == c10d::ReduceOp::PREMUL_SUM ? 0 : library_reduce(op);
     if (t.is_complex() && op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG &&
         op != c10d::ReduceOp::PREMUL_SUM) {
       refuse(std::string(what) + " with ReduceOp." + op_name(op) + " on " +
@@ -682,18 +695,13 @@ class RankmeshBackend : public c10d::Backend {
   void reduce_scatter_flat(at::Tensor& in, at::Tensor& out, const c10d::ReduceOp& rop,
                            const char* what) {
     const auto op = rop.op_;
-    if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG ||
-        op == c10d::ReduceOp::PRODUCT || op == c10d::ReduceOp::MIN ||
-        op == c10d::ReduceOp::MAX) {
+    const int32_t code = library_reduce(op);
+    if (code >= 0) {
       if (in.is_complex() && op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG) {
         refuse(std::string(what) + " with ReduceOp." + op_name(op) + " on complex numbers");
       }
       RmCall c = call(kReduceScatter, in);
-      c.reduce = op == c10d::ReduceOp::SUM       ? 0
-                 : op == c10d::ReduceOp::PRODUCT ? 1
-                 : op == c10d::ReduceOp::MIN     ? 2
-                 : op == c10d::ReduceOp::MAX     ? 3
-                                                 : 4;
+      c.reduce = static_cast<uint32_t>(code);
       c.input = buf(in);
       c.output = buf(out);
       run(c);
