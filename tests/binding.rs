@@ -29,6 +29,7 @@ fn cpus(list: &str) -> BTreeSet<usize> {
 
 /// Each rank prints what the kernel says it may run on after start-up.
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() {
     if std::env::var(WORKER).is_err() {
         return;
@@ -47,7 +48,7 @@ fn run(np: usize, env: &[(&str, &str)]) -> Result<Vec<BTreeSet<usize>>, support:
     let exe = std::env::current_exe().unwrap();
     let mut all = vec![(WORKER, "1")];
     all.extend_from_slice(env);
-    let job = support::mpirun(np, &exe, &["--exact", "worker", "--nocapture"], &all);
+    let job = support::mpirun(np, &exe, &support::rank_body("worker"), &all);
     if !job.ok() {
         return Err(job);
     }

@@ -93,6 +93,7 @@ fn forge(g: &rankmesh::GroupCoordinator<'_>, attack: &str) {
 }
 
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() {
     let Ok(mode) = std::env::var(WORKER) else {
         return;
@@ -211,7 +212,7 @@ fn run_fault_with(mode: &str, env: &[(&str, &str)]) -> (support::Job, f64) {
     let job = support::mpirun(
         2,
         &std::env::current_exe().unwrap(),
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[&[(WORKER, mode), ("RANKMESH_TIMEOUT", TIMEOUT_S)], env].concat(),
     );
     let took = start.elapsed().as_secs_f64();

@@ -144,6 +144,7 @@ fn finishes_early(rt: &Runtime) -> rankmesh::Result<()> {
 }
 
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() -> rankmesh::Result<()> {
     let Ok(mode) = std::env::var(WORKER) else {
         return Ok(());
@@ -165,7 +166,7 @@ fn worker() -> rankmesh::Result<()> {
 fn run(np: usize, env: &[(&str, &str)]) -> (support::Job, f64) {
     let exe = std::env::current_exe().unwrap();
     let start = Instant::now();
-    let job = support::mpirun(np, &exe, &["--exact", "worker", "--nocapture"], env);
+    let job = support::mpirun(np, &exe, &support::rank_body("worker"), env);
     (job, start.elapsed().as_secs_f64())
 }
 
@@ -331,7 +332,7 @@ fn a_panic_on_another_node_is_named() {
     let job = support::fake_nodes(
         "2,2",
         &exe,
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[(WORKER, "panic-across")],
     );
     let took = start.elapsed().as_secs_f64();

@@ -56,6 +56,7 @@ fn knock(at: SocketAddrV4, request: &[u8]) -> usize {
 }
 
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() {
     if std::env::var(WORKER).is_err() {
         return;
@@ -137,12 +138,7 @@ fn strangers_get_nothing_and_the_job_runs_on() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    let job = support::mpirun(
-        2,
-        &exe,
-        &["--exact", "worker", "--nocapture"],
-        &[(WORKER, "1")],
-    );
+    let job = support::mpirun(2, &exe, &support::rank_body("worker"), &[(WORKER, "1")]);
     assert!(job.ok(), "{}", job.describe());
     assert_eq!(
         job.stdout.matches("LISTENERS-OK").count(),

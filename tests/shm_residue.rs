@@ -50,6 +50,7 @@ fn shared_memory_files() -> BTreeSet<String> {
 /// on the hierarchical one across fake nodes (a window per node), as the
 /// worker variable says.
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() {
     if std::env::var(WORKER).is_err() {
         return;
@@ -84,7 +85,7 @@ fn killed_rank_leaves_no_shared_memory_behind() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    let args = ["--exact", "worker", "--nocapture"];
+    let args = support::rank_body("worker");
     let before = shared_memory_files();
     let job = support::mpirun(3, &exe, &args, &[(WORKER, "shm")]);
     expect_aborted_and_clean(&job, &before);

@@ -16,6 +16,7 @@ fn rss_kib() -> u64 {
 }
 
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() {
     if std::env::var(WORKER).is_err() {
         return;
@@ -49,7 +50,7 @@ fn group_create_drop_cycles_do_not_grow_memory() {
     let job = support::mpirun(
         2,
         &std::env::current_exe().unwrap(),
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[(WORKER, "1")],
     );
     assert!(job.ok(), "{}", job.describe());

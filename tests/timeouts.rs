@@ -10,6 +10,7 @@ const WORKER: &str = "RANKMESH_TIMEOUT_WORKER";
 
 /// Rank 0 enters a barrier while rank 1 sends to it: neither call can match.
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn worker() {
     let Ok(mode) = std::env::var(WORKER) else {
         return;
@@ -73,7 +74,7 @@ fn mismatched_calls_end_the_job_with_a_message() {
     let job = support::mpirun(
         2,
         &exe,
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[(WORKER, "mismatch"), ("RANKMESH_TIMEOUT", "2")],
     );
     let took = start.elapsed().as_secs_f64();
@@ -121,7 +122,7 @@ fn a_stopped_peer_is_named(plane: &str) {
     let job = support::mpirun(
         2,
         &exe,
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[
             (WORKER, "stopped"),
             ("RANKMESH_TIMEOUT", "2"),
@@ -159,7 +160,7 @@ fn a_stopped_peer_on_another_node_is_named_through_its_nodes_service() {
     let job = support::fake_nodes(
         "1,2",
         &exe,
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[(WORKER, "stopped-remote"), ("RANKMESH_TIMEOUT", "2")],
     );
     assert!(!job.ok(), "{}", job.describe());
@@ -199,7 +200,7 @@ fn waits_shorter_than_the_timeout_pass() {
     let job = support::mpirun(
         2,
         &exe,
-        &["--exact", "worker", "--nocapture"],
+        &support::rank_body("worker"),
         &[(WORKER, "slow"), ("RANKMESH_TIMEOUT", "5")],
     );
     assert!(job.ok(), "{}", job.describe());
@@ -219,6 +220,7 @@ const ABSENT: &str = "RANKMESH_STARTUP_ABSENT";
 /// (stuck before it, stopped, or a plain MPI program that sleeps after
 /// `MPI_Init`); the others call it and must be ended by the start-up watch.
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn startup_worker() {
     let Ok(mode) = std::env::var(STARTUP) else {
         return;
@@ -263,7 +265,7 @@ fn absent_rank_is_named(mode: &str, absent: usize) {
     let job = support::mpirun(
         3,
         &exe,
-        &["--exact", "startup_worker", "--nocapture"],
+        &support::rank_body("startup_worker"),
         &[
             (STARTUP, mode),
             (ABSENT, &absent_s),
@@ -341,6 +343,7 @@ const CREATE: &str = "RANKMESH_CREATE_WORKER";
 /// Rank 2 starts rankmesh and then never joins the group creation the
 /// others enter (a group of TP/SP/DP start-up, past `Runtime::init`).
 #[test]
+#[ignore = "rank body: run under mpirun by its test"]
 fn create_worker() {
     if std::env::var(CREATE).is_err() {
         return;
@@ -370,7 +373,7 @@ fn a_rank_missing_from_group_creation_is_named() {
     let job = support::mpirun(
         3,
         &exe,
-        &["--exact", "create_worker", "--nocapture"],
+        &support::rank_body("create_worker"),
         &[(CREATE, "1"), ("RANKMESH_TIMEOUT", "3")],
     );
     let took = start.elapsed().as_secs_f64();

@@ -39,6 +39,16 @@ pub fn skip(test: &str, why: &str) {
     }
 }
 
+/// The arguments that run one rank body of this test binary under a
+/// launcher. A rank body is a `#[test]` marked
+/// `#[ignore = "rank body: run under mpirun by its test"]`: the tests that
+/// launch it are what pass or fail, so a plain `cargo test` lists it as
+/// ignored with that reason (and scripts/test.sh's tally counts it apart)
+/// instead of as a test that passed without testing.
+pub fn rank_body(name: &'static str) -> [&'static str; 4] {
+    ["--exact", name, "--ignored", "--nocapture"]
+}
+
 /// Seconds after which a job is killed: a hang fails the test instead of the run.
 pub const JOB_TIMEOUT_S: u32 = 180;
 
