@@ -473,6 +473,29 @@ impl<'a> Communicator<'a> {
         }
     }
 
+    /// A call that answered `ncclInProgress`: NCCL enqueues it in the
+    /// background, and what the poll then reports is the communicator's
+    /// asynchronous error (a failed peer, say), named as such rather than
+    /// as the call's own refusal.
+    #[cold]
+    #[inline(never)]
+    fn settle_call(&self, what: &str) -> Result<(), NcclError> {
+        match self
+            .state
+            .settle(self.api, "asynchronous error", self.limit, &|| {})
+        {
+            Ok(()) => Ok(()),
+            Err(Settled::Failed(e)) => Err(e),
+            Err(Settled::TimedOut) => Err(NcclError {
+                code: IN_PROGRESS,
+                msg: format!(
+                    "NCCL {what} still in progress after {} s (RANKMESH_TIMEOUT)",
+                    self.limit.unwrap_or_default().as_secs_f64()
+                ),
+            }),
+        }
+    }
+
     #[cold]
     #[inline(never)]
     fn settle_in_progress(&self, what: &str) -> NcclResult {
@@ -502,8 +525,11 @@ impl<'a> Communicator<'a> {
 
     /// A return code as a result; an error aborts the communicator.
     fn check(&self, rc: NcclResult, what: &str) -> Result<(), NcclError> {
-        let rc = self.settled(rc, what);
-        let r = check(self.api, self.state.raw.get(), rc, what);
+        let r = if rc == IN_PROGRESS {
+            self.settle_call(what)
+        } else {
+            check(self.api, self.state.raw.get(), rc, what)
+        };
         if let Err(e) = &r {
             self.state.abort(self.api, &e.msg);
         }

@@ -33,6 +33,19 @@
  * quiet, with no error).
  * RANKMESH_EMU_FAIL_SEND=N: this rank's N-th ncclSend (from 1) is refused.
  *
+ * As strict as NCCL where rankmesh could go wrong:
+ *   - the bootstrap refuses members that disagree on nranks, a rank that
+ *     checks in twice, and two ranks on one GPU of one host, by NCCL's rule:
+ *     the same host hash (NCCL_HOSTID, else hostname and boot id, read
+ *     once per process) and the same PCI bus id (Duplicate GPU detected);
+ *   - on a non-blocking communicator, collectives, p2p calls and
+ *     ncclGroupEnd answer ncclInProgress at random (RANKMESH_EMU_IN_PROGRESS
+ *     percent, default 30), and the next call is refused until the caller
+ *     has polled ncclCommGetAsyncError to ncclSuccess;
+ *   - a send completes only once its receive is posted (a credit over TCP,
+ *     MPI_Issend over MPI), so an unmatched send hangs as on NCCL;
+ *   - a destroyed or aborted communicator refuses every call.
+ *
  * Non-blocking creation (ncclCommInitRankConfig / ...Scalable with
  * blocking = 0) bootstraps in a thread and answers ncclInProgress until it
  * is done, as NCCL does; such communicators always move data over TCP (the
@@ -355,7 +368,37 @@ typedef struct {
     int32_t rank, nranks, world;
     uint16_t port;
     char job[94];
+    uint64_t host; /* NCCL's host hash (host_hash) */
+    char bus[32];  /* the current device's PCI bus id; empty if unknown */
 } Hello;
+
+/* NCCL's hostHash (getHostHashOnce): NCCL_HOSTID when set, else the
+ * hostname and the boot id; computed once per process, as NCCL does, so
+ * NCCL_HOSTID must be in the environment before the first NCCL call. */
+static uint64_t the_host_hash;
+static void compute_host_hash(void) {
+    char buf[512] = {0};
+    const char *id = getenv("NCCL_HOSTID");
+    if (id && *id) {
+        snprintf(buf, sizeof buf, "%s", id);
+    } else {
+        gethostname(buf, 255);
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        size_t n = strlen(buf);
+        if (f) {
+            if (!fgets(buf + n, (int)(sizeof buf - n), f)) buf[n] = 0;
+            fclose(f);
+        }
+    }
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = buf; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    the_host_hash = h;
+}
+static uint64_t host_hash(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, compute_host_hash);
+    return the_host_hash;
+}
 
 /* The members' mesh: connect to the lower ranks (at their listeners'
  * `ports`), accept the higher ones on `listener`. */
@@ -388,6 +431,22 @@ static int current_device(void) {
     return f ? f() : -1;
 }
 
+/* The PCI bus id of the calling thread's current device (emulator/cuda.c);
+ * empty when no device is current or no emulated driver is loaded. */
+static void current_bus(char *out, int n) {
+    static int (*f)(char *, int, int);
+    static int tried;
+    out[0] = 0;
+    if (!tried) {
+        tried = 1;
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = (int (*)(char *, int, int))dlsym(h, "cuDeviceGetPCIBusId");
+    }
+    int dev = current_device();
+    if (f && dev >= 0 && f(out, n, dev) != 0) out[0] = 0;
+}
+
 static Comm *new_comm(int rank, int nranks) {
     Comm *c = calloc(1, sizeof *c);
     c->device = current_device();
@@ -410,41 +469,103 @@ static int env_on(const char *name) {
  * asynchronously, else an MPI communicator of the members' job. */
 static ncclResult_t bootstrap(Comm *c, IdFields f, int world, int force_tcp) {
     int rank = c->rank, nranks = c->size;
-    Hello me = {rank, nranks, world, 0, {0}};
+    Hello me = {rank, nranks, world, 0, {0}, host_hash(), {0}};
     job_of(me.job, sizeof me.job);
+    current_bus(me.bus, sizeof me.bus);
     int *socks = malloc(sizeof(int) * (size_t)nranks);
     for (int i = 0; i < nranks; i++) socks[i] = -1;
     Hello *all = calloc((size_t)nranks, sizeof *all);
     int listener = -1, tcp = force_tcp;
+    /* The root's verdict, sent to every member that checked in before
+       anything else: 0, or NCCL's code and its message. */
+    int verdict = 0;
+    char why[200] = {0};
     if (rank == 0) {
         all[0] = me;
+        /* Every member that checked in, in arrival order: all hear the
+           verdict, the ones that checked in wrongly too. */
+        int *came = malloc(sizeof(int) * (size_t)nranks), ncame = 0;
         for (int i = 1; i < nranks; i++) {
             Hello h;
             int fd = accept_one(f.listener);
             if (fd < 0) {
                 close(f.listener);
+                for (int k = 0; k < ncame; k++) close(came[k]);
+                free(came);
+                free(socks);
+                free(all);
+                snprintf(last_error, sizeof last_error, "Bootstrap Root : %d of %d ranks checked in", i, nranks);
                 return SYSTEM_ERROR;
             }
-            if (get(fd, &h, sizeof h) || h.rank <= 0 || h.rank >= nranks || socks[h.rank] >= 0) {
+            if (get(fd, &h, sizeof h)) { /* a stranger that said nothing */
                 close(fd);
                 i--;
                 continue;
             }
-            socks[h.rank] = fd;
-            all[h.rank] = h;
-            tcp |= strcmp(h.job, me.job) != 0 || stream_queue() != NULL;
+            came[ncame++] = fd;
+            /* As NCCL's bootstrapRoot: a member that disagrees on the size, or
+               a rank that already checked in, fails the bootstrap. */
+            if (verdict) continue;
+            if (h.nranks != nranks) {
+                verdict = INVALID_USAGE;
+                snprintf(why, sizeof why, "Bootstrap Root : mismatch in rank count from procs %d : %d", nranks,
+                         h.nranks);
+            } else if (h.rank <= 0 || h.rank >= nranks) {
+                verdict = INVALID_ARGUMENT;
+                snprintf(why, sizeof why, "Bootstrap Root : rank %d out of range (%d ranks)", h.rank, nranks);
+            } else if (socks[h.rank] >= 0) {
+                verdict = INVALID_USAGE;
+                snprintf(why, sizeof why, "Bootstrap Root : rank %d of %d ranks has already checked in", h.rank,
+                         nranks);
+            } else {
+                socks[h.rank] = fd;
+                all[h.rank] = h;
+                tcp |= strcmp(h.job, me.job) != 0 || stream_queue() != NULL;
+            }
         }
         close(f.listener);
-        for (int i = 1; i < nranks; i++) {
-            put(socks[i], &tcp, sizeof tcp);
-            put(socks[i], all, sizeof *all * (size_t)nranks);
+        /* As NCCL's initTransportsRank: two ranks on one host (hash) and
+           one bus id are one GPU, refused. */
+        for (int b = 0; b < nranks && !verdict; b++)
+            for (int a = 0; a < b && !verdict; a++)
+                if (all[a].bus[0] && all[a].host == all[b].host && strcmp(all[a].bus, all[b].bus) == 0) {
+                    verdict = INVALID_USAGE;
+                    snprintf(why, sizeof why, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %s",
+                             a, b, all[a].bus);
+                }
+        for (int k = 0; k < ncame; k++) {
+            put(came[k], &verdict, sizeof verdict);
+            if (verdict) {
+                put(came[k], why, sizeof why);
+                close(came[k]);
+            } else {
+                put(came[k], &tcp, sizeof tcp);
+                put(came[k], all, sizeof *all * (size_t)nranks);
+            }
         }
+        free(came);
+        if (verdict)
+            for (int i = 0; i < nranks; i++) socks[i] = -1; /* closed above */
     } else {
         listener = listen_local(&me.port);
         socks[0] = dial(f.ip, f.port);
-        if (socks[0] < 0 || put(socks[0], &me, sizeof me) || get(socks[0], &tcp, sizeof tcp) ||
-            get(socks[0], all, sizeof *all * (size_t)nranks))
-            return SYSTEM_ERROR;
+        if (socks[0] < 0 || put(socks[0], &me, sizeof me) || get(socks[0], &verdict, sizeof verdict) ||
+            (verdict ? get(socks[0], why, sizeof why)
+                     : (get(socks[0], &tcp, sizeof tcp) || get(socks[0], all, sizeof *all * (size_t)nranks)))) {
+            verdict = verdict ? verdict : SYSTEM_ERROR;
+            if (!why[0]) snprintf(why, sizeof why, "Bootstrap : rank %d lost the root (refused, or gone)", rank);
+        }
+    }
+    if (verdict) {
+        why[sizeof why - 1] = 0;
+        fprintf(stderr, "rankmesh NCCL emulator: NCCL WARN %s\n", why);
+        snprintf(last_error, sizeof last_error, "%s", why);
+        for (int i = 0; i < nranks; i++)
+            if (socks[i] >= 0) close(socks[i]);
+        free(socks);
+        free(all);
+        if (listener >= 0) close(listener);
+        return verdict;
     }
     c->same_job = 1;
     for (int i = 0; i < nranks; i++) {
@@ -1032,7 +1153,27 @@ typedef struct {
     int nbatch;
 } Job;
 
+/* Over TCP a send would complete into the socket's buffer with no receive
+ * posted. So each batch first trades credits: every receive sends its peer
+ * one byte, every send waits for one, and only then does data move. A send
+ * whose receive is never posted waits, as on NCCL. All of a batch's
+ * credits precede its data on each connection, so the two never mix. */
+static ncclResult_t trade_credits(P2p *q, int n) {
+    Xfer *x = calloc((size_t)n + 1, sizeof *x);
+    char *bytes = calloc((size_t)n + 1, 1);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (q[i].comm->socks && q[i].peer != q[i].comm->rank)
+            x[k++] = (Xfer){q[i].comm->socks[q[i].peer], !q[i].send, &bytes[i], 1, 0};
+    ncclResult_t rc = run_xfers(x, k);
+    free(x);
+    free(bytes);
+    return rc;
+}
+
 static ncclResult_t run_p2p(P2p *q, int n) {
+    ncclResult_t credited = trade_credits(q, n);
+    if (credited) return credited;
     MPI_Request *reqs = calloc((size_t)n + 1, sizeof *reqs);
     Xfer *xfers = calloc((size_t)n + 1, sizeof *xfers);
     int nreq = 0, nx = 0;
@@ -1051,7 +1192,9 @@ static ncclResult_t run_p2p(P2p *q, int n) {
         } else if (p->comm->socks)
             xfers[nx++] = (Xfer){p->comm->socks[p->peer], p->send, p->buf, (size_t)p->bytes, 0};
         else if (p->send)
-            MPI_Isend(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[nreq++]);
+            /* Synchronous: a send completes only once its receive is posted,
+               as on NCCL, where an unmatched send never completes. */
+            MPI_Issend(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[nreq++]);
         else
             MPI_Irecv(p->buf, p->bytes, MPI_BYTE, p->peer, 77, p->comm->mpi, &reqs[nreq++]);
     }
@@ -1170,6 +1313,29 @@ static ncclResult_t submit(Job j, void *stream) {
     return SUCCESS;
 }
 
+/* The calls queued since ncclGroupStart, and how deep the groups are. */
+static P2p queue[4096];
+static int queued, depth;
+
+/* NCCL's non-blocking communicators may answer ncclInProgress from any
+ * collective, p2p call or ncclGroupEnd: the call is being enqueued in the
+ * background, and the next call must wait until ncclCommGetAsyncError
+ * says ncclSuccess (busy() refuses it before). The emulator answers so at
+ * random, RANKMESH_EMU_IN_PROGRESS percent of such calls (default 30), so
+ * that the caller's settling path runs in every test. */
+static int in_progress_pct(void) {
+    const char *v = getenv("RANKMESH_EMU_IN_PROGRESS");
+    return v ? atoi(v) : 30;
+}
+static ncclResult_t maybe_in_progress(Comm *c, ncclResult_t rc) {
+    static __thread unsigned seed;
+    if (rc || !c->nonblocking || in_progress_pct() <= 0) return rc;
+    if (!seed) seed = (unsigned)getpid() * 2654435761u + 1;
+    if ((int)(rand_r(&seed) % 100) >= in_progress_pct()) return rc;
+    c->polls_busy = 1 + (int)(rand_r(&seed) % 3);
+    return IN_PROGRESS_RC;
+}
+
 static const char *const CALLS[] = {"AllReduce", "Reduce", "ReduceScatter", "AllGather", "Broadcast", "P2P",
                                     "AlltoAll", "Gather", "Scatter"};
 
@@ -1216,7 +1382,8 @@ static ncclResult_t collective(int kind, const void *s, void *r, size_t count, i
         snprintf(last_error, sizeof last_error, "%s : send and receive buffers overlap but are not in place", call);
         return INVALID_ARGUMENT;
     }
-    return submit((Job){kind, s, r, count, t, op, root, c, NULL, 0}, stream);
+    e = submit((Job){kind, s, r, count, t, op, root, c, NULL, 0}, stream);
+    return depth ? e : maybe_in_progress(c, e);
 }
 
 ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
@@ -1335,8 +1502,6 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win) {
 }
 #endif
 
-static P2p queue[4096];
-static int queued, depth;
 
 /* The calls queued since the group began, as one job on the first call's stream. */
 static ncclResult_t flush(void) {
@@ -1352,7 +1517,8 @@ static ncclResult_t flush(void) {
     memcpy(batch, queue, sizeof *batch * (size_t)queued);
     int n = queued;
     queued = 0;
-    return submit((Job){P2P, NULL, NULL, 0, 0, 0, 0, batch[0].comm, batch, n}, batch[0].stream);
+    Comm *first = batch[0].comm;
+    return maybe_in_progress(first, submit((Job){P2P, NULL, NULL, 0, 0, 0, 0, first, batch, n}, batch[0].stream));
 }
 
 static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer, Comm *c, void *stream) {

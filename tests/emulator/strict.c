@@ -3,7 +3,10 @@
  * "STRICT-OK rank R" or "STRICT-FAILED rank R: ..." lines.
  *
  * Built by tests/emulator/mod.rs against the emulators (libnccl.so.2,
- * libcuda.so); run with RANKMESH_EMU_GPUS=2 under mpirun -np 2. */
+ * libcuda.so); run with RANKMESH_EMU_GPUS=2 under mpirun -np 3: the
+ * bootstrap's refusals take all three, the rest ranks 0 and 1.
+ * STRICT_HOSTS=distinct gives each rank its own NCCL_HOSTID, so that two
+ * ranks on one GPU are two nodes to NCCL and their bootstrap succeeds. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +36,8 @@ ncclResult_t ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, v
 ncclResult_t ncclAllGather(const void *, void *, size_t, int, ncclComm_t, void *);
 ncclResult_t ncclReduceScatter(const void *, void *, size_t, int, int, ncclComm_t, void *);
 ncclResult_t ncclSend(const void *, size_t, int, int, ncclComm_t, void *);
+ncclResult_t ncclRecv(void *, size_t, int, int, ncclComm_t, void *);
+ncclResult_t ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
 typedef int CUresult;
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(void **, int);
@@ -40,6 +45,7 @@ CUresult cuCtxSetCurrent(void *);
 CUresult cuStreamCreate(void **, unsigned);
 CUresult cuMemAlloc_v2(uint64_t *, size_t);
 CUresult cuStreamSynchronize(void *);
+CUresult cuStreamQuery(void *);
 
 enum { F32 = 7, SUM = 0, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7 };
 
@@ -52,14 +58,62 @@ static void expect(const char *what, ncclResult_t got, ncclResult_t want) {
     }
 }
 
+/* A blocking creation of `nranks` as `me` from world rank 0's id. */
+static ncclResult_t init(ncclComm_t *comm, int nranks, int me, MPI_Comm over) {
+    ncclUniqueId id;
+    int r;
+    MPI_Comm_rank(over, &r);
+    if (r == 0) ncclGetUniqueId(&id);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, over);
+    return ncclCommInitRank(comm, nranks, id, me);
+}
+
+/* NCCL's bootstrap refuses a size the members disagree on, a rank that
+   checks in twice and two ranks on one GPU of one host. */
+static void bootstrap_refusals(void *device0) {
+    ncclComm_t comm = NULL;
+    expect("members disagreeing on nranks", init(&comm, rank == 2 ? 4 : 3, rank, MPI_COMM_WORLD), INVALID_USAGE);
+    expect("a rank that checks in twice", init(&comm, 3, rank == 2 ? 1 : rank, MPI_COMM_WORLD), INVALID_USAGE);
+    MPI_Comm pair;
+    MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
+    if (pair == MPI_COMM_NULL) return;
+    /* Both on device 0, whose bus id is forced alike in both processes. */
+    setenv("RANKMESH_EMU_BUS", "0000:42:00.0", 1);
+    cuCtxSetCurrent(device0);
+    int distinct = getenv("STRICT_HOSTS") && strcmp(getenv("STRICT_HOSTS"), "distinct") == 0;
+    ncclResult_t rc = init(&comm, 2, rank, pair);
+    if (distinct) {
+        expect("two ranks on one GPU with distinct NCCL_HOSTIDs", rc, 0);
+        if (!rc) expect("its destroy", ncclCommDestroy(comm), 0);
+    } else {
+        expect("two ranks on one GPU of one host", rc, INVALID_USAGE);
+    }
+    unsetenv("RANKMESH_EMU_BUS");
+    MPI_Comm_free(&pair);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    /* Before the first NCCL call, as NCCL reads it once. */
+    char host[64];
+    snprintf(host, sizeof host, "strict-host-%d", getenv("STRICT_HOSTS") ? rank : 0);
+    setenv("NCCL_HOSTID", host, 1);
     void *ctx[2], *stream;
     cuInit(0);
-    cuDevicePrimaryCtxRetain(&ctx[0], rank);
-    cuDevicePrimaryCtxRetain(&ctx[1], 1 - rank);
+    cuDevicePrimaryCtxRetain(&ctx[0], rank % 2);
+    cuDevicePrimaryCtxRetain(&ctx[1], 1 - rank % 2);
     expect("cuMemAlloc without a current context", cuMemAlloc_v2(&(uint64_t){0}, 64), 201);
+    /* Calls answer ncclInProgress only where this asks them to. */
+    setenv("RANKMESH_EMU_IN_PROGRESS", "0", 1);
+    bootstrap_refusals(rank == 1 ? ctx[1] : ctx[0]);
+    MPI_Comm pair;
+    MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
+    if (pair == MPI_COMM_NULL) {
+        printf("%s rank %d\n", failed ? "STRICT-FAILED" : "STRICT-OK", rank);
+        MPI_Finalize();
+        return failed;
+    }
     cuCtxSetCurrent(ctx[0]);
     cuStreamCreate(&stream, 0);
     uint64_t a, b;
@@ -69,7 +123,7 @@ int main(int argc, char **argv) {
 
     ncclUniqueId id;
     if (rank == 0) ncclGetUniqueId(&id);
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, pair);
     Config bad = {sizeof bad, 0x12345678u, 21800, 0, 0, 0, 0, NULL, 0};
     ncclComm_t comm = NULL;
     expect("a config not made by NCCL_CONFIG_INITIALIZER", ncclCommInitRankConfig(&comm, 2, id, rank, &bad),
@@ -106,9 +160,39 @@ int main(int argc, char **argv) {
         usleep(100000);
         expect("a destroy with work in flight", ncclCommDestroy(comm), INVALID_USAGE);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(pair);
     if (rank == 1) expect("the matching all_reduce", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream), 0);
     cuStreamSynchronize(stream);
+
+    /* Every call of a non-blocking communicator answers ncclInProgress
+       here; the next call is refused until it has been polled to rest. */
+    setenv("RANKMESH_EMU_IN_PROGRESS", "100", 1);
+    expect("an all_reduce answering ncclInProgress", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream),
+           IN_PROGRESS);
+    expect("a call before the last one was polled to rest", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream),
+           INVALID_ARGUMENT);
+    state = IN_PROGRESS;
+    for (int i = 0; i < 100 && state == IN_PROGRESS; i++) ncclCommGetAsyncError(comm, &state);
+    expect("the in-progress all_reduce, polled", state, 0);
+    setenv("RANKMESH_EMU_IN_PROGRESS", "0", 1);
+    cuStreamSynchronize(stream);
+
+    /* A send whose receive is not posted does not complete (NCCL: "blocking
+       for the GPU"); it does once the receive comes. */
+    float sent[4] = {1.5f, 2.5f, 3.5f, 4.5f};
+    if (rank == 0) {
+        for (int i = 0; i < 4; i++) other[i] = sent[i];
+        expect("an unmatched send", ncclSend(other, 4, F32, 1, comm, stream), 0);
+        usleep(300000);
+        expect("the unmatched send's stream, still running", cuStreamQuery(stream), 600);
+    }
+    MPI_Barrier(pair);
+    if (rank == 1) expect("the receive that matches it", ncclRecv(other, 4, F32, 0, comm, stream), 0);
+    cuStreamSynchronize(stream);
+    if (rank == 1 && memcmp(other, sent, sizeof sent) != 0) {
+        printf("STRICT-FAILED rank %d: the received data differs\n", rank);
+        failed = 1;
+    }
     expect("a destroy once the work is done", ncclCommDestroy(comm), 0);
     expect("a call on a destroyed communicator", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream),
            INVALID_USAGE);
