@@ -232,6 +232,17 @@ fn run_fault(mode: &str) -> support::Job {
     run_fault_timed(mode).0
 }
 
+/// The agreement ended the job, not the watchdog: no rank printed the
+/// watchdog's "waited ... with no progress" report. (Said by the output,
+/// not by the job's time, which on a busy machine includes the launch.)
+fn ended_by_agreement(job: &support::Job) {
+    assert!(
+        !job.stderr.contains("with no progress in"),
+        "the watchdog, not the agreement, ended it: {}",
+        job.describe()
+    );
+}
+
 fn assert_has(job: &support::Job, needles: &[&str]) {
     for n in needles {
         assert!(job.stderr.contains(n), "missing {n:?}\n{}", job.describe());
@@ -342,12 +353,8 @@ fn an_object_call_facing_a_barrier_is_a_named_error_on_both_ranks_at_once() {
     if skip_in_worker() {
         return;
     }
-    let (job, took) = run_fault_timed("object-vs-barrier");
-    assert!(
-        took < 3.0,
-        "the agreement, not the watchdog, ends it ({took:.1} s): {}",
-        job.describe()
-    );
+    let job = run_fault("object-vs-barrier");
+    ended_by_agreement(&job);
     let msg =
         "ranks are in different calls: group rank 0 is in call #0 broadcast_object(src 0, type #";
     assert_eq!(job.stderr.matches(msg).count(), 2, "{}", job.describe());
@@ -421,12 +428,8 @@ fn a_layout_only_one_rank_rejects_is_an_error_on_every_rank() {
     if skip_in_worker() {
         return;
     }
-    let (job, took) = run_fault_timed("layout-one-rank");
-    assert!(
-        took < 3.0,
-        "agreed, not timed out ({took:.1} s): {}",
-        job.describe()
-    );
+    let job = run_fault("layout-one-rank");
+    ended_by_agreement(&job);
     assert_has(
         &job,
         &[
@@ -441,12 +444,8 @@ fn stateless_rank_lists_in_different_orders_are_an_error_on_both_members() {
     if skip_in_worker() {
         return;
     }
-    let (job, took) = run_fault_timed("stateless-order");
-    assert!(
-        took < 3.0,
-        "agreed, not timed out ({took:.1} s): {}",
-        job.describe()
-    );
+    let job = run_fault("stateless-order");
+    ended_by_agreement(&job);
     assert_has(
         &job,
         &[
