@@ -5,7 +5,8 @@
 //! rank all of a node's GPUs (rank `i` of the node takes ordinal `i`) or one
 //! GPU per rank (`srun --gpus-per-task=1`: every rank takes ordinal 0 of its
 //! own list). Whether two ranks of a communicator ended up on the same GPU is
-//! decided by PCI bus id ([`duplicate_devices`]), before NCCL is touched.
+//! decided as NCCL decides it, by NCCL host and PCI bus id
+//! ([`duplicate_devices`]), before NCCL is touched.
 
 /// Chooses this rank's device ordinal.
 ///
@@ -61,15 +62,76 @@ pub fn choose_device(
     ))
 }
 
-/// Ranks that would share a GPU: `devices[r]` is (node, PCI bus id) of group
-/// rank `r`. Returns the first clash as a message naming both ranks.
-pub fn duplicate_devices(devices: &[(usize, String)]) -> Result<(), String> {
+/// Where a rank's GPU is, as NCCL tells GPUs apart: its NCCL host and its
+/// PCI bus id. NCCL's host is its host hash, which `NCCL_HOSTID` sets
+/// (`getHostHashOnce`); without it, the MPI node stands for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuPlace {
+    /// The rank's MPI node (for the message).
+    pub node: usize,
+    /// [`host_id_key`] of its `NCCL_HOSTID`; 0 when unset.
+    pub host_id: u64,
+    /// PCI bus id.
+    pub bus_id: String,
+}
+
+impl GpuPlace {
+    /// Whether NCCL sees both on one GPU: one NCCL host and one bus id.
+    fn same_gpu(&self, other: &GpuPlace) -> bool {
+        let same_host = match (self.host_id, other.host_id) {
+            (0, 0) => self.node == other.node,
+            (a, b) => a == b,
+        };
+        same_host && self.bus_id == other.bus_id
+    }
+}
+
+/// This process's `NCCL_HOSTID` as a non-zero key (FNV-1a), or 0 when it is
+/// unset or empty.
+pub fn host_id_key(host_id: Option<&str>) -> u64 {
+    match host_id {
+        Some(id) if !id.is_empty() => {
+            let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            h | 1
+        }
+        _ => 0,
+    }
+}
+
+/// The NCCL host of a rank on `host`, by name, for groups whose members
+/// have no common node numbering (stateless groups across jobs):
+/// `NCCL_HOSTID` when set, else the host name.
+pub fn nccl_host_name(host: &str, host_id: Option<&str>) -> String {
+    match host_id {
+        Some(id) if !id.is_empty() => format!("the NCCL host of NCCL_HOSTID {id}"),
+        _ => host.to_string(),
+    }
+}
+
+/// The `NCCL_HOSTID` that `RANKMESH_SHARE_GPU=1` gives a rank which has
+/// none: distinct per process on every host, so that each rank is a node of
+/// its own to NCCL and may share a GPU with the others.
+pub fn share_gpu_host_id(host: &str, pid: u32) -> String {
+    format!("rankmesh-{host}-{pid}")
+}
+
+/// Ranks that would share a GPU as NCCL sees it: `devices[r]` is group rank
+/// `r`'s place. Returns the first clash as a message naming both ranks.
+pub fn duplicate_devices(devices: &[GpuPlace]) -> Result<(), String> {
     for (b, dev) in devices.iter().enumerate() {
-        if let Some(a) = devices[..b].iter().position(|d| d == dev) {
+        if let Some(a) = devices[..b].iter().position(|d| d.same_gpu(dev)) {
+            let host = if dev.host_id == 0 {
+                format!("node {}", dev.node)
+            } else {
+                format!("node {} (one NCCL_HOSTID)", dev.node)
+            };
             return Err(format!(
-                "group ranks {a} and {b} would share GPU {} on node {} (NCCL refuses two ranks \
-                 on one GPU): start one rank per GPU, or set CUDA_VISIBLE_DEVICES / RANKMESH_DEVICE",
-                dev.1, dev.0
+                "group ranks {a} and {b} would share GPU {} on {host} (NCCL refuses two ranks \
+                 on one GPU): start one rank per GPU, or set CUDA_VISIBLE_DEVICES / \
+                 RANKMESH_DEVICE; to test several ranks on one GPU, set RANKMESH_SHARE_GPU=1",
+                dev.bus_id
             ));
         }
     }
@@ -115,14 +177,40 @@ mod tests {
             .contains("this is local rank 3"));
     }
 
+    fn place(node: usize, host_id: Option<&str>, bus: &str) -> GpuPlace {
+        GpuPlace {
+            node,
+            host_id: host_id_key(host_id),
+            bus_id: bus.to_string(),
+        }
+    }
+
     #[test]
     fn shared_gpu_is_found_by_node_and_bus_id() {
-        let d = |n: usize, b: &str| (n, b.to_string());
+        let d = |n: usize, b: &str| place(n, None, b);
         assert!(duplicate_devices(&[d(0, "0000:01:00.0"), d(1, "0000:01:00.0")]).is_ok());
         let e = duplicate_devices(&[d(0, "a"), d(0, "b"), d(0, "a")]).unwrap_err();
         assert!(
             e.starts_with("group ranks 0 and 2 would share GPU a on node 0"),
             "{e}"
         );
+        assert!(e.contains("RANKMESH_SHARE_GPU=1"), "{e}");
+    }
+
+    #[test]
+    fn nccl_hostid_decides_the_host_as_nccl_does() {
+        let bus = "0000:01:00.0";
+        // Distinct ids on one node: two NCCL nodes, one GPU allowed.
+        let ok = [place(0, Some("a"), bus), place(0, Some("b"), bus)];
+        assert!(duplicate_devices(&ok).is_ok());
+        // One id on two nodes: one NCCL host, so the same bus id clashes.
+        let e =
+            duplicate_devices(&[place(0, Some("x"), bus), place(1, Some("x"), bus)]).unwrap_err();
+        assert!(e.contains("on node 1 (one NCCL_HOSTID)"), "{e}");
+        // Set on one rank only: different hashes, as in NCCL.
+        assert!(duplicate_devices(&[place(0, Some("x"), bus), place(0, None, bus)]).is_ok());
+        assert_eq!(host_id_key(Some("")), 0);
+        assert_ne!(host_id_key(Some("a")), host_id_key(Some("b")));
+        assert_ne!(share_gpu_host_id("vm", 10), share_gpu_host_id("vm", 11));
     }
 }

@@ -15,7 +15,7 @@
 //! skips all of it: [`split`] derives its communicator from the world's with
 //! `ncclCommSplit`, one bootstrap for the whole job.
 
-use crate::device::select::duplicate_devices;
+use crate::device::select::{duplicate_devices, host_id_key, GpuPlace};
 use crate::device::Gpu;
 use crate::error::NcclError;
 use crate::error::{Error, Result};
@@ -205,24 +205,31 @@ fn agree_on_creation(
     judge_creation(api, done, &all, naming)
 }
 
-/// A member's node, device bus id and compute capability, for the others.
-fn device_record(node: usize, bus_id: &str, sm: (u32, u32)) -> [u8; DEVICE_BYTES] {
+/// A member's GPU place (node, `NCCL_HOSTID` key, bus id) and compute
+/// capability, for the others: node at 0..8, bus id at 8..48, the host id
+/// key at 48..56, the capability at 56..64.
+fn device_record(place: &GpuPlace, sm: (u32, u32)) -> [u8; DEVICE_BYTES] {
     let mut rec = [0u8; DEVICE_BYTES];
-    rec[..8].copy_from_slice(&(node as u64).to_le_bytes());
-    let n = bus_id.len().min(DEVICE_BYTES - 16);
-    rec[8..8 + n].copy_from_slice(&bus_id.as_bytes()[..n]);
+    rec[..8].copy_from_slice(&(place.node as u64).to_le_bytes());
+    let n = place.bus_id.len().min(DEVICE_BYTES - 24);
+    rec[8..8 + n].copy_from_slice(&place.bus_id.as_bytes()[..n]);
+    rec[DEVICE_BYTES - 16..DEVICE_BYTES - 8].copy_from_slice(&place.host_id.to_le_bytes());
     rec[DEVICE_BYTES - 8..DEVICE_BYTES - 4].copy_from_slice(&sm.0.to_le_bytes());
     rec[DEVICE_BYTES - 4..].copy_from_slice(&sm.1.to_le_bytes());
     rec
 }
 
-fn parse_device_record(rec: &[u8]) -> (usize, String, (u32, u32)) {
+fn parse_device_record(rec: &[u8]) -> (GpuPlace, (u32, u32)) {
     let word = |at: usize| u32::from_le_bytes(rec[at..at + 4].try_into().expect("4 bytes"));
-    let node = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes")) as usize;
-    let text = &rec[8..DEVICE_BYTES - 8];
+    let long = |at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().expect("8 bytes"));
+    let text = &rec[8..DEVICE_BYTES - 16];
     let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
-    let bus = String::from_utf8_lossy(&text[..end]).into_owned();
-    (node, bus, (word(DEVICE_BYTES - 8), word(DEVICE_BYTES - 4)))
+    let place = GpuPlace {
+        node: long(0) as usize,
+        host_id: long(DEVICE_BYTES - 16),
+        bus_id: String::from_utf8_lossy(&text[..end]).into_owned(),
+    };
+    (place, (word(DEVICE_BYTES - 8), word(DEVICE_BYTES - 4)))
 }
 
 /// The unique-id message: a failure flag, then the id or NCCL's error text.
@@ -305,19 +312,19 @@ fn agree_nccl_usable(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<()> {
 /// Step 1: no two members on one GPU; the group reduces as its oldest GPU
 /// can (the lowest compute capability, returned).
 fn agree_devices(group: &GroupCoordinator<'_>, gpu: &Gpu) -> Result<(u32, u32)> {
-    let node = group.runtime().world().me().node;
     let info = gpu.info();
-    let mine = device_record(node, &info.bus_id, info.compute_capability);
+    let mine = GpuPlace {
+        node: group.runtime().world().me().node,
+        host_id: host_id_key(std::env::var("NCCL_HOSTID").ok().as_deref()),
+        bus_id: info.bus_id.clone(),
+    };
+    let mine = device_record(&mine, info.compute_capability);
     let mut all = vec![0u8; DEVICE_BYTES * group.size()];
     group.raw_comm().all_gather_into(&mine[..], &mut all[..]);
-    let records: Vec<_> = all.chunks(DEVICE_BYTES).map(parse_device_record).collect();
-    let devices: Vec<(usize, String)> = records.iter().map(|(n, b, _)| (*n, b.clone())).collect();
-    duplicate_devices(&devices).map_err(|msg| Error::invalid(Op::Connect, group.name(), msg))?;
-    Ok(records
-        .iter()
-        .map(|r| r.2)
-        .min()
-        .unwrap_or(info.compute_capability))
+    let (places, sms): (Vec<GpuPlace>, Vec<(u32, u32)>) =
+        all.chunks(DEVICE_BYTES).map(parse_device_record).unzip();
+    duplicate_devices(&places).map_err(|msg| Error::invalid(Op::Connect, group.name(), msg))?;
+    Ok(sms.into_iter().min().unwrap_or(info.compute_capability))
 }
 
 /// Step 2: the unique ids, made by the roots (the first member, or one
@@ -589,10 +596,12 @@ mod tests {
 
     #[test]
     fn device_records_round_trip() {
-        let r = device_record(7, "0000:1B:00.0", (9, 0));
-        assert_eq!(
-            parse_device_record(&r),
-            (7, "0000:1B:00.0".to_string(), (9, 0))
-        );
+        let place = GpuPlace {
+            node: 7,
+            host_id: host_id_key(Some("node-a")),
+            bus_id: "00000000:1B:00.0".to_string(),
+        };
+        let r = device_record(&place, (9, 0));
+        assert_eq!(parse_device_record(&r), (place, (9, 0)));
     }
 }

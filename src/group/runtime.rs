@@ -151,6 +151,12 @@ pub struct Options {
     /// package does for torch's autograd threads). Off by default: MPI is
     /// asked for FUNNELED, and calls stay on the thread that started it.
     pub serialized: bool,
+    /// Whether ranks may share a GPU (`RANKMESH_SHARE_GPU=1`), a test mode:
+    /// each rank without an `NCCL_HOSTID` is given its own before MPI and
+    /// NCCL start, so NCCL sees it as a node of its own and moves its data
+    /// through the network transport (slow). Off by default: ranks of one
+    /// node on one GPU are refused, as NCCL refuses them.
+    pub share_gpu: bool,
 }
 
 /// Whether all-to-alls within a node read each peer's blocks with one copy
@@ -213,6 +219,7 @@ impl Default for Options {
             mpi_calls: MpiCalls::Auto,
             on_hang: OnHang::Abort,
             serialized: false,
+            share_gpu: false,
         }
     }
 }
@@ -320,6 +327,9 @@ impl Options {
         }
         if let Ok(v) = std::env::var("RANKMESH_ALLOW_SINGLETON") {
             o.allow_singleton = on_off("RANKMESH_ALLOW_SINGLETON", &v)?;
+        }
+        if let Ok(v) = std::env::var("RANKMESH_SHARE_GPU") {
+            o.share_gpu = on_off("RANKMESH_SHARE_GPU", &v)?;
         }
         if let Ok(v) = std::env::var("RANKMESH_STATUS_ADDRS") {
             o.status_addrs = v
@@ -482,6 +492,11 @@ impl Runtime {
         if let Err(why) = crate::mpi_abi::check_library() {
             return Err(refuse_start(None, why));
         }
+        // NCCL reads NCCL_HOSTID once, at its first call, and MPI's own
+        // threads may read the environment once it starts: set it first.
+        if options.share_gpu {
+            give_own_nccl_host();
+        }
         let startup = StartupWatch::start(options.init_timeout);
         // SERIALIZED costs nothing over FUNNELED in Open MPI and MPICH: both
         // lock their internals only for MULTIPLE.
@@ -530,6 +545,14 @@ impl Runtime {
             )?),
             None => None,
         };
+        if options.share_gpu && info.rank == 0 {
+            warnings.push(
+                "RANKMESH_SHARE_GPU=1: ranks may share a GPU; each is a node of its own to NCCL \
+                 (NCCL_HOSTID), which moves their data through its network transport: slow, \
+                 for tests"
+                    .into(),
+            );
+        }
         if threading < wanted {
             warnings.push(format!(
                 "MPI granted thread level {threading:?} where rankmesh asked for {wanted:?}; \
@@ -1047,6 +1070,20 @@ fn bind_everywhere(
 /// Starts the status board (collective over the node), the status service
 /// and the watchdog; every rank learns where every other rank's service
 /// listens (collective over the world).
+/// `RANKMESH_SHARE_GPU`: gives this process an `NCCL_HOSTID` of its own
+/// unless it has one (then the caller's ids decide).
+fn give_own_nccl_host() {
+    if std::env::var_os("NCCL_HOSTID").is_none_or(|v| v.is_empty()) {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "host".into());
+        let id = crate::device::select::share_gpu_host_id(&host, std::process::id());
+        // Before MPI_Init and before NCCL is loaded, while no thread of
+        // theirs can be reading the environment.
+        std::env::set_var("NCCL_HOSTID", id);
+    }
+}
+
 fn start_watchdog(
     world: &SimpleCommunicator,
     info: &WorldInfo,

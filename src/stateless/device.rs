@@ -45,7 +45,11 @@ impl<'rt> StatelessGroup<'rt> {
         let fail = |msg: String| Error::invalid(Op::Connect, &name, msg);
         // Every member learns every member's GPU (or why it has none) first.
         let gpu = self.rt.gpu();
-        let host = self.rt.world().me().host.clone();
+        // NCCL tells hosts apart by NCCL_HOSTID where it is set.
+        let host = crate::device::select::nccl_host_name(
+            &self.rt.world().me().host,
+            std::env::var("NCCL_HOSTID").ok().as_deref(),
+        );
         let mine: std::result::Result<(String, String), String> = match &gpu {
             Ok(g) => g
                 .api()

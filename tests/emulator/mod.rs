@@ -757,9 +757,55 @@ pub fn drive() {
                 &job,
                 2,
                 "group ranks 0 and 1 would share GPU 0000:3B:00.0 on node 0",
+            )?;
+            fails_everywhere(
+                &job,
+                2,
+                "to test several ranks on one GPU, set RANKMESH_SHARE_GPU=1",
             )
         },
     );
+    // The multi-rank GPU lease's mode (issue #64): every rank on device 0 of
+    // one bus id, each its own NCCL host; the emulated NCCL refuses the
+    // shared GPU unless their NCCL_HOSTIDs differ, as NCCL does.
+    for np in [2, 4] {
+        trial(
+            format!(
+                "several ranks on one GPU with RANKMESH_SHARE_GPU=1: every device check, np {np}"
+            ),
+            &mut trials,
+            move || {
+                let shared = [
+                    ("RANKMESH_EMU_GPUS", "1"),
+                    ("RANKMESH_EMU_BUS", "0000:3B:00.0"),
+                    ("RANKMESH_SHARE_GPU", "1"),
+                ];
+                let mut env = emu.env(&worker);
+                env.extend(shared);
+                checks_passed(&support::mpirun(np, &me(), &[], &env), np)?;
+                // The CLI, whose log shows the start-up warning: once, on rank 0.
+                let args = ["all_reduce", "-b", "8", "-e", "64K", "-f", "64", "-n", "3"];
+                let job = bench(
+                    np,
+                    &[&args[..], &["-w", "1", "-c", "1", "--backend", "nccl"]].concat(),
+                    &shared,
+                );
+                let warned = job
+                    .stderr
+                    .matches("RANKMESH_SHARE_GPU=1: ranks may share a GPU")
+                    .count();
+                let validated = job.stdout.contains("# Out of bounds values : 0 OK");
+                (job.ok() && validated && warned == 1)
+                    .then_some(())
+                    .ok_or_else(|| {
+                        format!(
+                            "want a validated bench and the warning once (got {warned})\n{}",
+                            job.describe()
+                        )
+                    })
+            },
+        );
+    }
     if support::fake_nodes_available() {
         trial(
             "one bus id on two fake nodes is two GPUs (the check is per node)",
