@@ -198,14 +198,9 @@ fn shm_files() -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// Runs fault `mode` on 2 ranks; checks the bound on time, the non-zero
-/// exit and /dev/shm; returns the job for the message checks and how long
-/// it ran.
-fn run_fault_timed(mode: &str) -> (support::Job, f64) {
-    run_fault_with(mode, &[])
-}
-
-fn run_fault_with(mode: &str, env: &[(&str, &str)]) -> (support::Job, f64) {
+/// Runs fault `mode` on 2 ranks with `env`; checks the bound on time, the
+/// non-zero exit and /dev/shm; returns the job for the message checks.
+fn run_fault_with(mode: &str, env: &[(&str, &str)]) -> support::Job {
     let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let before = shm_files();
     let start = Instant::now();
@@ -225,11 +220,11 @@ fn run_fault_with(mode: &str, env: &[(&str, &str)]) -> (support::Job, f64) {
     std::thread::sleep(Duration::from_millis(300));
     let left: Vec<String> = shm_files().difference(&before).cloned().collect();
     assert!(left.is_empty(), "{mode}: left in /dev/shm: {left:?}");
-    (job, took)
+    job
 }
 
 fn run_fault(mode: &str) -> support::Job {
-    run_fault_timed(mode).0
+    run_fault_with(mode, &[])
 }
 
 /// The agreement ended the job, not the watchdog: no rank printed the
@@ -259,7 +254,7 @@ fn a_rank_stopped_between_calls_is_named_as_stopped_and_not_in_the_call() {
         return;
     }
     let traces = std::env::temp_dir().join(format!("rankmesh-traces-{}", std::process::id()));
-    let (job, _) = run_fault_with(
+    let job = run_fault_with(
         "stop-between",
         &[("RANKMESH_TRACE_DIR", traces.to_str().unwrap())],
     );
@@ -370,7 +365,7 @@ fn a_forged_huge_object_length_is_refused_before_allocating() {
     assert_has(&job, &["rank 0: error: send_object/recv_object on world: group rank 1 sends an object of 1099511627776 bytes but group rank 0 accepts at most 4294967296 (RANKMESH_MAX_OBJECT_BYTES)"]);
     // The forger speaks the MPI executor's agreement (the shared-memory
     // one reads descriptors from the window, with the same checks).
-    let (job, _) = run_fault_with("forged-huge-broadcast", &[("RANKMESH_HOST_PLANE", "mpi")]);
+    let job = run_fault_with("forged-huge-broadcast", &[("RANKMESH_HOST_PLANE", "mpi")]);
     assert_has(&job, &["rank 0: error: broadcast_object on world: group rank 1: an object of 1099511627776 bytes exceeds RANKMESH_MAX_OBJECT_BYTES=4294967296"]);
 }
 
