@@ -94,6 +94,7 @@ fn main() {
         generation,
         mine: 0,
     };
+    // SAFETY: the timing area holds `iters` f64s per process after `times_at`.
     let times = |r: usize| unsafe { base.add(times_at + r * iters * 8) as *mut f64 };
     if rank == 0 {
         println!("# memory_bound: {n} bytes, {iters} calls each, 2 processes pinned to cores 0 and 1; median of the slower one");
@@ -106,11 +107,13 @@ fn main() {
             // the two processes write disjoint halves.
             unsafe { run(p, rank, region, half) };
             let secs = start.elapsed().as_secs_f64();
+            // SAFETY: call `it` of this process's `iters` slots.
             unsafe { times(rank).add(it).write(secs) };
             barrier.wait();
         }
         if rank == 0 {
             let mut slower: Vec<f64> = (0..iters)
+                // SAFETY: slot `it` of both processes, written before the barrier.
                 .map(|it| unsafe { times(0).add(it).read().max(times(1).add(it).read()) })
                 .collect();
             slower.sort_by(f64::total_cmp);
@@ -130,8 +133,12 @@ fn main() {
 /// out0, out1, private0, private1).
 unsafe fn run(p: usize, r: usize, region: impl Fn(usize) -> *mut u8, half: usize) {
     let n = 2 * half;
+    // SAFETY: every range the patterns below name lies inside its n-byte
+    // region (the caller's promise); likewise for `sum` and `at`.
     let copy = |dst: *mut u8, src: *const u8, len: usize| unsafe { stream(dst, src, None, len) };
+    // SAFETY: as for `copy`.
     let sum = |dst: *mut u8, a: *const u8, b: *const u8| unsafe { stream(dst, a, Some(b), half) };
+    // SAFETY: as for `copy`.
     let at = |i: usize, off: usize| unsafe { region(i).add(off) };
     match p {
         0 if r == 0 => copy(at(4, 0), at(0, 0), n),

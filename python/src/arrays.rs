@@ -402,6 +402,8 @@ impl Borrowed {
                 ))
             }));
         }
+        // SAFETY: a "dltensor" capsule's pointer is a live DLManagedTensor,
+        // whose first field is the DLTensor; the capsule is held meanwhile.
         let t = unsafe { &*(managed as *const DlTensor) };
         let on_device = match t.device_type {
             DL_CPU | DL_CUDA_HOST => false,
@@ -444,6 +446,7 @@ impl Borrowed {
         if !t.strides.is_null() {
             let mut want = 1i64;
             for i in (0..ndim).rev() {
+                // SAFETY: `strides` is not null and has `ndim` entries.
                 let (d, st) = (shape[i], unsafe { *t.strides.add(i) });
                 if d != 1 && st != want {
                     return Borrowed::contiguous_copy(x, write);

@@ -449,9 +449,9 @@ unsafe extern "C" fn batch(
 
 unsafe extern "C" fn release(h: *mut c_void) {
     if !h.is_null() {
+        let _turn = crate::handles::serial();
         // SAFETY: from `TorchGroup::leak`, released once (the C++
         // backend's destructor).
-        let _turn = crate::handles::serial();
         drop(unsafe { Box::from_raw(h as *mut TorchGroup) });
     }
 }

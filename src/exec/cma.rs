@@ -179,8 +179,8 @@ pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
                     remote: whose[1] as usize,
                     len: n,
                 };
-                // SAFETY: `own` is this function's buffer, `n` <= its length.
                 let took = timed(&mut || {
+                    // SAFETY: `own` is this function's buffer, `n` <= its length.
                     if let Err(e) = unsafe { read_from(whose[0] as u32, &[read]) } {
                         refused = Some(e);
                     }

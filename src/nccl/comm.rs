@@ -676,10 +676,10 @@ impl<'a> Communicator<'a> {
         let raw = self.raw()?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         let alloc = self.api.mem_alloc.expect("checked above");
-        // SAFETY: `ptr` is a valid out-pointer; at least one byte is asked for.
         check(
             self.api,
             raw,
+            // SAFETY: `ptr` is a valid out-pointer; at least one byte is asked for.
             unsafe { alloc(&mut ptr, bytes.max(1)) },
             "ncclMemAlloc",
         )?;

@@ -349,6 +349,7 @@ pub struct Tensor {
 // `&[T]` / `&mut [T]` of plain data, which are `Send` and `Sync`; the view
 // or `from_raw_parts`'s contract keeps the memory valid while it is read.
 unsafe impl Send for Tensor {}
+// SAFETY: as for `Send`: shared, the memory is only read.
 unsafe impl Sync for Tensor {}
 
 impl Clone for Tensor {
@@ -975,10 +976,12 @@ mod tests {
         let odd = bytes
             .as_ptr()
             .wrapping_add(1 + (4 - bytes.as_ptr() as usize % 4) % 4);
+        // SAFETY: 8 bytes of `bytes` from `odd` on; refused before any read.
         let e = unsafe { Tensor::from_raw_parts(odd as *mut u8, DType::F32, [2]) }
             .unwrap_err()
             .to_string();
         assert!(e.contains("not aligned for f32"), "{e}");
+        // SAFETY: a null pointer is refused before any read.
         let e = unsafe { Tensor::from_raw_parts(std::ptr::null_mut(), DType::U8, [0]) }
             .unwrap_err()
             .to_string();

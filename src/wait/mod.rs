@@ -328,9 +328,9 @@ pub(crate) fn until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) 
 /// The 32-bit word of `counter` the kernel compares: its low half.
 fn futex_word(counter: &AtomicU64) -> *const u32 {
     let at = counter.as_ptr() as *const u32;
-    // SAFETY: the counter is 8 bytes; its low half is the second word on a
-    // big-endian machine.
     if cfg!(target_endian = "big") {
+        // SAFETY: the counter is 8 bytes; its low half is the second word
+        // on a big-endian machine.
         unsafe { at.add(1) }
     } else {
         at

@@ -137,6 +137,7 @@ pub(crate) struct BoardView {
 // SAFETY: the slots are shared memory touched only through atomics; the
 // window outlives every reader (see `Board::drop`).
 unsafe impl Send for BoardView {}
+// SAFETY: as for `Send`: every access is atomic.
 unsafe impl Sync for BoardView {}
 
 impl BoardView {
