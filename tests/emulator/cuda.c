@@ -20,6 +20,17 @@
  *   - the NCCL emulator enqueues its calls here (rankmesh_emu_enqueue), so
  *     they complete asynchronously in stream order.
  *
+ * As strict as the driver where a GPU would fault or refuse:
+ *   - a destroyed stream or event is CUDA_ERROR_INVALID_HANDLE to every
+ *     later call (its queued work still runs, as CUDA's);
+ *   - memory is device memory only inside a live allocation: copies, sets
+ *     and frees of any other pointer (host memory, a freed block, past an
+ *     allocation's end) are CUDA_ERROR_INVALID_VALUE, and the NCCL emulator
+ *     asks the same of its buffers (rankmesh_emu_device_range);
+ *   - cuMemAllocAsync's block is the stream's from the allocation's point
+ *     in that stream on: it is filled with 0xA5 in stream order, so work on
+ *     another stream that does not wait for it loses its writes.
+ *
  * RANKMESH_EMU_GPUS: devices shown (default 1); CUDA_VISIBLE_DEVICES set
  * and empty shows none (cuInit fails with CUDA_ERROR_NO_DEVICE, as the driver's).
  * RANKMESH_EMU_BUS: PCI bus id of device 0 (default: from the pid, so unique per process), to
@@ -122,6 +133,7 @@ typedef struct CUstream_st {
     long pending;
     pthread_t thread;
     unsigned seed;
+    int destroyed;
 } Stream;
 
 static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -162,8 +174,9 @@ static Stream *new_stream(void) {
     return s;
 }
 
+/* The stream a handle names: NULL for a destroyed one. */
 static Stream *stream_of(CUstream h) {
-    if (h) return h;
+    if (h) return __atomic_load_n(&h->destroyed, __ATOMIC_ACQUIRE) ? NULL : h;
     pthread_mutex_lock(&streams_mu);
     int make = !null_stream;
     pthread_mutex_unlock(&streams_mu);
@@ -179,8 +192,8 @@ static Stream *stream_of(CUstream h) {
 /* Runs fn(arg) on the stream, after the work enqueued before it; frees
  * `arg` after. Work (copies, NCCL calls, frees) starts after a random delay;
  * event records and waits do not, so a missing wait loses a fair race. */
-static void enqueue_as(CUstream h, void (*fn)(void *), void *arg, int delayed) {
-    Stream *s = stream_of(h);
+/* `s` is a live stream (stream_of's answer): callers refuse destroyed ones. */
+static void enqueue_as(Stream *s, void (*fn)(void *), void *arg, int delayed) {
     if (!async_mode()) {
         fn(arg);
         free(arg);
@@ -199,7 +212,7 @@ static void enqueue_as(CUstream h, void (*fn)(void *), void *arg, int delayed) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static void enqueue(CUstream h, void (*fn)(void *), void *arg) { enqueue_as(h, fn, arg, 1); }
+static void enqueue(Stream *s, void (*fn)(void *), void *arg) { enqueue_as(s, fn, arg, 1); }
 
 /* The NCCL emulator's way in: its calls run on the stream like kernels. */
 typedef struct {
@@ -210,10 +223,16 @@ static void run_foreign(void *p) {
     Foreign *f = p;
     f->fn(f->arg);
 }
+/* Nonzero for a destroyed stream (the NCCL emulator then refuses its call). */
 int rankmesh_emu_enqueue(void *stream, void (*fn)(void *), void *arg) {
+    Stream *s = stream_of((CUstream)stream);
+    if (!s) {
+        fprintf(stderr, "rankmesh CUDA emulator: an NCCL call on a destroyed stream\n");
+        return INVALID_HANDLE;
+    }
     Foreign *f = malloc(sizeof *f);
     *f = (Foreign){fn, arg};
-    enqueue((CUstream)stream, run_foreign, f);
+    enqueue(s, run_foreign, f);
     return 0;
 }
 
@@ -318,20 +337,34 @@ CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     *s = new_stream();
     return OK;
 }
-/* Streams are kept: work may still be queued, as CUDA allows at destroy. */
+/* Marked, not freed: work may still be queued, as CUDA allows at destroy,
+   and it runs; the handle is refused from now on. */
 CUresult cuStreamDestroy_v2(CUstream s) {
-    (void)s;
+    if (!s || !stream_of(s)) return INVALID_HANDLE;
+    __atomic_store_n(&s->destroyed, 1, __ATOMIC_RELEASE);
     return OK;
 }
+/* A call on a destroyed stream: refused, named on stderr (a GPU would
+   answer CUDA_ERROR_INVALID_HANDLE or worse). */
+#define NEED_STREAM(h, s, call)                                                              \
+    Stream *s = stream_of(h);                                                                \
+    do {                                                                                     \
+        if (!s) {                                                                            \
+            fprintf(stderr, "rankmesh CUDA emulator: %s on a destroyed stream\n", call);     \
+            return INVALID_HANDLE;                                                           \
+        }                                                                                    \
+    } while (0)
+
 CUresult cuStreamQuery(CUstream h) {
-    Stream *s = stream_of(h);
+    NEED_STREAM(h, s, "cuStreamQuery");
     pthread_mutex_lock(&s->mu);
     long pending = s->pending;
     pthread_mutex_unlock(&s->mu);
     return pending ? NOT_READY : OK;
 }
 CUresult cuStreamSynchronize(CUstream h) {
-    stream_wait(stream_of(h));
+    NEED_STREAM(h, s, "cuStreamSynchronize");
+    stream_wait(s);
     return OK;
 }
 
@@ -339,7 +372,18 @@ CUresult cuStreamSynchronize(CUstream h) {
 
 typedef struct CUevent_st {
     long recorded, reached;
+    int destroyed;
 } Event;
+
+/* A call on a destroyed (or null) event: refused, named on stderr. */
+#define NEED_EVENT(e, call)                                                                  \
+    do {                                                                                     \
+        if (!(e)) return INVALID_HANDLE;                                                     \
+        if (__atomic_load_n(&(e)->destroyed, __ATOMIC_ACQUIRE)) {                            \
+            fprintf(stderr, "rankmesh CUDA emulator: %s on a destroyed event\n", call);      \
+            return INVALID_HANDLE;                                                           \
+        }                                                                                    \
+    } while (0)
 
 typedef struct {
     Event *e;
@@ -366,8 +410,9 @@ CUresult cuEventCreate(CUevent *e, unsigned flags) {
     *e = calloc(1, sizeof **e);
     return *e ? OK : OUT_OF_MEMORY;
 }
-CUresult cuEventRecord(CUevent e, CUstream s) {
-    if (!e) return INVALID_HANDLE;
+CUresult cuEventRecord(CUevent e, CUstream h) {
+    NEED_EVENT(e, "cuEventRecord");
+    NEED_STREAM(h, s, "cuEventRecord");
     EventStep *st = malloc(sizeof *st);
     *st = (EventStep){e, __atomic_add_fetch(&e->recorded, 1, __ATOMIC_ACQ_REL)};
     enqueue_as(s, reach, st, 0);
@@ -377,27 +422,30 @@ CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned flags) {
     (void)flags;
     return cuEventRecord(e, s);
 }
-CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned flags) {
     (void)flags;
-    if (!e) return INVALID_HANDLE;
+    NEED_EVENT(e, "cuStreamWaitEvent");
+    NEED_STREAM(h, s, "cuStreamWaitEvent");
     EventStep *st = malloc(sizeof *st);
     *st = (EventStep){e, load(&e->recorded)};
     enqueue_as(s, await, st, 0);
     return OK;
 }
 CUresult cuEventQuery(CUevent e) {
-    if (!e) return INVALID_HANDLE;
+    NEED_EVENT(e, "cuEventQuery");
     return load(&e->reached) >= load(&e->recorded) ? OK : NOT_READY;
 }
 CUresult cuEventSynchronize(CUevent e) {
-    if (!e) return INVALID_HANDLE;
+    NEED_EVENT(e, "cuEventSynchronize");
     long target = load(&e->recorded);
     while (load(&e->reached) < target) usleep(10);
     return OK;
 }
-/* Kept: queued steps may still point at it (a few bytes per event). */
+/* Marked, not freed: queued steps may still point at it (a few bytes per
+   event); the handle is refused from now on. */
 CUresult cuEventDestroy_v2(CUevent e) {
-    (void)e;
+    NEED_EVENT(e, "cuEventDestroy");
+    __atomic_store_n(&e->destroyed, 1, __ATOMIC_RELEASE);
     return OK;
 }
 
@@ -410,11 +458,91 @@ static pthread_mutex_t quarantine_mu = PTHREAD_MUTEX_INITIALIZER;
 static void *quarantined[QUARANTINE];
 static int next_quarantine;
 
+/* The live allocations, sorted by base: device memory is what lies inside
+   one of them. */
+typedef struct {
+    uintptr_t base;
+    size_t n;
+} Block;
+static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+static Block *blocks;
+static size_t nblocks, cap_blocks;
+
+/* The index of the first block whose base is above p. */
+static size_t after(uintptr_t p) {
+    size_t lo = 0, hi = nblocks;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (blocks[mid].base <= p) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+static int track(uintptr_t base, size_t n) {
+    pthread_mutex_lock(&blocks_mu);
+    if (nblocks == cap_blocks) {
+        size_t cap = cap_blocks ? 2 * cap_blocks : 256;
+        Block *b = realloc(blocks, cap * sizeof *b);
+        if (!b) {
+            pthread_mutex_unlock(&blocks_mu);
+            return 0;
+        }
+        blocks = b;
+        cap_blocks = cap;
+    }
+    size_t i = after(base);
+    memmove(blocks + i + 1, blocks + i, (nblocks - i) * sizeof *blocks);
+    blocks[i] = (Block){base, n};
+    nblocks++;
+    pthread_mutex_unlock(&blocks_mu);
+    return 1;
+}
+/* Forgets the block based at p; 0 if none is. */
+static int untrack(uintptr_t base) {
+    pthread_mutex_lock(&blocks_mu);
+    size_t i = after(base);
+    int found = i > 0 && blocks[i - 1].base == base;
+    if (found) {
+        memmove(blocks + i - 1, blocks + i, (nblocks - i) * sizeof *blocks);
+        nblocks--;
+    }
+    pthread_mutex_unlock(&blocks_mu);
+    return found;
+}
+/* Whether [p, p+n) lies inside one live allocation (n = 0: any p). The
+   NCCL emulator asks it of its buffers. */
+int rankmesh_emu_device_range(const void *ptr, size_t n) {
+    if (!n) return 1;
+    uintptr_t p = (uintptr_t)ptr;
+    pthread_mutex_lock(&blocks_mu);
+    size_t i = after(p);
+    int inside = i > 0 && p - blocks[i - 1].base <= blocks[i - 1].n && n <= blocks[i - 1].n - (p - blocks[i - 1].base);
+    pthread_mutex_unlock(&blocks_mu);
+    return inside;
+}
+/* Memory another emulated allocator hands out (ncclMemAlloc) counts as
+   device memory until it is given back. */
+int rankmesh_emu_track(const void *p, size_t n, int live) {
+    return live ? track((uintptr_t)p, n) : untrack((uintptr_t)p);
+}
+
+/* A pointer that is not device memory: refused and named, where a GPU
+   would fault (or cuMemcpy answer CUDA_ERROR_INVALID_VALUE). */
+static int not_device(const char *call, const char *which, uintptr_t p, size_t n) {
+    if (rankmesh_emu_device_range((const void *)p, n)) return 0;
+    fprintf(stderr, "rankmesh CUDA emulator: %s: %s %#lx (+%zu B) is not inside a live device allocation\n", call,
+            which, (unsigned long)p, n);
+    return 1;
+}
+
 static CUresult alloc(CUdeviceptr *p, size_t n) {
     char *m = malloc(n + HEADER);
     if (!m) return OUT_OF_MEMORY;
     memcpy(m, &n, sizeof n);
     memset(m + HEADER, 0xA5, n); /* uninitialised device memory is not zero */
+    if (!track((uintptr_t)(m + HEADER), n)) {
+        free(m);
+        return OUT_OF_MEMORY;
+    }
     *p = (CUdeviceptr)(uintptr_t)(m + HEADER);
     return OK;
 }
@@ -438,22 +566,43 @@ static CUdeviceptr *boxed(CUdeviceptr p) {
     return b;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+/* Fills a new stream-ordered block as the pool would hand it over: stale. */
+static void fill_stale(void *p) {
+    char *m = (char *)(uintptr_t)*(CUdeviceptr *)p;
+    size_t n;
+    memcpy(&n, m - HEADER, sizeof n);
+    memset(m, 0xA5, n);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream h) {
     NEED_CONTEXT();
-    (void)s;
-    return alloc(p, n);
+    NEED_STREAM(h, s, "cuMemAllocAsync");
+    CUresult rc = alloc(p, n);
+    if (rc == OK) enqueue(s, fill_stale, boxed(*p));
+    return rc;
 }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     NEED_CONTEXT();
     return alloc(p, n);
 }
-CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+/* The block leaves the live set at the call: later calls may not name it. */
+static CUresult forget(CUdeviceptr p, const char *call) {
+    if (untrack((uintptr_t)p)) return OK;
+    fprintf(stderr, "rankmesh CUDA emulator: %s(%#llx): not the base of a live allocation\n", call,
+            (unsigned long long)p);
+    return INVALID_VALUE;
+}
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream h) {
     NEED_CONTEXT();
-    enqueue(s, poison_free, boxed(p));
-    return OK;
+    NEED_STREAM(h, s, "cuMemFreeAsync");
+    CUresult rc = forget(p, "cuMemFreeAsync");
+    if (rc == OK) enqueue(s, poison_free, boxed(p));
+    return rc;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     NEED_CONTEXT();
+    CUresult rc = forget(p, "cuMemFree");
+    if (rc != OK) return rc;
     all_streams_wait();
     CUdeviceptr *b = boxed(p);
     poison_free(b);
@@ -478,36 +627,45 @@ static void do_copy(void *p) {
     if (c->owned_src) free((void *)c->src);
 }
 
-static CUresult enqueue_copy(CUstream s, char *dst, const char *src, size_t n, int owned) {
+static CUresult enqueue_copy(Stream *s, char *dst, const char *src, size_t n, int owned) {
     Copy *c = malloc(sizeof *c);
     *c = (Copy){dst, src, n, owned, 0, 0};
     enqueue(s, do_copy, c);
     return OK;
 }
 
-CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream h) {
     NEED_CONTEXT();
+    NEED_STREAM(h, s, "cuMemsetD8Async");
+    if (not_device("cuMemsetD8Async", "dstDevice", p, n)) return INVALID_VALUE;
     Copy *c = malloc(sizeof *c);
     *c = (Copy){(char *)(uintptr_t)p, NULL, n, 0, 1, v};
     enqueue(s, do_copy, c);
     return OK;
 }
 /* Pageable source: staged now, so the caller may reuse it at once. */
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
     NEED_CONTEXT();
+    NEED_STREAM(h, s, "cuMemcpyHtoDAsync");
+    if (not_device("cuMemcpyHtoDAsync", "dstDevice", dst, n)) return INVALID_VALUE;
     char *staged = malloc(n ? n : 1);
     memcpy(staged, src, n);
     return enqueue_copy(s, (char *)(uintptr_t)dst, staged, n, 1);
 }
 /* Pageable destination: the copy waits for the stream and is done on return. */
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
     NEED_CONTEXT();
-    stream_wait(stream_of(s));
+    NEED_STREAM(h, s, "cuMemcpyDtoHAsync");
+    if (not_device("cuMemcpyDtoHAsync", "srcDevice", src, n)) return INVALID_VALUE;
+    stream_wait(s);
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return OK;
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
     NEED_CONTEXT();
+    NEED_STREAM(h, s, "cuMemcpyDtoDAsync");
+    if (not_device("cuMemcpyDtoDAsync", "dstDevice", dst, n) || not_device("cuMemcpyDtoDAsync", "srcDevice", src, n))
+        return INVALID_VALUE;
     return enqueue_copy(s, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, 0);
 }
 
@@ -540,12 +698,21 @@ static void do_copy_2d(void *p) {
         memcpy(dst + row * c->dstPitch, src + row * c->srcPitch, c->WidthInBytes);
 }
 
-CUresult cuMemcpy2DAsync_v2(const Memcpy2D *c, CUstream s) {
+CUresult cuMemcpy2DAsync_v2(const Memcpy2D *c, CUstream h) {
     NEED_CONTEXT();
+    NEED_STREAM(h, s, "cuMemcpy2DAsync");
     if (c->srcMemoryType != 2 || c->dstMemoryType != 2) return INVALID_VALUE;
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes) return INVALID_VALUE;
     /* CU_DEVICE_ATTRIBUTE_MAX_PITCH: a pitch beyond it is refused (use a 1-D copy). */
     if (c->srcPitch > 2147483647u || c->dstPitch > 2147483647u) return INVALID_VALUE;
+    if (c->Height && c->WidthInBytes) {
+        /* The bytes each side spans, from the first row's start to the last row's end. */
+        size_t sspan = (c->Height - 1) * c->srcPitch + c->WidthInBytes;
+        size_t dspan = (c->Height - 1) * c->dstPitch + c->WidthInBytes;
+        if (not_device("cuMemcpy2DAsync", "srcDevice", c->srcDevice + c->srcXInBytes + c->srcY * c->srcPitch, sspan) ||
+            not_device("cuMemcpy2DAsync", "dstDevice", c->dstDevice + c->dstXInBytes + c->dstY * c->dstPitch, dspan))
+            return INVALID_VALUE;
+    }
     Memcpy2D *copy = malloc(sizeof *copy);
     *copy = *c;
     enqueue(s, do_copy_2d, copy);

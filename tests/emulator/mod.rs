@@ -130,14 +130,22 @@ impl Emulator {
     }
 }
 
-/// Every rank printed its summary with zero failed checks.
+/// Whether either emulator named a misuse on stderr (a refused call, or
+/// one it does not emulate), even one rankmesh's own paths let pass, as a
+/// drop that ignores a failed free would.
+fn emulator_objected(job: &support::Job) -> bool {
+    job.stderr.contains("rankmesh NCCL emulator:") || job.stderr.contains("rankmesh CUDA emulator:")
+}
+
+/// Every rank printed its summary with zero failed checks, and neither
+/// emulator objected to a call.
 fn checks_passed(job: &support::Job, np: usize) -> Result<(), String> {
     let passed = job
         .stdout
         .lines()
         .filter(|l| l.contains("rankmesh CUDA emulator") && l.ends_with(", 0 checks failed"))
         .count();
-    if job.ok() && passed == np && !job.stdout.contains("FAILED") {
+    if job.ok() && passed == np && !job.stdout.contains("FAILED") && !emulator_objected(job) {
         Ok(())
     } else {
         Err(job.describe())
@@ -1159,8 +1167,7 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
                     &env,
                 );
                 let refused = job.stderr.contains("RANKMESH_EMU_FAIL_SEND=2");
-                let misuse = job.stderr.contains("rankmesh NCCL emulator:")
-                    || job.stderr.contains("AddressSanitizer");
+                let misuse = emulator_objected(&job) || job.stderr.contains("AddressSanitizer");
                 (!job.ok() && refused && !misuse && !job.stderr.contains("panicked"))
                     .then_some(())
                     .ok_or_else(|| job.describe())
@@ -1182,7 +1189,7 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
                             .contains(&format!("DROP-ORDERS rank {r} rounds 24"))
                     })
                     .count();
-                let misuse = job.stderr.contains("rankmesh NCCL emulator:");
+                let misuse = emulator_objected(&job);
                 (job.ok() && done == np && !misuse)
                     .then_some(())
                     .ok_or_else(|| job.describe())
@@ -1201,16 +1208,20 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
                     ("RANKMESH_GPU_DROP_CHECK", "1"),
                     ("RANKMESH_EMU_GPUS", "2"),
                     ("RANKMESH_EMU_STALL", "1"),
-                    ("RANKMESH_TIMEOUT", "3"),
+                    ("RANKMESH_TIMEOUT", "5"),
                 ]),
             );
+            // The drop waits RANKMESH_TIMEOUT (T = 5 s) for the finalize,
+            // never less (printed to 0.1 s), then aborts: done before a
+            // second T could pass, whatever the load does to the abort.
+            let limit = 5.0;
             let took = job
                 .stdout
                 .lines()
                 .find_map(|l| l.strip_prefix("DROP rank 0 after "))
                 .and_then(|t| t.trim_end_matches(" s").parse::<f64>().ok());
-            let loud = job.stderr.contains("rankmesh NCCL emulator:");
-            (job.ok() && took.is_some_and(|t| (2.5..6.0).contains(&t)) && !loud)
+            let loud = emulator_objected(&job);
+            (job.ok() && took.is_some_and(|t| (limit - 0.1..2.0 * limit).contains(&t)) && !loud)
                 .then_some(())
                 .ok_or_else(|| format!("drop took {took:?} s\n{}", job.describe()))
         },

@@ -1109,11 +1109,39 @@ static ncclResult_t enter(Comm *c, int t, const char *call) {
     return SUCCESS;
 }
 
-/* A null buffer for a non-zero count (NCCL: "%s : %s argument is NULL"). */
-static ncclResult_t null_buffer(const void *p, size_t count, const char *call, const char *which) {
-    if (p || !count) return SUCCESS;
-    snprintf(last_error, sizeof last_error, "%s : %s argument is NULL", call, which);
-    return INVALID_ARGUMENT;
+/* emulator/cuda.c's answer to "is [p, p+n) device memory?"; NULL without
+   the emulated driver (then nothing is checked). */
+typedef int (*RangeFn)(const void *, size_t);
+static RangeFn device_range(void) {
+    static int tried;
+    static RangeFn f;
+    if (!tried) {
+        tried = 1;
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = (RangeFn)dlsym(h, "rankmesh_emu_device_range");
+    }
+    return f;
+}
+
+/* A buffer NCCL cannot use: null for a non-zero count (NCCL: "%s : %s
+ * argument is NULL"), or bytes outside device memory. NCCL checks that
+ * only with NCCL_CHECK_POINTERS=1 ("%s : %s %p is not a valid pointer");
+ * by default its kernel faults, an illegal address that kills the
+ * context. Refused here, always, so such a call never passes CI. */
+static ncclResult_t null_buffer(const void *p, size_t bytes, const char *call, const char *which) {
+    if (!bytes) return SUCCESS;
+    if (!p) {
+        snprintf(last_error, sizeof last_error, "%s : %s argument is NULL", call, which);
+        return INVALID_ARGUMENT;
+    }
+    RangeFn inside = device_range();
+    if (inside && !inside(p, bytes)) {
+        snprintf(last_error, sizeof last_error, "%s : %s %p is not a valid pointer (%zu B not inside device memory)",
+                 call, which, p, bytes);
+        return INVALID_ARGUMENT;
+    }
+    return SUCCESS;
 }
 
 /* Whether [a, a+n) and [b, b+m) share a byte. */
@@ -1309,7 +1337,14 @@ static ncclResult_t submit(Job j, void *stream) {
     Job *queued = malloc(sizeof *queued);
     *queued = j;
     __atomic_add_fetch(&j.c->inflight, 1, __ATOMIC_ACQ_REL);
-    q(stream, run_queued, queued);
+    if (q(stream, run_queued, queued)) {
+        /* A destroyed stream: cudaErrorInvalidResourceHandle to NCCL's launch. */
+        __atomic_sub_fetch(&j.c->inflight, 1, __ATOMIC_ACQ_REL);
+        free(queued);
+        free(j.batch);
+        snprintf(last_error, sizeof last_error, "Cuda failure 'invalid resource handle' (a destroyed stream)");
+        return UNHANDLED_CUDA;
+    }
     return SUCCESS;
 }
 
@@ -1368,7 +1403,10 @@ static ncclResult_t collective(int kind, const void *s, void *r, size_t count, i
     if (kind == ALL_GATHER || kind == GATHER) rbytes = chunk * n;
     if (kind == REDUCE_SCATTER || kind == SCATTER) sbytes = chunk * n;
     if (kind == ALL_TO_ALL) sbytes = rbytes = chunk * n;
-    int sends = !(kind == SCATTER && c->rank != root), recvs = !(kind == GATHER && c->rank != root);
+    /* NCCL reads a broadcast's and a scatter's send buffer on the root only,
+       and writes a reduce's and a gather's receive buffer there only. */
+    int sends = !((kind == SCATTER || kind == BROADCAST) && c->rank != root),
+        recvs = !((kind == GATHER || kind == REDUCE) && c->rank != root);
     if ((sends && (e = null_buffer(s, sbytes, call, "sendbuff"))) || (recvs && (e = null_buffer(r, rbytes, call, "recvbuff"))))
         return e;
     /* In place is only where NCCL defines it; any other overlap is refused. */
@@ -1434,6 +1472,10 @@ static ncclResult_t register_buffer(Comm *c, void *buf, size_t size, void **hand
         snprintf(last_error, sizeof last_error, "%s: null buffer or zero size", call);
         return INVALID_ARGUMENT;
     }
+    /* NCCL's registration asks the driver for the buffer's range
+       (cuMemGetAddressRange), which fails outside device memory. */
+    ncclResult_t e = null_buffer(buf, size, call, "buff");
+    if (e) return e;
     if (window && (uintptr_t)buf % 4096) {
         snprintf(last_error, sizeof last_error,
                  "%s: buffer %p is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)", call, buf);
@@ -1471,11 +1513,26 @@ static ncclResult_t deregister(Comm *c, void *handle, const char *call) {
 }
 
 /* Memory NCCL can register: page-aligned, as cuMem allocations are. */
+/* emulator/cuda.c's record of device memory handed out here. */
+static void track(void *p, size_t n, int live) {
+    static int tried;
+    static int (*f)(const void *, size_t, int);
+    if (!tried) {
+        tried = 1;
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = (int (*)(const void *, size_t, int))dlsym(h, "rankmesh_emu_track");
+    }
+    if (f) f(p, n, live);
+}
 ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
     if (!ptr || !size) return INVALID_ARGUMENT;
-    return posix_memalign(ptr, 4096, size) ? SYSTEM_ERROR : SUCCESS;
+    if (posix_memalign(ptr, 4096, size)) return SYSTEM_ERROR;
+    track(*ptr, size, 1);
+    return SUCCESS;
 }
 ncclResult_t ncclMemFree(void *ptr) {
+    track(ptr, 0, 0);
     free(ptr);
     return SUCCESS;
 }
@@ -1525,7 +1582,7 @@ static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer
     const char *call = send ? "Send" : "Recv";
     ncclResult_t e = enter(c, t, call);
     if (e) return e;
-    if ((e = null_buffer(buf, count, call, "buff"))) return e;
+    if ((e = null_buffer(buf, count * elem(t), call, "buff"))) return e;
     static long sends, fail_send = -2;
     if (fail_send == -2) {
         const char *v = getenv("RANKMESH_EMU_FAIL_SEND");

@@ -46,8 +46,19 @@ CUresult cuStreamCreate(void **, unsigned);
 CUresult cuMemAlloc_v2(uint64_t *, size_t);
 CUresult cuStreamSynchronize(void *);
 CUresult cuStreamQuery(void *);
+CUresult cuStreamDestroy_v2(void *);
+CUresult cuMemFree_v2(uint64_t);
+CUresult cuMemAllocAsync(uint64_t *, size_t, void *);
+CUresult cuMemsetD8Async(uint64_t, unsigned char, size_t, void *);
+CUresult cuMemcpyDtoHAsync_v2(void *, uint64_t, size_t, void *);
+CUresult cuEventCreate(void **, unsigned);
+CUresult cuEventDestroy_v2(void *);
+CUresult cuEventRecord(void *, void *);
+CUresult cuEventQuery(void *);
+CUresult cuStreamWaitEvent(void *, void *, unsigned);
 
-enum { F32 = 7, SUM = 0, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7 };
+enum { F32 = 7, SUM = 0, UNHANDLED_CUDA = 1, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7 };
+enum { CU_INVALID_VALUE = 1, CU_INVALID_HANDLE = 400 };
 
 static int rank, failed;
 
@@ -90,6 +101,64 @@ static void bootstrap_refusals(void *device0) {
     }
     unsetenv("RANKMESH_EMU_BUS");
     MPI_Comm_free(&pair);
+}
+
+/* The driver refuses what a GPU would refuse or fault on: memory that is
+   not device memory, handles used after their destroy. Local calls only,
+   so a refusal on one rank leaves the other's calls matched. */
+static void driver_refusals(ncclComm_t comm, void *stream, float *buf, uint64_t a) {
+    float host[4] = {0};
+    expect("an all_reduce of host memory", ncclAllReduce(host, buf, 4, F32, SUM, comm, stream), INVALID_ARGUMENT);
+    expect("an all_reduce past its allocation's end", ncclAllReduce(buf, buf, 1025, F32, SUM, comm, stream),
+           INVALID_ARGUMENT);
+    expect("a send of host memory", ncclSend(host, 4, F32, 1 - rank, comm, stream), INVALID_ARGUMENT);
+    expect("cuMemsetD8Async on host memory", cuMemsetD8Async((uint64_t)(uintptr_t)host, 0, 16, stream),
+           CU_INVALID_VALUE);
+    expect("cuMemFree inside an allocation", cuMemFree_v2(a + 16), CU_INVALID_VALUE);
+    uint64_t spare;
+    cuMemAlloc_v2(&spare, 64);
+    expect("cuMemFree", cuMemFree_v2(spare), 0);
+    expect("cuMemFree of a freed block", cuMemFree_v2(spare), CU_INVALID_VALUE);
+    expect("cuMemsetD8Async on a freed block", cuMemsetD8Async(spare, 0, 16, stream), CU_INVALID_VALUE);
+
+    void *gone, *event;
+    cuStreamCreate(&gone, 0);
+    expect("cuStreamDestroy", cuStreamDestroy_v2(gone), 0);
+    expect("cuStreamSynchronize on a destroyed stream", cuStreamSynchronize(gone), CU_INVALID_HANDLE);
+    expect("cuMemsetD8Async on a destroyed stream", cuMemsetD8Async(a, 0, 16, gone), CU_INVALID_HANDLE);
+    expect("an all_reduce on a destroyed stream", ncclAllReduce(buf, buf, 4, F32, SUM, comm, gone), UNHANDLED_CUDA);
+    cuEventCreate(&event, 0);
+    expect("cuEventDestroy", cuEventDestroy_v2(event), 0);
+    expect("cuEventQuery on a destroyed event", cuEventQuery(event), CU_INVALID_HANDLE);
+    expect("cuEventRecord of a destroyed event", cuEventRecord(event, stream), CU_INVALID_HANDLE);
+    if (rank != 0) return;
+
+    /* cuMemAllocAsync's block is its stream's from the allocation on:
+       `busy` is a gigabyte of memsets behind, and a set on `stream` that
+       does not wait for it is lost to the pool's stale fill. */
+    void *busy, *ready;
+    uint64_t big, block;
+    unsigned char got = 0;
+    cuStreamCreate(&busy, 0);
+    cuMemAlloc_v2(&big, 256u << 20);
+    for (int i = 0; i < 4; i++) cuMemsetD8Async(big, (unsigned char)i, 256u << 20, busy);
+    expect("cuMemAllocAsync", cuMemAllocAsync(&block, 4096, busy), 0);
+    cuMemsetD8Async(block, 0x11, 4096, stream);
+    cuStreamSynchronize(stream);
+    cuStreamSynchronize(busy);
+    cuMemcpyDtoHAsync_v2(&got, block, 1, stream);
+    expect("a set that did not wait for cuMemAllocAsync's stream (0xA5: lost)", got, 0xA5);
+    /* Ordered by an event, the set holds. */
+    for (int i = 0; i < 4; i++) cuMemsetD8Async(big, (unsigned char)i, 256u << 20, busy);
+    expect("cuMemAllocAsync", cuMemAllocAsync(&block, 4096, busy), 0);
+    cuEventCreate(&ready, 0);
+    cuEventRecord(ready, busy);
+    cuStreamWaitEvent(stream, ready, 0);
+    cuMemsetD8Async(block, 0x11, 4096, stream);
+    cuMemcpyDtoHAsync_v2(&got, block, 1, stream);
+    expect("a set that waited for cuMemAllocAsync's stream (0x11: kept)", got, 0x11);
+    cuStreamSynchronize(busy);
+    cuMemFree_v2(big);
 }
 
 int main(int argc, char **argv) {
@@ -193,6 +262,7 @@ int main(int argc, char **argv) {
         printf("STRICT-FAILED rank %d: the received data differs\n", rank);
         failed = 1;
     }
+    driver_refusals(comm, stream, buf, a);
     expect("a destroy once the work is done", ncclCommDestroy(comm), 0);
     expect("a call on a destroyed communicator", ncclAllReduce(buf, other, 4, F32, SUM, comm, stream),
            INVALID_USAGE);
