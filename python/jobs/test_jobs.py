@@ -13,11 +13,22 @@ import time
 
 # `say(...)` in a job's script: a line into the rank's own file, since the
 # launcher's merged stdout may cut one rank's line with another's.
+# `mark(name)` and `wait_for(name)`: one rank waits for another's step
+# (an empty file beside them), so that a script orders its ranks' steps
+# instead of racing fixed sleeps against the runtime's timeouts.
 SAY = """
-import os as _os
+import os as _os, time as _time
 def say(*words):
     with open(_os.path.join(_os.environ["JOB_OUT"], "rank" + _os.environ.get("OMPI_COMM_WORLD_RANK", "0")), "a") as f:
         f.write(" ".join(str(w) for w in words) + "\\n")
+def mark(name):
+    open(_os.path.join(_os.environ["JOB_OUT"], "mark-" + name), "w").close()
+def wait_for(name, limit=40):
+    end = _time.monotonic() + limit
+    while not _os.path.exists(_os.path.join(_os.environ["JOB_OUT"], "mark-" + name)):
+        if _time.monotonic() > end:
+            raise RuntimeError("no mark " + name + " after " + str(limit) + " s")
+        _time.sleep(0.01)
 """
 
 
@@ -53,15 +64,19 @@ def test_a_rank_that_skips_a_call_is_an_exception_on_the_ranks_waiting_for_it():
                     dist.get_world_group().barrier()
                 except dist.TimeoutError:
                     say("AGAIN", dist.get_world_rank(), f"{time.monotonic() - t:.3f}")
-                time.sleep(3)  # the script's own clean-up
+                mark(f"gave-up{dist.get_world_rank()}")
+                wait_for("late1")  # the script's own clean-up, past rank 1's call
         else:
-            # The rank that skipped: its next call raises too, naming a
-            # rank that gave up on it.
-            time.sleep(2.8)
+            # The rank that skipped: its next call, once the others have
+            # given up, raises too, naming a rank that gave up on it.
             try:
+                wait_for("gave-up0")
+                wait_for("gave-up2")
                 dist.get_world_group().barrier()
             except dist.PeerError as e:
                 say("LATE 1", e)
+            finally:
+                mark("late1")
     """, env={"RANKMESH_TIMEOUT": "2"})
     took = time.monotonic() - t0
     text = out.stdout + out.stderr
@@ -88,11 +103,14 @@ def test_ctrl_c_interrupts_a_waiting_collective_and_its_peers_are_told():
             import numpy as np, os, sys, time, rankmesh as dist
             dist.init_distributed_environment()
             r = dist.get_world_rank()
-            open(os.path.join(sys.argv[1], f"pid{r}"), "w").write(str(os.getpid()))
+            open(os.path.join(sys.argv[1], f"pid{r}.tmp"), "w").write(str(os.getpid()))
             t = time.monotonic()
             try:
                 if r == 1:
                     time.sleep(30)
+                # Written on the call's doorstep: the interrupt is sent a
+                # second after it, into the wait.
+                os.rename(os.path.join(sys.argv[1], f"pid{r}.tmp"), os.path.join(sys.argv[1], f"pid{r}"))
                 dist.get_world_group().all_reduce(np.ones(2, np.float32))
             except BaseException as e:
                 with open(os.path.join(sys.argv[1], f"said{r}"), "w") as f:
@@ -107,7 +125,7 @@ def test_ctrl_c_interrupts_a_waiting_collective_and_its_peers_are_told():
         pid0 = os.path.join(d, "pid0")
         while not os.path.exists(pid0) and time.monotonic() - t0 < 30:
             time.sleep(0.05)
-        time.sleep(1.0)  # rank 0 is blocked in the all-reduce by now
+        time.sleep(1.0)  # rank 0 is waiting in the all-reduce by now
         os.kill(int(open(pid0).read()), signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)
         said = [open(os.path.join(d, f)).read().strip() for f in sorted(os.listdir(d)) if f.startswith("said")]
