@@ -334,10 +334,11 @@ impl Group {
         Ok(f(g))
     }
 
-    /// A local refusal still calls in (a barrier the peers' call does not
-    /// match), so that every member gets an error instead of waiting.
+    /// A local refusal still calls in (a stand-in that fails the peers'
+    /// call, naming this rank), so that every member gets an error instead
+    /// of waiting.
     fn refuse<T>(&self, py: Python<'_>, e: PyErr) -> PyResult<T> {
-        let _ = self.run(py, |g| g.barrier());
+        let _ = self.run(py, |g| g.refuse_here());
         Err(e)
     }
 

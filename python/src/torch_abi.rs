@@ -101,8 +101,8 @@ enum Code {
     AllToAll = 8,
     AllToAllV = 9,
     AllGatherV = 10,
-    /// A rank refusing its own arguments still calls in (a barrier its
-    /// peers' call does not match), so every member learns of it.
+    /// A rank refusing its own arguments still calls in (a stand-in that
+    /// fails its peers' call, naming it), so every member learns of it.
     Refuse = 11,
 }
 
@@ -296,7 +296,8 @@ fn dispatch<'rt, C: Collectives<'rt>>(
     let size = g.group().size();
     let peer = usize::try_from(call.peer).unwrap_or(usize::MAX);
     match code {
-        Code::Barrier | Code::Refuse => g.barrier(),
+        Code::Barrier => g.barrier(),
+        Code::Refuse => g.group().refuse_here(),
         Code::AllReduce => g.all_reduce_in_place(&mut make(call.input)?, reduce),
         Code::Broadcast => g.broadcast(&mut make(call.input)?, peer),
         Code::Reduce => g.reduce_into(&make(call.input)?, &mut make(call.output)?, peer, reduce),

@@ -74,3 +74,16 @@ def test_uneven_splits_that_do_not_add_up_are_refused():
     with pytest.raises(dist.DistBackendError, match="add up to"):
         dist.all_to_all_single(out, x, output_split_sizes=[1] * W(), input_split_sizes=[1] * W())
     still_works()
+
+
+def test_a_rank_that_refuses_its_own_call_is_named_by_the_others():
+    """Only the last rank's arguments are wrong: it raises its own reason,
+    and the others' matching call fails naming it and the refusal (it used
+    to read as a barrier they were not in)."""
+    last = W() - 1
+    mine = dist.get_rank() == last
+    op = dist.ReduceOp.BAND if mine else dist.ReduceOp.SUM
+    want = "bitwise reductions take integer" if mine else rf"group rank {last} refused call #\d+ on its own arguments"
+    with pytest.raises(dist.DistBackendError, match=want):
+        dist.all_reduce(torch.ones(3), op=op)
+    still_works()

@@ -61,9 +61,12 @@ const VIEW_ENDED: u32 = 4;
 const VIEW_ELSEWHERE: u32 = 8;
 /// Flag: an uneven op's counts do not fit the caller's tensors.
 const BAD_COUNTS: u32 = 16;
+/// Flag: the rank refused its call on its own arguments before it could
+/// say what the call was; it calls in only so that its members fail too.
+const REFUSED: u32 = 32;
 /// Problems one rank finds in its own arguments before the agreement: not
 /// part of the digest, but a call any member flags is refused by all.
-const LOCAL_PROBLEMS: u32 = BAD_OUTPUT | VIEW_ENDED | VIEW_ELSEWHERE | BAD_COUNTS;
+const LOCAL_PROBLEMS: u32 = BAD_OUTPUT | VIEW_ENDED | VIEW_ELSEWHERE | BAD_COUNTS | REFUSED;
 
 /// Why a device view cannot be used by a call (found before the agreement).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +149,16 @@ impl Descriptor {
         if bad {
             self.flags |= BAD_COUNTS;
         }
+    }
+
+    /// A stand-in for a call this rank refused on its own arguments (a
+    /// binding's check, before it could build the call's descriptor): it
+    /// matches whatever its members called, and fails it on each of them,
+    /// naming this rank.
+    pub fn refused_here() -> Descriptor {
+        let mut d = Descriptor::new(Op::Barrier, &[]);
+        d.flags |= REFUSED;
+        d
     }
 
     /// Marks one of the caller's device views as unusable here (checked
@@ -261,6 +274,9 @@ impl Descriptor {
 
     /// Human description: `all_gather(shape [2, 3] f32, dim -1)`.
     pub fn describe(&self) -> String {
+        if self.flags & REFUSED != 0 {
+            return "a call it refused on its own arguments".into();
+        }
         let Some(op) = self.op() else {
             return format!("unknown op code {}", self.op);
         };
@@ -546,6 +562,16 @@ fn agree_on_call(descs: &[Descriptor]) -> Result<(), Rejection> {
         ));
     }
     let first = &descs[0];
+    // A member's refusal of its own arguments explains any difference: its
+    // stand-in cannot say which call it was.
+    if let Some(r) = descs.iter().position(|d| d.flags & REFUSED != 0) {
+        if descs.iter().all(|d| d.seq == first.seq) {
+            return Err(Rejection::Invalid(format!(
+                "group rank {r} refused call #{} on its own arguments (its error says why)",
+                first.seq
+            )));
+        }
+    }
     for (r, d) in descs.iter().enumerate().skip(1) {
         if d.op != first.op || d.seq != first.seq {
             return mismatch(format!(
@@ -692,6 +718,23 @@ mod tests {
             e.contains("group rank 1 is in call #3 all_reduce(shape [4] i32, op sum)"),
             "{e}"
         );
+        // A member that refused its own arguments is named, whatever the
+        // others called; the group's agreement still holds.
+        let mut refused = Descriptor::refused_here();
+        refused.seq = 3;
+        let e = agree(&[b, refused], 0, &ok).unwrap_err();
+        assert_eq!(
+            e,
+            Rejection::Invalid(
+                "group rank 1 refused call #3 on its own arguments (its error says why)".into()
+            )
+        );
+        assert_eq!(agree(&[a, refused], 1, &ok).unwrap_err(), e);
+        refused.seq = 4;
+        assert!(matches!(
+            agree(&[b, refused], 0, &ok).unwrap_err(),
+            Rejection::Mismatch(m) if m.contains("group rank 1 is in call #4 a call it refused on its own arguments")
+        ));
         b = a;
         b.seq = 4;
         assert!(agree(&[a, b], 1, &ok)

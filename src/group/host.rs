@@ -382,6 +382,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
 }
 
 impl GroupCoordinator<'_> {
+    /// Calls in for a call this rank refused on its own arguments before it
+    /// could say which call it was (a binding's own checks): each member's
+    /// matching call fails naming this rank, instead of waiting for it. The
+    /// same error comes back here; the caller reports its own reason.
+    pub fn refuse_here(&self) -> Result<()> {
+        self.run_host_op(Descriptor::refused_here(), || Ok(()))
+    }
+
     /// Lands every member's `t`, joined along dim `d`, in `out`: `gather`
     /// writes the members' blocks in rank order, straight into `out` where
     /// blocks along `d` are contiguous in it, else into scratch that is

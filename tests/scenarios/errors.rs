@@ -199,6 +199,28 @@ pub fn run(rt: &Runtime) {
         g.broadcast(&mut t, last).unwrap();
         assert_eq!(t.as_slice::<f32>().unwrap(), &[0.5 + last as f32; 3]);
     }
+    // A rank that refuses its own call (a binding's check) calls in with a
+    // stand-in: the others' call, whatever it is, fails naming it, and the
+    // group goes on.
+    let last = p - 1;
+    let x3 = Tensor::from_vec([3], vec![0.25f32; 3]).unwrap();
+    let mut sum = x3.clone();
+    if me == last {
+        expect_err(
+            g.refuse_here(),
+            &[&format!("group rank {last} refused call #")],
+        );
+    } else {
+        expect_err(
+            g.all_reduce_in_place(&mut sum, ReduceOp::Sum),
+            &[
+                &format!("all_reduce on world: group rank {last} refused call #"),
+                "on its own arguments",
+            ],
+        );
+    }
+    g.all_reduce_in_place(&mut sum, ReduceOp::Sum).unwrap();
+    assert_eq!(sum.as_slice::<f32>().unwrap(), &[0.25 * p as f32; 3]);
     // A wrong output buffer on one rank fails every rank, naming that rank.
     let input = Tensor::zeros([4], DType::F32).unwrap();
     let mut out = if me == 0 {
