@@ -147,6 +147,15 @@ static const char MAGIC[8] = "rkmEMU01";
 
 /* emulator/cuda.c's stream queue, when that library is loaded and asynchronous. */
 typedef int (*EnqueueFn)(void *, void (*)(void *), void *);
+/* A symbol of the emulated CUDA driver (emulator/cuda.c) already loaded in
+ * the process; NULL without it. Every call into the driver emulator comes
+ * through here. */
+static void *cuda_symbol(const char *name) {
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    return h ? dlsym(h, name) : NULL;
+}
+
 static EnqueueFn stream_queue(void) {
     static int tried;
     static EnqueueFn f;
@@ -154,9 +163,7 @@ static EnqueueFn stream_queue(void) {
         tried = 1;
         const char *a = getenv("RANKMESH_EMU_ASYNC");
         if (a && strcmp(a, "0") == 0) return NULL;
-        void *h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (h) f = (EnqueueFn)dlsym(h, "rankmesh_emu_enqueue");
+        f = (EnqueueFn)cuda_symbol("rankmesh_emu_enqueue");
     }
     return f;
 }
@@ -424,9 +431,7 @@ static int current_device(void) {
     static int tried;
     if (!tried) {
         tried = 1;
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
-        if (h) f = (int (*)(void))dlsym(h, "rankmesh_emu_current_device");
+        f = (int (*)(void))cuda_symbol("rankmesh_emu_current_device");
     }
     return f ? f() : -1;
 }
@@ -439,9 +444,7 @@ static void current_bus(char *out, int n) {
     out[0] = 0;
     if (!tried) {
         tried = 1;
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
-        if (h) f = (int (*)(char *, int, int))dlsym(h, "cuDeviceGetPCIBusId");
+        f = (int (*)(char *, int, int))cuda_symbol("cuDeviceGetPCIBusId");
     }
     int dev = current_device();
     if (f && dev >= 0 && f(out, n, dev) != 0) out[0] = 0;
@@ -1117,9 +1120,7 @@ static RangeFn device_range(void) {
     static RangeFn f;
     if (!tried) {
         tried = 1;
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
-        if (h) f = (RangeFn)dlsym(h, "rankmesh_emu_device_range");
+        f = (RangeFn)cuda_symbol("rankmesh_emu_device_range");
     }
     return f;
 }
@@ -1129,7 +1130,7 @@ static RangeFn device_range(void) {
  * only with NCCL_CHECK_POINTERS=1 ("%s : %s %p is not a valid pointer");
  * by default its kernel faults, an illegal address that kills the
  * context. Refused here, always, so such a call never passes CI. */
-static ncclResult_t null_buffer(const void *p, size_t bytes, const char *call, const char *which) {
+static ncclResult_t unusable_buffer(const void *p, size_t bytes, const char *call, const char *which) {
     if (!bytes) return SUCCESS;
     if (!p) {
         snprintf(last_error, sizeof last_error, "%s : %s argument is NULL", call, which);
@@ -1407,7 +1408,7 @@ static ncclResult_t collective(int kind, const void *s, void *r, size_t count, i
        and writes a reduce's and a gather's receive buffer there only. */
     int sends = !((kind == SCATTER || kind == BROADCAST) && c->rank != root),
         recvs = !((kind == GATHER || kind == REDUCE) && c->rank != root);
-    if ((sends && (e = null_buffer(s, sbytes, call, "sendbuff"))) || (recvs && (e = null_buffer(r, rbytes, call, "recvbuff"))))
+    if ((sends && (e = unusable_buffer(s, sbytes, call, "sendbuff"))) || (recvs && (e = unusable_buffer(r, rbytes, call, "recvbuff"))))
         return e;
     /* In place is only where NCCL defines it; any other overlap is refused. */
     const char *sc = s, *rc_ = r;
@@ -1474,7 +1475,7 @@ static ncclResult_t register_buffer(Comm *c, void *buf, size_t size, void **hand
     }
     /* NCCL's registration asks the driver for the buffer's range
        (cuMemGetAddressRange), which fails outside device memory. */
-    ncclResult_t e = null_buffer(buf, size, call, "buff");
+    ncclResult_t e = unusable_buffer(buf, size, call, "buff");
     if (e) return e;
     if (window && (uintptr_t)buf % 4096) {
         snprintf(last_error, sizeof last_error,
@@ -1512,19 +1513,17 @@ static ncclResult_t deregister(Comm *c, void *handle, const char *call) {
     return SUCCESS;
 }
 
-/* Memory NCCL can register: page-aligned, as cuMem allocations are. */
 /* emulator/cuda.c's record of device memory handed out here. */
 static void track(void *p, size_t n, int live) {
     static int tried;
     static int (*f)(const void *, size_t, int);
     if (!tried) {
         tried = 1;
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
-        if (h) f = (int (*)(const void *, size_t, int))dlsym(h, "rankmesh_emu_track");
+        f = (int (*)(const void *, size_t, int))cuda_symbol("rankmesh_emu_track");
     }
     if (f) f(p, n, live);
 }
+/* Memory NCCL can register: page-aligned, as cuMem allocations are. */
 ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
     if (!ptr || !size) return INVALID_ARGUMENT;
     if (posix_memalign(ptr, 4096, size)) return SYSTEM_ERROR;
@@ -1582,7 +1581,7 @@ static ncclResult_t p2p(int send, const void *buf, size_t count, int t, int peer
     const char *call = send ? "Send" : "Recv";
     ncclResult_t e = enter(c, t, call);
     if (e) return e;
-    if ((e = null_buffer(buf, count * elem(t), call, "buff"))) return e;
+    if ((e = unusable_buffer(buf, count * elem(t), call, "buff"))) return e;
     static long sends, fail_send = -2;
     if (fail_send == -2) {
         const char *v = getenv("RANKMESH_EMU_FAIL_SEND");
