@@ -117,25 +117,34 @@ pub fn share_gpu_host_id(host: &str, pid: u32) -> String {
     format!("rankmesh-{host}-{pid}")
 }
 
+/// The first pair `(a, b)`, `a < b`, of places that `same` calls one GPU:
+/// the one scan behind both clash checks (MPI groups by [`GpuPlace`],
+/// stateless groups by host name and bus id).
+pub fn first_shared<T>(places: &[T], same: impl Fn(&T, &T) -> bool) -> Option<(usize, usize)> {
+    places
+        .iter()
+        .enumerate()
+        .find_map(|(b, p)| places[..b].iter().position(|q| same(q, p)).map(|a| (a, b)))
+}
+
 /// Ranks that would share a GPU as NCCL sees it: `devices[r]` is group rank
 /// `r`'s place. Returns the first clash as a message naming both ranks.
 pub fn duplicate_devices(devices: &[GpuPlace]) -> Result<(), String> {
-    for (b, dev) in devices.iter().enumerate() {
-        if let Some(a) = devices[..b].iter().position(|d| d.same_gpu(dev)) {
-            let host = if dev.host_id == 0 {
-                format!("node {}", dev.node)
-            } else {
-                format!("node {} (one NCCL_HOSTID)", dev.node)
-            };
-            return Err(format!(
-                "group ranks {a} and {b} would share GPU {} on {host} (NCCL refuses two ranks \
-                 on one GPU): start one rank per GPU, or set CUDA_VISIBLE_DEVICES / \
-                 RANKMESH_DEVICE; to test several ranks on one GPU, set RANKMESH_SHARE_GPU=1",
-                dev.bus_id
-            ));
-        }
-    }
-    Ok(())
+    let Some((a, b)) = first_shared(devices, GpuPlace::same_gpu) else {
+        return Ok(());
+    };
+    let dev = &devices[b];
+    let host = if dev.host_id == 0 {
+        format!("node {}", dev.node)
+    } else {
+        format!("node {} (one NCCL_HOSTID)", dev.node)
+    };
+    Err(format!(
+        "group ranks {a} and {b} would share GPU {} on {host} (NCCL refuses two ranks \
+         on one GPU): start one rank per GPU, or set CUDA_VISIBLE_DEVICES / \
+         RANKMESH_DEVICE; to test several ranks on one GPU, set RANKMESH_SHARE_GPU=1",
+        dev.bus_id
+    ))
 }
 
 #[cfg(test)]

@@ -63,14 +63,11 @@ impl<'rt> StatelessGroup<'rt> {
             devices
                 .push(d.map_err(|m| fail(format!("member {r} has no usable GPU or NCCL: {m}")))?);
         }
-        for (b, dev) in devices.iter().enumerate() {
-            if let Some(a) = devices[..b].iter().position(|d| d == dev) {
-                return Err(fail(format!(
-                    "members {a} and {b} would share GPU {} on {} (NCCL refuses two ranks on \
-                     one GPU)",
-                    dev.1, dev.0
-                )));
-            }
+        if let Some((a, b)) = crate::device::select::first_shared(&devices, |p, q| p == q) {
+            return Err(fail(format!(
+                "members {a} and {b} would share GPU {} on {} (NCCL refuses two ranks on one GPU)",
+                devices[b].1, devices[b].0
+            )));
         }
         let gpu = gpu?;
         let api = gpu.api().map_err(|e| fail(e.to_string()))?;

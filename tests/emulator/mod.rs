@@ -313,37 +313,51 @@ pub fn drive() {
         },
     );
     }
+    // Two separately launched jobs of `a` and `b` ranks forming one
+    // stateless group, each member on its own emulated GPU unless `bus`
+    // gives every GPU one bus id.
+    let two_jobs = move |a: usize, b: usize, bus: Option<&'static str>| -> Vec<support::Job> {
+        let addr = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+            Ok(a) => a.to_string(),
+            Err(e) => panic!("a free port for the two jobs: {e}"),
+        };
+        let world = (a + b).to_string();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = [(a, 0usize), (b, a)]
+                .into_iter()
+                .map(|(np, offset)| {
+                    let (addr, world, emu) = (&addr, &world, &emu);
+                    s.spawn(move || {
+                        let (gpus, offset) = (np.to_string(), offset.to_string());
+                        let mut env = emu.env(&[
+                            ("RANKMESH_2J_ROLE", "device"),
+                            ("RANKMESH_2J_ADDR", addr),
+                            ("RANKMESH_2J_WORLD", world),
+                            ("RANKMESH_2J_OFFSET", &offset),
+                        ]);
+                        env.push(("RANKMESH_EMU_GPUS", &gpus));
+                        if let Some(bus) = bus {
+                            env.push(("RANKMESH_EMU_BUS", bus));
+                        }
+                        support::mpirun(np, &me(), &[], &env)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let described = |jobs: &[support::Job]| {
+        jobs.iter()
+            .map(|j| j.describe())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     for (a, b) in [(1usize, 1usize), (2, 1)] {
         trial(
             format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),
             &mut trials,
             move || {
-                let addr = {
-                    let l =
-                        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-                    l.local_addr().map_err(|e| e.to_string())?.to_string()
-                };
-                let world = (a + b).to_string();
-                let jobs: Vec<support::Job> = std::thread::scope(|s| {
-                    let handles: Vec<_> = [(a, 0usize), (b, a)]
-                        .into_iter()
-                        .map(|(np, offset)| {
-                            let (addr, world, emu) = (&addr, &world, &emu);
-                            s.spawn(move || {
-                                let (gpus, offset) = (np.to_string(), offset.to_string());
-                                let mut env = emu.env(&[
-                                    ("RANKMESH_2J_ROLE", "device"),
-                                    ("RANKMESH_2J_ADDR", addr),
-                                    ("RANKMESH_2J_WORLD", world),
-                                    ("RANKMESH_2J_OFFSET", &offset),
-                                ]);
-                                env.push(("RANKMESH_EMU_GPUS", &gpus));
-                                support::mpirun(np, &me(), &[], &env)
-                            })
-                        })
-                        .collect();
-                    handles.into_iter().map(|h| h.join().unwrap()).collect()
-                });
+                let jobs = two_jobs(a, b, None);
                 let oks = jobs
                     .iter()
                     .flat_map(|j| j.stdout.lines())
@@ -352,15 +366,27 @@ pub fn drive() {
                 if oks == a + b && jobs.iter().all(|j| j.ok()) {
                     Ok(())
                 } else {
-                    Err(jobs
-                        .iter()
-                        .map(|j| j.describe())
-                        .collect::<Vec<_>>()
-                        .join("\n"))
+                    Err(described(&jobs))
                 }
             },
         );
     }
+    trial(
+        "two separately launched jobs on one GPU: both members refuse before NCCL",
+        &mut trials,
+        move || {
+            let jobs = two_jobs(1, 1, Some("0000:3B:00.0"));
+            let refused = |me: usize| {
+                jobs.iter().flat_map(|j| j.stdout.lines()).any(|l| {
+                    l.starts_with(&format!("2J-DEV-FAILED rank {me}:"))
+                        && l.contains("members 0 and 1 would share GPU 0000:3B:00.0 on ")
+                })
+            };
+            (refused(0) && refused(1))
+                .then_some(())
+                .ok_or_else(|| described(&jobs))
+        },
+    );
     // A CUDA driver but no NCCL: a group of one still runs every device op
     // (as local copies); on two ranks the first op needing a communicator
     // is the same error on both, naming who lacks NCCL.
