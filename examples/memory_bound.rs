@@ -34,13 +34,14 @@ impl Barrier<'_> {
 }
 
 /// The patterns timed, each as rank `r`'s part of one call on N bytes.
-const PATTERNS: [&str; 6] = [
+const PATTERNS: [&str; 7] = [
     "memcpy N, one core (the other idle)",
     "memcpy N on both cores at once",
     "broadcast N: each copies half of the root's input to the other's output",
     "all_gather N: each copies its N/2 into both outputs",
     "all_reduce f32 N: each sums its half of both inputs into both outputs",
     "reduce_scatter f32 N: each sums its half of both inputs into its output",
+    "all_to_all N: each copies its own block and the other's block for it into its output",
 ];
 
 fn main() {
@@ -153,7 +154,11 @@ unsafe fn run(p: usize, r: usize, region: impl Fn(usize) -> *mut u8, half: usize
             sum(at(2 + r, r * half), at(0, r * half), at(1, r * half));
             copy(at(3 - r, r * half), at(2 + r, r * half), half);
         }
-        _ => sum(at(2 + r, 0), at(0, r * half), at(1, r * half)),
+        5 => sum(at(2 + r, 0), at(0, r * half), at(1, r * half)),
+        _ => {
+            copy(at(2 + r, r * half), at(r, r * half), half);
+            copy(at(2 + r, (1 - r) * half), at(1 - r, r * half), half);
+        }
     }
 }
 

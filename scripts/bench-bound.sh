@@ -5,7 +5,7 @@
 # `rankmesh bench OP --baseline mpi` on the shared-memory executor, ranks
 # bound to cores. Prints the medians and how far each is from the bound.
 # Usage: scripts/bench-bound.sh OP SIZE [RUNS]   (OP: all_reduce, all_gather,
-#        broadcast, reduce_scatter; SIZE in bytes or with K/M)
+#        broadcast, reduce_scatter, all_to_all; SIZE in bytes or with K/M)
 set -euo pipefail
 op=${1:?usage: $0 OP SIZE [RUNS]}
 size=${2:?usage: $0 OP SIZE [RUNS]}
@@ -40,7 +40,7 @@ for r in range(1, runs + 1):
         if len(f) == 7 and f[0] == str(size):
             shm.append(float(f[1])); raw.append(float(f[3]))
 if not (bound and shm):
-    sys.exit(f"no {op} figures at {size} bytes (is OP one of the four?)")
+    sys.exit(f"no {op} figures at {size} bytes (is OP one of the five?)")
 med = statistics.median
 b, s, m = med(bound), med(shm), med(raw)
 print(f"{op} {size} B, {runs} alternating runs (medians, us): bound {b:.1f}  shm {s:.1f}  raw MPI {m:.1f}")
