@@ -316,36 +316,37 @@ pub fn drive() {
     // Two separately launched jobs of `a` and `b` ranks forming one
     // stateless group, each member on its own emulated GPU unless `bus`
     // gives every GPU one bus id.
-    let two_jobs = move |a: usize, b: usize, bus: Option<&'static str>| -> Vec<support::Job> {
-        let addr = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-            Ok(a) => a.to_string(),
-            Err(e) => panic!("a free port for the two jobs: {e}"),
-        };
-        let world = (a + b).to_string();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = [(a, 0usize), (b, a)]
-                .into_iter()
-                .map(|(np, offset)| {
-                    let (addr, world, emu) = (&addr, &world, &emu);
-                    s.spawn(move || {
-                        let (gpus, offset) = (np.to_string(), offset.to_string());
-                        let mut env = emu.env(&[
-                            ("RANKMESH_2J_ROLE", "device"),
-                            ("RANKMESH_2J_ADDR", addr),
-                            ("RANKMESH_2J_WORLD", world),
-                            ("RANKMESH_2J_OFFSET", &offset),
-                        ]);
-                        env.push(("RANKMESH_EMU_GPUS", &gpus));
-                        if let Some(bus) = bus {
-                            env.push(("RANKMESH_EMU_BUS", bus));
-                        }
-                        support::mpirun(np, &me(), &[], &env)
+    let two_jobs =
+        move |a: usize, b: usize, bus: Option<&'static str>| -> Result<Vec<support::Job>, String> {
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("a free port for the two jobs: {e}"))?
+                .to_string();
+            let world = (a + b).to_string();
+            Ok(std::thread::scope(|s| {
+                let handles: Vec<_> = [(a, 0usize), (b, a)]
+                    .into_iter()
+                    .map(|(np, offset)| {
+                        let (addr, world, emu) = (&addr, &world, &emu);
+                        s.spawn(move || {
+                            let (gpus, offset) = (np.to_string(), offset.to_string());
+                            let mut env = emu.env(&[
+                                ("RANKMESH_2J_ROLE", "device"),
+                                ("RANKMESH_2J_ADDR", addr),
+                                ("RANKMESH_2J_WORLD", world),
+                                ("RANKMESH_2J_OFFSET", &offset),
+                            ]);
+                            env.push(("RANKMESH_EMU_GPUS", &gpus));
+                            if let Some(bus) = bus {
+                                env.push(("RANKMESH_EMU_BUS", bus));
+                            }
+                            support::mpirun(np, &me(), &[], &env)
+                        })
                     })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    };
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            }))
+        };
     let described = |jobs: &[support::Job]| {
         jobs.iter()
             .map(|j| j.describe())
@@ -357,7 +358,7 @@ pub fn drive() {
             format!("two separately launched jobs ({a}+{b}) share an NCCL communicator"),
             &mut trials,
             move || {
-                let jobs = two_jobs(a, b, None);
+                let jobs = two_jobs(a, b, None)?;
                 let oks = jobs
                     .iter()
                     .flat_map(|j| j.stdout.lines())
@@ -375,7 +376,7 @@ pub fn drive() {
         "two separately launched jobs on one GPU: both members refuse before NCCL",
         &mut trials,
         move || {
-            let jobs = two_jobs(1, 1, Some("0000:3B:00.0"));
+            let jobs = two_jobs(1, 1, Some("0000:3B:00.0"))?;
             let refused = |me: usize| {
                 jobs.iter().flat_map(|j| j.stdout.lines()).any(|l| {
                     l.starts_with(&format!("2J-DEV-FAILED rank {me}:"))
