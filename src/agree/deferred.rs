@@ -13,7 +13,9 @@
 //! every NCCL communicator of the rank — the mismatched NCCL work may never
 //! finish — and is the error strict mode would have given for that call, on
 //! every member. Each member decides from the same descriptors, so all of
-//! them abort and fail alike.
+//! them abort and fail alike. A rank whose communicator fails closes its
+//! posts ([`Deferred::close`]): its members stop waiting for the calls it
+//! will never post, and fail them naming it.
 
 /// How many deferred device calls pass between looks at rings for
 /// agreements to complete (a ring asks for one at most this often).
@@ -22,10 +24,10 @@ pub(crate) const SCAN_EVERY: u64 = ring::ENTRIES / 8;
 use super::posted::MpiPosts;
 use super::ring::{self, Ring, RingArea};
 use crate::agree::{agree, Descriptor};
-use crate::error::{Error, Result};
+use crate::error::{Error, NcclError, Result};
 use crate::op::Op;
 use mpi::ffi;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 /// Where a group's agreements are posted.
@@ -62,6 +64,9 @@ pub(super) enum Next {
     },
     /// A member did not post it before the deadline: this rank's descriptor.
     Missing(Descriptor),
+    /// Group rank `rank` closed its posts before this one (its NCCL
+    /// communicator failed): this rank's descriptor.
+    Closed { rank: usize, mine: Descriptor },
 }
 
 /// A group's posted agreements.
@@ -72,6 +77,8 @@ pub(crate) struct Deferred {
     posts: Posts,
     /// Why the group can no longer be used, after a disagreement.
     broken: RefCell<Option<String>>,
+    /// This rank posts nothing more: its NCCL communicator failed.
+    closed: Cell<bool>,
 }
 
 /// What a completed agreement says.
@@ -93,6 +100,7 @@ impl Deferred {
             limit,
             posts,
             broken: RefCell::new(None),
+            closed: Cell::new(false),
         }
     }
 
@@ -128,9 +136,28 @@ impl Deferred {
         }
     }
 
+    /// This rank's NCCL communicator for the group failed, so it makes no
+    /// more device calls on it that could complete: the members are told
+    /// (a closed ring, or a closing all-gather) and stop waiting for its
+    /// later posts, and this rank completes nothing more. Idempotent.
+    pub(crate) fn close(&self) {
+        if self.closed.replace(true) || self.broken.borrow().is_some() {
+            return;
+        }
+        match &self.posts {
+            Posts::Ring(r) => r.close(),
+            Posts::Mpi(m) => {
+                if let Err(e) = m.close(&self.group) {
+                    tracing::warn!("{e}: the members of {} wait for it", self.group);
+                }
+            }
+        }
+    }
+
     /// Posts `desc` (of digest `digest`) for the group's `size` members;
     /// `refused_here`: this rank's own checks refused the call (it
-    /// enqueues nothing).
+    /// enqueues nothing). A closed rank posts nothing: the call fails on
+    /// its aborted communicator.
     pub(crate) fn post(
         &self,
         desc: &Descriptor,
@@ -138,6 +165,9 @@ impl Deferred {
         size: usize,
         refused_here: bool,
     ) -> Result<()> {
+        if self.closed.get() {
+            return Ok(());
+        }
         match &self.posts {
             Posts::Mpi(m) => m.post(desc, size, &self.group),
             Posts::Ring(r) => r
@@ -170,8 +200,12 @@ impl Deferred {
     /// by the deadline is an error: a member never made that call). Stops
     /// at the first that does not agree and returns its verdict.
     pub(crate) fn complete(&self, deadline: Option<Instant>) -> Result<Verdict> {
-        // A broken group's error was returned once; nothing it posted matters.
-        if self.broken.borrow().is_some() || deadline.is_none() && !self.wants_test() {
+        // A broken group's error was returned once, and a closed rank's
+        // communicator is aborted: nothing either posted matters.
+        if self.broken.borrow().is_some()
+            || self.closed.get()
+            || deadline.is_none() && !self.wants_test()
+        {
             return Ok(Verdict::Agreed);
         }
         loop {
@@ -195,7 +229,11 @@ impl Deferred {
                         ),
                     });
                 }
+                Next::Closed { rank, mine } => return Err(self.closed_by(rank, &mine)),
                 Next::Check { mine, all } => {
+                    if let Some(rank) = all.iter().position(Descriptor::is_closing) {
+                        return Err(self.closed_by(rank, &mine));
+                    }
                     let verdict = self.verdict(&mine, &all);
                     if let Posts::Ring(r) = &self.posts {
                         r.settled(matches!(verdict, Verdict::Agreed));
@@ -207,6 +245,24 @@ impl Deferred {
                 }
             }
         }
+    }
+
+    /// The error of this rank's call `mine`, which group rank `rank` will
+    /// never make: its NCCL communicator failed first. This rank's work
+    /// for the call can never finish either: it closes too (its caller
+    /// aborts its communicators).
+    fn closed_by(&self, rank: usize, mine: &Descriptor) -> Error {
+        self.abandon_rest();
+        self.close();
+        Error::nccl(
+            mine.op().unwrap_or(Op::Synchronize),
+            &self.group,
+            NcclError::other(format!(
+                "group rank {rank} makes no device call from call #{} on: its NCCL \
+                 communicator failed (its own error says why)",
+                mine.seq
+            )),
+        )
     }
 
     /// Whether testing without waiting is worth it now.

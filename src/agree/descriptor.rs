@@ -64,6 +64,9 @@ const BAD_COUNTS: u32 = 16;
 /// Flag: the rank refused its call on its own arguments before it could
 /// say what the call was; it calls in only so that its members fail too.
 const REFUSED: u32 = 32;
+/// Flag: a stand-in for every device call this rank will not make, its NCCL
+/// communicator having failed (a deferred agreement posted through MPI).
+const CLOSING: u32 = 64;
 /// Problems one rank finds in its own arguments before the agreement: not
 /// part of the digest, but a call any member flags is refused by all.
 const LOCAL_PROBLEMS: u32 = BAD_OUTPUT | VIEW_ENDED | VIEW_ELSEWHERE | BAD_COUNTS | REFUSED;
@@ -159,6 +162,19 @@ impl Descriptor {
         let mut d = Descriptor::new(Op::Barrier, &[]);
         d.flags |= REFUSED;
         d
+    }
+
+    /// The last deferred agreement a rank posts through MPI once its NCCL
+    /// communicator failed: whatever call it meets cannot complete.
+    pub(crate) fn closing() -> Descriptor {
+        let mut d = Descriptor::new(Op::Synchronize, &[]);
+        d.flags |= CLOSING;
+        d
+    }
+
+    /// Whether this is [`closing`](Self::closing)'s stand-in.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.flags & CLOSING != 0
     }
 
     /// Marks one of the caller's device views as unusable here (checked

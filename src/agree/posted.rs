@@ -101,6 +101,16 @@ impl MpiPosts {
         Next::Missing(mine)
     }
 
+    /// Tells the members that this rank posts nothing more (its NCCL
+    /// communicator failed): one last all-gather of a closing stand-in,
+    /// which meets the members' next post and ends their wait for it.
+    pub(super) fn close(&self, group: &str) -> Result<()> {
+        let mut size = 0;
+        // SAFETY: a live communicator (see `new`).
+        unsafe { ffi::MPI_Comm_size(self.comm, &mut size) };
+        self.post(&Descriptor::closing(), size as usize, group)
+    }
+
     /// After a disagreement the members may have posted different numbers
     /// of agreements: the later ones may never complete. Their buffers are
     /// leaked (MPI may still write into them).

@@ -35,6 +35,9 @@ pub(crate) const ENTRIES: u64 = 128;
 /// Words of a descriptor.
 const WORDS: usize = std::mem::size_of::<Descriptor>() / 8;
 const _: () = assert!(std::mem::size_of::<Descriptor>().is_multiple_of(8) && WORDS <= 32);
+/// Where the closed mark is: beside the posted counter, whose line its
+/// readers load anyway when they wait, and written once.
+const CLOSED_AT: usize = 8;
 /// Where the checked counter is (the posted counter is at 0): its own
 /// cache line, as the keys and descriptors are.
 const CHECKED_AT: usize = 64;
@@ -65,7 +68,7 @@ fn term(digest: u64, problems: u64) -> u64 {
 /// # Safety
 /// `ring` is this rank's ring, `RING_BYTES` long and 64-aligned.
 pub(crate) unsafe fn reset(ring: *mut u8) {
-    for at in [0, CHECKED_AT] {
+    for at in [0, CLOSED_AT, CHECKED_AT] {
         (*(ring.add(at) as *const AtomicU64)).store(0, Ordering::Release);
     }
 }
@@ -140,6 +143,24 @@ impl Ring {
         self.word(r, 0).load(Ordering::Acquire)
     }
 
+    /// Whether member `r` closed its ring: it posts nothing more.
+    fn closed_of(&self, r: usize) -> bool {
+        self.word(r, CLOSED_AT).load(Ordering::Acquire) != 0
+    }
+
+    /// A member (not this rank) that closed its ring before posting entry
+    /// `n`: no one will ever complete entry `n`. The mark is read first: its
+    /// owner set it after its last post, so the count read after it is final.
+    fn closed_before(&self, n: u64) -> Option<usize> {
+        (0..self.size).find(|&r| r != self.me && self.closed_of(r) && self.posted_of(r) < n)
+    }
+
+    /// Tells the members that this rank posts nothing more (its NCCL
+    /// communicator failed): their waits for its later entries end.
+    pub(super) fn close(&self) {
+        self.word(self.me, CLOSED_AT).store(1, Ordering::Release);
+    }
+
     fn checked_of(&self, r: usize) -> u64 {
         self.word(r, CHECKED_AT).load(Ordering::Acquire)
     }
@@ -200,7 +221,9 @@ impl Ring {
             let Some(h) = front.filter(|h| h + ENTRIES <= n) else {
                 break;
             };
-            let all_checked = || (0..self.size).all(|r| self.checked_of(r) >= h);
+            // A closed member never reads the old entry again.
+            let all_checked =
+                || (0..self.size).all(|r| self.checked_of(r) >= h || self.closed_of(r));
             if !wait_until(Some(Instant::now() + limit), all_checked) {
                 return Err(h);
             }
@@ -236,8 +259,9 @@ impl Ring {
 
     /// The oldest unchecked entries, when every member has posted them
     /// (waiting until `deadline` for every member to post as far as this
-    /// rank has, or not at all when `None`): `Same` for a batch of entries
-    /// that all agreed, else the verdict of the oldest one.
+    /// rank has, or not at all when `None`; a member that closed its ring
+    /// ends the wait): `Same` for a batch of entries that all agreed, else
+    /// the verdict of the oldest one.
     pub(super) fn next(&self, deadline: Option<Instant>) -> super::deferred::Next {
         let n = self.checked.get() + 1;
         let posted = self.posted.get();
@@ -246,10 +270,16 @@ impl Ring {
         }
         let reach = || (0..self.size).map(|r| self.posted_of(r)).min().unwrap_or(0);
         if deadline.is_some() {
-            wait_until(deadline, || reach() >= posted);
+            wait_until(deadline, || {
+                reach() >= posted || self.closed_before(posted).is_some()
+            });
         }
         let upto = reach().min(posted);
         if upto < n {
+            if let Some(rank) = self.closed_before(n) {
+                let mine = self.own_desc(n);
+                return super::deferred::Next::Closed { rank, mine };
+            }
             return match deadline {
                 None => super::deferred::Next::Done,
                 Some(_) => super::deferred::Next::Missing(self.own_desc(n)),
@@ -388,5 +418,84 @@ fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
     match deadline {
         None => ready(),
         Some(_) => crate::wait::until(deadline, ready),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agree::deferred::Next;
+    use crate::op::Op;
+
+    #[repr(C, align(64))]
+    struct Line([u8; 64]);
+
+    /// The rings of `size` members in one zeroed, 64-aligned heap block.
+    fn rings(size: usize) -> Vec<Ring> {
+        let mut mem: Vec<Line> = (0..size * RING_BYTES / 64).map(|_| Line([0; 64])).collect();
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: each offset stays inside the block of `size` rings.
+        let bases: Vec<*mut u8> = (0..size)
+            .map(|r| unsafe { base.add(r * RING_BYTES) })
+            .collect();
+        let keep: Rc<dyn std::any::Any> = Rc::new(mem);
+        (0..size)
+            .map(|me| {
+                let area = RingArea {
+                    bases: bases.clone(),
+                    _keep: keep.clone(),
+                };
+                Ring::new(area, me)
+            })
+            .collect()
+    }
+
+    fn post(ring: &Ring, seq: u64) {
+        let mut d = Descriptor::new(Op::Barrier, &[]);
+        d.seq = seq;
+        ring.post(&d, d.digest(), false, Duration::from_secs(1))
+            .unwrap();
+    }
+
+    fn soon() -> Option<Instant> {
+        Some(Instant::now() + Duration::from_secs(2))
+    }
+
+    #[test]
+    fn a_closed_member_ends_the_wait_for_what_it_never_posts() {
+        let r = rings(3);
+        for seq in 1..=3 {
+            post(&r[0], seq);
+            post(&r[2], seq);
+        }
+        post(&r[1], 1);
+        // Member 1 may still post: no verdict without a wait.
+        assert!(matches!(r[0].next(None), Next::Same));
+        assert!(matches!(r[0].next(None), Next::Done));
+        r[1].close();
+        // Entry 1 was agreed; entry 2 never will be, and member 1 is named.
+        match r[0].next(None) {
+            Next::Closed { rank: 1, mine } => assert_eq!(mine.seq, 2),
+            _ => panic!("member 1 closed before call 2: want Closed"),
+        }
+        match r[2].next(soon()) {
+            Next::Same => {}
+            _ => panic!("entry 1 was posted by every member"),
+        }
+        assert!(matches!(r[2].next(soon()), Next::Closed { rank: 1, .. }));
+    }
+
+    #[test]
+    fn an_open_member_that_falls_behind_is_missing_not_closed() {
+        let r = rings(2);
+        post(&r[0], 1);
+        post(&r[0], 2);
+        post(&r[1], 1);
+        assert!(matches!(r[0].next(soon()), Next::Same));
+        assert!(matches!(r[0].next(soon()), Next::Missing(d) if d.seq == 2));
+        // A member's own close is no reason to stop checking its peers' posts.
+        r[0].close();
+        post(&r[1], 2);
+        assert!(matches!(r[1].next(soon()), Next::Same));
     }
 }

@@ -411,10 +411,27 @@ impl Gpu {
             return Ok(());
         };
         for c in self.live_comms() {
-            c.poll(api)
-                .map_err(|source| Error::nccl(Op::Synchronize, c.group(), source))?;
+            c.poll(api).map_err(|source| {
+                self.close_agreements(Some(c.group()));
+                Error::nccl(Op::Synchronize, c.group(), source)
+            })?;
         }
         Ok(())
+    }
+
+    /// Closes the deferred agreements of group `group` (every group when
+    /// `None`) whose NCCL communicator failed here: the members stop
+    /// waiting for this rank's later device calls, which cannot complete.
+    pub(crate) fn close_agreements(&self, group: Option<&str>) {
+        let all: Vec<_> = self
+            .deferred
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for d in all.iter().filter(|d| group.is_none_or(|g| d.group() == g)) {
+            d.close();
+        }
     }
 
     /// Aborts every live communicator; returns their groups' names.
@@ -426,6 +443,7 @@ impl Gpu {
                 groups.push(c.group().to_string());
             }
         }
+        self.close_agreements(None);
         if groups.is_empty() {
             "the device stream".into()
         } else {

@@ -235,7 +235,13 @@ impl<'rt> GroupCoordinator<'rt> {
             gpu.settle()?;
             return Err(Error::rejected(op, self.name(), rejection));
         }
-        body(std::slice::from_ref(desc))
+        // An NCCL error aborted the group's communicator: its members must
+        // not wait for this rank's later posts.
+        body(std::slice::from_ref(desc)).inspect_err(|e| {
+            if matches!(e, Error::Nccl { .. }) {
+                deferred.close();
+            }
+        })
     }
 
     /// When this group's device calls agree (see [`CheckMode`]).

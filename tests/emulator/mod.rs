@@ -5,6 +5,7 @@ use super::support;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 fn me() -> PathBuf {
     std::env::current_exe().expect("own path")
@@ -907,9 +908,7 @@ pub fn drive() {
                     "--backend",
                     "nccl",
                 ],
-                // The error found while a wait polls, on every rank alike. (Found
-                // on one rank at enqueue, when a call answers ncclInProgress, its
-                // peers are not yet told in time: issue #67's open finding.)
+                // The error found while a wait polls, on every rank alike.
                 &[
                     ("RANKMESH_EMU_GPUS", "2"),
                     ("RANKMESH_EMU_FAIL_AFTER", "5"),
@@ -917,6 +916,119 @@ pub fn drive() {
                 ],
             );
             fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
+        },
+    );
+    trial(
+        "asynchronous NCCL error found at enqueue on one rank: every rank named, at once",
+        &mut trials,
+        move || {
+            // Calls answer ncclInProgress at random (the emulator's default),
+            // so one rank finds the error settling an enqueue while its peer
+            // posts more calls and finds it at a later poll. The first closes
+            // its agreements, so the peer's wait for its posts ends: without
+            // that, the job ended only at the leaver's 30 s grace, with one
+            // rank's message. Pid-seeded draws: three runs posting to rings
+            // in the shared window, two posting MPI all-gathers.
+            for (run, plane) in ["auto", "auto", "auto", "mpi", "mpi"]
+                .into_iter()
+                .enumerate()
+            {
+                let start = Instant::now();
+                let job = bench(
+                    2,
+                    &[
+                        "all_reduce",
+                        "-b",
+                        "8",
+                        "-e",
+                        "8",
+                        "-n",
+                        "50",
+                        "-w",
+                        "1",
+                        "--backend",
+                        "nccl",
+                    ],
+                    &[
+                        ("RANKMESH_EMU_GPUS", "2"),
+                        ("RANKMESH_EMU_FAIL_AFTER", "5"),
+                        ("RANKMESH_HOST_PLANE", plane),
+                    ],
+                );
+                fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
+                    .map_err(|e| format!("run {run} (RANKMESH_HOST_PLANE={plane}): {e}"))?;
+                // The leaver's grace is 30 s: ending before it means the
+                // ranks ended by their own errors, not by an abort.
+                let took = start.elapsed();
+                if took >= Duration::from_secs(20) {
+                    return Err(format!(
+                        "run {run} (RANKMESH_HOST_PLANE={plane}) took {took:?}: a rank waited for its peer\n{}",
+                        job.describe()
+                    ));
+                }
+            }
+            Ok(())
+        },
+    );
+    trial(
+        "NCCL error on one rank only: its peer's settle names it, no wait",
+        &mut trials,
+        move || {
+            // Rank 1's communicator fails; rank 0's stays healthy and its
+            // work waits for rank 1 forever. Rank 0 learns of it from rank
+            // 1's closed posts, at its next look or synchronize: rings in the
+            // shared window, then MPI all-gathers.
+            for plane in ["auto", "mpi"] {
+                let start = Instant::now();
+                let job = bench(
+                    2,
+                    &[
+                        "all_reduce",
+                        "-b",
+                        "8",
+                        "-e",
+                        "8",
+                        "-n",
+                        "50",
+                        "-w",
+                        "1",
+                        "--backend",
+                        "nccl",
+                    ],
+                    &[
+                        ("RANKMESH_EMU_GPUS", "2"),
+                        ("RANKMESH_EMU_FAIL_AFTER", "5"),
+                        ("RANKMESH_EMU_FAIL_RANK", "1"),
+                        ("RANKMESH_HOST_PLANE", plane),
+                    ],
+                );
+                let named = |rank: usize, what: &str| {
+                    job.stderr.lines().any(|l| {
+                        l.starts_with(&format!("rankmesh: error (rank {rank}")) && l.contains(what)
+                    })
+                };
+                let own = "NCCL asynchronous error: remote process exited or there was a network error (code 6)";
+                let peer = "group rank 1 makes no device call from call #";
+                // On rings rank 0 learns it only from rank 1's closed posts. Over
+                // MPI the emulator may also fail rank 0's pending work first
+                // (rank 1's abort ends its transfers), as NCCL's transports do.
+                let zero_named = named(0, peer) || plane == "mpi" && named(0, own);
+                if job.ok() || !named(1, own) || !zero_named {
+                    return Err(format!(
+                        "RANKMESH_HOST_PLANE={plane}: want rank 1's own error and rank 0 naming it\n{}",
+                        job.describe()
+                    ));
+                }
+                // Nothing waited for the leaver's 30 s grace (see above).
+                let took = start.elapsed();
+                if took >= Duration::from_secs(20) {
+                    return Err(format!(
+                        "RANKMESH_HOST_PLANE={plane} took {took:?}: rank 0 waited\n{}",
+                        job.describe()
+                    ));
+                }
+            }
+            Ok(())
         },
     );
     lifecycle_trials(emu, &mut trials);

@@ -24,7 +24,9 @@
  * a TCP mesh and the same calls run over it.
  *
  * RANKMESH_EMU_FAIL_AFTER=N: after N collective calls on this rank, report
- * ncclRemoteError (6) from ncclCommGetAsyncError (a "failed peer").
+ * ncclRemoteError (6) from ncclCommGetAsyncError (a "failed peer");
+ * with RANKMESH_EMU_FAIL_RANK=R, on world rank R only (a failure that one
+ * member sees first, while its peers' communicators stay healthy).
  * RANKMESH_EMU_INIT_FAIL=1: ncclCommInitRank fails on this rank.
  * RANKMESH_EMU_INIT_HANG=R: a non-blocking creation on world rank R
  * connects to its peers and then never finishes (a transport stuck in setup).
@@ -822,10 +824,12 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
     if (dead(c, "ncclCommGetAsyncError")) return INVALID_USAGE;
-    static long fail_after = -2;
+    static long fail_after = -2, fail_rank = -1;
     if (fail_after == -2) {
         const char *after = getenv("RANKMESH_EMU_FAIL_AFTER");
+        const char *only = getenv("RANKMESH_EMU_FAIL_RANK");
         fail_after = after ? atol(after) : -1;
+        if (only) fail_rank = atol(only);
     }
     int err = __atomic_load_n(&c->err, __ATOMIC_ACQUIRE);
     if (err) {
@@ -839,7 +843,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
         }
         *e = IN_PROGRESS_RC;
     } else {
-        *e = (fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
+        /* The member's world rank as the (finished) bootstrap exchanged
+           it: no MPI call, since the caller may be any thread. */
+        int failing = fail_rank < 0 || (c->world && c->world[c->rank] == fail_rank);
+        *e = (failing && fail_after >= 0 && c->calls >= fail_after) ? REMOTE : SUCCESS;
         __atomic_store_n(&c->polled, 1, __ATOMIC_RELEASE);
     }
     return SUCCESS;
