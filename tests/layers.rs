@@ -258,3 +258,162 @@ fn an_upward_import_is_named() {
     assert_eq!(roots["Runtime"], "group");
     assert_eq!(roots["Error"], "error");
 }
+
+/// The first segment after each `prefix` in `code` (`prefix{a, b::c}`
+/// groups expanded), as `crate_refs` does for `crate::`.
+fn refs_after(code: &str, prefix: &str) -> Vec<String> {
+    let mut refs = Vec::new();
+    for line in code.lines() {
+        let mut rest = line;
+        while let Some(at) = rest.find(prefix) {
+            rest = &rest[at + prefix.len()..];
+            let word = |s: &str| -> String {
+                s.trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            };
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                refs.extend(group[..end].split(',').map(word));
+            } else {
+                refs.push(word(rest));
+            }
+        }
+    }
+    refs.retain(|r| !r.is_empty());
+    refs
+}
+
+/// Code without its unit tests (`super::` inside `mod tests` is the file
+/// itself, not the folder).
+fn without_tests(code: &str) -> &str {
+    code.find("#[cfg(test)]\nmod tests")
+        .map_or(code, |at| &code[..at])
+}
+
+/// The imports between the files of one folder of src/ (a subfolder
+/// counts as one unit): unit → the sibling units it names.
+fn folder_edges(folder: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let module = folder.file_name().unwrap().to_str().unwrap().to_string();
+    let mut units = BTreeSet::new();
+    for entry in fs::read_dir(folder).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_stem().unwrap().to_str().unwrap().to_string();
+        if p.is_dir() || (p.extension().is_some_and(|e| e == "rs") && name != "mod") {
+            units.insert(name);
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(folder, &mut files);
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(folder).unwrap();
+        let nested = rel.components().count() > 1;
+        let unit = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_str()
+            .unwrap();
+        let unit = unit.trim_end_matches(".rs").to_string();
+        if !units.contains(&unit) {
+            continue; // the folder's mod.rs
+        }
+        let text = fs::read_to_string(&f).unwrap();
+        let code = code_of(without_tests(&text));
+        let mut named = refs_after(&code, &format!("crate::{module}::"));
+        named.extend(refs_after(
+            &code,
+            if nested { "super::super::" } else { "super::" },
+        ));
+        for target in named {
+            if target != unit && units.contains(&target) {
+                edges.entry(unit.clone()).or_default().insert(target);
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle in `edges`, as its units in order, if there is one.
+fn find_circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == at) {
+            let mut circle = path[i..].to_vec();
+            circle.push(at.to_string());
+            return Some(circle);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_string());
+        for next in edges.get(at).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(at.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|start| visit(start, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_import_circle_among_the_files_of_a_folder() {
+    let mut circles = Vec::new();
+    let mut folders = 0;
+    for entry in fs::read_dir("src").unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            folders += 1;
+            if let Some(c) = find_circle(&folder_edges(&p)) {
+                circles.push(format!("{}: {}", p.display(), c.join(" -> ")));
+            }
+        }
+    }
+    assert!(folders >= 10, "read {folders} folders of src/");
+    assert!(
+        circles.is_empty(),
+        "import circles inside folders:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The circle finder itself, on a scratch graph: a three-file loop is
+/// named, a chain is not.
+#[test]
+fn an_import_circle_is_named() {
+    let graph = |pairs: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        g
+    };
+    let circle = find_circle(&graph(&[
+        ("ring", "next"),
+        ("deferred", "ring"),
+        ("next", "deferred"),
+    ]));
+    assert_eq!(circle.unwrap(), ["deferred", "ring", "next", "deferred"]);
+    assert_eq!(
+        find_circle(&graph(&[("deferred", "ring"), ("ring", "next")])),
+        None
+    );
+    let refs = refs_after(
+        "use super::{next::Next, ring};\nuse super::posted::MpiPosts;",
+        "super::",
+    );
+    assert_eq!(refs, ["next", "ring", "posted"]);
+}

@@ -17,12 +17,9 @@
 //! posts ([`Deferred::close`]): its members stop waiting for the calls it
 //! will never post, and fail them naming it.
 
-/// How many deferred device calls pass between looks at rings for
-/// agreements to complete (a ring asks for one at most this often).
-pub(crate) const SCAN_EVERY: u64 = ring::ENTRIES / 8;
-
+use super::next::Next;
 use super::posted::MpiPosts;
-use super::ring::{self, Ring, RingArea};
+use super::ring::{Ring, RingArea};
 use crate::agree::{agree, Descriptor};
 use crate::error::{Error, NcclError, Result};
 use crate::op::Op;
@@ -49,24 +46,6 @@ impl Posts {
     pub(crate) fn mpi(comm: ffi::MPI_Comm) -> Posts {
         Posts::Mpi(MpiPosts::new(comm))
     }
-}
-
-/// The oldest posted agreement, as a backend sees it.
-pub(super) enum Next {
-    /// Nothing (more) to complete now.
-    Done,
-    /// Agreed, and consumed.
-    Same,
-    /// Every member's descriptor, for the verdict.
-    Check {
-        mine: Descriptor,
-        all: Vec<Descriptor>,
-    },
-    /// A member did not post it before the deadline: this rank's descriptor.
-    Missing(Descriptor),
-    /// Group rank `rank` closed its posts before this one (its NCCL
-    /// communicator failed): this rank's descriptor.
-    Closed { rank: usize, mine: Descriptor },
 }
 
 /// A group's posted agreements.

@@ -7,18 +7,20 @@
 //!   verdicts every rank reaches on the same descriptors (collectives,
 //!   point-to-point pairs, a stateless group's one-way frames), with the
 //!   admitted-call memo;
-//! - `deferred`, `ring`, `posted`: the `deferred` check mode's posted
-//!   agreements (rings in a node's shared window, or MPI all-gathers);
+//! - `deferred`, `ring`, `posted`, `next`: the `deferred` check mode's
+//!   posted agreements (rings in a node's shared window, or MPI
+//!   all-gathers, each answering with a `next::Next`);
 //! - `list`: agreement on rank lists among the listed ranks only, and the
 //!   validation of group lists.
 
 mod deferred;
 pub mod descriptor;
 mod list;
+mod next;
 mod posted;
 mod ring;
 
-pub(crate) use deferred::{Deferred, Posts, Verdict, SCAN_EVERY};
+pub(crate) use deferred::{Deferred, Posts, Verdict};
 pub use descriptor::{agree, agree_peers};
 pub(crate) use descriptor::{agree_frame, Admitted, Check, CheckFn, Frame};
 pub use descriptor::{Descriptor, ViewProblem, MAX_DIMS};
@@ -26,4 +28,4 @@ pub(crate) use list::{
     agree_on_list, agree_on_request, check_rank_list, fnv1a, validate_group_lists,
 };
 pub(crate) use ring::RingArea;
-pub(crate) use ring::{reset as reset_ring, RING_BYTES};
+pub(crate) use ring::{reset as reset_ring, RING_BYTES, SCAN_EVERY};

@@ -2,7 +2,7 @@
 //! non-blocking all-gather (`MPI_Iallgather`), for groups that span nodes or
 //! run on the MPI host executor.
 
-use super::deferred::Next;
+use super::next::Next;
 use crate::agree::Descriptor;
 use crate::error::{Error, Result};
 use mpi::ffi;

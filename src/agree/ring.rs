@@ -22,6 +22,7 @@
 //! owner saw every member's entry agree. An entry that did not agree is
 //! reused only after every member has checked it.
 
+use super::next::Next;
 use crate::agree::Descriptor;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -32,6 +33,9 @@ use std::time::{Duration, Instant};
 /// Entries per member: a rank's CPU may run this many device calls ahead of
 /// the slowest member's before posting waits.
 pub(crate) const ENTRIES: u64 = 128;
+/// How many deferred device calls pass between looks at rings for
+/// agreements to complete (a ring asks for one at most this often).
+pub(crate) const SCAN_EVERY: u64 = ENTRIES / 8;
 /// Words of a descriptor.
 const WORDS: usize = std::mem::size_of::<Descriptor>() / 8;
 const _: () = assert!(std::mem::size_of::<Descriptor>().is_multiple_of(8) && WORDS <= 32);
@@ -198,7 +202,7 @@ impl Ring {
         if self.pending() < ENTRIES / 2 || posted < self.next_test.get() {
             return false;
         }
-        self.next_test.set(posted + super::deferred::SCAN_EVERY);
+        self.next_test.set(posted + SCAN_EVERY);
         true
     }
 
@@ -262,11 +266,11 @@ impl Ring {
     /// rank has, or not at all when `None`; a member that closed its ring
     /// ends the wait): `Same` for a batch of entries that all agreed, else
     /// the verdict of the oldest one.
-    pub(super) fn next(&self, deadline: Option<Instant>) -> super::deferred::Next {
+    pub(super) fn next(&self, deadline: Option<Instant>) -> Next {
         let n = self.checked.get() + 1;
         let posted = self.posted.get();
         if n > posted {
-            return super::deferred::Next::Done;
+            return Next::Done;
         }
         let reach = || (0..self.size).map(|r| self.posted_of(r)).min().unwrap_or(0);
         if deadline.is_some() {
@@ -278,11 +282,11 @@ impl Ring {
         if upto < n {
             if let Some(rank) = self.closed_before(n) {
                 let mine = self.own_desc(n);
-                return super::deferred::Next::Closed { rank, mine };
+                return Next::Closed { rank, mine };
             }
             return match deadline {
-                None => super::deferred::Next::Done,
-                Some(_) => super::deferred::Next::Missing(self.own_desc(n)),
+                None => Next::Done,
+                Some(_) => Next::Missing(self.own_desc(n)),
             };
         }
         // This rank's refused entry has keys like everyone's but is no
@@ -295,18 +299,18 @@ impl Ring {
         };
         if last >= n && self.sums_agree(last) {
             self.checked_to(last);
-            return super::deferred::Next::Same;
+            return Next::Same;
         }
         match self.read(n) {
             Entry::Same if refused != n => {
                 self.settled(true);
-                super::deferred::Next::Same
+                Next::Same
             }
-            Entry::Same => super::deferred::Next::Check {
+            Entry::Same => Next::Check {
                 mine: self.own_desc(n),
                 all: vec![self.own_desc(n); self.size],
             },
-            Entry::Differ(all) => super::deferred::Next::Check {
+            Entry::Differ(all) => Next::Check {
                 mine: all[self.me],
                 all,
             },
@@ -424,7 +428,6 @@ fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agree::deferred::Next;
     use crate::op::Op;
 
     #[repr(C, align(64))]

@@ -34,7 +34,7 @@
 
 use super::blocks::{BlockLayout, Gathered, Spans};
 use super::combine::{combine, divide};
-use super::executor::HostMoves;
+use super::moves::HostMoves;
 use super::mpi::{MpiExec, Swap};
 use super::shm::{ShmCall, ShmExec};
 use crate::dtype::DType;

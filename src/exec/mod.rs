@@ -1,5 +1,5 @@
 //! Executors: how a host group's bytes move. Three of them behind
-//! `executor::HostMoves`: MPI on host memory ([`mpi`]), a node-local
+//! `moves::HostMoves`: MPI on host memory ([`mpi`]), a node-local
 //! shared-memory window (`shm`), or the two in a hierarchy for groups that
 //! span nodes (`hier`). The device plane's executor is NCCL
 //! (`crate::group`'s device group).
@@ -10,6 +10,7 @@ mod combine;
 mod copy;
 pub(crate) mod executor;
 pub(crate) mod hier;
+pub(crate) mod moves;
 pub mod mpi;
 pub(crate) mod mpi_calls;
 mod reduction;

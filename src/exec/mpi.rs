@@ -7,7 +7,7 @@
 
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
-use super::executor::HostMoves;
+use super::moves::HostMoves;
 use super::mpi_calls::{received, status, wait_all, Calls};
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;

@@ -1,6 +1,6 @@
 //! The host op list: [`Collectives`] for [`GroupCoordinator`] on host
 //! [`Tensor`]s. Each op names its descriptor and moves bytes through the
-//! group's [host executor](crate::exec::executor::HostMoves) (MPI, or
+//! group's [host executor](crate::exec::moves::HostMoves) (MPI, or
 //! shared memory on one node); checks, output shapes
 //! and errors come from the op's rules through the dispatch path. Packing
 //! for non-leading dims uses the same `tensor::split` plans as the device plane,
@@ -10,7 +10,8 @@ use crate::agree::Descriptor;
 use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
 use crate::exec::blocks::BlockLayout;
-use crate::exec::executor::{HostExec, HostMoves};
+use crate::exec::executor::HostExec;
+use crate::exec::moves::HostMoves;
 use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here};
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};

@@ -160,7 +160,7 @@ fn absent_line(arrived: &BTreeSet<usize>, size: usize, local: usize, host: &str)
             .filter(|r| !arrived.contains(r))
             .map(|r| (r, Some(host.to_string())))
             .collect();
-        return super::startup::name_absent(&absent, 0);
+        return name_absent(&absent, 0);
     }
     let here: Vec<String> = arrived.iter().map(usize::to_string).collect();
     match local.saturating_sub(arrived.len()) {
@@ -171,6 +171,39 @@ fn absent_line(arrived: &BTreeSet<usize>, size: usize, local: usize, host: &str)
             "; {n} of the {local} ranks placed on {host} {} not started rankmesh (started here: {}); ranks on other nodes cannot be named from here",
             if n == 1 { "has" } else { "have" },
             if here.is_empty() { "none".to_string() } else { here.join(", ") }
+        ),
+    }
+}
+
+/// Most ranks named one by one; the rest are counted.
+const NAMED: usize = 16;
+
+/// `; rank 3 (on n1) has not started rankmesh` and the like.
+pub(super) fn name_absent(ranks: &[(usize, Option<String>)], unasked: usize) -> String {
+    let named: Vec<String> = ranks
+        .iter()
+        .take(NAMED)
+        .map(|(r, host)| match host {
+            Some(h) => format!("{r} (on {h})"),
+            None => r.to_string(),
+        })
+        .collect();
+    let more = match ranks.len().saturating_sub(NAMED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    let unasked = match unasked {
+        0 => String::new(),
+        n => format!(" ({n} ranks not asked in time)"),
+    };
+    match ranks.len() {
+        0 => format!(
+            "; every rank the launcher was asked about has started rankmesh{unasked}: one is stuck in the same step"
+        ),
+        1 => format!("; rank {}{more} has not started rankmesh{unasked}", named[0]),
+        _ => format!(
+            "; ranks {}{more} have not started rankmesh{unasked}",
+            named.join(", ")
         ),
     }
 }
@@ -218,5 +251,20 @@ mod tests {
         assert!(!gone.exists());
         assert!(other.exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn absent_ranks_are_named_with_their_hosts() {
+        assert_eq!(
+            name_absent(&[(0, Some("n0".into()))], 0),
+            "; rank 0 (on n0) has not started rankmesh"
+        );
+        assert_eq!(
+            name_absent(&[(2, None), (5, Some("n1".into()))], 3),
+            "; ranks 2, 5 (on n1) have not started rankmesh (3 ranks not asked in time)"
+        );
+        let many: Vec<_> = (0..20).map(|r| (r, None)).collect();
+        assert!(name_absent(&many, 0).contains("15 and 4 more have not"));
+        assert!(name_absent(&[], 0).contains("one is stuck in the same step"));
     }
 }

@@ -15,7 +15,7 @@
 //! the job).
 
 use super::arrival::Registry;
-use super::node_marks::{env_number, NodeMarks};
+use super::node_marks::{env_number, name_absent, NodeMarks};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -29,8 +29,6 @@ const ASK_ALL: Duration = Duration::from_secs(5);
 /// launcher kills every rank once one ends, and the others, which ran out
 /// of time within the same second or so, are still asking the registry.
 const LINGER: Duration = Duration::from_secs(2);
-/// Most ranks named one by one; the rest are counted.
-const NAMED: usize = 16;
 
 struct State {
     step: &'static str,
@@ -201,54 +199,4 @@ fn report(
         (None, None) => "; the ranks that have not started cannot be named here (rankmesh asks the launcher's PMIx registry under Open MPI 4's mpirun and srun --mpi=pmix, and marks arrivals on each node under hydra's mpiexec; a rank that has not started rankmesh holds up every other)".to_string(),
     };
     format!("{head}{tail}; ending the job\n")
-}
-
-/// `; rank 3 (on n1) has not started rankmesh` and the like.
-pub(super) fn name_absent(ranks: &[(usize, Option<String>)], unasked: usize) -> String {
-    let named: Vec<String> = ranks
-        .iter()
-        .take(NAMED)
-        .map(|(r, host)| match host {
-            Some(h) => format!("{r} (on {h})"),
-            None => r.to_string(),
-        })
-        .collect();
-    let more = match ranks.len().saturating_sub(NAMED) {
-        0 => String::new(),
-        n => format!(" and {n} more"),
-    };
-    let unasked = match unasked {
-        0 => String::new(),
-        n => format!(" ({n} ranks not asked in time)"),
-    };
-    match ranks.len() {
-        0 => format!(
-            "; every rank the launcher was asked about has started rankmesh{unasked}: one is stuck in the same step"
-        ),
-        1 => format!("; rank {}{more} has not started rankmesh{unasked}", named[0]),
-        _ => format!(
-            "; ranks {}{more} have not started rankmesh{unasked}",
-            named.join(", ")
-        ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::name_absent;
-
-    #[test]
-    fn absent_ranks_are_named_with_their_hosts() {
-        assert_eq!(
-            name_absent(&[(0, Some("n0".into()))], 0),
-            "; rank 0 (on n0) has not started rankmesh"
-        );
-        assert_eq!(
-            name_absent(&[(2, None), (5, Some("n1".into()))], 3),
-            "; ranks 2, 5 (on n1) have not started rankmesh (3 ranks not asked in time)"
-        );
-        let many: Vec<_> = (0..20).map(|r| (r, None)).collect();
-        assert!(name_absent(&many, 0).contains("15 and 4 more have not"));
-        assert!(name_absent(&[], 0).contains("one is stuck in the same step"));
-    }
 }

@@ -12,7 +12,7 @@ use crate::error::Fault;
 use crate::exec::blocks::{BlockLayout, Blocks, Spans};
 use crate::exec::combine::combine;
 use crate::exec::copy::{copy_by_loop, copy_bytes, split_lens, stream_bytes};
-use crate::exec::executor::HostMoves;
+use crate::exec::moves::HostMoves;
 use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
