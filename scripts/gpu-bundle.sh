@@ -2,6 +2,7 @@
 # Packs what scripts/gpu-check.sh needs on a CUDA host that has no Rust
 # toolchain and no MPI (such as a lent GPU machine) into DIR (git-ignored):
 #   rankmesh, gpu        the release CLI and the device test binary
+#   mpi_startup          the start-up row's raw-MPI baseline (scripts/mpi_startup.c)
 #   wheels/              the Python package's abi3 wheel (maturin), for the
 #                        check's PyTorch CUDA-tensor row
 #   mpiroot/             Open MPI's runtime unpacked from Debian's packages
@@ -24,7 +25,9 @@ rm -rf "$dir"
 mkdir -p "$dir/debs" "$dir/lib"
 cp target/release/rankmesh "$dir/"
 cp "$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -n1)" "$dir/gpu"
-strip "$dir/rankmesh" "$dir/gpu"
+# The start-up row's raw-MPI baseline (MPI_Init, splits, a barrier).
+mpicc -O2 -o "$dir/mpi_startup" scripts/mpi_startup.c
+strip "$dir/rankmesh" "$dir/gpu" "$dir/mpi_startup"
 venv=target/python-venv
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
 [ -x "$venv/bin/maturin" ] || "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2"
@@ -43,7 +46,7 @@ mpilib=$dir/mpiroot/usr/lib/x86_64-linux-gnu
 # glibc's and the compiler's runtimes are on every host, newer there: an
 # older copy first on LD_LIBRARY_PATH would break the host's own programs.
 system='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libresolv|libutil|libstdc\+\+|libgcc_s|libatomic)\.so'
-mapfile -t objects < <(printf '%s\n' "$dir/rankmesh" "$dir/gpu"; find "$dir/mpiroot" -name '*.so*' -type f)
+mapfile -t objects < <(printf '%s\n' "$dir/rankmesh" "$dir/gpu" "$dir/mpi_startup"; find "$dir/mpiroot" -name '*.so*' -type f)
 for obj in "${objects[@]}"; do
     LD_LIBRARY_PATH=$mpilib ldd "$obj" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do

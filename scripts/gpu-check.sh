@@ -53,6 +53,7 @@ else
     cargo build --release --bin rankmesh --test gpu
     bin=target/release/rankmesh
     gpu_test=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -n1)
+    mpicc -O2 -o target/mpi_startup scripts/mpi_startup.c 2>/dev/null || true
 fi
 mpirun_bin=$(command -v mpirun.openmpi || command -v mpirun)
 forward=()
@@ -315,6 +316,238 @@ else
     else
         row "$name" fail "rc $rc: $(grep -E 'Error|assert|failed' <<<"$out" | head -n 3 | tr '\n' ' ' | cut -c1-300)"
     fi
+fi
+
+# ---- several ranks on the one GPU (issue #64) ----
+# A lease has one GPU. NCCL refuses two ranks of one communicator on one GPU
+# of one host, and its host is its host hash, which NCCL_HOSTID sets:
+# RANKMESH_SHARE_GPU=1 gives each rank its own, so NCCL moves their data
+# through its network transport (sockets on loopback), as between nodes:
+# real device memory, kernels, proxies, streams and bootstrap, slowly. These
+# rows are for correctness and the life cycle, not speed. The whole check
+# keeps to GPU_CHECK_BUDGET seconds (default 450, inside a lease's 8
+# minutes): a row that would start past its share is skipped, saying so.
+budget=${GPU_CHECK_BUDGET:-450}
+multi_limit=${GPU_CHECK_MULTI_LIMIT:-90}
+# `in_budget NAME RESERVE`: whether NAME may start with RESERVE seconds of
+# the budget kept for what follows; else a skip row.
+in_budget() {
+    local used=$(($(date +%s) - started))
+    if ((used + $2 > budget)); then
+        row "$1" skip "not started: $used s of the check's $budget s budget used (GPU_CHECK_BUDGET), $2 s kept for the rows after it"
+        return 1
+    fi
+}
+export RANKMESH_SHARE_GPU=1 NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+shared=("${mpi[@]}" -x RANKMESH_SHARE_GPU -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG)
+# Long rows run under their own limit, restored after.
+run_multi() { local keep=$step_limit; step_limit=$multi_limit; run "$@"; step_limit=$keep; }
+# `worker_row NP MODE`: every device op against the host plane at NP ranks.
+worker_row() {
+    local np=$1 mode=$2
+    local name="np $np on one GPU: every device op vs the host plane, all dtypes, random data vs float64, RANKMESH_CHECK=$mode"
+    in_budget "$name" 150 || return 0
+    RANKMESH_GPU_WORKER=1 RANKMESH_CHECK=$mode \
+        run_multi "$name" "${shared[@]}" -np "$np" -x RANKMESH_GPU_WORKER -x RANKMESH_CHECK "$gpu_test"
+    local oks ranks_ok
+    oks=$(grep -c ': ok ' <<<"$out")
+    ranks_ok=$(grep -c ', 0 checks failed' <<<"$out")
+    if ((rc == 0)) && ((ranks_ok == np)); then
+        row "$name" pass "$oks checks ok on $np ranks in $secs s"
+    else
+        row "$name" fail "rc $rc, $ranks_ok of $np ranks clean, $secs s: $(first_failure)"
+    fi
+}
+for np in 2 3 4; do worker_row "$np" deferred; done
+
+name="np 4 on one GPU: non-blocking creation, ncclCommSplit per group, FastVideo tp=2 sp=2, all_to_all_4d both ways on SP"
+if in_budget "$name" 140; then
+    NCCL_DEBUG=INFO RANKMESH_GPU_SPLIT_CHECK=1 \
+        run_multi "$name" "${shared[@]}" -np 4 -x RANKMESH_GPU_SPLIT_CHECK -x NCCL_DEBUG_SUBSYS -x RANKMESH_EMU_COUNTS "$gpu_test"
+    live=$(live_check); live_ok=$?
+    oks=$(grep -c '^SPLIT-OK' <<<"$out")
+    a2a=$(grep -c '^SPLIT-A2A4D' <<<"$out")
+    if ((rc == 0)) && ((oks == 4 && a2a == 4)) && ((live_ok == 0)); then
+        row "$name" pass "4 ranks: $(grep -m1 '^SPLIT-OK' <<<"$out" | sed 's/SPLIT-OK //'); all_to_all_4d ok on $a2a ranks; $live; $secs s"
+    else
+        row "$name" fail "rc $rc, SPLIT-OK on $oks and all_to_all_4d on $a2a of 4; $live; $(grep -m1 -E 'SPLIT-FAILED|error|panicked' <<<"$out" | cut -c1-300)"
+    fi
+fi
+
+# Faults at np 2: each named within seconds, the job ended, no hang.
+# `fault_row FAULT MODE TIMEOUT NAME`
+fault_row() {
+    local fault=$1 mode=$2 timeout=$3 name=$4
+    in_budget "$name" 130 || return 0
+    RANKMESH_GPU_FAULT=$fault RANKMESH_CHECK=$mode RANKMESH_TIMEOUT=$timeout \
+        run_multi "$name" "${shared[@]}" -np 2 -x RANKMESH_GPU_FAULT -x RANKMESH_CHECK -x RANKMESH_TIMEOUT "$gpu_test"
+    local named ok=0
+    named=$(grep -c '^FAULT-NAMED' <<<"$out")
+    case $fault in
+        mismatch) ((named == 2)) && (($(grep -c '^FAULT-NAMED rank [01]: .*ranks disagree' <<<"$out") == 2)) && ok=1 ;;
+        # The launcher may end the job at the death before rank 0 prints.
+        kill) { grep -q '^FAULT-NAMED rank 0' <<<"$out" || grep -q 'signal 9' <<<"$out"; } && ok=1 ;;
+        stop) { grep -q 'group rank 1 (world rank 1, .*process stopped' <<<"$out" || grep -q '^FAULT-NAMED rank 0' <<<"$out"; } && ok=1 ;;
+    esac
+    # A hang would stop at the step limit, past the time allowed here.
+    ((rc == 0)) && ok=0
+    if ((ok)) && awk -v s="$secs" -v t="$timeout" 'BEGIN { exit !(s < t + 25) }'; then
+        row "$name" pass "ended after $secs s (rc $rc): $(grep -m1 -E '^FAULT-NAMED rank 0|process stopped|signal 9' <<<"$out" | cut -c1-240)"
+    else
+        row "$name" fail "rc $rc after $secs s, $named ranks named it: $(grep -m1 -E '^FAULT|error|stopped at|signal' <<<"$out" | cut -c1-300)"
+    fi
+}
+fault_row mismatch strict 30 "np 2 on one GPU: a mismatched device all_reduce in strict mode, named on both ranks"
+fault_row kill deferred 10 "np 2 on one GPU: a rank kill -9ed inside device all_reduces, the job ended and the death named"
+fault_row stop deferred 5 "np 2 on one GPU: a rank SIGSTOPped inside device all_reduces (RANKMESH_TIMEOUT=5), named as stopped"
+
+# The Python package on torch CUDA tensors, FastVideo's names.
+for np in 2 4; do
+    name="np $np on one GPU: Python package on PyTorch CUDA tensors (test_cuda.py)"
+    if [[ -z ${wheel:-} ]]; then
+        row "$name" skip "no wheel (RANKMESH_PREBUILT from scripts/gpu-bundle.sh carries one)"
+    elif ! LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, pytest, numpy; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+        row "$name" skip "no CUDA-capable torch (or pytest, numpy) for python3 here"
+    elif in_budget "$name" 110; then
+        run_multi "$name" "${shared[@]}" -np "$np" -x PYTHONPATH="$report/py" -x RANKMESH_TEST_CUDA=torch \
+            python3 -m pytest -q -p no:cacheprovider --color=no python/tests/test_cuda.py
+        if ((rc == 0)); then
+            row "$name" pass "$(grep -E '[0-9]+ passed' <<<"$out" | sort | uniq -c | tr -s ' ' | head -n 2 | tr '\n' ';')"
+        else
+            row "$name" fail "rc $rc: $(grep -E 'Error|assert|failed' <<<"$out" | head -n 3 | tr '\n' ' ' | cut -c1-300)"
+        fi
+    fi
+done
+
+# The CLI, validated, in nccl-tests' format.
+declare -A rm_small
+for np in 2 4; do
+    name="np $np on one GPU: rankmesh bench all_reduce --backend nccl -c 1, validated (nccl-tests format)"
+    in_budget "$name" 100 || continue
+    run_multi "$name" "${shared[@]}" -np "$np" "$bin" bench all_reduce --backend nccl -b 8 -e 1M -f 8 -n 200 -w 20 -c 1
+    warned=$(grep -c 'RANKMESH_SHARE_GPU=1: ranks may share a GPU' <<<"$out")
+    if ((rc == 0)) && grep -q 'Out of bounds values : 0 OK' <<<"$out" && grep -q '# Avg bus bandwidth' <<<"$out" && ((warned == 1)); then
+        # nccl-tests rows: size count type redop root time algbw busbw #wrong ...
+        fig=$(awk '$1 ~ /^[0-9]+$/ && NF >= 12 { printf "%s%s B: %s us", sep, $1, $6; sep = "; " }' <<<"$out")
+        ((np == 2)) && while read -r sz t; do rm_small[$sz]=$t; done < <(awk '$1 ~ /^[0-9]+$/ && NF >= 12 { print $1, $6 }' <<<"$out")
+        row "$name" pass "0 wrong; the shared-GPU warning once; $fig"
+    else
+        row "$name" fail "rc $rc, warning printed $warned times: $(first_failure)"
+    fi
+done
+
+# The anchor: torch.distributed on NCCL, same GPU, same NCCL_HOSTID rule.
+name="np 2 on one GPU: torch.distributed NCCL all_reduce against rankmesh's, time per call, 8 B-1 MiB"
+if ! torch_why=$(LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, torch.distributed as d; assert torch.cuda.is_available(), "CUDA not available to torch"; assert d.is_nccl_available(), "torch has no NCCL"' 2>&1); then
+    row "$name" skip "no CUDA-capable torch here: $(tail -n1 <<<"$torch_why" | cut -c1-200)"
+elif in_budget "$name" 100; then
+    run_multi "$name" "$mpirun_bin" --oversubscribe --bind-to none -np 2 -x NCCL_SOCKET_IFNAME -x LD_LIBRARY_PATH="$host_ld" \
+        -x PATH python3 scripts/gpu_torch_allreduce.py
+    if ((rc == 0)) && grep -q '^torch ' <<<"$out"; then
+        fig=$(grep '^torch ' <<<"$out" | while read -r _ sz t; do printf '%s B: torch %s us, rankmesh %s us; ' "$sz" "$t" "${rm_small[$sz]:-?}"; done)
+        row "$name" info "${fig}($(grep -m1 '^torch-version' <<<"$out" | cut -d' ' -f2-); socket transport, not a speed target)"
+    else
+        row "$name" fail "rc $rc: $(tail -n 3 <<<"$out" | tr '\n' ' ' | cut -c1-300)"
+    fi
+fi
+
+# The other check modes, as the budget allows.
+for np in 2 4 3; do
+    for mode in strict off; do worker_row "$np" "$mode"; done
+done
+unset RANKMESH_SHARE_GPU
+
+# ---- the host plane at 2-16 ranks on the lease's cores (last) ----
+# rankmesh bench with its raw-MPI baseline (the bundle's Open MPI at its
+# defaults, run in the same process), one rank per core where the cores
+# allow, 3 runs alternating world sizes and ops; medians. The full table
+# is REPORT_DIR/host-scaling.md; the rows give raw/rankmesh per op.
+cores=$(nproc)
+host_nps=${GPU_CHECK_HOST_NPS:-2 4 8 16}
+host_sizes=(${GPU_CHECK_HOST_SIZES:--b 64 -e 64M -f 32})
+host_ops="all_reduce all_gather broadcast alltoall all_to_all_4d"
+host_rounds=${GPU_CHECK_HOST_ROUNDS:-3}
+scale=$report/host-scaling.tsv
+: >"$scale"
+placed() { # mpirun's placement for NP ranks: a core each where they fit
+    if (($1 <= cores)); then echo --bind-to core --map-by core; else echo --oversubscribe --bind-to none; fi
+}
+host_name="host plane at np ${host_nps// /, }: rankmesh bench vs raw MPI (Open MPI defaults), medians of $host_rounds"
+if in_budget "$host_name" 30; then
+    for round in $(seq "$host_rounds"); do
+        for np in $host_nps; do
+            for op in $host_ops; do
+                (($(date +%s) - started > budget)) && break 3
+                # shellcheck disable=SC2046
+                run "host $op np $np round $round" "$mpirun_bin" $(placed "$np") "${forward[@]}" -np "$np" \
+                    "$bin" bench "$op" "${host_sizes[@]}" -n 20 -w 3 -c 1 --backend host --baseline mpi
+                if ((rc != 0)); then
+                    echo -e "$np\t$op\tFAILED\t$(first_failure)" >>"$scale"
+                    continue
+                fi
+                baseline_rows | awk -v np="$np" -v op="$op" '{ print np "\t" op "\t" $2 "\t" $3 "\t" $5 }' >>"$scale"
+            done
+        done
+    done
+    python3 - "$scale" "$report/host-scaling.md" "$cores" <<'PY' >"$report/host-rows.tsv"
+import collections, statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+failed = [r for r in rows if r[2] == "FAILED"]
+t = collections.defaultdict(list)
+for r in rows:
+    if r[2] != "FAILED":
+        t[(int(r[0]), r[1], int(r[2]))].append((float(r[3]), float(r[4])))
+with open(sys.argv[2], "w") as md:
+    md.write(f"# Host plane, rankmesh vs raw MPI ({sys.argv[3]} cores; medians of the runs)\n\n")
+    md.write("| np | op | bytes | rankmesh us | raw MPI us | raw / rankmesh | runs |\n|---|---|---|---|---|---|---|\n")
+    for (np, op, size), v in sorted(t.items()):
+        a = statistics.median(x for x, _ in v); b = statistics.median(y for _, y in v)
+        md.write(f"| {np} | {op} | {size} | {a:.2f} | {b:.2f} | {b / a:.2f} | {len(v)} |\n")
+nps = sorted({k[0] for k in t})
+for np in nps:
+    parts = []
+    for op in ["all_reduce", "all_gather", "broadcast", "alltoall", "all_to_all_4d"]:
+        sizes = sorted(s for (n, o, s) in t if n == np and o == op)
+        if sizes:
+            r = [statistics.median(y for _, y in t[(np, op, s)]) / statistics.median(x for x, _ in t[(np, op, s)]) for s in sizes]
+            parts.append(f"{op} " + "/".join(f"{x:.2f}" for x in r))
+    runs = sorted({len(v) for k, v in t.items() if k[0] == np})
+    print(f"np {np}\tinfo\traw/rankmesh at {'/'.join(str(s) for s in sorted({k[2] for k in t if k[0] == np}))} B: " + "; ".join(parts)
+          + f" ({'-'.join(map(str, (runs[0], runs[-1]) if len(runs) > 1 else runs))} runs per cell)")
+for r in failed:
+    print(f"np {r[0]} {r[1]}\tfail\t{r[3]}")
+PY
+    while IFS=$'\t' read -r n s d; do
+        row "$host_name: $n" "$s" "$d"
+    done <"$report/host-rows.tsv"
+    rm -f "$report/host-rows.tsv"
+fi
+
+# Start-up: `rankmesh topo` against MPI_Init + node split + split + barrier.
+startup=${pre:-target}/mpi_startup
+name="start-up at np ${GPU_CHECK_STARTUP_NPS:-16 64}: mpirun of rankmesh topo vs raw MPI_Init + splits + barrier, medians of $host_rounds"
+if [[ ! -x $startup ]]; then
+    row "$name" skip "no $startup (scripts/gpu-bundle.sh builds it with mpicc)"
+elif in_budget "$name" 0; then
+    declare -A st
+    for round in $(seq "$host_rounds"); do
+        for np in ${GPU_CHECK_STARTUP_NPS:-16 64}; do
+            for prog in rankmesh raw; do
+                if [[ $prog == raw ]]; then cmd=("$startup"); else cmd=("$bin" topo); fi
+                # shellcheck disable=SC2046
+                run "start-up $prog np $np" "$mpirun_bin" $(placed "$np") "${forward[@]}" -np "$np" "${cmd[@]}"
+                ((rc == 0)) && st[$np,$prog]+="$secs " || st[$np,failed]+="$prog rc $rc "
+            done
+        done
+    done
+    fig=""; ok=1
+    for np in ${GPU_CHECK_STARTUP_NPS:-16 64}; do
+        [[ -n ${st[$np,failed]:-} ]] && { ok=0; fig+="np $np: ${st[$np,failed]}; "; continue; }
+        a=$(tr ' ' '\n' <<<"${st[$np,rankmesh]}" | grep . | median)
+        b=$(tr ' ' '\n' <<<"${st[$np,raw]}" | grep . | median)
+        fig+="np $np: rankmesh topo $a s, raw $b s; "
+    done
+    if ((ok)); then row "$name" info "${fig}(whole launches)"; else row "$name" fail "$fig"; fi
 fi
 
 # ---- the report ----

@@ -1082,10 +1082,65 @@ fn main() {
         drop_with_a_quiet_peer();
     } else if std::env::var_os("RANKMESH_GPU_DROP_ORDERS").is_some() {
         drop_in_every_order();
+    } else if let Ok(fault) = std::env::var("RANKMESH_GPU_FAULT") {
+        device_fault(&fault);
     } else if std::env::var_os("RANKMESH_GPU_WORKER").is_some() {
         worker();
     } else {
         emulator::drive();
+    }
+}
+
+/// The multi-rank GPU check's faults (`RANKMESH_GPU_FAULT`), at np 2 or
+/// more: `mismatch` (rank 1 all-reduces another shape; run it with
+/// `RANKMESH_CHECK=strict`), `kill` (rank 1 SIGKILLs itself) or `stop`
+/// (rank 1 SIGSTOPs itself) while every rank loops on device all_reduces of
+/// 16 MiB, each synchronized. A rank that gets an error prints
+/// `FAULT-NAMED rank R: ERROR` and exits 1 (never a pass: the loop runs
+/// until an error ends it, and the script's step limit catches a hang).
+fn device_fault(fault: &str) {
+    let rt = Runtime::init().expect("MPI init");
+    let world = rt.world_group().expect("world group");
+    let me = world.rank_in_group();
+    let run = || -> rankmesh::Result<()> {
+        let dg = world.device()?;
+        let gpu = dg.gpu();
+        if fault == "mismatch" {
+            let shape: &[usize] = if me == 1 { &[4, 4] } else { &[4, 3] };
+            let x = gpu.upload(&input(shape, DType::F32, me))?;
+            dg.all_reduce(&x, ReduceOp::Sum)?;
+            return dg.synchronize();
+        }
+        let mut x = gpu.upload(&random(7 + me as u64, 4 << 20, DType::F32))?;
+        dg.all_reduce_in_place(&mut x, ReduceOp::Max)?;
+        dg.synchronize()?;
+        if me == 1 {
+            let sig = if fault == "kill" {
+                libc::SIGKILL
+            } else {
+                libc::SIGSTOP
+            };
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                // SAFETY: plain kill(2) on our own pid.
+                unsafe { libc::kill(libc::getpid(), sig) };
+            });
+        }
+        println!("FAULT-LOOP rank {me}");
+        loop {
+            dg.all_reduce_in_place(&mut x, ReduceOp::Max)?;
+            dg.synchronize()?;
+        }
+    };
+    match run() {
+        Ok(()) => println!("FAULT-NOT-RAISED rank {me}"),
+        Err(err) => {
+            // One write, so the ranks' lines do not interleave.
+            let line = format!("FAULT-NAMED rank {me}: {err}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), line.as_bytes());
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            std::process::exit(1);
+        }
     }
 }
 
@@ -1120,7 +1175,9 @@ fn one_bootstrap() {
         let mut ps = rankmesh::ParallelState::new(&rt).map_err(e)?;
         let w = rt.size();
         let tp = if w.is_multiple_of(2) { 2 } else { 1 };
-        ps.initialize_model_parallel(tp, 1, None).map_err(e)?;
+        // At 4 ranks FastVideo's tp=2, sp=2: the SP groups' all_to_all_4d below.
+        let sp = if w == 4 { 2 } else { 1 };
+        ps.initialize_model_parallel(tp, sp, None).map_err(e)?;
         let layout =
             rankmesh::MeshLayout::row_major(w, &[("dp", w / tp), ("tp", tp)]).map_err(e)?;
         let mesh = rankmesh::Mesh::new(&rt, layout, &[]).map_err(e)?;
@@ -1162,6 +1219,30 @@ fn one_bootstrap() {
                 &want,
                 Some(ReduceOp::Sum),
             )?;
+        }
+        // FastVideo's sequence-parallel attention on the SP group's
+        // split-made communicator: all_to_all_4d in both directions, on the
+        // device against the host plane.
+        let sp_group = ps.sp().map_err(e)?;
+        if sp_group.size() > 1 {
+            let dg = sp_group.device().map_err(e)?;
+            let n = sp_group.size();
+            let me = sp_group.rank_in_group();
+            for (shape, mode) in [([2, 3, n * 2, 4], (2, 1)), ([2, n * 3, 2, 4], (1, 2))] {
+                let x = random(31 + me as u64, shape.iter().product(), DType::BF16);
+                let x = x.reshape(shape).map_err(e)?;
+                let want = sp_group.all_to_all_4d(&x, mode.0, mode.1).map_err(e)?;
+                let got = dg
+                    .all_to_all_4d(&gpu.upload(&x).map_err(e)?, mode.0, mode.1)
+                    .map_err(e)?;
+                same(
+                    &format!("all_to_all_4d {mode:?} on {}", sp_group.name()),
+                    &gpu.download(&got).map_err(e)?,
+                    &want,
+                    None,
+                )?;
+            }
+            println!("SPLIT-A2A4D rank {} on {}", rt.rank(), sp_group.name());
         }
         Ok((
             emulator_count("rankmesh_emu_inits"),

@@ -28,7 +28,13 @@ def world():
 
 
 def device():
-    # The device plane's default: the local rank's GPU (one node here).
+    # The device plane's default: the local rank's GPU (one node here), or
+    # the one GPU of a one-GPU machine, which every rank shares under
+    # RANKMESH_SHARE_GPU=1 (scripts/gpu-check.sh's multi-rank rows).
+    if MODE == "torch":
+        import torch
+
+        return world().rank_in_group % torch.cuda.device_count()
     return world().rank_in_group
 
 
