@@ -192,35 +192,64 @@ impl Deferred {
                 Posts::Ring(r) => r.next(deadline),
                 Posts::Mpi(m) => m.next(deadline),
             };
-            match next {
-                Next::Done => return Ok(Verdict::Agreed),
-                Next::Same => {}
-                Next::Missing(mine) => {
-                    self.break_with("a member did not make the call");
-                    self.abandon_rest();
-                    return Err(Error::Timeout {
-                        op: mine.op().unwrap_or(Op::Synchronize),
-                        group: self.group.clone(),
-                        msg: format!(
-                            "the deferred agreement of call #{} did not complete within \
-                             RANKMESH_TIMEOUT: a member never made that call (or is stuck before it)",
-                            mine.seq
-                        ),
-                    });
+            if let Some(verdict) = self.settle(next) {
+                return verdict;
+            }
+        }
+    }
+
+    /// Completes the oldest agreements until another post fits (see
+    /// [`full`](Self::full)), waiting at most `RANKMESH_TIMEOUT` for the
+    /// members to post them: a rank far ahead of a member waits for one
+    /// batch of its posts, not for it to catch up, and looks at its
+    /// counter gently while it does (`Ring::next_for_room`).
+    pub(crate) fn make_room(&self) -> Result<Verdict> {
+        if self.broken.borrow().is_some() || self.closed.get() {
+            return Ok(Verdict::Agreed);
+        }
+        while self.full() {
+            let next = match &self.posts {
+                Posts::Ring(r) => r.next_for_room(self.deadline()),
+                Posts::Mpi(m) => m.next(Some(self.deadline())),
+            };
+            if let Some(verdict) = self.settle(next) {
+                return verdict;
+            }
+        }
+        Ok(Verdict::Agreed)
+    }
+
+    /// What `next` says of the group: `None` to go on to the next
+    /// agreement, else the verdict to return.
+    fn settle(&self, next: Next) -> Option<Result<Verdict>> {
+        match next {
+            Next::Done => Some(Ok(Verdict::Agreed)),
+            Next::Same => None,
+            Next::Missing(mine) => {
+                self.break_with("a member did not make the call");
+                self.abandon_rest();
+                Some(Err(Error::Timeout {
+                    op: mine.op().unwrap_or(Op::Synchronize),
+                    group: self.group.clone(),
+                    msg: format!(
+                        "the deferred agreement of call #{} did not complete within \
+                         RANKMESH_TIMEOUT: a member never made that call (or is stuck before it)",
+                        mine.seq
+                    ),
+                }))
+            }
+            Next::Closed { rank, mine } => Some(Err(self.closed_by(rank, &mine))),
+            Next::Check { mine, all } => {
+                if let Some(rank) = all.iter().position(Descriptor::is_closing) {
+                    return Some(Err(self.closed_by(rank, &mine)));
                 }
-                Next::Closed { rank, mine } => return Err(self.closed_by(rank, &mine)),
-                Next::Check { mine, all } => {
-                    if let Some(rank) = all.iter().position(Descriptor::is_closing) {
-                        return Err(self.closed_by(rank, &mine));
-                    }
-                    let verdict = self.verdict(&mine, &all);
-                    if let Posts::Ring(r) = &self.posts {
-                        r.settled(matches!(verdict, Verdict::Agreed));
-                    }
-                    match verdict {
-                        Verdict::Agreed => {}
-                        other => return Ok(other),
-                    }
+                let verdict = self.verdict(&mine, &all);
+                if let Posts::Ring(r) = &self.posts {
+                    r.settled(matches!(verdict, Verdict::Agreed));
+                }
+                match verdict {
+                    Verdict::Agreed => None,
+                    other => Some(Ok(other)),
                 }
             }
         }

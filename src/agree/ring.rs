@@ -36,6 +36,9 @@ pub(crate) const ENTRIES: u64 = 128;
 /// How many deferred device calls pass between looks at rings for
 /// agreements to complete (a ring asks for one at most this often).
 pub(crate) const SCAN_EVERY: u64 = ENTRIES / 8;
+/// A rank that waits for room in its full ring spins this many times
+/// before each read of its members' counters (`Ring::next_for_room`).
+const GENTLE_PAUSE: u32 = 32;
 /// Words of a descriptor.
 const WORDS: usize = std::mem::size_of::<Descriptor>() / 8;
 const _: () = assert!(std::mem::size_of::<Descriptor>().is_multiple_of(8) && WORDS <= 32);
@@ -267,6 +270,26 @@ impl Ring {
     /// ends the wait): `Same` for a batch of entries that all agreed, else
     /// the verdict of the oldest one.
     pub(super) fn next(&self, deadline: Option<Instant>) -> Next {
+        self.next_upto(deadline, self.posted.get(), 1)
+    }
+
+    /// [`next`](Self::next) when the ring is full: waits (until
+    /// `deadline`) only for the members to post the oldest unchecked batch
+    /// ([`SCAN_EVERY`] entries), and reads their counters only after
+    /// [`GENTLE_PAUSE`] spins each. A member far behind posts each entry into a
+    /// line that this rank's every read takes from it; a waiter looking
+    /// without pause made each of its posts a cache miss, so that the
+    /// rank ahead kept it behind.
+    pub(super) fn next_for_room(&self, deadline: Instant) -> Next {
+        let n = self.checked.get() + 1;
+        let want = (n + SCAN_EVERY - 1).min(self.posted.get());
+        self.next_upto(Some(deadline), want, GENTLE_PAUSE)
+    }
+
+    /// The oldest unchecked entries once every member posted through
+    /// `want` (waiting until `deadline`, `pause` spins before each read of
+    /// the counters), as [`next`](Self::next) says.
+    fn next_upto(&self, deadline: Option<Instant>, want: u64, pause: u32) -> Next {
         let n = self.checked.get() + 1;
         let posted = self.posted.get();
         if n > posted {
@@ -275,7 +298,10 @@ impl Ring {
         let reach = || (0..self.size).map(|r| self.posted_of(r)).min().unwrap_or(0);
         if deadline.is_some() {
             wait_until(deadline, || {
-                reach() >= posted || self.closed_before(posted).is_some()
+                for _ in 1..pause {
+                    std::hint::spin_loop();
+                }
+                reach() >= want || self.closed_before(want).is_some()
             });
         }
         let upto = reach().min(posted);
@@ -418,7 +444,7 @@ impl Ring {
 /// Polls `ready` until it holds or `deadline` passes (`None`: once). A
 /// member's post wakes no one (posting is stores only): the wait spins
 /// within the thread's budget, then naps ([`crate::wait::until`]).
-fn wait_until(deadline: Option<Instant>, ready: impl Fn() -> bool) -> bool {
+fn wait_until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
     match deadline {
         None => ready(),
         Some(_) => crate::wait::until(deadline, ready),
@@ -486,6 +512,27 @@ mod tests {
             _ => panic!("entry 1 was posted by every member"),
         }
         assert!(matches!(r[2].next(soon()), Next::Closed { rank: 1, .. }));
+    }
+
+    #[test]
+    fn a_full_ring_waits_for_one_batch_of_a_member_behind_not_for_all() {
+        let r = rings(2);
+        for seq in 1..=ENTRIES {
+            post(&r[0], seq);
+        }
+        for seq in 1..=SCAN_EVERY {
+            post(&r[1], seq);
+        }
+        assert!(r[0].full());
+        // Member 1 has posted the oldest batch: no wait for the other 112.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        assert!(matches!(r[0].next_for_room(deadline), Next::Same));
+        assert!(Instant::now() < deadline, "waited for member 1 to catch up");
+        assert!(!r[0].full());
+        // A member that has not posted the oldest entry is missing at the deadline.
+        let r = rings(2);
+        post(&r[0], 1);
+        assert!(matches!(r[0].next_for_room(Instant::now()), Next::Missing(d) if d.seq == 1));
     }
 
     #[test]

@@ -380,19 +380,30 @@ impl Gpu {
             let entry = self.deferred.borrow().get(i).map(Weak::upgrade);
             let Some(entry) = entry else { break };
             let Some(d) = entry else { continue };
-            let verdict = d.complete(deadline).inspect_err(|e| {
-                self.abort_all(&e.to_string());
-            })?;
-            match verdict {
-                Verdict::Agreed => {}
-                Verdict::RefusedEverywhere(e) => return Err(e),
-                Verdict::Disagreed(e) => {
-                    self.abort_all(&format!("a deferred agreement on {} failed", d.group()));
-                    return Err(e);
-                }
-            }
+            self.act_on(&d, d.complete(deadline))?;
         }
         Ok(())
+    }
+
+    /// Completes `d`'s oldest agreements until its next post fits (a
+    /// deferred call on a full ring or queue), as a wait would.
+    pub(crate) fn make_room(&self, d: &Deferred) -> Result<()> {
+        self.act_on(d, d.make_room())
+    }
+
+    /// What a completion of `d`'s agreements means for the rank: an
+    /// error or a disagreement aborts every communicator first.
+    fn act_on(&self, d: &Deferred, verdict: Result<Verdict>) -> Result<()> {
+        match verdict.inspect_err(|e| {
+            self.abort_all(&e.to_string());
+        })? {
+            Verdict::Agreed => Ok(()),
+            Verdict::RefusedEverywhere(e) => Err(e),
+            Verdict::Disagreed(e) => {
+                self.abort_all(&format!("a deferred agreement on {} failed", d.group()));
+                Err(e)
+            }
+        }
     }
 
     /// The communicators still alive (collected, so no borrow is held while

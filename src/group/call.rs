@@ -227,7 +227,7 @@ impl<'rt> GroupCoordinator<'rt> {
         });
         gpu.settle_at_call()?;
         if deferred.full() {
-            gpu.settle()?;
+            gpu.make_room(deferred)?;
         }
         let (digest, verdict) = self.inner.admitted.admit(desc, &check);
         deferred.post(desc, digest, self.size(), verdict.is_err())?;
