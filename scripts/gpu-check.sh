@@ -451,6 +451,32 @@ elif in_budget "$name" 100; then
     fi
 fi
 
+# torch.distributed on the "rankmesh" backend with CUDA tensors (issue #68):
+# its C++ backend is built here first (the host's C++ compiler, Python's
+# headers and torch's), into the report.
+name="np 2 on one GPU: torch.distributed on the rankmesh backend, CUDA tensors: 7 ops vs float64, DDP bit-identical"
+if [[ -z ${wheel:-} ]] || ! LD_LIBRARY_PATH=$host_ld python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    row "$name" skip "no wheel, or no CUDA-capable torch for python3 here"
+elif ! command -v "${CXX:-c++}" >/dev/null || ! python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
+    row "$name" skip "no C++ compiler (${CXX:-c++}) or no Python.h here: the backend is built on the host"
+elif in_budget "$name" 130; then
+    export RANKMESH_TORCH_CACHE=$report/torch-cache
+    run "build of the rankmesh torch backend" "${mpi[@]}" -np 1 -x PYTHONPATH="$report/py" -x RANKMESH_TORCH_CACHE \
+        python3 -m rankmesh.torch
+    if ((rc != 0)); then
+        row "$name" fail "the backend did not build: $(tail -n 3 <<<"$out" | tr '\n' ' ' | cut -c1-300)"
+    else
+        run_multi "$name" "${shared[@]}" -np 2 -x PYTHONPATH="$report/py" -x RANKMESH_TORCH_CACHE \
+            python3 scripts/gpu_torch_rankmesh.py
+        oks=$(grep -c '^TORCH-RANKMESH-OK' <<<"$out")
+        if ((rc == 0 && oks == 2)); then
+            row "$name" pass "both ranks: $(grep -m1 '^TORCH-RANKMESH-OK' <<<"$out" | cut -d: -f2-); $secs s"
+        else
+            row "$name" fail "rc $rc, $oks of 2 ranks ok: $(grep -E 'Error|assert' <<<"$out" | head -n 2 | tr '\n' ' ' | cut -c1-300)"
+        fi
+    fi
+fi
+
 # The other check modes, as the budget allows.
 for np in 2 4 3; do
     for mode in strict off; do worker_row "$np" "$mode"; done
