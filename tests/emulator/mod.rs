@@ -170,6 +170,25 @@ fn fails_everywhere(job: &support::Job, np: usize, what: &str) -> Result<(), Str
     }
 }
 
+/// The emulated NCCL's asynchronous error (`RANKMESH_EMU_FAIL_AFTER`), as
+/// rankmesh reports it.
+const ASYNC_ERROR: &str =
+    "NCCL asynchronous error: remote process exited or there was a network error (code 6)";
+
+/// A job that began at `start` ended before the leaver's 30 s grace would
+/// have aborted it: its ranks ended by their own errors, none waited for a
+/// peer that had left.
+fn before_the_grace(start: Instant, what: &str, job: &support::Job) -> Result<(), String> {
+    let took = start.elapsed();
+    if took < Duration::from_secs(20) {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} took {took:?}: a rank waited for its peer\n{}",
+        job.describe()
+    ))
+}
+
 /// `s` for as long as the process runs (the trials outlive the driver's
 /// frame).
 fn leak(s: String) -> &'static str {
@@ -594,6 +613,14 @@ pub fn drive() {
         all.extend_from_slice(args);
         support::mpirun(np, rankmesh_bin(), &all, &emu.env(extra))
     };
+    // The asynchronous-error trials' job: 50 device all_reduces of 8 B on 2
+    // ranks, whose NCCL fails after 5 calls (RANKMESH_EMU_FAIL_AFTER).
+    let failing = move |extra: &[(&str, &str)]| {
+        let mut env = vec![("RANKMESH_EMU_GPUS", "2"), ("RANKMESH_EMU_FAIL_AFTER", "5")];
+        env.extend_from_slice(extra);
+        let args = ["all_reduce", "-b", "8", "-e", "8", "-n", "50", "-w", "1"];
+        bench(2, &[&args[..], &["--backend", "nccl"]].concat(), &env)
+    };
     // Every tensor collective; the object plane has no device form.
     for op in rankmesh::tools::bench::entries::ALL
         .iter()
@@ -893,29 +920,9 @@ pub fn drive() {
         "asynchronous NCCL error: abort and an error, not a hang",
         &mut trials,
         move || {
-            let job = bench(
-                2,
-                &[
-                    "all_reduce",
-                    "-b",
-                    "8",
-                    "-e",
-                    "8",
-                    "-n",
-                    "50",
-                    "-w",
-                    "1",
-                    "--backend",
-                    "nccl",
-                ],
-                // The error found while a wait polls, on every rank alike.
-                &[
-                    ("RANKMESH_EMU_GPUS", "2"),
-                    ("RANKMESH_EMU_FAIL_AFTER", "5"),
-                    ("RANKMESH_EMU_IN_PROGRESS", "0"),
-                ],
-            );
-            fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
+            // The error found while a wait polls, on every rank alike.
+            let job = failing(&[("RANKMESH_EMU_IN_PROGRESS", "0")]);
+            fails_everywhere(&job, 2, ASYNC_ERROR)
         },
     );
     trial(
@@ -934,38 +941,10 @@ pub fn drive() {
                 .enumerate()
             {
                 let start = Instant::now();
-                let job = bench(
-                    2,
-                    &[
-                        "all_reduce",
-                        "-b",
-                        "8",
-                        "-e",
-                        "8",
-                        "-n",
-                        "50",
-                        "-w",
-                        "1",
-                        "--backend",
-                        "nccl",
-                    ],
-                    &[
-                        ("RANKMESH_EMU_GPUS", "2"),
-                        ("RANKMESH_EMU_FAIL_AFTER", "5"),
-                        ("RANKMESH_HOST_PLANE", plane),
-                    ],
-                );
-                fails_everywhere(&job, 2, "NCCL asynchronous error: remote process exited or there was a network error (code 6)")
-                    .map_err(|e| format!("run {run} (RANKMESH_HOST_PLANE={plane}): {e}"))?;
-                // The leaver's grace is 30 s: ending before it means the
-                // ranks ended by their own errors, not by an abort.
-                let took = start.elapsed();
-                if took >= Duration::from_secs(20) {
-                    return Err(format!(
-                        "run {run} (RANKMESH_HOST_PLANE={plane}) took {took:?}: a rank waited for its peer\n{}",
-                        job.describe()
-                    ));
-                }
+                let job = failing(&[("RANKMESH_HOST_PLANE", plane)]);
+                let what = format!("run {run} (RANKMESH_HOST_PLANE={plane})");
+                fails_everywhere(&job, 2, ASYNC_ERROR).map_err(|e| format!("{what}: {e}"))?;
+                before_the_grace(start, &what, &job)?;
             }
             Ok(())
         },
@@ -980,34 +959,16 @@ pub fn drive() {
             // shared window, then MPI all-gathers.
             for plane in ["auto", "mpi"] {
                 let start = Instant::now();
-                let job = bench(
-                    2,
-                    &[
-                        "all_reduce",
-                        "-b",
-                        "8",
-                        "-e",
-                        "8",
-                        "-n",
-                        "50",
-                        "-w",
-                        "1",
-                        "--backend",
-                        "nccl",
-                    ],
-                    &[
-                        ("RANKMESH_EMU_GPUS", "2"),
-                        ("RANKMESH_EMU_FAIL_AFTER", "5"),
-                        ("RANKMESH_EMU_FAIL_RANK", "1"),
-                        ("RANKMESH_HOST_PLANE", plane),
-                    ],
-                );
+                let job = failing(&[
+                    ("RANKMESH_EMU_FAIL_RANK", "1"),
+                    ("RANKMESH_HOST_PLANE", plane),
+                ]);
                 let named = |rank: usize, what: &str| {
                     job.stderr.lines().any(|l| {
                         l.starts_with(&format!("rankmesh: error (rank {rank}")) && l.contains(what)
                     })
                 };
-                let own = "NCCL asynchronous error: remote process exited or there was a network error (code 6)";
+                let own = ASYNC_ERROR;
                 let peer = "group rank 1 makes no device call from call #";
                 // On rings rank 0 learns it only from rank 1's closed posts. Over
                 // MPI the emulator may also fail rank 0's pending work first
@@ -1019,14 +980,7 @@ pub fn drive() {
                         job.describe()
                     ));
                 }
-                // Nothing waited for the leaver's 30 s grace (see above).
-                let took = start.elapsed();
-                if took >= Duration::from_secs(20) {
-                    return Err(format!(
-                        "RANKMESH_HOST_PLANE={plane} took {took:?}: rank 0 waited\n{}",
-                        job.describe()
-                    ));
-                }
+                before_the_grace(start, &format!("RANKMESH_HOST_PLANE={plane}"), &job)?;
             }
             Ok(())
         },
