@@ -283,9 +283,15 @@ for op in all_gather reduce_scatter broadcast alltoall all_to_all_4d; do
     fi
 done
 
+# What the host's python3 offers the torch rows, asked once each (an import
+# of torch costs seconds of the lease): CUDA torch with NCCL (why not, if
+# not), and with pytest and NumPy for the package's tests.
+torch_why=$(LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, torch.distributed as d; assert torch.cuda.is_available(), "CUDA not available to torch"; assert d.is_nccl_available(), "torch has no NCCL"' 2>&1) && torch_cuda=1 || torch_cuda=0
+LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, pytest, numpy; assert torch.cuda.is_available()' >/dev/null 2>&1 && torch_tests=1 || torch_tests=0
+
 # PyTorch: what a user would pick instead (world size 1, NCCL backend).
 name="PyTorch torch.distributed all_reduce (NCCL backend, world size 1), time per call"
-if torch_why=$(LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, torch.distributed as d; assert torch.cuda.is_available(), "CUDA not available to torch"; assert d.is_nccl_available(), "torch has no NCCL"' 2>&1); then
+if ((torch_cuda)); then
     run "$name" env LD_LIBRARY_PATH="$host_ld" python3 scripts/gpu_torch_allreduce.py
     if ((rc == 0)) && grep -q '^torch ' <<<"$out"; then
         fig=$(grep '^torch ' <<<"$out" | awk '{ printf "%s%s B: %s us", sep, $2, $3; sep = "; " }')
@@ -305,7 +311,7 @@ name="Python package on PyTorch CUDA tensors (DLPack, current stream; test_cuda.
 wheel=$(ls "${pre:-/nonexistent}"/wheels/rankmesh-*.whl 2>/dev/null | head -n1)
 if [[ -z $wheel ]]; then
     row "$name" skip "no wheel (RANKMESH_PREBUILT from scripts/gpu-bundle.sh carries one)"
-elif ! LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, pytest, numpy; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+elif ((!torch_tests)); then
     row "$name" skip "no CUDA-capable torch (or pytest, numpy) for python3 here"
 else
     python3 -m pip install -q --no-deps --no-index --target "$report/py" "$wheel" >>"$log" 2>&1
@@ -406,7 +412,7 @@ for np in 2 4; do
     name="np $np on one GPU: Python package on PyTorch CUDA tensors (test_cuda.py)"
     if [[ -z ${wheel:-} ]]; then
         row "$name" skip "no wheel (RANKMESH_PREBUILT from scripts/gpu-bundle.sh carries one)"
-    elif ! LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, pytest, numpy; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    elif ((!torch_tests)); then
         row "$name" skip "no CUDA-capable torch (or pytest, numpy) for python3 here"
     elif in_budget "$name" 110; then
         run_multi "$name" "${shared[@]}" -np "$np" -x PYTHONPATH="$report/py" -x RANKMESH_TEST_CUDA=torch \
@@ -438,7 +444,7 @@ done
 
 # The anchor: torch.distributed on NCCL, same GPU, same NCCL_HOSTID rule.
 name="np 2 on one GPU: torch.distributed NCCL all_reduce against rankmesh's, time per call, 8 B-1 MiB"
-if ! torch_why=$(LD_LIBRARY_PATH=$host_ld python3 -c 'import torch, torch.distributed as d; assert torch.cuda.is_available(), "CUDA not available to torch"; assert d.is_nccl_available(), "torch has no NCCL"' 2>&1); then
+if ((!torch_cuda)); then
     row "$name" skip "no CUDA-capable torch here: $(tail -n1 <<<"$torch_why" | cut -c1-200)"
 elif in_budget "$name" 100; then
     run_multi "$name" "$mpirun_bin" --oversubscribe --bind-to none -np 2 -x NCCL_SOCKET_IFNAME -x LD_LIBRARY_PATH="$host_ld" \
@@ -455,7 +461,7 @@ fi
 # its C++ backend is built here first (the host's C++ compiler, Python's
 # headers and torch's), into the report.
 name="np 2 on one GPU: torch.distributed on the rankmesh backend, CUDA tensors: 7 ops vs float64, DDP bit-identical"
-if [[ -z ${wheel:-} ]] || ! LD_LIBRARY_PATH=$host_ld python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+if [[ -z ${wheel:-} ]] || ((!torch_cuda)); then
     row "$name" skip "no wheel, or no CUDA-capable torch for python3 here"
 elif ! command -v "${CXX:-c++}" >/dev/null || ! python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
     row "$name" skip "no C++ compiler (${CXX:-c++}) or no Python.h here: the backend is built on the host"

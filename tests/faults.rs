@@ -44,15 +44,6 @@ fn type_digest<T>() -> i64 {
     fnv1a(std::any::type_name::<T>().as_bytes()) as i64
 }
 
-/// Stops (or kills) this process from a helper thread after `after`.
-fn signal_self_after(sig: i32, after: Duration) {
-    std::thread::spawn(move || {
-        std::thread::sleep(after);
-        // SAFETY: plain kill(2) on our own pid.
-        unsafe { libc::kill(libc::getpid(), sig) };
-    });
-}
-
 /// Rank 1 of the forged-peer jobs: a raw-MPI header and payload on the
 /// group's own communicator, as a buggy or hostile peer would send them.
 fn forge(g: &rankmesh::GroupCoordinator<'_>, attack: &str) {
@@ -123,7 +114,7 @@ fn worker() {
         }
         ("stop-small", r) => {
             if r == 1 {
-                signal_self_after(libc::SIGSTOP, Duration::from_millis(300));
+                support::signal_self_after(libc::SIGSTOP, Duration::from_millis(300));
             }
             loop {
                 g.all_reduce(&small, ReduceOp::Sum).unwrap();
@@ -133,7 +124,7 @@ fn worker() {
             let big = Tensor::zeros([64 << 20], DType::F32).unwrap(); // 256 MiB
             g.barrier().unwrap();
             if r == 1 {
-                signal_self_after(libc::SIGSTOP, Duration::from_millis(400));
+                support::signal_self_after(libc::SIGSTOP, Duration::from_millis(400));
             }
             loop {
                 g.all_reduce(&big, ReduceOp::Sum).unwrap();
@@ -141,7 +132,7 @@ fn worker() {
         }
         ("kill9", r) => {
             if r == 1 {
-                signal_self_after(libc::SIGKILL, Duration::from_millis(300));
+                support::signal_self_after(libc::SIGKILL, Duration::from_millis(300));
             }
             let big = Tensor::zeros([4 << 20], DType::F32).unwrap();
             loop {

@@ -1120,11 +1120,7 @@ fn device_fault(fault: &str) {
             } else {
                 libc::SIGSTOP
             };
-            std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(500));
-                // SAFETY: plain kill(2) on our own pid.
-                unsafe { libc::kill(libc::getpid(), sig) };
-            });
+            support::signal_self_after(sig, std::time::Duration::from_millis(500));
         }
         println!("FAULT-LOOP rank {me}");
         loop {

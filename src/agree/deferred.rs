@@ -179,12 +179,7 @@ impl Deferred {
     /// by the deadline is an error: a member never made that call). Stops
     /// at the first that does not agree and returns its verdict.
     pub(crate) fn complete(&self, deadline: Option<Instant>) -> Result<Verdict> {
-        // A broken group's error was returned once, and a closed rank's
-        // communicator is aborted: nothing either posted matters.
-        if self.broken.borrow().is_some()
-            || self.closed.get()
-            || deadline.is_none() && !self.wants_test()
-        {
+        if self.inert() || deadline.is_none() && !self.wants_test() {
             return Ok(Verdict::Agreed);
         }
         loop {
@@ -204,7 +199,7 @@ impl Deferred {
     /// batch of its posts, not for it to catch up, and looks at its
     /// counter gently while it does (`Ring::next_for_room`).
     pub(crate) fn make_room(&self) -> Result<Verdict> {
-        if self.broken.borrow().is_some() || self.closed.get() {
+        if self.inert() {
             return Ok(Verdict::Agreed);
         }
         while self.full() {
@@ -271,6 +266,12 @@ impl Deferred {
                 mine.seq
             )),
         )
+    }
+
+    /// Whether nothing posted matters any more: a broken group's error was
+    /// returned once, and a closed rank's communicator is aborted.
+    fn inert(&self) -> bool {
+        self.broken.borrow().is_some() || self.closed.get()
     }
 
     /// Whether testing without waiting is worth it now.

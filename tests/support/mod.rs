@@ -6,6 +6,16 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Stops (or kills) this process with `sig` from a helper thread after
+/// `after`: a rank body's way to fail in the middle of a call.
+pub fn signal_self_after(sig: i32, after: std::time::Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        // SAFETY: plain kill(2) on our own pid.
+        unsafe { libc::kill(libc::getpid(), sig) };
+    });
+}
+
 /// Records that `test` did not run, and why. The line goes to the
 /// terminal past the harness's capture (so a passing run still shows it)
 /// and into `target/test-skips.log`, which scripts/test.sh tallies. Under
