@@ -25,74 +25,32 @@
 //! always do. Gathers, scatters and all-to-all move data between particular
 //! pairs of ranks, where staging only adds copies: they run on MPI over the
 //! whole group, and so does every op below its crossover
-//! ([`Hier::staged`]) unless `RANKMESH_HOST_PLANE=hier` forces the stages.
+//! (`route` decides, from a crossover per op) unless
+//! `RANKMESH_HOST_PLANE=hier` forces the stages.
 //!
 //! Reductions combine each node's values first, then the nodes' results:
 //! narrow floats (f16, bf16, fp8) are rounded once per stage, as NCCL's
 //! hierarchical algorithms round at every hop, and `Avg` sums through both
 //! stages and divides once at the end.
 
-use super::blocks::{BlockLayout, Gathered, Spans};
+use super::blocks::{Gathered, Spans};
 use super::combine::{combine, divide};
 use super::moves::HostMoves;
 use super::mpi::{MpiExec, Swap};
 use super::shm::{ShmCall, ShmExec};
 use crate::dtype::DType;
 use crate::error::Fault;
-use crate::op::{Op, ReduceOp};
+use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use std::cell::{RefCell, RefMut};
 use std::ops::Range;
 
-/// Sizes (bytes, as the bench counts them: the buffer, an all-gather's
-/// output, a reduce-scatter's input) from which `auto` runs an op in
-/// stages; below them, and for the ops not listed (broadcast: one flow
-/// already fills a node's link; barrier; the pairwise moves), the op runs
-/// flat on MPI. Measured on 2 fake nodes of 2 ranks with 1 Gbit/s links
-/// (docs/BENCHMARKS.md, "Tuned constants").
-const STAGED_FROM: [(Op, usize); 4] = [
-    (Op::AllReduce, 256 << 10),
-    (Op::ReduceScatter, 64 << 10),
-    (Op::AllGather, 32 << 10),
-    (Op::Reduce, 1 << 20),
-];
-
-/// Ops the stages can run (`RANKMESH_HOST_PLANE=hier` runs them at every size).
-const HAS_STAGES: [Op; 6] = [
-    Op::AllReduce,
-    Op::ReduceScatter,
-    Op::AllGather,
-    Op::Reduce,
-    Op::Broadcast,
-    Op::Barrier,
-];
-
-/// Whether `op` on `bytes` runs in stages on a group spanning nodes;
-/// `forced`: `RANKMESH_HOST_PLANE=hier`.
-pub(crate) fn runs_staged(op: Op, bytes: usize, forced: bool) -> bool {
-    match forced {
-        true => HAS_STAGES.contains(&op),
-        false => STAGED_FROM
-            .iter()
-            .any(|(o, from)| *o == op && bytes >= *from),
-    }
-}
-
 /// How a group spanning nodes runs its host ops, for the debug log.
 pub(crate) fn describe(map: &NodeMap, forced: bool) -> String {
     let sizes: Vec<String> = map.members.iter().map(|m| m.len().to_string()).collect();
-    let when = match forced {
-        true => "every op that has stages in stages (RANKMESH_HOST_PLANE=hier)".to_string(),
-        false => {
-            let from: Vec<String> = STAGED_FROM
-                .iter()
-                .map(|(op, from)| format!("{} from {from} B", op.name()))
-                .collect();
-            format!("{} in stages, the rest flat on MPI", from.join(", "))
-        }
-    };
+    let when = super::route::describe_staged(forced);
     format!(
         "node-aware across {} nodes of {} ranks: {when}",
         sizes.len(),
@@ -171,14 +129,14 @@ pub(crate) struct Hier {
     me: usize,
     /// The window of this rank's node; `None` when it is alone there.
     local: Option<ShmExec>,
+    /// The node's members, for MPI among them (the window's fallback).
+    node: SimpleCommunicator,
     /// The leaders' communicator, on leaders only.
     leaders: Option<SimpleCommunicator>,
     /// This rank's rail, on ranks whose local index is below the rails.
     rail: Option<SimpleCommunicator>,
     /// [`NodeMap::by_rail`] on equal nodes; empty otherwise.
     by_rail: Vec<usize>,
-    /// `RANKMESH_HOST_PLANE=hier`: every op that has stages runs them.
-    forced: bool,
     max_message_bytes: usize,
     /// Slice-sized tensors and bytes the stages reuse across calls.
     scratch: [RefCell<Option<Tensor>>; 3],
@@ -188,13 +146,12 @@ pub(crate) struct Hier {
 impl Hier {
     /// Splits `comm` (the group's, this rank being group rank `me`) by
     /// node, into rails and into leaders; `local_plane` makes the node's
-    /// shared-memory executor from the node's communicator; `forced`: run
-    /// the stages at every size.
+    /// shared-memory executor from the node's communicator.
     pub(crate) fn new(
         comm: &SimpleCommunicator,
         map: NodeMap,
         me: usize,
-        (max_message_bytes, forced): (usize, bool),
+        max_message_bytes: usize,
         local_plane: impl FnOnce(&SimpleCommunicator, usize) -> ShmExec,
     ) -> Hier {
         let node = map.node_of[me];
@@ -228,7 +185,7 @@ impl Hier {
             leaders,
             rail,
             by_rail,
-            forced,
+            node: node_comm,
             max_message_bytes,
             scratch: Default::default(),
             scratch_bytes: RefCell::new(Vec::new()),
@@ -238,11 +195,6 @@ impl Hier {
     /// The node this rank is on, and its index there.
     fn here(&self) -> (usize, usize) {
         (self.map.node_of[self.me], self.map.local_index(self.me))
-    }
-
-    /// Whether `op` on `bytes` runs in stages (else flat on MPI).
-    fn staged(&self, op: Op, bytes: usize) -> bool {
-        runs_staged(op, bytes, self.forced)
     }
 
     /// Scratch tensor `k` holding `elems` elements of `dtype` (reused while
@@ -298,8 +250,10 @@ impl HierCall<'_> {
     }
 
     fn local(&self) -> Option<ShmCall<'_>> {
+        let flat = MpiExec::new(&self.hier.node, self.hier.max_message_bytes, self.pulse);
         self.hier.local.as_ref().map(|plane| ShmCall {
             plane,
+            flat,
             pulse: self.pulse,
         })
     }
@@ -550,10 +504,11 @@ fn staged(op: ReduceOp) -> ReduceOp {
 }
 
 impl HostMoves for HierCall<'_> {
+    fn flat(&self) -> MpiExec<'_> {
+        self.flat
+    }
+
     fn barrier(&self) -> Result<(), Fault> {
-        if !self.hier.staged(Op::Barrier, 0) {
-            return HostMoves::barrier(&self.flat);
-        }
         if let Some(node) = self.local() {
             node.barrier()?;
         }
@@ -567,9 +522,6 @@ impl HostMoves for HierCall<'_> {
     }
 
     fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
-        if !self.hier.staged(Op::AllReduce, input.nbytes()) {
-            return HostMoves::all_reduce_into(&self.flat, input, out, op);
-        }
         let dtype = input.dtype();
         let slices = self.hier.slices(input.numel(), dtype.size());
         let (node, local) = self.hier.here();
@@ -656,9 +608,6 @@ impl HostMoves for HierCall<'_> {
         root: usize,
         op: ReduceOp,
     ) -> Result<(), Fault> {
-        if !self.hier.staged(Op::Reduce, input.nbytes()) {
-            return HostMoves::reduce_into_root(&self.flat, input, out, root, op);
-        }
         let (node, local) = self.hier.here();
         let root_node = self.hier.map.node_of[root];
         let (elems, dtype) = (input.numel(), input.dtype());
@@ -696,9 +645,6 @@ impl HostMoves for HierCall<'_> {
         out: &mut Tensor,
         op: ReduceOp,
     ) -> Result<(), Fault> {
-        if !self.hier.staged(Op::ReduceScatter, packed.nbytes()) {
-            return HostMoves::reduce_scatter_block_into(&self.flat, packed, out, op);
-        }
         match self.hier.by_rail.is_empty() {
             false => self.reduce_scatter_on_rails(packed, out, staged(op))?,
             true => self.reduce_scatter_by_leaders(packed, out, staged(op))?,
@@ -710,36 +656,13 @@ impl HostMoves for HierCall<'_> {
     }
 
     fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
-        if !self.hier.staged(Op::AllGather, out.len()) {
-            return HostMoves::all_gather_into(&self.flat, block, out);
-        }
         match self.hier.by_rail.is_empty() {
             false => self.all_gather_on_rails(block, out),
             true => self.all_gather_by_leaders(block, out),
         }
     }
 
-    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault> {
-        HostMoves::gather_into(&self.flat, block, out, root)
-    }
-
-    fn gather_varcount(
-        &self,
-        mine: &[u8],
-        lens: &[usize],
-        root: Option<usize>,
-    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
-        HostMoves::gather_varcount(&self.flat, mine, lens, root)
-    }
-
-    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
-        HostMoves::scatter(&self.flat, send, recv, root)
-    }
-
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
-        if !self.hier.staged(Op::Broadcast, buf.len()) {
-            return HostMoves::broadcast(&self.flat, buf, root);
-        }
         let (node, local) = self.hier.here();
         let root_node = self.hier.map.node_of[root];
         // The root's node shares the whole buffer; each rail carries its
@@ -757,24 +680,6 @@ impl HostMoves for HierCall<'_> {
             self.local_all_gather(&mine, &slices, buf)?;
         }
         Ok(())
-    }
-
-    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
-        HostMoves::all_to_all_into(&self.flat, send, out)
-    }
-
-    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
-        HostMoves::all_gather_v_into(&self.flat, mine, lens, out)
-    }
-
-    fn all_to_all_strided(
-        &self,
-        send: &[u8],
-        send_layout: BlockLayout,
-        out: &mut [u8],
-        recv_layout: BlockLayout,
-    ) -> Result<bool, Fault> {
-        HostMoves::all_to_all_strided(&self.flat, send, send_layout, out, recv_layout)
     }
 }
 

@@ -1,21 +1,31 @@
 //! What a host executor supplies: the byte movements of every host
-//! collective, once the dispatch path has checked the call. Each executor
-//! (`mpi`, `shm`, `hier`) implements it; the enum that picks one
-//! (`executor`) sits above them, so none of them imports the others' chooser.
-//! The host op list in `group/host.rs` is written once against it.
+//! collective, once the dispatch path has checked the call. MPI (`mpi`)
+//! does every op; the fast paths (`shm`, `hier`) override the ones they
+//! run faster and leave the rest to MPI, and `route` picks which runs a
+//! call. The host op list in `group/host.rs` is written once against it.
 
 use super::blocks::BlockLayout;
+use super::mpi::MpiExec;
 use crate::error::Fault;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 
 /// The byte movements of the host collectives. Sizes were agreed before
 /// any of these is called; an `Err` is a fault of the transfer itself.
+/// Every move defaults to the MPI executor's (the inherent method of the
+/// same name on [`MpiExec`]): a new op is written once there, and a fast
+/// path opts in by overriding it and listing the op in `route`.
 pub(crate) trait HostMoves {
+    /// MPI on the group's communicator, which runs every op.
+    fn flat(&self) -> MpiExec<'_>;
     /// Returns once every member has entered.
-    fn barrier(&self) -> Result<(), Fault>;
+    fn barrier(&self) -> Result<(), Fault> {
+        self.flat().barrier()
+    }
     /// Element-wise reduction of `input` into every rank's `out`.
-    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault>;
+    fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
+        self.flat().all_reduce_into(input, out, op)
+    }
     /// Element-wise reduction onto `root`'s `out` (ignored elsewhere).
     fn reduce_into_root(
         &self,
@@ -23,7 +33,9 @@ pub(crate) trait HostMoves {
         out: &mut Tensor,
         root: usize,
         op: ReduceOp,
-    ) -> Result<(), Fault>;
+    ) -> Result<(), Fault> {
+        self.flat().reduce_into_root(input, out, root, op)
+    }
     /// `packed` holds `P` equal blocks; rank `r` gets the reduction of
     /// every rank's block `r`.
     fn reduce_scatter_block_into(
@@ -31,13 +43,19 @@ pub(crate) trait HostMoves {
         packed: &Tensor,
         out: &mut Tensor,
         op: ReduceOp,
-    ) -> Result<(), Fault>;
+    ) -> Result<(), Fault> {
+        self.flat().reduce_scatter_block_into(packed, out, op)
+    }
     /// Every rank's `block` (same length everywhere) into `out`, in rank order.
-    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        self.flat().all_gather_into(block, out)
+    }
     /// Every rank's `block` concatenated into `root`'s `out` (`P` blocks;
     /// the caller's buffer, so a large gather faults in no fresh pages);
     /// the other ranks pass `None`.
-    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault>;
+    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault> {
+        self.flat().gather_into(block, out, root)
+    }
     /// Each rank's `mine` (lengths `lens`, known to all) on `root`, or on
     /// every rank when `root` is `None`; `None` on ranks that get nothing.
     fn gather_varcount(
@@ -45,16 +63,26 @@ pub(crate) trait HostMoves {
         mine: &[u8],
         lens: &[usize],
         root: Option<usize>,
-    ) -> Result<Option<Vec<Vec<u8>>>, Fault>;
+    ) -> Result<Option<Vec<Vec<u8>>>, Fault> {
+        self.flat().gather_varcount(mine, lens, root)
+    }
     /// Block `r` of `root`'s `send` into rank `r`'s `recv`.
-    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault>;
+    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+        self.flat().scatter(send, recv, root)
+    }
     /// `root`'s `buf` into every rank's `buf`.
-    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault>;
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+        self.flat().broadcast(buf, root)
+    }
     /// Block `r` of every rank's `send` into block `sender` of rank `r`'s `out`.
-    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault>;
+    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+        self.flat().all_to_all_into(send, out)
+    }
     /// Every rank's `mine` (`lens[r]` bytes from rank `r`, known to all)
     /// into `out`, concatenated in rank order.
-    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault>;
+    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+        self.flat().all_gather_v_into(mine, lens, out)
+    }
     /// [`all_to_all_into`](Self::all_to_all_into) with blocks laid out by
     /// `send_layout` and `recv_layout`; `Ok(false)` when the executor cannot
     /// express the layouts (the caller packs instead).
@@ -64,5 +92,15 @@ pub(crate) trait HostMoves {
         send_layout: BlockLayout,
         out: &mut [u8],
         recv_layout: BlockLayout,
-    ) -> Result<bool, Fault>;
+    ) -> Result<bool, Fault> {
+        self.flat()
+            .all_to_all_strided(send, send_layout, out, recv_layout)
+    }
+}
+
+/// MPI does every move itself (its inherent methods).
+impl HostMoves for MpiExec<'_> {
+    fn flat(&self) -> MpiExec<'_> {
+        *self
+    }
 }

@@ -7,7 +7,6 @@
 
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
-use super::moves::HostMoves;
 use super::mpi_calls::{received, status, wait_all, Calls};
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
@@ -266,6 +265,7 @@ impl Drop for Swap<'_> {
 /// MPI over host memory for one communicator. Every piece that completes
 /// is progress for the hang watchdog, so a long transfer that still moves is
 /// never mistaken for a stuck one.
+#[derive(Clone, Copy)]
 pub struct MpiExec<'c> {
     comm: &'c SimpleCommunicator,
     max_bytes: usize,
@@ -655,14 +655,14 @@ impl<'c> MpiExec<'c> {
 }
 
 /// MPI's collectives on the group's communicator, cut into messages of at
-/// most `max_bytes`.
-impl HostMoves for MpiExec<'_> {
-    fn barrier(&self) -> Result<(), Fault> {
+/// most `max_bytes`: every op of `HostMoves`, which the fast paths fall back on.
+impl MpiExec<'_> {
+    pub(crate) fn barrier(&self) -> Result<(), Fault> {
         self.calls().barrier();
         Ok(())
     }
 
-    fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+    pub(crate) fn all_gather_into(&self, block: &[u8], out: &mut [u8]) -> Result<(), Fault> {
         let (n, p) = (block.len(), self.size());
         // Empty Rust buffers share one dangling address, which MPI reads as aliasing.
         if n == 0 {
@@ -689,7 +689,12 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn scatter(&self, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<(), Fault> {
+    pub(crate) fn scatter(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        root: usize,
+    ) -> Result<(), Fault> {
         let (n, p) = (recv.len(), self.size());
         if n == 0 {
             return Ok(());
@@ -720,7 +725,7 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
+    pub(crate) fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), Fault> {
         for piece in buf.chunks_mut(self.max_bytes) {
             self.calls().broadcast(piece, root);
             self.pulse.beat();
@@ -728,7 +733,7 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
+    pub(crate) fn all_to_all_into(&self, send: &[u8], out: &mut [u8]) -> Result<(), Fault> {
         let p = self.size();
         if send.is_empty() {
             return Ok(());
@@ -764,7 +769,12 @@ impl HostMoves for MpiExec<'_> {
 
     /// One `MPI_Allgatherv` on the caller's buffers when `out` fits a
     /// message, rounds through scratch otherwise.
-    fn all_gather_v_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<(), Fault> {
+    pub(crate) fn all_gather_v_into(
+        &self,
+        mine: &[u8],
+        lens: &[usize],
+        out: &mut [u8],
+    ) -> Result<(), Fault> {
         let total: usize = lens.iter().sum();
         if total <= self.max_bytes {
             let counts: Vec<c_int> = lens.iter().map(|n| *n as c_int).collect();
@@ -799,7 +809,7 @@ impl HostMoves for MpiExec<'_> {
     }
 
     /// f16/bf16 are reduced in f32 and rounded once at the end.
-    fn all_reduce_into(
+    pub(crate) fn all_reduce_into(
         &self,
         input: &Tensor,
         output: &mut Tensor,
@@ -815,7 +825,7 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn reduce_scatter_block_into(
+    pub(crate) fn reduce_scatter_block_into(
         &self,
         packed: &Tensor,
         output: &mut Tensor,
@@ -831,7 +841,7 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn reduce_into_root(
+    pub(crate) fn reduce_into_root(
         &self,
         input: &Tensor,
         output: &mut Tensor,
@@ -848,7 +858,12 @@ impl HostMoves for MpiExec<'_> {
         Ok(())
     }
 
-    fn gather_into(&self, block: &[u8], out: Option<&mut [u8]>, root: usize) -> Result<(), Fault> {
+    pub(crate) fn gather_into(
+        &self,
+        block: &[u8],
+        out: Option<&mut [u8]>,
+        root: usize,
+    ) -> Result<(), Fault> {
         let (n, p) = (block.len(), self.size());
         if n == 0 {
             return Ok(());
@@ -886,7 +901,7 @@ impl HostMoves for MpiExec<'_> {
     /// is made: Open MPI gathers the strided block while it copies it into
     /// shared memory anyway. `false`, having done nothing, when a count
     /// would not fit MPI's `int` or the transfer is larger than one message.
-    fn all_to_all_strided(
+    pub(crate) fn all_to_all_strided(
         &self,
         send: &[u8],
         send_layout: BlockLayout,
@@ -956,7 +971,7 @@ impl HostMoves for MpiExec<'_> {
         Ok(true)
     }
 
-    fn gather_varcount(
+    pub(crate) fn gather_varcount(
         &self,
         mine: &[u8],
         lens: &[usize],

@@ -10,6 +10,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Fault, Rejection, Result};
 use crate::exec::mpi::{TAG_ANSWER, TAG_HEADER};
 use crate::exec::mpi_calls::Calls;
+use crate::exec::route::fuses_agreement;
 use crate::exec::shm::ShmExec;
 use crate::op::{rank_in_range, Args, CheckMode, Op};
 use crate::wait::give_up;
@@ -374,14 +375,15 @@ impl<'rt> GroupCoordinator<'rt> {
     }
 
     /// [`run_op`](Self::run_op) of a host op with no output tensor, whose
-    /// body's first move is a call to the [host executor](Self::host) (the
-    /// agreement rides on it).
+    /// body's first move is a call to the [host executor](Self::host_for):
+    /// on the shared-memory window the agreement rides on it.
     pub(crate) fn run_host_op<R>(
         &self,
         mut desc: Descriptor,
         body: impl FnOnce() -> std::result::Result<R, Fault>,
     ) -> Result<R> {
-        self.run_op_on(true, &mut desc, OutputFit::Unchecked, body)
+        let fused = fuses_agreement(desc.own_op(), self.planes());
+        self.run_op_on(fused, &mut desc, OutputFit::Unchecked, body)
     }
 
     /// [`run_host_op`](Self::run_host_op) writing into the caller's `out`,
@@ -393,7 +395,8 @@ impl<'rt> GroupCoordinator<'rt> {
         body: impl FnOnce(&mut T) -> std::result::Result<R, Fault>,
     ) -> Result<R> {
         let fit = self.output_fit(&desc, &*out);
-        self.run_op_on(true, &mut desc, fit, || body(out))
+        let fused = fuses_agreement(desc.own_op(), self.planes());
+        self.run_op_on(fused, &mut desc, fit, || body(out))
     }
 
     /// Whether `out` fits the output of `desc`'s call on this rank. Only a

@@ -6,8 +6,9 @@
 use super::{GroupCoordinator, Runtime};
 use crate::error::{Error, Result};
 use crate::exec::executor::{ExecChoice, HostExec};
-use crate::exec::hier::{self, Hier, HierCall, NodeMap};
+use crate::exec::hier::{Hier, HierCall, NodeMap};
 use crate::exec::mpi::MpiExec;
+use crate::exec::route::{route, Planes, Route};
 use crate::exec::shm::{ShmCall, ShmExec, ShmWindow};
 use crate::nccl::comm::Communicator as NcclComm;
 use crate::op::Op;
@@ -35,19 +36,25 @@ impl<'rt> GroupCoordinator<'rt> {
 
     /// Which executor a host `op` moving `bytes` runs on (sizes as the
     /// bench counts them: the buffer, an all-gather's output, a
-    /// reduce-scatter's input): as [`host_executor`](Self::host_executor),
-    /// except that a group spanning nodes runs each op `"hier"` only where
-    /// the node-aware stages pay (from a crossover per op; every op that
-    /// has stages under `RANKMESH_HOST_PLANE=hier`), `"mpi"` otherwise.
+    /// reduce-scatter's input): `"local"` in a group of one, else the
+    /// choice of [`route`](crate::exec::route::route), the one place it is
+    /// made: MPI for every op, the group's window or node-aware stages for
+    /// the ops and sizes where they pay.
     pub fn host_executor_for(&self, op: Op, bytes: usize) -> &'static str {
-        match self.host_executor() {
-            "hier" if !hier::runs_staged(op, bytes, self.forced_hier()) => "mpi",
-            executor => executor,
+        if self.size() == 1 {
+            return "local";
+        }
+        match route(op, bytes, self.planes()) {
+            Route::Shm => "shm",
+            Route::Hier => "hier",
+            Route::Mpi => "mpi",
         }
     }
 
-    fn forced_hier(&self) -> bool {
-        self.inner.rt.options().host_plane == ExecChoice::Hier
+    /// The fast paths this group has (fixed at its creation).
+    #[inline(always)]
+    pub(crate) fn planes(&self) -> Planes {
+        self.inner.host.planes
     }
 
     /// The shared-memory executor, its window made on first use. Collective
@@ -75,25 +82,36 @@ impl<'rt> GroupCoordinator<'rt> {
                 &self.inner.comm,
                 NodeMap::new(nodes),
                 self.rank_in_group(),
-                (rt.options().max_message_bytes, self.forced_hier()),
+                rt.options().max_message_bytes,
                 |node_comm, local| shm_exec(rt, node_comm, local),
             )
         }))
     }
 
-    /// The executor of a host call's bytes (inside the dispatch path).
-    pub(crate) fn host(&self) -> HostExec<'_> {
+    /// The executor of a host call of `op` moving `bytes` (inside the
+    /// dispatch path, where every member calls: a fast path's window or
+    /// communicators are made at its first use), as [`route`] decides.
+    #[inline(always)]
+    pub(crate) fn host_for(&self, op: Op, bytes: usize) -> HostExec<'_> {
         let pulse = self.inner.rt.watchdog().pulse();
-        if let Some(plane) = self.shm() {
-            return HostExec::Shm(ShmCall { plane, pulse });
-        }
-        match self.hier() {
-            Some(hier) => HostExec::Hier(HierCall {
-                hier,
-                flat: self.mpi(),
-                pulse,
-            }),
-            None => HostExec::Mpi(self.mpi()),
+        match route(op, bytes, self.planes()) {
+            Route::Shm => match self.shm() {
+                Some(plane) => HostExec::Shm(ShmCall {
+                    plane,
+                    flat: self.mpi(),
+                    pulse,
+                }),
+                None => HostExec::Mpi(self.mpi()),
+            },
+            Route::Hier => match self.hier() {
+                Some(hier) => HostExec::Hier(HierCall {
+                    hier,
+                    flat: self.mpi(),
+                    pulse,
+                }),
+                None => HostExec::Mpi(self.mpi()),
+            },
+            Route::Mpi => HostExec::Mpi(self.mpi()),
         }
     }
 

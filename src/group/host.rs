@@ -42,7 +42,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     fn barrier(&self) -> Result<()> {
         self.run_host_op(Descriptor::new(Op::Barrier, &[]), || {
             if self.size() > 1 {
-                self.host().barrier()?;
+                self.host_for(Op::Barrier, 0).barrier()?;
             }
             Ok(())
         })
@@ -54,7 +54,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 // Every operator maps one value to itself (avg of one is the value).
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else {
-                self.host().all_reduce_into(t, out, reduce_op)?;
+                self.host_for(Op::AllReduce, t.nbytes())
+                    .all_reduce_into(t, out, reduce_op)?;
             }
             Ok(())
         })
@@ -63,19 +64,18 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
     /// the group keeps (reused while shape and dtype stay the same).
     fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
-        self.run_host_op(
-            tensor_desc(Args::all_reduce(reduce_op), &*t),
-            || match self.host() {
-                _ if self.size() == 1 => Ok(()),
-                HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
-                HostExec::Mpi(mpi) => self.with_scratch_tensor(t, |input, t| {
-                    HostMoves::all_reduce_into(&mpi, input, t, reduce_op)
-                }),
-                HostExec::Hier(hier) => self.with_scratch_tensor(t, |input, t| {
-                    HostMoves::all_reduce_into(&hier, input, t, reduce_op)
-                }),
-            },
-        )
+        self.run_host_op(tensor_desc(Args::all_reduce(reduce_op), &*t), || match self
+            .host_for(Op::AllReduce, t.nbytes())
+        {
+            _ if self.size() == 1 => Ok(()),
+            HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
+            HostExec::Mpi(mpi) => self.with_scratch_tensor(t, |input, t| {
+                HostMoves::all_reduce_into(&mpi, input, t, reduce_op)
+            }),
+            HostExec::Hier(hier) => self.with_scratch_tensor(t, |input, t| {
+                HostMoves::all_reduce_into(&hier, input, t, reduce_op)
+            }),
+        })
     }
 
     fn reduce_into(
@@ -89,7 +89,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             if self.size() == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else {
-                self.host().reduce_into_root(t, out, dst, reduce_op)?;
+                self.host_for(Op::Reduce, t.nbytes())
+                    .reduce_into_root(t, out, dst, reduce_op)?;
             }
             Ok(())
         })
@@ -103,7 +104,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else {
                 self.land_joined(t, d, out, |blocks| {
-                    self.host().all_gather_into(t.bytes(), blocks)
+                    self.host_for(Op::AllGather, blocks.len())
+                        .all_gather_into(t.bytes(), blocks)
                 })?;
             }
             Ok(())
@@ -119,10 +121,12 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                 return Ok(());
             }
             if self.rank_in_group() != dst {
-                self.host().gather_into(t.bytes(), None, dst)?;
+                self.host_for(Op::Gather, t.nbytes())
+                    .gather_into(t.bytes(), None, dst)?;
             } else {
                 self.land_joined(t, d, out, |blocks| {
-                    self.host().gather_into(t.bytes(), Some(blocks), dst)
+                    self.host_for(Op::Gather, t.nbytes())
+                        .gather_into(t.bytes(), Some(blocks), dst)
                 })?;
             }
             Ok(())
@@ -136,13 +140,22 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else if self.rank_in_group() != src {
-                self.host().scatter(None, out.bytes_mut(), src)?;
+                self.host_for(Op::Scatter, out.nbytes())
+                    .scatter(None, out.bytes_mut(), src)?;
             } else if is_contiguous_split(t.shape(), d) {
-                self.host().scatter(Some(t.bytes()), out.bytes_mut(), src)?;
+                self.host_for(Op::Scatter, out.nbytes()).scatter(
+                    Some(t.bytes()),
+                    out.bytes_mut(),
+                    src,
+                )?;
             } else {
                 self.with_scratch(t.nbytes(), 0, |packed, _| {
                     split_dim_into(t.bytes(), t.shape(), d, size, t.dtype().size(), packed);
-                    self.host().scatter(Some(packed), out.bytes_mut(), src)
+                    self.host_for(Op::Scatter, out.nbytes()).scatter(
+                        Some(packed),
+                        out.bytes_mut(),
+                        src,
+                    )
                 })?;
             }
             Ok(())
@@ -163,13 +176,14 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else if is_contiguous_split(t.shape(), d) {
-                self.host().reduce_scatter_block_into(t, out, reduce_op)?;
+                self.host_for(Op::ReduceScatter, t.nbytes())
+                    .reduce_scatter_block_into(t, out, reduce_op)?;
             } else {
                 // Packed straight into a typed tensor: the reduction needs one.
                 let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
                 let elem = t.dtype().size();
                 split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
-                self.host()
+                self.host_for(Op::ReduceScatter, t.nbytes())
                     .reduce_scatter_block_into(&packed, out, reduce_op)?;
             }
             Ok(())
@@ -179,7 +193,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
     fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
         self.run_host_op(tensor_desc(Args::broadcast(src), &*t), || {
             if self.size() > 1 {
-                self.host().broadcast(t.bytes_mut(), src)?;
+                self.host_for(Op::Broadcast, t.nbytes())
+                    .broadcast(t.bytes_mut(), src)?;
             }
             Ok(())
         })
@@ -190,7 +205,8 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             if self.size() == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else {
-                self.host().all_to_all_into(t.bytes(), out.bytes_mut())?;
+                self.host_for(Op::AllToAll, t.nbytes())
+                    .all_to_all_into(t.bytes(), out.bytes_mut())?;
             }
             Ok(())
         })
@@ -215,15 +231,18 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             // Straight from the input's blocks into the output's places.
             let send = BlockLayout::along(t.shape(), scatter_dim, size, elem);
             let recv = BlockLayout::along(out.shape(), gather_dim, size, elem);
-            if self
-                .host()
-                .all_to_all_strided(t.bytes(), send, out.bytes_mut(), recv)?
-            {
+            if self.host_for(Op::AllToAll4d, n).all_to_all_strided(
+                t.bytes(),
+                send,
+                out.bytes_mut(),
+                recv,
+            )? {
                 return Ok(());
             }
             self.with_scratch(n, n, |packed, received| {
                 split_dim_into(t.bytes(), t.shape(), scatter_dim, size, elem, packed);
-                self.host().all_to_all_into(packed, received)?;
+                self.host_for(Op::AllToAll4d, n)
+                    .all_to_all_into(packed, received)?;
                 let mut block_shape = t.shape().to_vec();
                 block_shape[scatter_dim] /= size;
                 concat_dim_into(
@@ -252,7 +271,7 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             .run_host_op(desc, || {
                 let row = numel(&t.shape()[1..]) * t.dtype().size();
                 let counts = (send_counts, recv_counts);
-                let links = match self.host() {
+                let links = match self.host_for(Op::AllToAllV, t.nbytes()) {
                     // On one node the counts travel with the first pieces.
                     HostExec::Shm(shm) if self.size() > 1 => {
                         let buffers = (t.bytes(), out.bytes_mut());
@@ -300,11 +319,12 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             if size == 1 {
                 out.bytes_mut().copy_from_slice(t.bytes());
             } else if is_contiguous_split(t.shape(), d) {
-                self.host()
+                self.host_for(Op::AllGatherV, out.nbytes())
                     .all_gather_v_into(t.bytes(), &lens, out.bytes_mut())?;
             } else {
                 self.with_scratch(out.nbytes(), 0, |blocks, _| {
-                    self.host().all_gather_v_into(t.bytes(), &lens, blocks)?;
+                    self.host_for(Op::AllGatherV, blocks.len())
+                        .all_gather_v_into(t.bytes(), &lens, blocks)?;
                     for c in concat_uneven_copies(out.shape(), d, counts, elem) {
                         c.apply(blocks, out.bytes_mut());
                     }

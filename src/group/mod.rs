@@ -134,7 +134,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 watch,
                 subgroups: RefCell::new(HashMap::new()),
                 device: DeviceState::new(check),
-                host: HostState::new(shm_wanted, hier_nodes),
+                host: HostState::new(shm_wanted, hier_nodes, choice == ExecChoice::Hier),
             }),
         })
     }

@@ -11,6 +11,7 @@
 
 use crate::agree::Deferred;
 use crate::exec::hier::Hier;
+use crate::exec::route::Planes;
 use crate::exec::shm::ShmExec;
 use crate::nccl::comm::Communicator as NcclComm;
 use crate::op::CheckMode;
@@ -57,6 +58,8 @@ pub(super) struct HostState {
     /// For a hierarchical group (decided, alike on every member, when the
     /// group is made): each member's node, by group rank.
     pub(super) hier_nodes: Option<Vec<usize>>,
+    /// The fast paths above, as `exec::route` reads them.
+    pub(super) planes: Planes,
     /// The hierarchical executor, made at the group's first collective.
     pub(super) hier: OnceCell<Hier>,
     /// Scratch buffers for packing (kept, so a hot loop allocates nothing).
@@ -66,8 +69,13 @@ pub(super) struct HostState {
 }
 
 impl HostState {
-    pub(super) fn new(shm_wanted: bool, hier_nodes: Option<Vec<usize>>) -> Self {
+    pub(super) fn new(shm_wanted: bool, hier_nodes: Option<Vec<usize>>, forced_hier: bool) -> Self {
         HostState {
+            planes: Planes {
+                shm: shm_wanted,
+                hier: hier_nodes.is_some(),
+                forced_hier,
+            },
             shm_wanted,
             shm: OnceCell::new(),
             hier_nodes,

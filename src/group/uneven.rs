@@ -96,7 +96,8 @@ impl GroupCoordinator<'_> {
         if self.size() == 1 {
             theirs.copy_from_slice(&mine);
         } else {
-            self.host().all_to_all_into(
+            let table = std::mem::size_of_val(&mine[..]);
+            self.host_for(Op::AllToAllV, table).all_to_all_into(
                 bytemuck::cast_slice(&mine),
                 bytemuck::cast_slice_mut(&mut theirs),
             )?;

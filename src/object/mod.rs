@@ -218,7 +218,7 @@ pub trait Objects<'rt>: AsGroup<'rt> {
                 let all = if g.size() == 1 {
                     vec![bytes]
                 } else {
-                    g.host()
+                    g.host_for(op, bytes.len())
                         .gather_varcount(&bytes, &lens, None)
                         .map_err(|f| f.into_error(op, g.name()))?
                         .expect("every rank gets an all-gather")
@@ -256,7 +256,7 @@ pub trait Objects<'rt>: AsGroup<'rt> {
                 let all = if size == 1 {
                     Some(vec![bytes])
                 } else {
-                    g.host()
+                    g.host_for(op, bytes.len())
                         .gather_varcount(&bytes, &lens, Some(dst))
                         .map_err(|f| f.into_error(op, g.name()))?
                 };
@@ -315,7 +315,7 @@ fn broadcast_bytes(
 ) -> Result<()> {
     if g.size() > 1 {
         bytes.resize(n, 0);
-        g.host()
+        g.host_for(Op::BroadcastObject, n)
             .broadcast(bytes, src)
             .map_err(|f| f.into_error(Op::BroadcastObject, g.name()))?;
     }

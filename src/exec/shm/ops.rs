@@ -13,6 +13,7 @@ use crate::exec::blocks::{BlockLayout, Blocks, Spans};
 use crate::exec::combine::combine;
 use crate::exec::copy::{copy_by_loop, copy_bytes, split_lens, stream_bytes};
 use crate::exec::moves::HostMoves;
+use crate::exec::mpi::MpiExec;
 use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
@@ -630,6 +631,8 @@ fn contiguous(block: usize) -> BlockLayout {
 /// One call's view of a group's [`ShmExec`]: the plane and the watchdog's pulse.
 pub(crate) struct ShmCall<'a> {
     pub(crate) plane: &'a ShmExec,
+    /// MPI among the window's members: the moves it does not override.
+    pub(crate) flat: MpiExec<'a>,
     pub(crate) pulse: Pulse<'a>,
 }
 
@@ -694,6 +697,10 @@ impl ShmCall<'_> {
 }
 
 impl HostMoves for ShmCall<'_> {
+    fn flat(&self) -> MpiExec<'_> {
+        self.flat
+    }
+
     fn barrier(&self) -> Result<(), Fault> {
         self.plane.begin_phase(0);
         self.plane.sync(&self.pulse)
