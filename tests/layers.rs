@@ -5,7 +5,9 @@
 //! folder's files belong to their top-level module.
 //!
 //! Paths through the crate root (`crate::Tensor`) are resolved through
-//! lib.rs's `pub use` lines to the module that defines the item.
+//! lib.rs's `pub use` lines to the module that defines the item. Inside a
+//! folder, no files import each other in a circle. The doc's file map names
+//! every file of src/, and only files that exist.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -416,4 +418,94 @@ fn an_import_circle_is_named() {
         "super::",
     );
     assert_eq!(refs, ["next", "ring", "posted"]);
+}
+
+/// The files and folders the map in docs/ARCHITECTURE.md names, as paths
+/// (the block that starts with `bin/rankmesh.rs`). An entry is a name at
+/// two spaces per folder level; a folder (`exec/`, or `wait/mod.rs`, which
+/// is both the folder and its file) holds the entries indented under it.
+/// Continuation lines are indented further.
+fn map_entries(doc: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let lines = doc
+        .lines()
+        .skip_while(|l| !l.starts_with("bin/rankmesh.rs "));
+    let mut open: Vec<String> = Vec::new();
+    let (mut files, mut folders) = (BTreeSet::new(), BTreeSet::new());
+    for line in lines.take_while(|l| !l.starts_with("```")) {
+        let indent = line.len() - line.trim_start().len();
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        // Continuation lines (the text column) and layer separators.
+        if indent >= 20 || name.starts_with("--") {
+            continue;
+        }
+        open.truncate(indent / 2);
+        let path = open.iter().map(|f| format!("{f}/")).collect::<String>() + name;
+        if let Some(folder) = path.strip_suffix('/') {
+            folders.insert(folder.to_string());
+            open.push(name.trim_end_matches('/').to_string());
+            continue;
+        }
+        if let Some(folder) = name.strip_suffix("/mod.rs") {
+            open.push(folder.to_string());
+        }
+        files.insert(path);
+    }
+    (files, folders)
+}
+
+#[test]
+fn the_file_map_names_every_file_of_src_and_only_those() {
+    let doc = fs::read_to_string("docs/ARCHITECTURE.md").unwrap();
+    let (files, folders) = map_entries(&doc);
+    let mut found = Vec::new();
+    rust_files(Path::new("src"), &mut found);
+    let on_disk: BTreeSet<String> = found.iter().map(|p| p.display().to_string()).collect();
+    assert!(on_disk.len() >= 80, "read {} files of src/", on_disk.len());
+    // A folder's own line stands for its mod.rs.
+    let missing: Vec<&String> = on_disk
+        .iter()
+        .filter(|f| !files.contains(*f))
+        .filter(|f| {
+            !f.strip_suffix("/mod.rs")
+                .is_some_and(|d| folders.contains(d))
+        })
+        .collect();
+    let absent: Vec<&String> = files
+        .iter()
+        .filter(|f| f.starts_with("src/") && !on_disk.contains(*f))
+        .collect();
+    assert!(
+        missing.is_empty() && absent.is_empty(),
+        "docs/ARCHITECTURE.md's file map is out of date:\n  files it lacks: {missing:?}\n  files it names that do not exist: {absent:?}"
+    );
+}
+
+/// The map reader on a scratch map: nesting by indent, a folder line and a
+/// `mod.rs` line both open a folder, continuation lines are text.
+#[test]
+fn a_file_map_entry_is_found_at_its_depth() {
+    let doc = "x\nbin/rankmesh.rs        CLI\nsrc/\n  lib.rs               root\n  \
+               exec/                executors\n    mpi.rs             MPI and a long\n                       \
+               continuation.rs line\n    shm/mod.rs         window\n    shm/ops.rs         ops\n  \
+               -- layer 2\n  wait/mod.rs          waits\n    give_up.rs         giving up\n  \
+               dtype.rs             types\n```\n  after.rs  no\n";
+    let (files, folders) = map_entries(doc);
+    let files: Vec<&str> = files.iter().map(|s| s.as_str()).collect();
+    assert_eq!(
+        files,
+        [
+            "bin/rankmesh.rs",
+            "src/dtype.rs",
+            "src/exec/mpi.rs",
+            "src/exec/shm/mod.rs",
+            "src/exec/shm/ops.rs",
+            "src/lib.rs",
+            "src/wait/give_up.rs",
+            "src/wait/mod.rs",
+        ]
+    );
+    let folders: Vec<&str> = folders.iter().map(|s| s.as_str()).collect();
+    assert_eq!(folders, ["src", "src/exec"]);
 }
