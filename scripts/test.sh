@@ -20,7 +20,11 @@ log=target/test-output.log
 : > "$log"
 rm -f target/test-skips.log
 trap 'python3 scripts/test_summary.py "$log" target/test-skips.log' EXIT
+# When each step ended, from the script's start: CI's time is kept well
+# inside its limit by knowing which step grew.
+done_at() { echo "test.sh: $1 done at $((SECONDS / 60)) min $((SECONDS % 60)) s" | tee -a "$log"; }
 cargo test "$@" 2>&1 | tee -a "$log"
+done_at "cargo test"
 # The GPU check rehearsed end to end on the emulators, from a bundle built as
 # for a GPU machine (issue #46), and rankmesh built against Debian's MPICH
 # and the PyPI wheels of Open MPI 5, MPICH 5 and Intel MPI, each run under
@@ -29,9 +33,13 @@ cargo test "$@" 2>&1 | tee -a "$log"
 if (($# == 0)); then
     # The Python package (issue #50): pytest under mpirun at np 1-4.
     bash scripts/python-test.sh 2>&1 | tee -a "$log"
+    done_at "the Python package"
     bash scripts/gpu-rehearse.sh
+    done_at "the GPU check's rehearsal"
     for mpi in mpich openmpi5 mpich5 impi; do
         bash scripts/mpi-smoke.sh "$mpi"
     done
+    done_at "the smokes under four more MPIs"
     bash scripts/mpich-suite.sh
+    done_at "the suite under MPICH"
 fi
