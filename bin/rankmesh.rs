@@ -204,11 +204,16 @@ enum GroupArg {
     Dp,
 }
 
+/// The bench's collectives, from its entry list (nccl-tests' `*_perf`
+/// names are taken too).
+fn collective_help() -> String {
+    let names: Vec<&str> = bench::entries::ALL.iter().map(Entry::name).collect();
+    format!("{} (or nccl-tests' *_perf names)", names.join(", "))
+}
+
 #[derive(Args)]
 struct BenchArgs {
-    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall,
-    /// sendrecv, all_to_all_4d, broadcast_object, gather, scatter,
-    /// alltoallv, all_gather_v (or nccl-tests' *_perf names).
+    #[arg(help = collective_help())]
     collective: String,
     /// Minimum size in bytes (K/M/G suffixes are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "32M")]
@@ -247,7 +252,7 @@ struct BenchArgs {
     /// Root rank (broadcast, reduce).
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
-    /// Uneven entries (alltoallv, all_gather_v): per-member counts ramp
+    /// Uneven entries (alltoallv and the _v ones): per-member counts ramp
     /// from (1 - skew) to (1 + skew) times the nominal block, 0 to 1.
     #[arg(long, default_value_t = 0.0)]
     skew: f64,

@@ -4,13 +4,12 @@
 //! the baseline.
 
 use super::entries::Split;
-use super::{BenchConfig, BenchPlane, Held, HeldBox};
+use super::{baseline, BenchConfig, BenchPlane, Held, HeldBox};
 use crate::device::{DeviceTensor, Gpu};
-use crate::error::NcclError;
 use crate::error::{Error, Result};
 use crate::group::DeviceGroup;
 use crate::group::GroupCoordinator;
-use crate::nccl::comm::{RegisteredBuffer, Registration, Rooted};
+use crate::nccl::comm::{RegisteredBuffer, Registration};
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::{Collectives, Objects};
@@ -141,94 +140,18 @@ impl<'g, 'rt> BenchPlane<'rt> for DeviceBench<'g, 'rt> {
         let comm = dg.comm()?;
         let stream = dg.stream();
         dg.gpu().order_on(stream)?;
-        let raw = stream.cu_stream() as *mut c_void;
-        let (src, dst) = (input.ptr_on(stream)?, output.ptr_on(stream)?);
-        let dt = input.dtype();
-        let (n, me) = (g.size(), g.rank_in_group());
-        let (count, out_count) = (input.numel(), output.numel());
-        let (red, root) = (cfg.redop, cfg.root);
-        let at = |p: *const c_void, k: usize| (p as usize + k * dt.size()) as *const c_void;
-        let at_mut = |p: *mut c_void, k: usize| (p as usize + k * dt.size()) as *mut c_void;
+        let call = baseline::Nccl {
+            comm: &comm,
+            stream: stream.cu_stream() as *mut c_void,
+            src: input.ptr_on(stream)?,
+            dst: output.ptr_on(stream)?,
+            dt: input.dtype(),
+            members: (g.size(), g.rank_in_group()),
+            counts: (input.numel(), output.numel()),
+        };
         // SAFETY: the buffers come from the entry's shapes for this op and
         // size, so each call's counts fit them, as in the rankmesh call.
-        let enqueued: std::result::Result<(), NcclError> = (|| unsafe {
-            match cfg.op.op {
-                Op::AllReduce => comm.all_reduce(src, dst, count, dt, red, raw),
-                Op::AllGather => comm.all_gather(src, dst, count, dt, raw),
-                Op::ReduceScatter => comm.reduce_scatter(src, dst, out_count, dt, red, raw),
-                Op::Broadcast => comm.broadcast(dst, dst, out_count, dt, root, raw),
-                Op::Reduce => comm.reduce(src, dst, count, dt, red, root, raw),
-                // The library's own collectives where it has them (NCCL
-                // 2.28), as rankmesh uses them: grouped sends and receives
-                // were 8-25x slower on one H100 (alltoall, 8 KiB-32 MiB).
-                Op::AllToAll | Op::AllToAll4d if comm.has_native_collectives() => {
-                    comm.all_to_all(src, dst, out_count / n.max(1), dt, raw)
-                }
-                Op::Gather if comm.has_native_collectives() => {
-                    comm.rooted(Rooted::Gather, src, dst, count, dt, root, raw)
-                }
-                Op::Scatter if comm.has_native_collectives() => {
-                    comm.rooted(Rooted::Scatter, src, dst, out_count, dt, root, raw)
-                }
-                Op::Gather | Op::Scatter | Op::AllToAll | Op::AllToAll4d | Op::SendRecv => {
-                    let fused = comm.group()?;
-                    let block = match cfg.op.op {
-                        Op::Gather => count,
-                        _ => out_count / n.max(1),
-                    };
-                    for r in 0..n {
-                        let op = cfg.op.op;
-                        if op == Op::Gather && me == root {
-                            comm.recv(at_mut(dst, r * count), count, dt, r, raw)?;
-                        }
-                        if op == Op::Gather && r == root {
-                            comm.send(src, count, dt, r, raw)?;
-                        }
-                        if op == Op::Scatter && me == root {
-                            comm.send(at(src, r * out_count), out_count, dt, r, raw)?;
-                        }
-                        if op == Op::Scatter && r == root {
-                            comm.recv(dst, out_count, dt, r, raw)?;
-                        }
-                        if op == Op::SendRecv && r == (me + 1) % n {
-                            comm.send(src, count, dt, r, raw)?;
-                        }
-                        if op == Op::SendRecv && r == (me + n - 1) % n {
-                            comm.recv(dst, out_count, dt, r, raw)?;
-                        }
-                        if matches!(op, Op::AllToAll | Op::AllToAll4d) {
-                            comm.send(at(src, r * block), block, dt, r, raw)?;
-                            comm.recv(at_mut(dst, r * block), block, dt, r, raw)?;
-                        }
-                    }
-                    fused.end()
-                }
-                // Grouped sends and receives, and one broadcast per member
-                // (what vLLM's pynccl all_gatherv does): NCCL has neither.
-                Op::AllToAllV | Op::AllGatherV => {
-                    let fused = comm.group()?;
-                    let (mut sent, mut got) = (0, 0);
-                    for r in 0..n {
-                        let (s, g) = (split.send[r], split.recv[r]);
-                        if cfg.op.op == Op::AllGatherV {
-                            if g > 0 {
-                                comm.broadcast(src, at_mut(dst, got), g, dt, r, raw)?;
-                            }
-                        } else {
-                            if s > 0 {
-                                comm.send(at(src, sent), s, dt, r, raw)?;
-                            }
-                            if g > 0 {
-                                comm.recv(at_mut(dst, got), g, dt, r, raw)?;
-                            }
-                        }
-                        (sent, got) = (sent + s, got + g);
-                    }
-                    fused.end()
-                }
-                _ => Ok(()),
-            }
-        })();
+        let enqueued = unsafe { baseline::device(cfg, &call, split) };
         enqueued.map_err(|source| Error::nccl(cfg.op.op, g.name(), source))?;
         Ok(cfg.op.op != Op::BroadcastObject)
     }

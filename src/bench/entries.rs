@@ -1,10 +1,14 @@
 //! One entry per benchmarked collective, as nccl-tests' `struct testColl`:
 //! names, per-rank element counts (aligned as nccl-tests aligns them), bus
-//! factor, buffer shapes, deterministic input and expected output. The
-//! harness (`mod.rs`) owns every loop; the call itself is the op's method of
-//! [`Collectives`](crate::Collectives), so every data plane runs the same entry.
+//! factor, buffer shapes, deterministic input, expected output, and the
+//! call itself ([`Entry::call`], nccl-tests' `runColl`): the op's method of
+//! [`Collectives`](crate::Collectives), so every data plane runs the same
+//! entry. The harness (`mod.rs`) owns every loop; `baseline.rs` holds the
+//! raw MPI and NCCL calls timed beside it.
 
 use crate::dtype::DType;
+use crate::error::Result;
+use crate::group::Collectives;
 use crate::op::Op;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
@@ -275,6 +279,35 @@ impl Entry {
         }
     }
 
+    /// One call of this entry's collective through `c`'s
+    /// [`Collectives`] method, with the bench's reduction and root (nccl-tests'
+    /// `runColl`); `None` for an op only a plane runs (`broadcast_object`).
+    pub(crate) fn call<'rt, C: Collectives<'rt>>(
+        &self,
+        c: &C,
+        (red, root): (ReduceOp, usize),
+        input: &C::Tensor,
+        output: &mut C::Tensor,
+        split: &Split,
+    ) -> Option<Result<()>> {
+        Some(match self.op {
+            Op::AllReduce => c.all_reduce_into(input, output, red),
+            Op::AllGather => c.all_gather_into(input, output, 0),
+            Op::ReduceScatter => c.reduce_scatter_into(input, output, 0, red),
+            // Broadcast works in place on the output (the root's holds the data).
+            Op::Broadcast => c.broadcast(output, root),
+            Op::Reduce => c.reduce_into(input, output, root, red),
+            Op::Gather => c.gather_into(input, output, root, 0),
+            Op::Scatter => c.scatter_into(input, output, root, 0),
+            Op::AllToAll => c.all_to_all_into(input, output),
+            Op::SendRecv => c.send_recv_into(input, output, None, None),
+            Op::AllToAll4d => c.all_to_all_4d_into(input, output, 2, 1),
+            Op::AllToAllV => c.all_to_all_v_into(input, &split.send, output, &split.recv),
+            Op::AllGatherV => c.all_gather_v_into(input, output, &split.send, 0),
+            _ => return None,
+        })
+    }
+
     /// nccl-tests' bus-bandwidth factor for `n` ranks.
     pub fn bus_factor(&self, n: usize) -> f64 {
         let n = n as f64;
@@ -305,7 +338,7 @@ impl Entry {
         op: ReduceOp,
         root: usize,
         split: &Split,
-    ) -> crate::Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Tensor)> {
         let (send, recv, _) = self.counts(count, n, dtype.size());
         let (ins, outs) = match self.op {
             Op::AllToAllV => (vec![split.send.iter().sum()], vec![split.recv.iter().sum()]),

@@ -7,6 +7,7 @@
 //! collective only describes itself (`entries.rs`); output is byte-compatible
 //! (`format.rs`); JSON follows nccl-tests' version-3 keys (`json.rs`).
 
+mod baseline;
 pub mod config;
 mod device;
 pub mod entries;
@@ -452,24 +453,10 @@ fn run_op<'rt, P: BenchPlane<'rt>>(
     output: &mut PlaneT<'rt, P>,
     split: &Split,
 ) -> Result<()> {
-    let c = p.coll();
     let (red, root) = (cfg.redop, cfg.root);
-    match cfg.op.op {
-        Op::AllReduce => c.all_reduce_into(input, output, red),
-        Op::AllGather => c.all_gather_into(input, output, 0),
-        Op::ReduceScatter => c.reduce_scatter_into(input, output, 0, red),
-        // Broadcast works in place on the output (the root's holds the data).
-        Op::Broadcast => c.broadcast(output, root),
-        Op::Reduce => c.reduce_into(input, output, root, red),
-        Op::Gather => c.gather_into(input, output, root, 0),
-        Op::Scatter => c.scatter_into(input, output, root, 0),
-        Op::AllToAll => c.all_to_all_into(input, output),
-        Op::SendRecv => c.send_recv_into(input, output, None, None),
-        Op::AllToAll4d => c.all_to_all_4d_into(input, output, 2, 1),
-        Op::AllToAllV => c.all_to_all_v_into(input, &split.send, output, &split.recv),
-        Op::AllGatherV => c.all_gather_v_into(input, output, &split.send, 0),
-        _ => p.run_other(cfg, input, output),
-    }
+    cfg.op
+        .call(p.coll(), (red, root), input, output, split)
+        .unwrap_or_else(|| p.run_other(cfg, input, output))
 }
 
 /// Whether the in-place column makes a real in-place call: all_reduce on
