@@ -16,8 +16,8 @@
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::GroupCoordinator;
-use crate::op::Args;
 use crate::op::ReduceOp;
+use crate::op::{Args, Counted};
 
 /// A dense, row-major tensor a data plane moves: what the dispatch path
 /// needs to know about it.
@@ -329,7 +329,8 @@ pub trait Collectives<'rt> {
     /// an error on every member), zeros allowed; its own count must be its
     /// tensor's size along `dim`.
     fn all_gather_v(&self, t: &Self::Tensor, counts: &[usize], dim: isize) -> Result<Self::Tensor> {
-        let shape = crate::op::uneven::all_gather_v_shape(t.shape(), counts, dim);
+        let me = self.group().rank_in_group();
+        let shape = Counted::Gathers.output_shape(t.shape(), counts, dim, me);
         let mut out = self.empty(shape, t.dtype())?;
         self.all_gather_v_into(t, &mut out, counts, dim)?;
         Ok(out)

@@ -14,7 +14,7 @@
 //! host plane uses too.
 
 use super::connect::{connect, connect_pair};
-use super::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here};
+use super::uneven::{all_to_all_v_desc, counted_desc, counts_found_here};
 use super::{tensor_desc, GroupCoordinator, OutputFit, Peer};
 use crate::agree::{Descriptor, ViewProblem};
 use crate::device::copy::run_copies;
@@ -821,7 +821,12 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         dim: isize,
     ) -> Result<()> {
         let (size, me) = (self.group.size(), self.group.rank_in_group());
-        let (mut desc, problem) = all_gather_v_desc(t, counts, dim, me, size);
+        let (mut desc, problem) = counted_desc(
+            Args::counted(Op::AllGatherV, dim, counts, None),
+            (t, &*out),
+            (counts, dim),
+            (me, size),
+        );
         let view = t
             .view_problem(self.stream)
             .or_else(|| out.view_problem(self.stream));

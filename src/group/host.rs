@@ -12,7 +12,7 @@ use crate::error::{Error, Fault, Result};
 use crate::exec::blocks::BlockLayout;
 use crate::exec::executor::HostExec;
 use crate::exec::moves::HostMoves;
-use crate::group::uneven::{all_gather_v_desc, all_to_all_v_desc, counts_found_here};
+use crate::group::uneven::{all_to_all_v_desc, counted_desc, counts_found_here};
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};
 use crate::op::normalize_dim;
@@ -309,7 +309,12 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         dim: isize,
     ) -> Result<()> {
         let (size, me) = (self.size(), self.rank_in_group());
-        let (desc, problem) = all_gather_v_desc(t, counts, dim, me, size);
+        let (desc, problem) = counted_desc(
+            Args::counted(Op::AllGatherV, dim, counts, None),
+            (t, &*out),
+            (counts, dim),
+            (me, size),
+        );
         self.run_host_op_into(desc, out, |out| {
             let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
             // Bytes of one slice along `d`, over every outer index.

@@ -1,5 +1,5 @@
-//! What both planes share for the uneven ops, `all_to_all_v` and
-//! `all_gather_v`: their descriptors, and the count exchange through which
+//! What both planes share for the uneven ops, `all_to_all_v` and the
+//! counted ones (`all_gather_v`, `reduce_scatter_v`): their descriptors, and the count exchange through which
 //! each link of an `all_to_all_v` is checked by its two ends before any
 //! row moves (a sender's count against its receiver's expectation).
 
@@ -7,7 +7,7 @@ use super::call::shaped_desc;
 use super::{Collectives, GroupCoordinator, PlaneTensor};
 use crate::agree::Descriptor;
 use crate::error::{Error, Fault, Result};
-use crate::op::uneven::{all_gather_v_problem, all_gather_v_shape, all_to_all_v_problem, Links};
+use crate::op::uneven::{all_to_all_v_problem, Links};
 use crate::op::{Args, Op};
 use crate::tensor::Tensor;
 
@@ -34,19 +34,20 @@ pub(crate) fn all_to_all_v_desc<T: PlaneTensor>(
     (desc, problem)
 }
 
-/// The descriptor of an `all_gather_v` (the output's shape, the counts'
-/// digest), flagged when this rank's counts do not fit its input, and what
-/// is wrong then.
-pub(crate) fn all_gather_v_desc<T: PlaneTensor>(
-    t: &T,
-    counts: &[usize],
-    dim: isize,
-    me: usize,
-    size: usize,
+/// The descriptor of a call with per-member counts (`args`: its op,
+/// [`counted`](crate::op::Op::counted), with `dim` and `counts`), carrying
+/// the shape every member agrees on, and flagged when this rank's counts do
+/// not fit its tensors, with what is wrong then.
+pub(crate) fn counted_desc<T: PlaneTensor>(
+    args: Args,
+    (t, out): (&T, &T),
+    (counts, dim): (&[usize], isize),
+    (me, size): (usize, usize),
 ) -> (Descriptor, Option<String>) {
-    let problem = all_gather_v_problem(t.shape(), counts, dim, me, size);
-    let shape = all_gather_v_shape(t.shape(), counts, dim);
-    let args = Args::all_gather_v(dim, counts);
+    let counted = args.op().counted().expect("a counted op");
+    let input = (t.dtype(), t.shape());
+    let problem = counted.problem(input, (out.dtype(), out.shape()), counts, dim, (me, size));
+    let shape = counted.agreed_shape(t.shape(), counts, dim, me);
     let mut desc = shaped_desc::<T>(args, t.dtype(), &shape);
     desc.mark_bad_counts(problem.is_some());
     (desc, problem)

@@ -41,10 +41,15 @@ impl Args {
         Args::with(Op::AllGather, dim as i64, 0)
     }
 
-    /// The counts travel as their digest: ranks that pass different counts
-    /// disagree.
-    pub(crate) fn all_gather_v(dim: isize, counts: &[usize]) -> Args {
-        Args::with(Op::AllGatherV, dim as i64, counts_digest(counts))
+    /// An op with per-member `counts` along `dim` (its row is
+    /// [`counted`](super::Op::counted)), reducing with `reduce` if it
+    /// reduces. The counts travel as their digest: ranks that pass
+    /// different counts disagree.
+    pub(crate) fn counted(op: Op, dim: isize, counts: &[usize], reduce: Option<ReduceOp>) -> Args {
+        debug_assert!(op.counted().is_some(), "{op:?} has no counts");
+        let mut args = Args::with(op, dim as i64, counts_digest(counts));
+        args.params[2] = reduce.map_or(0, ReduceOp::code);
+        args
     }
 
     /// `gather` onto group rank `dst` along `dim`.
@@ -155,8 +160,8 @@ mod tests {
             .op()
             .output_used_on(0, Args::gather(1, 0).params()));
         assert_ne!(
-            Args::all_gather_v(0, &[1, 2]),
-            Args::all_gather_v(0, &[2, 1])
+            Args::counted(Op::AllGatherV, 0, &[1, 2], None),
+            Args::counted(Op::AllGatherV, 0, &[2, 1], None)
         );
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod uneven;
 pub use args::Args;
 pub use mode::CheckMode;
 pub use reduce::ReduceOp;
+pub(crate) use uneven::Counted;
 
 use crate::dtype::DType;
 
@@ -111,6 +112,12 @@ impl Op {
     /// that exchange unprepared.
     pub(crate) fn exchanges_counts(self) -> bool {
         self.row().per_peer_counts
+    }
+
+    /// How an op with per-member counts along one dim shapes its tensors,
+    /// `None` for the other ops.
+    pub(crate) fn counted(self) -> Option<Counted> {
+        self.row().counted
     }
 
     /// Whether the call's descriptor carries the shape of one row (one
@@ -223,6 +230,9 @@ struct Row {
     per_peer_counts: bool,
     /// The caller's output exists only on the rank named by `params[0]`.
     output_at_root: bool,
+    /// Per-member counts along one dim (`params[0]`), which side holds
+    /// which (see [`Counted`]).
+    counted: Option<Counted>,
     rule: Rule,
     resize: Resize,
 }
@@ -237,6 +247,7 @@ impl Row {
             tensor: false,
             per_peer_counts: false,
             output_at_root: false,
+            counted: None,
             rule: |_, _, _| Ok(()),
             resize: |_, _| Some((None, None)),
         }
@@ -255,6 +266,19 @@ impl Row {
     const fn resize(mut self, resize: Resize) -> Row {
         self.resize = resize;
         self
+    }
+
+    /// An op with per-member counts along dim `params[0]` (`params[1]`: the
+    /// counts' digest): where the descriptor carries the input's shape
+    /// (`Scatters`), each member's output is its own, checked with its counts.
+    const fn counted(mut self, counted: Counted) -> Row {
+        self.counted = Some(counted);
+        self.rule = |d, p, _| dim_in_range(d.shape.len(), p[0]).map(drop);
+        self.resize = match counted {
+            Counted::Gathers => |n, p| dim_at(n, p, 0).map(|_| (None, None)),
+            Counted::Scatters => |_, _| None,
+        };
+        self.tensor()
     }
 }
 
@@ -360,11 +384,7 @@ const ROWS: [Row; 23] = [
             .tensor()
             .resize(|_, _| None)
     },
-    // The descriptor's shape is the output's (counts summed).
-    Row::of(Op::AllGatherV, "all_gather_v", &["dim", "counts"])
-        .tensor()
-        .rule(|d, p, _| dim_in_range(d.shape.len(), p[0]).map(drop))
-        .resize(|n, p| dim_at(n, p, 0).map(|_| (None, None))),
+    Row::of(Op::AllGatherV, "all_gather_v", &["dim", "counts"]).counted(Counted::Gathers),
 ];
 
 const _: () = {

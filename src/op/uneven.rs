@@ -1,7 +1,7 @@
-//! The rules of the uneven ops, `all_to_all_v` and `all_gather_v`: what a
-//! rank checks in its own counts before the agreement (a problem found
-//! here is flagged, so every member refuses the call), and the shapes
-//! their descriptors carry.
+//! The rules of the uneven ops, `all_to_all_v` and the counted ones
+//! (`all_gather_v`, `reduce_scatter_v`): what a rank checks in its own
+//! counts before the agreement (a problem found here is flagged, so every
+//! member refuses the call), and the shapes their descriptors carry.
 
 use super::normalize_dim;
 use crate::dtype::DType;
@@ -52,48 +52,109 @@ pub(crate) fn all_to_all_v_problem(
     None
 }
 
-/// What is wrong with this rank's `all_gather_v` arguments (input of
-/// `shape`, `counts` along `dim` from each group rank, this one `me`), if
-/// anything. A `dim` out of range is the op's own check.
-pub(crate) fn all_gather_v_problem(
-    shape: &[usize],
-    counts: &[usize],
-    dim: isize,
-    me: usize,
-    size: usize,
-) -> Option<String> {
-    if counts.len() != size {
-        return Some(format!(
-            "{} counts for a group of size {size}",
-            counts.len()
-        ));
-    }
-    let d = normalize_dim(dim, shape.len())?;
-    if shape[d] != counts[me] {
-        return Some(format!(
-            "its input has {} slices along dim {d} (shape {shape:?}) but its count is {}",
-            shape[d], counts[me]
-        ));
-    }
-    if counts
-        .iter()
-        .try_fold(0usize, |a, n| a.checked_add(*n))
-        .is_none()
-    {
-        return Some(format!("counts {counts:?} overflow"));
-    }
-    None
+/// The two shapes of an op with per-member counts along one dim (the
+/// counts travel as a digest, so each rank checks its own call against
+/// them): which side holds this member's count, and which every member's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// The input holds this member's count, the output the sum
+    /// (`all_gather_v`): the output's shape is the same on every member.
+    Gathers,
+    /// The input holds the sum, the output this member's count
+    /// (`reduce_scatter_v`): the input's shape is the same on every member.
+    Scatters,
 }
 
-/// The output shape of `all_gather_v` of an input of `shape`: `dim` holds
-/// the sum of `counts`; `shape` itself when `dim` is out of range (the
-/// op's check then refuses the call).
-pub(crate) fn all_gather_v_shape(shape: &[usize], counts: &[usize], dim: isize) -> Vec<usize> {
-    let mut out = shape.to_vec();
-    if let Some(d) = normalize_dim(dim, shape.len()) {
-        out[d] = counts.iter().fold(0usize, |a, n| a.saturating_add(*n));
+/// The sum of `counts`, `None` when it overflows.
+fn total(counts: &[usize]) -> Option<usize> {
+    counts.iter().try_fold(0usize, |a, n| a.checked_add(*n))
+}
+
+impl Counted {
+    /// What is wrong with this rank's arguments (input and output as dtype
+    /// and shape, `counts` along `dim` from each group rank, this one `me`),
+    /// if anything. A `dim` out of range is the op's own check. The output
+    /// is checked here only where the descriptor carries the input's shape
+    /// (`Scatters`); the dispatch path checks it against the agreed shape
+    /// otherwise.
+    pub(crate) fn problem(
+        self,
+        input: (DType, &[usize]),
+        output: (DType, &[usize]),
+        counts: &[usize],
+        dim: isize,
+        (me, size): (usize, usize),
+    ) -> Option<String> {
+        let (dtype, shape) = input;
+        if counts.len() != size {
+            return Some(format!(
+                "{} counts for a group of size {size}",
+                counts.len()
+            ));
+        }
+        let d = normalize_dim(dim, shape.len())?;
+        let Some(sum) = total(counts) else {
+            return Some(format!("counts {counts:?} overflow"));
+        };
+        match self {
+            Counted::Gathers if shape[d] != counts[me] => Some(format!(
+                "its input has {} slices along dim {d} (shape {shape:?}) but its count is {}",
+                shape[d], counts[me]
+            )),
+            Counted::Scatters if shape[d] != sum => Some(format!(
+                "its input has {} slices along dim {d} (shape {shape:?}) but its counts {counts:?} add up to {sum}",
+                shape[d]
+            )),
+            Counted::Scatters => {
+                let want = self.output_shape(shape, counts, dim, me);
+                (output != (dtype, &want[..])).then(|| {
+                    format!(
+                        "its output is {:?} {} but its share is {want:?} {dtype}",
+                        output.1, output.0
+                    )
+                })
+            }
+            Counted::Gathers => None,
+        }
     }
-    out
+
+    /// The output's shape on group rank `me` for an input of `shape`: `dim`
+    /// holds the sum of `counts` (`Gathers`) or this member's count
+    /// (`Scatters`); `shape` itself when `dim` is out of range or `counts`
+    /// has no entry for `me` (the checks then refuse the call).
+    pub(crate) fn output_shape(
+        self,
+        shape: &[usize],
+        counts: &[usize],
+        dim: isize,
+        me: usize,
+    ) -> Vec<usize> {
+        let mut out = shape.to_vec();
+        if let Some(d) = normalize_dim(dim, shape.len()) {
+            match self {
+                Counted::Gathers => {
+                    out[d] = counts.iter().fold(0usize, |a, n| a.saturating_add(*n))
+                }
+                Counted::Scatters => out[d] = counts.get(me).copied().unwrap_or(out[d]),
+            }
+        }
+        out
+    }
+
+    /// The shape the descriptor carries, the same on every member whose
+    /// counts agree: the output's (`Gathers`) or the input's (`Scatters`).
+    pub(crate) fn agreed_shape(
+        self,
+        shape: &[usize],
+        counts: &[usize],
+        dim: isize,
+        me: usize,
+    ) -> Vec<usize> {
+        match self {
+            Counted::Gathers => self.output_shape(shape, counts, dim, me),
+            Counted::Scatters => shape.to_vec(),
+        }
+    }
 }
 
 /// The links of one `all_to_all_v` as both ends of each judged them.
@@ -229,14 +290,40 @@ mod tests {
     }
 
     #[test]
-    fn all_gather_v_counts_name_this_rank() {
-        assert_eq!(all_gather_v_problem(&[3, 2], &[3, 0, 1], 0, 0, 3), None);
-        let wrong = all_gather_v_problem(&[3, 2], &[2, 0, 1], 0, 0, 3).unwrap();
+    fn gathered_counts_name_this_rank() {
+        let g = Counted::Gathers;
+        let f = DType::F32;
+        let any = (f, &[][..]);
+        let problem = |shape: &[usize], counts: &[usize], dim| {
+            g.problem((f, shape), any, counts, dim, (0, 3))
+        };
+        assert_eq!(problem(&[3, 2], &[3, 0, 1], 0), None);
+        let wrong = problem(&[3, 2], &[2, 0, 1], 0).unwrap();
         assert!(wrong.contains("3 slices along dim 0"), "{wrong}");
-        assert!(all_gather_v_problem(&[3, 2], &[3, 0], 0, 0, 3).is_some());
+        assert!(problem(&[3, 2], &[3, 0], 0).is_some());
         // A bad dim is the op's check, not a count problem.
-        assert_eq!(all_gather_v_problem(&[3, 2], &[3, 0, 1], 5, 0, 3), None);
-        assert_eq!(all_gather_v_shape(&[3, 2], &[3, 0, 1], -2), [4, 2]);
-        assert_eq!(all_gather_v_shape(&[3, 2], &[3, 0, 1], 2), [3, 2]);
+        assert_eq!(problem(&[3, 2], &[3, 0, 1], 5), None);
+        assert_eq!(g.output_shape(&[3, 2], &[3, 0, 1], -2, 0), [4, 2]);
+        assert_eq!(g.output_shape(&[3, 2], &[3, 0, 1], 2, 0), [3, 2]);
+        assert_eq!(g.agreed_shape(&[3, 2], &[3, 0, 1], 0, 0), [4, 2]);
+    }
+
+    #[test]
+    fn scattered_counts_check_the_sum_and_this_ranks_output() {
+        let s = Counted::Scatters;
+        let f = DType::F32;
+        // Member 1 of 3 keeps its 0 slices of 4 along dim 1.
+        let ok = s.problem((f, &[2, 4]), (f, &[2, 0]), &[3, 0, 1], 1, (1, 3));
+        assert_eq!(ok, None);
+        let short = s.problem((f, &[2, 3]), (f, &[2, 0]), &[3, 0, 1], 1, (1, 3));
+        assert!(short.unwrap().contains("add up to 4"));
+        let out = s.problem((f, &[2, 4]), (f, &[2, 1]), &[3, 0, 1], 1, (1, 3));
+        assert!(out.unwrap().contains("its share is [2, 0] f32"));
+        let dtype = s.problem((f, &[2, 4]), (DType::F64, &[2, 0]), &[3, 0, 1], 1, (1, 3));
+        assert!(dtype.is_some());
+        let overflow = s.problem((f, &[2, 4]), (f, &[2, 0]), &[usize::MAX, 1, 0], 1, (1, 3));
+        assert!(overflow.unwrap().contains("overflow"));
+        assert_eq!(s.output_shape(&[2, 4], &[3, 0, 1], -1, 0), [2, 3]);
+        assert_eq!(s.agreed_shape(&[2, 4], &[3, 0, 1], -1, 0), [2, 4]);
     }
 }

@@ -48,6 +48,18 @@ impl Copy2d {
         }
     }
 
+    /// The copy back: what it wrote is read, and written where it was read
+    /// (the unpack of a pack, as `reduce_scatter_v` packs by the gather's plan).
+    pub fn reversed(&self) -> Copy2d {
+        Copy2d {
+            src_offset: self.dst_offset,
+            dst_offset: self.src_offset,
+            src_pitch: self.dst_pitch,
+            dst_pitch: self.src_pitch,
+            ..*self
+        }
+    }
+
     /// Runs the copy on host memory.
     pub fn apply(&self, src: &[u8], dst: &mut [u8]) {
         for row in 0..self.height {
@@ -229,6 +241,13 @@ mod tests {
             c.apply(&blocks, &mut out);
         }
         assert_eq!(out, blocks);
+        // Reversed, the same plan packs the tensor back into its blocks.
+        let joined = [1u8, 3, 4, 2, 5, 6];
+        let mut packed = [0u8; 6];
+        for c in concat_uneven_copies(&[2, 3], 1, &[1, 2], 1) {
+            c.reversed().apply(&joined, &mut packed);
+        }
+        assert_eq!(packed, blocks);
     }
 
     proptest! {
