@@ -69,7 +69,8 @@ class GroupCoordinator:
         # The tensor calls go straight to the native methods (no Python frame
         # per call: an 8 B all_reduce is well under a microsecond); the
         # methods below document them and serve subclasses.
-        for name in ("all_reduce", "all_gather", "reduce_scatter", "gather", "broadcast",
+        for name in ("all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_v",
+                     "gather", "broadcast",
                      "all_to_all_4D", "send", "recv_into", "barrier", "broadcast_object",
                      "all_gather_object"):
             if getattr(type(self), name) is getattr(GroupCoordinator, name):
@@ -139,6 +140,13 @@ class GroupCoordinator:
     def reduce_scatter(self, input_, dim: int = 0, op: str = "sum"):
         """Reduces over the group and keeps this member's slice of ``dim``."""
         return self._g.reduce_scatter(input_, dim, op)
+
+    def reduce_scatter_v(self, input_, counts, dim: int = 0, op: str = "sum"):
+        """Reduces over the group and keeps this member's ``counts[rank_in_group]``
+        slices of ``dim`` (member ``r`` keeps its ``counts[r]``, in order; the
+        input holds their sum along ``dim``, zeros allowed). The counts are
+        agreed: members that pass different ones all get an error."""
+        return self._g.reduce_scatter_v(input_, counts, dim, op)
 
     def gather(self, input_, dst: int = 0, dim: int = -1):
         """``all_gather`` onto group rank ``dst`` only; ``None`` elsewhere."""

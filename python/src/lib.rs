@@ -529,6 +529,45 @@ impl Group {
         )
     }
 
+    /// Sum (or `op`) over the group, this member's `counts[rank_in_group]`
+    /// slices of `dim` kept (member `r` keeps its `counts[r]`, in order;
+    /// `input_` holds their sum along `dim`).
+    #[pyo3(signature = (input_, counts, dim = 0, op = "sum"))]
+    fn reduce_scatter_v<'py>(
+        &self,
+        py: Python<'py>,
+        input_: Bound<'py, PyAny>,
+        counts: Vec<usize>,
+        dim: isize,
+        op: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let op = reduce_op(op)?;
+        let me = self.rank_in_group()?;
+        let counts = &counts;
+        // Wrong counts or dims leave the input's shape: the call then names
+        // what is wrong, on every member.
+        let shape = |input: &[usize]| {
+            let mut out = input.to_vec();
+            let d = if dim < 0 {
+                dim + out.len() as isize
+            } else {
+                dim
+            };
+            if let (Ok(d), Some(n)) = (usize::try_from(d), counts.get(me)) {
+                if let Some(slot) = out.get_mut(d) {
+                    *slot = *n;
+                }
+            }
+            out
+        };
+        self.with_shaped_output(
+            py,
+            &input_,
+            shape,
+            both!(|g, t, o| g.reduce_scatter_v_into(t, o, counts, dim, op)),
+        )
+    }
+
     /// FastVideo's `all_to_all_4D` (`[B, S/P, H, D] ↔ [B, S, H/P, D]`).
     #[pyo3(signature = (input_, scatter_dim = 2, gather_dim = 1))]
     #[allow(non_snake_case)] // FastVideo's name
@@ -648,13 +687,33 @@ impl Group {
                 + Send,
         ),
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut t = self.borrow(py, x, false)?;
-        let shape = match args {
-            Some(args) => args
-                .output_shape(t.shape(), self.world_size()?)
-                .unwrap_or_default(),
+        let size = self.world_size()?;
+        let shape = |input: &[usize]| match args {
+            Some(args) => args.output_shape(input, size).unwrap_or_default(),
             None => vec![0],
         };
+        self.with_shaped_output(py, x, shape, f)
+    }
+
+    /// [`with_new_output`](Self::with_new_output) with the output's shape
+    /// from `shape` of the input's.
+    fn with_shaped_output<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        shape: impl FnOnce(&[usize]) -> Vec<usize>,
+        f: (
+            impl FnOnce(&GroupCoordinator<'static>, &Tensor, &mut Tensor) -> rankmesh::Result<()> + Send,
+            impl FnOnce(
+                    &DeviceGroup<'_, 'static>,
+                    &DeviceTensor,
+                    &mut DeviceTensor,
+                ) -> rankmesh::Result<()>
+                + Send,
+        ),
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut t = self.borrow(py, x, false)?;
+        let shape = shape(t.shape());
         let out = match Out::empty_like(x, &shape, t.cuda().is_some()) {
             Ok(out) => out,
             Err(e) => return self.refuse(py, e),

@@ -44,7 +44,8 @@ pub struct Call {
     stream: *mut c_void,
     input: Buf,
     output: Buf,
-    /// Per member, in elements (all_to_all_v; all_gather_v's `counts`).
+    /// Per member, in elements (all_to_all_v; the `counts` of all_gather_v
+    /// and reduce_scatter_v).
     send_counts: *const u64,
     recv_counts: *const u64,
 }
@@ -104,6 +105,7 @@ enum Code {
     /// A rank refusing its own arguments still calls in (a stand-in that
     /// fails its peers' call, naming it), so every member learns of it.
     Refuse = 11,
+    ReduceScatterV = 12,
 }
 
 impl Code {
@@ -121,6 +123,7 @@ impl Code {
             9 => Code::AllToAllV,
             10 => Code::AllGatherV,
             11 => Code::Refuse,
+            12 => Code::ReduceScatterV,
             _ => return None,
         })
     }
@@ -319,6 +322,13 @@ fn dispatch<'rt, C: Collectives<'rt>>(
             &mut make(call.output)?,
             &counts(call.recv_counts, size),
             0,
+        ),
+        Code::ReduceScatterV => g.reduce_scatter_v_into(
+            &make(call.input)?,
+            &mut make(call.output)?,
+            &counts(call.recv_counts, size),
+            0,
+            reduce,
         ),
     }
 }

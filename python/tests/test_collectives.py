@@ -66,6 +66,51 @@ def test_reduce_scatter(dtype, dim):
     close(out, want, dtype)
 
 
+def uneven_counts(p, seed):
+    """Per-member counts with zeros, the same on every rank."""
+    rng = np.random.default_rng(seed)
+    counts = [int(c) for c in rng.integers(0, 4, size=p)]
+    counts[p - 1] = counts[p - 1] or 2
+    return counts
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_reduce_scatter_v(dtype, op, dim):
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    counts = uneven_counts(p, seed=11 + dim)
+    shape = [2, 3, 2]
+    shape[dim] = sum(counts)
+    parts = [make(r, tuple(shape), dtype, seed=13) for r in range(p)]
+    out = g.reduce_scatter_v(parts[me], counts, dim=dim, op=op)
+    cuts = np.cumsum(counts)[:-1]
+    want = np.split(np.asarray(reduce_ref(parts, op)), cuts, axis=dim)[me]
+    assert out.dtype == parts[me].dtype
+    close(out, want, dtype)
+
+
+def test_reduce_scatter_v_refusals_reach_every_member():
+    g = world()
+    p, me = g.world_size, g.rank_in_group
+    if p >= 2:
+        # Counts that differ between members (np 2-4).
+        counts = [2] * p
+        if me == 0:
+            counts[0], counts[1] = 3, 1
+        with pytest.raises(dist.MismatchError, match="ranks disagree"):
+            g.reduce_scatter_v(np.ones((2 * p, 2), np.float32), counts)
+    # Counts that do not add up to the input: every member refuses, naming
+    # the first member with the problem, and each notes its own.
+    with pytest.raises(dist.Error, match="group rank 0 passed counts that do not fit") as err:
+        g.reduce_scatter_v(np.ones((p + 1, 2), np.float32), [1] * p)
+    assert f"add up to {p}" in str(err.value), str(err.value)
+    # And the group still works.
+    out = g.reduce_scatter_v(np.ones((p, 2), np.float32), [1] * p)
+    np.testing.assert_array_equal(out, np.full((1, 2), p, np.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_broadcast_in_place(dtype):
     g = world()

@@ -155,14 +155,18 @@ def test_reduce_scatter_tensor_and_list(op):
     close(out2, whole[4 * R():4 * R() + 4])
 
 
-def test_reduce_scatter_of_uneven_pieces():
-    sizes = [r + 1 for r in range(W())]
+@pytest.mark.parametrize("op", [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG])
+@pytest.mark.parametrize("sizes", [lambda w: [r + 1 for r in range(w)],
+                                   lambda w: [(2 * r + 1) % 3 for r in range(w)]],
+                         ids=["growing", "with_empty"])
+def test_reduce_scatter_of_uneven_pieces(op, sizes):
+    sizes = sizes(W())
     total = sum(sizes)
     x = make(R(), (total,), torch.float64, seed=10)
     pieces = list(x.split(sizes))
     out = torch.empty(sizes[R()], dtype=torch.float64)
-    dist.reduce_scatter(out, pieces)
-    whole = reference(dist.ReduceOp.SUM, (total,), torch.float64, 10)
+    dist.reduce_scatter(out, pieces, op=op)
+    whole = reference(op, (total,), torch.float64, 10)
     start = sum(sizes[:R()])
     close(out, whole[start:start + sizes[R()]])
 

@@ -66,8 +66,8 @@ pub(super) fn host(
             let prev = comm.process_at_rank((me + n - 1) % n);
             mpi::point_to_point::send_receive_into(input.bytes(), &next, output.bytes_mut(), &prev);
         }
-        Op::AllReduce | Op::ReduceScatter | Op::Reduce => {
-            return Ok(mpi_reduction(cfg, comm, input, output));
+        Op::AllReduce | Op::ReduceScatter | Op::Reduce | Op::ReduceScatterV => {
+            return Ok(mpi_reduction(cfg, comm, input, output, split));
         }
         _ => return Ok(false),
     }
@@ -81,6 +81,7 @@ fn mpi_reduction(
     comm: &SimpleCommunicator,
     input: &Tensor,
     output: &mut Tensor,
+    split: &Split,
 ) -> bool {
     let sys = match cfg.redop {
         ReduceOp::Sum => SystemOperation::sum(),
@@ -97,6 +98,7 @@ fn mpi_reduction(
             match op {
                 Op::AllReduce => comm.all_reduce_into($i, &mut *$o, &sys),
                 Op::ReduceScatter => comm.reduce_scatter_block_into($i, &mut *$o, &sys),
+                Op::ReduceScatterV => reduce_scatter(comm, $i, &mut *$o, &split.send, &sys),
                 _ if is_root => root_proc.reduce_into_root($i, &mut *$o, &sys),
                 _ => root_proc.reduce_into($i, &sys),
             }
@@ -114,6 +116,30 @@ fn mpi_reduction(
         _ => return false,
     }
     true
+}
+
+/// `MPI_Reduce_scatter` (rsmpi has only the block form): member `r` gets
+/// its `counts[r]` elements of the reduction of `send`.
+fn reduce_scatter<T: Equivalence>(
+    comm: &SimpleCommunicator,
+    send: &[T],
+    recv: &mut [T],
+    counts: &[usize],
+    op: &SystemOperation,
+) {
+    let counts: Vec<i32> = counts.iter().map(|n| *n as i32).collect();
+    // SAFETY: `send` holds the sum of `counts` elements and `recv` this
+    // member's count (the entry's buffers), all of type `T`.
+    unsafe {
+        mpi::ffi::MPI_Reduce_scatter(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            counts.as_ptr(),
+            T::equivalent_datatype().as_raw(),
+            op.as_raw(),
+            comm.as_raw(),
+        );
+    }
 }
 
 /// One device baseline call: the communicator, the stream, the entry's
@@ -175,6 +201,7 @@ pub(super) unsafe fn device(cfg: &BenchConfig, c: &Nccl<'_, '_>, split: &Split) 
                 nccl_point_to_point(cfg.op.op, root, c)
             }
             Op::AllToAllV | Op::AllGatherV => nccl_uneven(cfg.op.op, c, split),
+            Op::ReduceScatterV => nccl_reduces(red, c, split),
             _ => Ok(()),
         }
     }
@@ -252,6 +279,27 @@ unsafe fn nccl_uneven(op: Op, c: &Nccl<'_, '_>, split: &Split) -> Enqueued {
                 }
             }
             (sent, got) = (sent + s, got + g);
+        }
+    }
+    fused.end()
+}
+
+/// `reduce_scatter_v` as one group of reduces, one onto each member from
+/// its block (vLLM's pynccl reduce_scatterv).
+///
+/// # Safety
+/// As [`device`].
+unsafe fn nccl_reduces(red: ReduceOp, c: &Nccl<'_, '_>, split: &Split) -> Enqueued {
+    let fused = c.comm.group()?;
+    let mut at = 0;
+    // SAFETY: the counts add up to the input, and this member's to its
+    // output (see `device`).
+    unsafe {
+        for (r, n) in split.send.iter().enumerate() {
+            if *n > 0 {
+                c.comm.reduce(c.at(at), c.dst, *n, c.dt, red, r, c.stream)?;
+            }
+            at += n;
         }
     }
     fused.end()

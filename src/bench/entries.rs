@@ -58,6 +58,9 @@ enum Expect {
     ExchangedV,
     /// Source by the counts, at the offset into its block.
     ConcatenatedV,
+    /// The reduction of every rank's element at this rank's offset by the
+    /// counts.
+    ReducedSliceV,
 }
 
 /// One benchmarked collective.
@@ -72,7 +75,7 @@ pub struct Entry {
 }
 
 /// Every benchmarked collective, in CLI order.
-pub static ALL: [Entry; 13] = [
+pub static ALL: [Entry; 14] = [
     entry(
         Op::AllReduce,
         "all_reduce",
@@ -164,15 +167,22 @@ pub static ALL: [Entry; 13] = [
         Bus::Spread,
         Expect::ConcatenatedV,
     ),
+    entry(
+        Op::ReduceScatterV,
+        "reduce_scatter_v",
+        Counts::Scattered,
+        Bus::Spread,
+        Expect::ReducedSliceV,
+    ),
 ];
 
 /// The per-member counts of an uneven entry on one rank (empty for the
-/// others): `alltoallv`'s send and receive counts, or `all_gather_v`'s
-/// counts (the same in both).
+/// others): `alltoallv`'s send and receive counts, or the counted ops'
+/// counts (`all_gather_v`, `reduce_scatter_v`: the same in both).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Split {
     /// Elements this rank sends each member (`alltoallv`), or each
-    /// member's elements (`all_gather_v`).
+    /// member's elements (the counted ops).
     pub send: Vec<usize>,
     /// Elements this rank receives from each member.
     pub recv: Vec<usize>,
@@ -225,7 +235,10 @@ impl Entry {
 
     /// Whether the reduction operator applies.
     pub fn reduces(&self) -> bool {
-        matches!(self.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce)
+        matches!(
+            self.op,
+            Op::AllReduce | Op::ReduceScatter | Op::Reduce | Op::ReduceScatterV
+        )
     }
 
     /// Whether the `redop` column names the `-o` operator: the reductions,
@@ -259,7 +272,8 @@ impl Entry {
     /// `count`-element size (nominal: [`counts`](Self::counts)) skewed by
     /// `skew` (`--skew`, 0 to 1). `alltoallv`: rank `q` sends rank `r` the
     /// skewed block `(r - q) mod n`, so every rank sends and receives the
-    /// nominal total; `all_gather_v`: rank `r` contributes block `r`.
+    /// nominal total; `all_gather_v`: rank `r` contributes block `r`;
+    /// `reduce_scatter_v`: rank `r` keeps block `r`.
     pub fn split(&self, count: usize, (me, n): (usize, usize), elem: usize, skew: f64) -> Split {
         let align = (16 / elem).max(1);
         let (_, _, base) = self.counts(count, n, elem);
@@ -270,7 +284,7 @@ impl Entry {
                 recv: (0..n).map(|q| blocks[(me + n - q) % n]).collect(),
                 blocks,
             },
-            Op::AllGatherV => Split {
+            Op::AllGatherV | Op::ReduceScatterV => Split {
                 send: blocks.clone(),
                 recv: blocks.clone(),
                 blocks,
@@ -304,6 +318,7 @@ impl Entry {
             Op::AllToAll4d => c.all_to_all_4d_into(input, output, 2, 1),
             Op::AllToAllV => c.all_to_all_v_into(input, &split.send, output, &split.recv),
             Op::AllGatherV => c.all_gather_v_into(input, output, &split.send, 0),
+            Op::ReduceScatterV => c.reduce_scatter_v_into(input, output, &split.send, 0, red),
             _ => return None,
         })
     }
@@ -343,6 +358,7 @@ impl Entry {
         let (ins, outs) = match self.op {
             Op::AllToAllV => (vec![split.send.iter().sum()], vec![split.recv.iter().sum()]),
             Op::AllGatherV => (vec![split.send[me]], vec![split.send.iter().sum()]),
+            Op::ReduceScatterV => (vec![split.send.iter().sum()], vec![split.send[me]]),
             _ => self.shapes(send, recv, n),
         };
         let own = matches!(self.op, Op::Broadcast | Op::BroadcastObject) && me == root;
@@ -396,6 +412,9 @@ impl Entry {
             match self.expect {
                 Expect::Reduced => reduced(n, j, dtype, op),
                 Expect::ReducedSlice => reduced(n, me * out_len + j, dtype, op),
+                Expect::ReducedSliceV => {
+                    reduced(n, split.send[..me].iter().sum::<usize>() + j, dtype, op)
+                }
                 Expect::Root => value(root, j, op),
                 Expect::Concatenated => value(j / input_len, j % input_len, op),
                 Expect::RootSlice => value(root, me * out_len + j, op),

@@ -186,6 +186,18 @@ pub trait Collectives<'rt> {
         dim: isize,
     ) -> Result<()>;
 
+    /// [`reduce_scatter_v`](Self::reduce_scatter_v) into `out`, which holds
+    /// this member's `counts[rank]` slices along `dim` (other dims and dtype
+    /// as `t`'s).
+    fn reduce_scatter_v_into(
+        &self,
+        t: &Self::Tensor,
+        out: &mut Self::Tensor,
+        counts: &[usize],
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<()>;
+
     /// Sends `t` to group rank `dst` (the next member when `None`). Shape
     /// and dtype disagreement with the receiver is an error on both sides.
     fn send(&self, t: &Self::Tensor, dst: Option<usize>) -> Result<()>;
@@ -333,6 +345,27 @@ pub trait Collectives<'rt> {
         let shape = Counted::Gathers.output_shape(t.shape(), counts, dim, me);
         let mut out = self.empty(shape, t.dtype())?;
         self.all_gather_v_into(t, &mut out, counts, dim)?;
+        Ok(out)
+    }
+
+    /// Reduces every member's tensor with `reduce_op` and leaves group rank
+    /// `r` its `counts[r]` slices along `dim`, in group-rank order
+    /// (`MPI_Reduce_scatter`; torch's list-form `reduce_scatter` with uneven
+    /// pieces, FSDP shards that do not divide evenly). The adjoint of
+    /// [`all_gather_v`](Self::all_gather_v). Every member passes the same
+    /// counts (agreed like the dtype: different counts are an error on every
+    /// member), zeros allowed, and a tensor of their sum along `dim`.
+    fn reduce_scatter_v(
+        &self,
+        t: &Self::Tensor,
+        counts: &[usize],
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<Self::Tensor> {
+        let me = self.group().rank_in_group();
+        let shape = Counted::Scatters.output_shape(t.shape(), counts, dim, me);
+        let mut out = self.empty(shape, t.dtype())?;
+        self.reduce_scatter_v_into(t, &mut out, counts, dim, reduce_op)?;
         Ok(out)
     }
 

@@ -871,6 +871,69 @@ impl<'rt> Collectives<'rt> for DeviceGroup<'_, 'rt> {
         .map_err(|e| counts_found_here(e, &problem))
     }
 
+    /// One NCCL group of reduces, one per member with a non-zero count, each
+    /// onto that member from its block (NCCL has no reduce-scatter of
+    /// uneven counts; grouped reduces move each block once where a padded
+    /// `ncclReduceScatter` moves `size` longest blocks); a non-leading dim
+    /// is packed into blocks in scratch first.
+    fn reduce_scatter_v_into(
+        &self,
+        t: &DeviceTensor,
+        out: &mut DeviceTensor,
+        counts: &[usize],
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<()> {
+        let (size, me) = (self.group.size(), self.group.rank_in_group());
+        let args = Args::counted(Op::ReduceScatterV, dim, counts, Some(reduce_op));
+        let (mut desc, problem) = counted_desc(args, (t, &*out), (counts, dim), (me, size));
+        let view = t
+            .view_problem(self.stream)
+            .or_else(|| out.view_problem(self.stream));
+        self.dispatch(&mut desc, OutputFit::Unchecked, view, || {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            if self.copies_alone() {
+                return self.alone(t, Some(out), Some(reduce_op));
+            }
+            let comm = self.comm()?;
+            let s = self.enqueue()?;
+            let dt = t.dtype();
+            let slice = numel(&t.shape()[..d]) * numel(&t.shape()[d + 1..]);
+            let packed = match is_contiguous_split(t.shape(), d) {
+                true => None,
+                false => Some(self.scratch(t.nbytes())?),
+            };
+            let src = match &packed {
+                Some(p) => {
+                    let plan: Vec<Copy2d> = concat_uneven_copies(t.shape(), d, counts, dt.size())
+                        .iter()
+                        .map(Copy2d::reversed)
+                        .collect();
+                    run_copies(&plan, t.ptr_on(s)?, p.ptr_on(s)?, s.cu_stream())?;
+                    p.ptr_on(s)?
+                }
+                None => t.ptr_on(s)?,
+            };
+            let dst = out.ptr_on(s)?;
+            let fused = comm.group()?;
+            let mut at_elem = 0;
+            for (r, n) in counts.iter().enumerate() {
+                let count = n * slice;
+                if count > 0 {
+                    let from = at(src, at_elem * dt.size());
+                    // SAFETY: member `r`'s block lies inside `src` (the counts
+                    // were agreed and add up to the input), and the root's
+                    // output holds its own count (checked with its counts).
+                    unsafe { comm.reduce(from, dst, count, dt, reduce_op, r, self.raw())? };
+                }
+                at_elem += count;
+            }
+            fused.end()?;
+            Ok(())
+        })
+        .map_err(|e| counts_found_here(e, &problem))
+    }
+
     /// Shape and dtype are checked with the receiver over MPI first; then enqueued.
     fn send(&self, t: &DeviceTensor, dst: Option<usize>) -> Result<()> {
         let (dst, _) = self.group.ring_peers(dst, None);

@@ -19,7 +19,7 @@ use crate::op::normalize_dim;
 use crate::op::ReduceOp;
 use crate::op::{Args, Op};
 use crate::tensor::split::{
-    concat_dim_into, concat_uneven_copies, is_contiguous_split, split_dim_into,
+    concat_dim_into, concat_uneven_copies, is_contiguous_split, split_dim_into, Copy2d,
 };
 use crate::tensor::{numel, Tensor};
 
@@ -336,6 +336,60 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     Ok::<_, Fault>(())
                 })?;
             }
+            Ok(())
+        })
+        .map_err(|e| counts_found_here(e, &problem))
+    }
+
+    /// Padded to equal blocks and run as the group's `reduce_scatter` (its
+    /// executor and fast paths, as `host_for` routes a reduce_scatter of
+    /// that size): member `r`'s block holds its `counts[r]` slices, then
+    /// zeros up to the longest block, which no member keeps. This moves
+    /// `size × longest` slices where `MPI_Reduce_scatter` moves their sum;
+    /// the bench's baseline is that call.
+    fn reduce_scatter_v_into(
+        &self,
+        t: &Tensor,
+        out: &mut Tensor,
+        counts: &[usize],
+        dim: isize,
+        reduce_op: ReduceOp,
+    ) -> Result<()> {
+        let (size, me) = (self.size(), self.rank_in_group());
+        let args = Args::counted(Op::ReduceScatterV, dim, counts, Some(reduce_op));
+        let (desc, problem) = counted_desc(args, (t, &*out), (counts, dim), (me, size));
+        self.run_host_op_into(desc, out, |out| {
+            let d = normalize_dim(dim, t.ndim()).expect("checked by dispatch");
+            let (shape, dtype) = (t.shape(), t.dtype());
+            if size == 1 {
+                out.bytes_mut().copy_from_slice(t.bytes());
+                return Ok(());
+            }
+            let slice = numel(&shape[..d]) * numel(&shape[d + 1..]);
+            let longest = counts.iter().max().copied().unwrap_or(0) * slice;
+            let even = counts.iter().all(|n| *n == counts[0]);
+            if even && is_contiguous_split(shape, d) {
+                return self
+                    .host_for(Op::ReduceScatter, t.nbytes())
+                    .reduce_scatter_block_into(t, out, reduce_op);
+            }
+            let e = dtype.size();
+            let mut padded = Tensor::zeros([size * longest], dtype)?;
+            for (r, c) in concat_uneven_copies(shape, d, counts, e).iter().enumerate() {
+                let to = Copy2d {
+                    dst_offset: r * longest * e,
+                    ..c.reversed()
+                };
+                to.apply(t.bytes(), padded.bytes_mut());
+            }
+            let exec = self.host_for(Op::ReduceScatter, padded.nbytes());
+            if out.numel() == longest {
+                return exec.reduce_scatter_block_into(&padded, out, reduce_op);
+            }
+            let mut mine = Tensor::zeros([longest], dtype)?;
+            exec.reduce_scatter_block_into(&padded, &mut mine, reduce_op)?;
+            let kept = out.nbytes();
+            out.bytes_mut().copy_from_slice(&mine.bytes()[..kept]);
             Ok(())
         })
         .map_err(|e| counts_found_here(e, &problem))

@@ -75,6 +75,9 @@ pub enum Op {
     /// Concatenation along a dim of every rank's slices, per-rank counts
     /// (`MPI_Allgatherv`).
     AllGatherV,
+    /// Reduction then scatter along a dim, per-rank counts
+    /// (`MPI_Reduce_scatter`).
+    ReduceScatterV,
 }
 
 impl Op {
@@ -288,7 +291,7 @@ fn dim_at(ndim: usize, params: &[i64], i: usize) -> Option<usize> {
 }
 
 /// The op list, one row per op, in code order.
-const ROWS: [Row; 23] = [
+const ROWS: [Row; 24] = [
     Row::of(Op::Barrier, "barrier", &[]),
     Row::of(Op::AllReduce, "all_reduce", &["op"])
         .tensor()
@@ -385,6 +388,16 @@ const ROWS: [Row; 23] = [
             .resize(|_, _| None)
     },
     Row::of(Op::AllGatherV, "all_gather_v", &["dim", "counts"]).counted(Counted::Gathers),
+    Row::of(
+        Op::ReduceScatterV,
+        "reduce_scatter_v",
+        &["dim", "counts", "op"],
+    )
+    .counted(Counted::Scatters)
+    .rule(|d, p, _| {
+        dim_in_range(d.shape.len(), p[0])?;
+        reduction_defined(d, p[2])
+    }),
 ];
 
 const _: () = {

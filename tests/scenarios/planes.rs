@@ -407,12 +407,129 @@ pub fn check_uneven<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
         )?;
     }
     check_long_blocks(c)?;
+    check_reduce_scatter_v(c)?;
     // Refusals are immediate in strict mode (device groups default to
     // deferred, where a disagreement surfaces at a later call).
     let mode = g.check_mode();
     g.set_check_mode(CheckMode::Strict).map_err(e)?;
     check_uneven_refusals(c)?;
+    check_reduce_scatter_v_refusals(c)?;
     g.set_check_mode(mode).map_err(e)
+}
+
+/// `reduce_scatter_v` with random counts, zeros included, along dim 0 and
+/// along dim 1 (packed into blocks), sum and max, against a serial
+/// reference: member `me` keeps its `counts[me]` slices of the element-wise
+/// reduction of every member's input (random and non-integer, positive so
+/// that a sum rounds once per add, not by cancellation).
+pub fn check_reduce_scatter_v<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
+    let g = c.group();
+    let (p, me) = (g.size(), g.rank_in_group());
+    for (round, dtype) in [DType::F32, DType::BF16, DType::F64, DType::I32]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = round as u64 + 41;
+        let counts: Vec<usize> = (0..p).map(|r| link_rows(seed, r, r + 1)).collect();
+        let total: usize = counts.iter().sum();
+        let first: usize = counts[..me].iter().sum();
+        for (dim, shape) in [(0usize, vec![total, 3]), (1, vec![2, total, 2])] {
+            let n: usize = shape.iter().product();
+            let of = |s: usize| {
+                let v = random_f32(seed * 131 + (s * 2 + dim) as u64, n);
+                Tensor::from_fn(shape.clone(), dtype, |i| (f64::from(v[i]) + 1.5) * 10.0).unwrap()
+            };
+            let parts: Vec<Vec<f64>> = (0..p).map(|s| of(s).to_f64_vec()).collect();
+            let outer: usize = shape[..dim].iter().product();
+            let inner: usize = shape[dim + 1..].iter().product();
+            let mut out_shape = shape.clone();
+            out_shape[dim] = counts[me];
+            let x = c.put(&of(me))?;
+            for op in [ReduceOp::Sum, ReduceOp::Max] {
+                let full: Vec<f64> = (0..n)
+                    .map(|i| (1..p).fold(parts[0][i], |a, s| op.combine(a, parts[s][i])))
+                    .collect();
+                let mut want = Vec::new();
+                for o in 0..outer {
+                    let row = o * total * inner;
+                    want.extend_from_slice(
+                        &full[row + first * inner..row + (first + counts[me]) * inner],
+                    );
+                }
+                let got = c.reduce_scatter_v(&x, &counts, dim as isize, op);
+                let ctx =
+                    format!("reduce_scatter_v {op:?} dim {dim} {dtype} np{p} counts {counts:?}");
+                close(&c.get(&got.map_err(e)?)?, &out_shape, &want, false, &ctx)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The errors of `reduce_scatter_v`, each on every member: counts that
+/// differ between members, an input their sum does not fit (noted on each
+/// member with its own problem), one member's output that is not its share;
+/// then the group still works.
+fn check_reduce_scatter_v_refusals<'rt, C: Plane<'rt>>(c: &C) -> Result<(), String> {
+    let g = c.group();
+    let (p, me) = (g.size(), g.rank_in_group());
+    let (last, sum, dtype) = (p - 1, ReduceOp::Sum, DType::F32);
+    let ones = |rows: usize| c.put(&Tensor::from_fn([rows, 2], dtype, |_| 1.0).unwrap());
+    if p >= 2 {
+        let mut counts = vec![2; p];
+        if me == 0 {
+            (counts[0], counts[1]) = (3, 1);
+        }
+        match c.reduce_scatter_v(&ones(2 * p)?, &counts, 0, sum) {
+            Err(err) if err.to_string().contains("ranks disagree") => {}
+            other => {
+                let other = other.map(|_| ()).map_err(e);
+                return Err(format!(
+                    "np{p} rank {me}: reduce_scatter_v counts differ: {other:?}"
+                ));
+            }
+        }
+    }
+    let named = "group rank 0 passed counts that do not fit its tensors";
+    match c.reduce_scatter_v(&ones(p + 1)?, &vec![1; p], 0, sum) {
+        Err(err)
+            if err.to_string().contains(named)
+                && err.to_string().contains(&format!("add up to {p}")) => {}
+        other => {
+            let other = other.map(|_| ()).map_err(e);
+            return Err(format!(
+                "np{p} rank {me}: an input the counts do not fit: {other:?}"
+            ));
+        }
+    }
+    let rows = if me == last { 2 } else { 1 };
+    let mut out = c.put(&Tensor::zeros([rows, 2], dtype).map_err(e)?)?;
+    let named = format!("group rank {last} passed counts that do not fit its tensors");
+    match c.reduce_scatter_v_into(&ones(p)?, &mut out, &vec![1; p], 0, sum) {
+        Err(err) if err.to_string().contains(&named) => {
+            if err.to_string().contains("its share") != (me == last) {
+                return Err(format!(
+                    "np{p} rank {me}: the output's problem noted elsewhere: {err}"
+                ));
+            }
+        }
+        other => {
+            return Err(format!(
+                "np{p} rank {me}: an output that is not this share: {other:?}"
+            ));
+        }
+    }
+    let got = c.get(
+        &c.reduce_scatter_v(&ones(p)?, &vec![1; p], 0, sum)
+            .map_err(e)?,
+    )?;
+    close(
+        &got,
+        &[1, 2],
+        &[p as f64; 2],
+        false,
+        "reduce_scatter_v after refusals",
+    )
 }
 
 /// The errors of [`check_uneven`].

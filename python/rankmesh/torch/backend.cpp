@@ -80,6 +80,7 @@ enum Op : uint32_t {
   kAllToAllV = 9,
   kAllGatherV = 10,
   kRefuse = 11,
+  kReduceScatterV = 12,
 };
 
 constexpr int32_t kInterrupted = 9;
@@ -441,10 +442,25 @@ class RankmeshBackend : public c10d::Backend {
         even = even && t.numel() == out.numel();
       }
       auto flat = pack(inputs[i], out);
+      const int32_t code = library_reduce(opts.reduceOp.op_);
       if (even) {
         reduce_scatter_flat(flat, out, opts.reduceOp, "reduce_scatter");
+      } else if (code >= 0) {
+        // Uneven pieces (torch's list form allows them, FSDP's uneven
+        // shards): reduce_scatter_v, each member's piece its own count.
+        refuse_complex_order(inputs[i][0], opts.reduceOp.op_, "reduce_scatter");
+        std::vector<uint64_t> counts;
+        for (auto& t : inputs[i]) {
+          counts.push_back(static_cast<uint64_t>(t.numel() * (t.is_complex() ? 2 : 1)));
+        }
+        RmCall c = call(kReduceScatterV, flat);
+        c.reduce = static_cast<uint32_t>(code);
+        c.input = buf(flat);
+        c.output = buf(out);
+        c.recv_counts = counts.data();
+        run(c);
       } else {
-        // Uneven pieces (torch's list form allows them): the whole reduced,
+        // Uneven pieces under a bitwise op or PREMUL_SUM: the whole reduced,
         // this member's piece kept.
         reduce_into_place(flat, opts.reduceOp, -1, "reduce_scatter");
         int64_t start = 0;
@@ -692,14 +708,19 @@ class RankmeshBackend : public c10d::Backend {
     x.copy_(acc.view(x.sizes()));
   }
 
+  // Complex numbers have no order and no element-wise product here.
+  void refuse_complex_order(const at::Tensor& t, c10d::ReduceOp::RedOpType op, const char* what) {
+    if (t.is_complex() && op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG) {
+      refuse(std::string(what) + " with ReduceOp." + op_name(op) + " on complex numbers");
+    }
+  }
+
   void reduce_scatter_flat(at::Tensor& in, at::Tensor& out, const c10d::ReduceOp& rop,
                            const char* what) {
     const auto op = rop.op_;
     const int32_t code = library_reduce(op);
     if (code >= 0) {
-      if (in.is_complex() && op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG) {
-        refuse(std::string(what) + " with ReduceOp." + op_name(op) + " on complex numbers");
-      }
+      refuse_complex_order(in, op, what);
       RmCall c = call(kReduceScatter, in);
       c.reduce = static_cast<uint32_t>(code);
       c.input = buf(in);
