@@ -180,11 +180,12 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     .reduce_scatter_block_into(t, out, reduce_op)?;
             } else {
                 // Packed straight into a typed tensor: the reduction needs one.
-                let mut packed = Tensor::zeros(t.shape().to_vec(), t.dtype())?;
-                let elem = t.dtype().size();
-                split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
-                self.host_for(Op::ReduceScatter, t.nbytes())
-                    .reduce_scatter_block_into(&packed, out, reduce_op)?;
+                self.with_typed_scratch(t.dtype(), (t.numel(), 0), |packed, _| {
+                    let elem = t.dtype().size();
+                    split_dim_into(t.bytes(), t.shape(), d, size, elem, packed.bytes_mut());
+                    self.host_for(Op::ReduceScatter, t.nbytes())
+                        .reduce_scatter_block_into(packed, out, reduce_op)
+                })??;
             }
             Ok(())
         })
@@ -374,23 +375,30 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
                     .reduce_scatter_block_into(t, out, reduce_op);
             }
             let e = dtype.size();
-            let mut padded = Tensor::zeros([size * longest], dtype)?;
-            for (r, c) in concat_uneven_copies(shape, d, counts, e).iter().enumerate() {
-                let to = Copy2d {
-                    dst_offset: r * longest * e,
-                    ..c.reversed()
-                };
-                to.apply(t.bytes(), padded.bytes_mut());
-            }
-            let exec = self.host_for(Op::ReduceScatter, padded.nbytes());
-            if out.numel() == longest {
-                return exec.reduce_scatter_block_into(&padded, out, reduce_op);
-            }
-            let mut mine = Tensor::zeros([longest], dtype)?;
-            exec.reduce_scatter_block_into(&padded, &mut mine, reduce_op)?;
-            let kept = out.nbytes();
-            out.bytes_mut().copy_from_slice(&mine.bytes()[..kept]);
-            Ok(())
+            let direct = out.numel() == longest;
+            let kept = if direct { 0 } else { longest };
+            self.with_typed_scratch(dtype, (size * longest, kept), |padded, mine| {
+                let plan = concat_uneven_copies(shape, d, counts, e);
+                for (r, (c, n)) in plan.iter().zip(counts).enumerate() {
+                    let block = r * longest * e;
+                    Copy2d {
+                        dst_offset: block,
+                        ..c.reversed()
+                    }
+                    .apply(t.bytes(), padded.bytes_mut());
+                    // The padding is reduced and dropped: zeros, not what the
+                    // last call left.
+                    padded.bytes_mut()[block + n * slice * e..block + longest * e].fill(0);
+                }
+                let exec = self.host_for(Op::ReduceScatter, padded.nbytes());
+                if direct {
+                    return exec.reduce_scatter_block_into(padded, out, reduce_op);
+                }
+                exec.reduce_scatter_block_into(padded, mine, reduce_op)?;
+                let kept = out.nbytes();
+                out.bytes_mut().copy_from_slice(&mine.bytes()[..kept]);
+                Ok(())
+            })?
         })
         .map_err(|e| counts_found_here(e, &problem))
     }

@@ -22,6 +22,7 @@ pub use device::{DeviceEvent, DeviceGroup};
 pub use runtime::{MpiCalls, Options, RankInfo, Runtime, SingleCopy, WorldInfo};
 
 use crate::agree::Admitted;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::exec::executor::ExecChoice;
 use crate::exec::hier::{self, NodeMap};
@@ -264,6 +265,28 @@ impl<'rt> GroupCoordinator<'rt> {
             _ => *slot = Some(t.clone()),
         }
         f(slot.as_ref().expect("set above"), t)
+    }
+
+    /// Runs `f` with two flat scratch tensors of `dtype`, of `a` and `b`
+    /// elements, kept while the dtype and sizes stay, so a loop of such
+    /// calls allocates (and faults in) no memory. They hold what the last
+    /// call left.
+    pub(crate) fn with_typed_scratch<R>(
+        &self,
+        dtype: DType,
+        (a, b): (usize, usize),
+        f: impl FnOnce(&mut Tensor, &mut Tensor) -> R,
+    ) -> Result<R> {
+        let mut slot = self.inner.host.typed_scratch.borrow_mut();
+        let fits =
+            |(x, y): &(Tensor, Tensor)| x.dtype() == dtype && x.numel() == a && y.numel() == b;
+        if !slot.as_ref().is_some_and(fits) {
+            // The old pair goes first: both never live at once.
+            *slot = None;
+            *slot = Some((Tensor::zeros([a], dtype)?, Tensor::zeros([b], dtype)?));
+        }
+        let (x, y) = slot.as_mut().expect("set above");
+        Ok(f(x, y))
     }
 
     /// The sub-group of world ranks `global`, made by `make` the first time.

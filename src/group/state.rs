@@ -66,6 +66,9 @@ pub(super) struct HostState {
     pub(super) scratch: RefCell<[Vec<u8>; 2]>,
     /// Scratch tensor for in-place reductions.
     pub(super) scratch_tensor: RefCell<Option<Tensor>>,
+    /// Typed scratch for the reduce-scatters that pack or pad their input
+    /// (the reduction needs typed tensors): the packed input and one block.
+    pub(super) typed_scratch: RefCell<Option<(Tensor, Tensor)>>,
 }
 
 impl HostState {
@@ -82,6 +85,7 @@ impl HostState {
             hier: OnceCell::new(),
             scratch: RefCell::new([Vec::new(), Vec::new()]),
             scratch_tensor: RefCell::new(None),
+            typed_scratch: RefCell::new(None),
         }
     }
 }
