@@ -228,87 +228,79 @@ impl Options {
     /// Defaults overridden by the `RANKMESH_*` environment variables.
     pub fn from_env() -> Result<Options> {
         let mut o = Options::default();
-        if let Ok(v) = std::env::var("RANKMESH_MAX_MESSAGE_BYTES") {
-            o.max_message_bytes =
+        o.read_limits()?;
+        o.read_host_plane()?;
+        o.read_device_plane()?;
+        o.read_launch()?;
+        Ok(o)
+    }
+
+    /// Sizes and time limits.
+    fn read_limits(&mut self) -> Result<()> {
+        if let Some(v) = var("RANKMESH_MAX_MESSAGE_BYTES") {
+            self.max_message_bytes =
                 byte_count("RANKMESH_MAX_MESSAGE_BYTES", &v, 1, i32::MAX as u64)? as usize;
         }
-        if let Ok(v) = std::env::var("RANKMESH_MAX_OBJECT_BYTES") {
-            o.max_object_bytes =
+        if let Some(v) = var("RANKMESH_MAX_OBJECT_BYTES") {
+            self.max_object_bytes =
                 byte_count("RANKMESH_MAX_OBJECT_BYTES", &v, 1, MAX_OBJECT_BYTES_LIMIT)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_TIMEOUT") {
-            o.timeout = parse_timeout("RANKMESH_TIMEOUT", &v)?;
+        if let Some(v) = var("RANKMESH_TIMEOUT") {
+            self.timeout = parse_timeout("RANKMESH_TIMEOUT", &v)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_INIT_TIMEOUT") {
-            o.init_timeout = parse_timeout("RANKMESH_INIT_TIMEOUT", &v)?;
+        if let Some(v) = var("RANKMESH_INIT_TIMEOUT") {
+            self.init_timeout = parse_timeout("RANKMESH_INIT_TIMEOUT", &v)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_TRACE_DIR") {
-            if v.is_empty() {
-                return Err(Error::Launch("RANKMESH_TRACE_DIR is set but empty".into()));
-            }
-            std::fs::create_dir_all(&v).map_err(|e| {
-                Error::Launch(format!("RANKMESH_TRACE_DIR={v:?} cannot be created: {e}"))
-            })?;
-            o.trace_dir = Some(PathBuf::from(v));
-        }
-        if let Ok(v) = std::env::var("RANKMESH_HOST_PLANE") {
-            o.host_plane = v.parse()?;
-        }
-        if let Ok(v) = std::env::var("RANKMESH_SHM_CHUNK_BYTES") {
-            o.shm_chunk_bytes =
+        if let Some(v) = var("RANKMESH_SHM_CHUNK_BYTES") {
+            self.shm_chunk_bytes =
                 byte_count("RANKMESH_SHM_CHUNK_BYTES", &v, 4096, MAX_SHM_CHUNK as u64)? as usize;
         }
-        if let Ok(v) = std::env::var("RANKMESH_SINGLE_COPY") {
-            o.single_copy = match v.trim() {
-                "auto" => SingleCopy::Auto,
-                "cma" => SingleCopy::Cma,
-                "none" => SingleCopy::Off,
-                _ => {
-                    return Err(Error::Launch(format!(
-                        "RANKMESH_SINGLE_COPY={v:?} is not one of auto, cma, none"
-                    )))
-                }
-            };
+        Ok(())
+    }
+
+    /// How host calls move, wait, and are checked.
+    fn read_host_plane(&mut self) -> Result<()> {
+        if let Some(v) = var("RANKMESH_HOST_PLANE") {
+            self.host_plane = v.parse()?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_MPI_CALLS") {
-            o.mpi_calls = match v.trim() {
-                "auto" => MpiCalls::Auto,
-                "blocking" => MpiCalls::Blocking,
-                "nonblocking" => MpiCalls::Nonblocking,
-                _ => {
-                    return Err(Error::Launch(format!(
-                        "RANKMESH_MPI_CALLS={v:?} is not one of auto, blocking, nonblocking"
-                    )))
-                }
-            };
+        if let Some(v) = var("RANKMESH_SINGLE_COPY") {
+            let ways = [
+                ("auto", SingleCopy::Auto),
+                ("cma", SingleCopy::Cma),
+                ("none", SingleCopy::Off),
+            ];
+            self.single_copy = one_of("RANKMESH_SINGLE_COPY", &v, &ways)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_ON_HANG") {
-            o.on_hang = match v.trim() {
-                "abort" => OnHang::Abort,
-                "error" => OnHang::Error,
-                _ => {
-                    return Err(Error::Launch(format!(
-                        "RANKMESH_ON_HANG={v:?} is not one of abort, error"
-                    )))
-                }
-            };
+        if let Some(v) = var("RANKMESH_MPI_CALLS") {
+            let ways = [
+                ("auto", MpiCalls::Auto),
+                ("blocking", MpiCalls::Blocking),
+                ("nonblocking", MpiCalls::Nonblocking),
+            ];
+            self.mpi_calls = one_of("RANKMESH_MPI_CALLS", &v, &ways)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_CHECK") {
-            o.check = v
+        if let Some(v) = var("RANKMESH_ON_HANG") {
+            let ways = [("abort", OnHang::Abort), ("error", OnHang::Error)];
+            self.on_hang = one_of("RANKMESH_ON_HANG", &v, &ways)?;
+        }
+        if let Some(v) = var("RANKMESH_CHECK") {
+            self.check = v
                 .parse()
                 .map_err(|e| Error::Launch(format!("RANKMESH_CHECK={:?}: {e}", v.trim())))?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_BIND") {
-            o.bind = Some(v.parse()?);
+        if let Some(v) = var("RANKMESH_GATHER_SHM") {
+            self.gather_shm = on_off("RANKMESH_GATHER_SHM", &v)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_GATHER_SHM") {
-            o.gather_shm = on_off("RANKMESH_GATHER_SHM", &v)?;
+        Ok(())
+    }
+
+    /// NCCL and the GPU.
+    fn read_device_plane(&mut self) -> Result<()> {
+        if let Some(v) = var("RANKMESH_NCCL_FOR_ONE") {
+            self.nccl_for_one = on_off("RANKMESH_NCCL_FOR_ONE", &v)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_NCCL_FOR_ONE") {
-            o.nccl_for_one = on_off("RANKMESH_NCCL_FOR_ONE", &v)?;
-        }
-        if let Ok(v) = std::env::var("RANKMESH_NCCL_RANKS_PER_ROOT") {
-            o.nccl_ranks_per_root = v
+        if let Some(v) = var("RANKMESH_NCCL_RANKS_PER_ROOT") {
+            self.nccl_ranks_per_root = v
                 .trim()
                 .parse::<usize>()
                 .ok()
@@ -319,20 +311,37 @@ impl Options {
                     ))
                 })?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_NCCL_LIB") {
-            o.nccl_lib = Some(v);
+        if let Some(v) = var("RANKMESH_NCCL_LIB") {
+            self.nccl_lib = Some(v);
         }
-        if let Ok(v) = std::env::var("RANKMESH_DEVICE") {
-            o.device = Some(v);
+        if let Some(v) = var("RANKMESH_DEVICE") {
+            self.device = Some(v);
         }
-        if let Ok(v) = std::env::var("RANKMESH_ALLOW_SINGLETON") {
-            o.allow_singleton = on_off("RANKMESH_ALLOW_SINGLETON", &v)?;
+        if let Some(v) = var("RANKMESH_SHARE_GPU") {
+            self.share_gpu = on_off("RANKMESH_SHARE_GPU", &v)?;
         }
-        if let Ok(v) = std::env::var("RANKMESH_SHARE_GPU") {
-            o.share_gpu = on_off("RANKMESH_SHARE_GPU", &v)?;
+        Ok(())
+    }
+
+    /// Where the job starts, binds, traces and serves its status.
+    fn read_launch(&mut self) -> Result<()> {
+        if let Some(v) = var("RANKMESH_TRACE_DIR") {
+            if v.is_empty() {
+                return Err(Error::Launch("RANKMESH_TRACE_DIR is set but empty".into()));
+            }
+            std::fs::create_dir_all(&v).map_err(|e| {
+                Error::Launch(format!("RANKMESH_TRACE_DIR={v:?} cannot be created: {e}"))
+            })?;
+            self.trace_dir = Some(PathBuf::from(v));
         }
-        if let Ok(v) = std::env::var("RANKMESH_STATUS_ADDRS") {
-            o.status_addrs = v
+        if let Some(v) = var("RANKMESH_BIND") {
+            self.bind = Some(v.parse()?);
+        }
+        if let Some(v) = var("RANKMESH_ALLOW_SINGLETON") {
+            self.allow_singleton = on_off("RANKMESH_ALLOW_SINGLETON", &v)?;
+        }
+        if let Some(v) = var("RANKMESH_STATUS_ADDRS") {
+            self.status_addrs = v
                 .split(',')
                 .map(|a| a.trim().parse::<Ipv4Addr>())
                 .collect::<std::result::Result<Vec<_>, _>>()
@@ -344,11 +353,136 @@ impl Options {
                     ))
                 })?;
         }
-        Ok(o)
+        Ok(())
     }
 }
 
-/// Environment variable `name`'s value `v` as `1` (on) or `0` (off).
+/// What runs before `MPI_Init`: the panic note, the library's ABI check
+/// (before any call that a wrong library would crash in: each rank finds
+/// the same mismatch on its own, so none waits for another), and
+/// `NCCL_HOSTID`, which NCCL reads once at its first call and MPI's own
+/// threads may read once MPI starts.
+fn before_mpi(options: &Options) -> Result<()> {
+    note_panics();
+    if let Err(why) = crate::mpi_abi::check_library() {
+        return Err(refuse_start(None, why));
+    }
+    if options.share_gpu {
+        give_own_nccl_host();
+    }
+    Ok(())
+}
+
+/// The launcher's checks on every rank, and this rank's own start-up error
+/// found before MPI (`refused`: its options), agreed before the next
+/// collective step so that no rank returns while the others wait; the
+/// checks' warnings when every rank passed.
+fn agree_on_checks(
+    world_comm: &SimpleCommunicator,
+    info: &WorldInfo,
+    options: &Options,
+    refused: Option<Error>,
+    startup: &StartupWatch,
+) -> Result<Vec<String>> {
+    let me = info.me();
+    let view = MpiView {
+        rank: info.rank,
+        size: info.size,
+        local_rank: me.local_rank,
+        local_size: me.local_size,
+    };
+    let env = |k: &str| std::env::var(k).ok();
+    let checked = launcher::check(&env, &view, options.allow_singleton);
+    startup.step("the start-up checks' agreement (MPI_Allgather)");
+    let mine = match (&refused, &checked) {
+        (Some(Error::Launch(m)), _) | (None, Err(Error::Launch(m))) => Some(m.clone()),
+        (Some(e), _) | (None, Err(e)) => Some(e.to_string()),
+        _ => None,
+    };
+    if let Err(why) = agree_on_start(world_comm, mine.as_deref()) {
+        // Before MPI is finalised (which waits for every rank), so no rank
+        // exits before all have said it.
+        return Err(refuse_start(Some(info.rank), why));
+    }
+    checked
+}
+
+/// What rank `rank` warns of at start-up besides the launcher's checks:
+/// GPUs shared for tests (rank 0 says it once), and a thread level below
+/// the one asked for (`(granted, wanted)`).
+fn start_warnings(
+    options: &Options,
+    rank: usize,
+    (granted, wanted): (Threading, Threading),
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if options.share_gpu && rank == 0 {
+        warnings.push(
+            "RANKMESH_SHARE_GPU=1: ranks may share a GPU; each is a node of its own to NCCL \
+             (NCCL_HOSTID), which moves their data through its network transport: slow, \
+             for tests"
+                .into(),
+        );
+    }
+    if granted < wanted {
+        warnings.push(format!(
+            "MPI granted thread level {granted:?} where rankmesh asked for {wanted:?}; \
+             rankmesh keeps all MPI calls on one thread"
+        ));
+    }
+    warnings
+}
+
+/// How MPI's collectives wait, agreed by the job: a node whose ranks share
+/// CPUs makes its host-plane waits yield first and, unless the MPI yields
+/// inside its own blocking calls there, any such node makes the whole job's
+/// MPI executor wait by that policy too (every member of a communicator
+/// must call a collective the same way).
+fn choose_mpi_waits(
+    world_comm: &SimpleCommunicator,
+    node_comm: &SimpleCommunicator,
+    options: &Options,
+    startup: &StartupWatch,
+) {
+    startup.step("the node's CPU sets (MPI_Allgather)");
+    let shared = super::executors::note_shared_cpus_among(node_comm);
+    let crowded = match options.mpi_calls {
+        // A call waiting inside a blocking MPI routine cannot be given up:
+        // where calls that hang are to fail, rankmesh waits.
+        MpiCalls::Auto if options.on_hang == OnHang::Error => true,
+        MpiCalls::Auto => shared && !crate::mpi_ext::yields_when_idle(),
+        MpiCalls::Blocking => false,
+        MpiCalls::Nonblocking => true,
+    };
+    startup.step("whether any node is crowded (MPI_Allreduce)");
+    let mut anywhere = 0u8;
+    world_comm.all_reduce_into(
+        &u8::from(crowded),
+        &mut anywhere,
+        mpi::collective::SystemOperation::max(),
+    );
+    crate::exec::mpi_calls::wait_by_policy(anywhere != 0);
+}
+
+/// The variable `name`, when set (and valid Unicode).
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// The value of `name` among `ways` (by its word, spaces trimmed).
+fn one_of<T: Copy>(name: &str, v: &str, ways: &[(&str, T)]) -> Result<T> {
+    match ways.iter().find(|(word, _)| *word == v.trim()) {
+        Some((_, way)) => Ok(*way),
+        None => {
+            let words: Vec<&str> = ways.iter().map(|(w, _)| *w).collect();
+            Err(Error::Launch(format!(
+                "{name}={v:?} is not one of {}",
+                words.join(", ")
+            )))
+        }
+    }
+}
+
 fn on_off(name: &str, v: &str) -> Result<bool> {
     match v.trim() {
         "1" => Ok(true),
@@ -481,23 +615,13 @@ impl Runtime {
     /// Starts MPI and the runtime; `refused`: this rank's own start-up error
     /// found before MPI (its options), reported on every rank.
     fn start(options: Options, refused: Option<Error>) -> Result<Runtime> {
+        before_mpi(&options)?;
+        let startup = StartupWatch::start(options.init_timeout);
         // FUNNELED is the lowest level that is true of this process: it has
         // helper threads (the watchdog, the status service, a stateless
         // group's TCP writers), which SINGLE promises it does not, but only
         // the main thread calls MPI — except the watchdog's MPI_Abort, which
         // ends the job. MULTIPLE would slow every call for nothing.
-        note_panics();
-        // Before any call that a wrong library would crash in: each rank
-        // finds the same mismatch on its own, so none waits for another.
-        if let Err(why) = crate::mpi_abi::check_library() {
-            return Err(refuse_start(None, why));
-        }
-        // NCCL reads NCCL_HOSTID once, at its first call, and MPI's own
-        // threads may read the environment once it starts: set it first.
-        if options.share_gpu {
-            give_own_nccl_host();
-        }
-        let startup = StartupWatch::start(options.init_timeout);
         // SERIALIZED costs nothing over FUNNELED in Open MPI and MPICH: both
         // lock their internals only for MULTIPLE.
         let wanted = if options.serialized {
@@ -511,30 +635,9 @@ impl Runtime {
         startup.step("the world communicator's duplicate (MPI_Comm_dup)");
         let world_comm = universe.world().duplicate();
         let (info, node_comm) = gather_world_info(&world_comm, &startup)?;
-        let me = info.me();
-        let view = MpiView {
-            rank: info.rank,
-            size: info.size,
-            local_rank: me.local_rank,
-            local_size: me.local_size,
-        };
-        let env = |k: &str| std::env::var(k).ok();
-        let checked = launcher::check(&env, &view, options.allow_singleton);
-        // Everything this rank found wrong on its own, agreed before the
-        // next collective step, so no rank returns while the others wait.
-        startup.step("the start-up checks' agreement (MPI_Allgather)");
-        let mine = match (&refused, &checked) {
-            (Some(Error::Launch(m)), _) | (None, Err(Error::Launch(m))) => Some(m.clone()),
-            (Some(e), _) | (None, Err(e)) => Some(e.to_string()),
-            _ => None,
-        };
-        if let Err(why) = agree_on_start(&world_comm, mine.as_deref()) {
-            // Before MPI is finalised (which waits for every rank), so no
-            // rank exits before all have said it.
-            return Err(refuse_start(Some(info.rank), why));
-        }
-        let mut warnings = checked?;
+        let mut warnings = agree_on_checks(&world_comm, &info, &options, refused, &startup)?;
         startup.step("the binding's agreement (MPI_Allgather)");
+        let me = info.me();
         let placement = match options.bind {
             Some(policy) => Some(bind_everywhere(
                 &world_comm,
@@ -545,20 +648,7 @@ impl Runtime {
             )?),
             None => None,
         };
-        if options.share_gpu && info.rank == 0 {
-            warnings.push(
-                "RANKMESH_SHARE_GPU=1: ranks may share a GPU; each is a node of its own to NCCL \
-                 (NCCL_HOSTID), which moves their data through its network transport: slow, \
-                 for tests"
-                    .into(),
-            );
-        }
-        if threading < wanted {
-            warnings.push(format!(
-                "MPI granted thread level {threading:?} where rankmesh asked for {wanted:?}; \
-                 rankmesh keeps all MPI calls on one thread"
-            ));
-        }
+        warnings.extend(start_warnings(&options, info.rank, (threading, wanted)));
         for w in &warnings {
             tracing::warn!(rank = info.rank, "{w}");
         }
@@ -568,29 +658,8 @@ impl Runtime {
             nodes = info.node_count,
             "MPI initialised"
         );
-        // After the binding: the node's ranks sharing CPUs makes its
-        // host-plane waits yield first and, unless the MPI yields inside
-        // its own blocking calls there, any such node makes the whole
-        // job's MPI executor wait by that policy too (every member of a
-        // communicator must call a collective the same way).
-        startup.step("the node's CPU sets (MPI_Allgather)");
-        let shared = super::executors::note_shared_cpus_among(&node_comm);
-        let crowded = match options.mpi_calls {
-            // A call waiting inside a blocking MPI routine cannot be given
-            // up: where calls that hang are to fail, rankmesh waits.
-            MpiCalls::Auto if options.on_hang == OnHang::Error => true,
-            MpiCalls::Auto => shared && !crate::mpi_ext::yields_when_idle(),
-            MpiCalls::Blocking => false,
-            MpiCalls::Nonblocking => true,
-        };
-        startup.step("whether any node is crowded (MPI_Allreduce)");
-        let mut anywhere = 0u8;
-        world_comm.all_reduce_into(
-            &u8::from(crowded),
-            &mut anywhere,
-            mpi::collective::SystemOperation::max(),
-        );
-        crate::exec::mpi_calls::wait_by_policy(anywhere != 0);
+        // After the binding, which decides whether a node's ranks share CPUs.
+        choose_mpi_waits(&world_comm, &node_comm, &options, &startup);
         startup.step("how copies across cache-line offsets run here (timed)");
         let by_memcpy = crate::exec::misaligned_by_memcpy();
         tracing::debug!(
