@@ -369,39 +369,8 @@ impl Borrowed {
     /// capsule is held for the call, and its own destructor returns the
     /// tensor to the producer.
     fn from_dlpack(x: &Bound<'_, PyAny>, write: bool) -> PyResult<Borrowed> {
-        let device: Option<(i32, usize)> = match x.getattr("__dlpack_device__") {
-            Ok(f) => Some(f.call0()?.extract()?),
-            Err(_) => None,
-        };
-        let cuda = match device {
-            Some((DL_CUDA | DL_CUDA_MANAGED, id)) => Some(Cuda {
-                device: id,
-                stream: caller_stream(x, id)?,
-            }),
-            _ => None,
-        };
-        let capsule = match cuda {
-            // DLPack's stream argument: the consumer's stream, which the
-            // producer makes the data ready on (1: the legacy default).
-            Some(c) => {
-                let kwargs = PyDict::new(x.py());
-                kwargs.set_item("stream", if c.stream == 0 { 1 } else { c.stream })?;
-                x.call_method("__dlpack__", (), Some(&kwargs))?
-            }
-            None => x.call_method0("__dlpack__")?,
-        };
-        let name = c"dltensor";
-        // SAFETY: a "dltensor" capsule holds a DLManagedTensor, live while
-        // the capsule is (we hold it, unconsumed, until the call returns).
-        let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr()) };
-        if managed.is_null() {
-            return Err(PyErr::take(x.py()).unwrap_or_else(|| {
-                TensorError::new_err(format!(
-                    "{}: __dlpack__ gave no dltensor capsule",
-                    describe(x)
-                ))
-            }));
-        }
+        let (cuda, capsule) = export_dlpack(x)?;
+        let managed = capsule_tensor(x, &capsule)?;
         // SAFETY: a "dltensor" capsule's pointer is a live DLManagedTensor,
         // whose first field is the DLTensor; the capsule is held meanwhile.
         let t = unsafe { &*(managed as *const DlTensor) };
@@ -416,44 +385,10 @@ impl Borrowed {
                 )))
             }
         };
-        let dtype = match (t.code, t.bits, t.lanes) {
-            (DL_FLOAT, 32, 1) => DType::F32,
-            (DL_FLOAT, 64, 1) => DType::F64,
-            (DL_FLOAT, 16, 1) => DType::F16,
-            (DL_BFLOAT, 16, 1) => DType::BF16,
-            (DL_INT, 8, 1) => DType::I8,
-            (DL_INT, 16, 1) => DType::I16,
-            (DL_INT, 32, 1) => DType::I32,
-            (DL_INT, 64, 1) => DType::I64,
-            (DL_UINT, 8, 1) => DType::U8,
-            (DL_UINT, 16, 1) => DType::U16,
-            (DL_UINT, 32, 1) => DType::U32,
-            (DL_UINT, 64, 1) => DType::U64,
-            (DL_BOOL, 8, 1) => DType::Bool,
-            (code, bits, lanes) => {
-                return Err(PyTypeError::new_err(format!(
-                    "rankmesh does not move DLPack dtype (code {code}, {bits} bits, {lanes} lanes) ({}); it moves {}",
-                    describe(x),
-                    supported()
-                )))
-            }
+        let dtype = dlpack_dtype(x, t)?;
+        let Some(shape) = dense_shape(t) else {
+            return Borrowed::contiguous_copy(x, write);
         };
-        let ndim = usize::try_from(t.ndim).unwrap_or(0);
-        // SAFETY: `shape` (and `strides`, when not null) have `ndim` entries.
-        let shape: Vec<usize> = (0..ndim)
-            .map(|i| unsafe { *t.shape.add(i) } as usize)
-            .collect();
-        if !t.strides.is_null() {
-            let mut want = 1i64;
-            for i in (0..ndim).rev() {
-                // SAFETY: `strides` is not null and has `ndim` entries.
-                let (d, st) = (shape[i], unsafe { *t.strides.add(i) });
-                if d != 1 && st != want {
-                    return Borrowed::contiguous_copy(x, write);
-                }
-                want *= d as i64;
-            }
-        }
         let ptr = (t.data as usize).wrapping_add(t.byte_offset as usize);
         if let (true, Some(cuda)) = (on_device, cuda) {
             if !ptr.is_multiple_of(dtype.size()) {
@@ -665,4 +600,99 @@ impl Out {
         };
         numpy.call_method1("empty", (dims, dtype))
     }
+}
+
+/// `x`'s DLPack capsule, and its CUDA device and the caller's stream when
+/// it lives on a GPU (DLPack's stream argument: the consumer's stream, which
+/// the producer makes the data ready on; 1: the legacy default).
+fn export_dlpack<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Option<Cuda>, Bound<'py, PyAny>)> {
+    let device: Option<(i32, usize)> = match x.getattr("__dlpack_device__") {
+        Ok(f) => Some(f.call0()?.extract()?),
+        Err(_) => None,
+    };
+    let cuda = match device {
+        Some((DL_CUDA | DL_CUDA_MANAGED, id)) => Some(Cuda {
+            device: id,
+            stream: caller_stream(x, id)?,
+        }),
+        _ => None,
+    };
+    let capsule = match cuda {
+        Some(c) => {
+            let kwargs = PyDict::new(x.py());
+            kwargs.set_item("stream", if c.stream == 0 { 1 } else { c.stream })?;
+            x.call_method("__dlpack__", (), Some(&kwargs))?
+        }
+        None => x.call_method0("__dlpack__")?,
+    };
+    Ok((cuda, capsule))
+}
+
+/// The DLManagedTensor a "dltensor" capsule of `x`'s holds.
+fn capsule_tensor(
+    x: &Bound<'_, PyAny>,
+    capsule: &Bound<'_, PyAny>,
+) -> PyResult<*mut std::ffi::c_void> {
+    let name = c"dltensor";
+    // SAFETY: a "dltensor" capsule holds a DLManagedTensor, live while the
+    // capsule is (the caller holds it, unconsumed, until the call returns).
+    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr()) };
+    if managed.is_null() {
+        return Err(PyErr::take(x.py()).unwrap_or_else(|| {
+            TensorError::new_err(format!(
+                "{}: __dlpack__ gave no dltensor capsule",
+                describe(x)
+            ))
+        }));
+    }
+    Ok(managed)
+}
+
+/// The dtype of DLPack tensor `t` (of `x`), or why rankmesh does not move it.
+fn dlpack_dtype(x: &Bound<'_, PyAny>, t: &DlTensor) -> PyResult<DType> {
+    Ok(match (t.code, t.bits, t.lanes) {
+        (DL_FLOAT, 32, 1) => DType::F32,
+        (DL_FLOAT, 64, 1) => DType::F64,
+        (DL_FLOAT, 16, 1) => DType::F16,
+        (DL_BFLOAT, 16, 1) => DType::BF16,
+        (DL_INT, 8, 1) => DType::I8,
+        (DL_INT, 16, 1) => DType::I16,
+        (DL_INT, 32, 1) => DType::I32,
+        (DL_INT, 64, 1) => DType::I64,
+        (DL_UINT, 8, 1) => DType::U8,
+        (DL_UINT, 16, 1) => DType::U16,
+        (DL_UINT, 32, 1) => DType::U32,
+        (DL_UINT, 64, 1) => DType::U64,
+        (DL_BOOL, 8, 1) => DType::Bool,
+        (code, bits, lanes) => {
+            return Err(PyTypeError::new_err(format!(
+                "rankmesh does not move DLPack dtype (code {code}, {bits} bits, {lanes} lanes) ({}); it moves {}",
+                describe(x),
+                supported()
+            )))
+        }
+    })
+}
+
+/// The shape of DLPack tensor `t` when its elements are dense in row-major
+/// order (no strides, or strides that say so; dims of 1 take any stride);
+/// `None` otherwise.
+fn dense_shape(t: &DlTensor) -> Option<Vec<usize>> {
+    let ndim = usize::try_from(t.ndim).unwrap_or(0);
+    // SAFETY: `shape` (and `strides`, when not null) have `ndim` entries.
+    let shape: Vec<usize> = (0..ndim)
+        .map(|i| unsafe { *t.shape.add(i) } as usize)
+        .collect();
+    if !t.strides.is_null() {
+        let mut want = 1i64;
+        for i in (0..ndim).rev() {
+            // SAFETY: `strides` is not null and has `ndim` entries.
+            let (d, st) = (shape[i], unsafe { *t.strides.add(i) });
+            if d != 1 && st != want {
+                return None;
+            }
+            want *= d as i64;
+        }
+    }
+    Some(shape)
 }

@@ -35,34 +35,8 @@ pub(crate) fn agree_on_list(world: &SimpleCommunicator, ranks: &[usize], me: usi
     }
     let mine = Box::new(record(ranks));
     let mut theirs: Vec<Record> = vec![[0; 3]; peers.len()];
+    let (mut sends, mut recvs) = post(world, &mine, &mut theirs, &peers);
     let null = crate::mpi_ext::null_request;
-    let mut sends = vec![null(); peers.len()];
-    let mut recvs = vec![null(); peers.len()];
-    let comm = world.as_raw();
-    for (i, p) in peers.iter().enumerate() {
-        // SAFETY: buffers live until their requests complete or are freed
-        // (the send buffer is leaked if a send is abandoned, see below).
-        unsafe {
-            ffi::MPI_Isend(
-                mine.as_ptr().cast(),
-                3,
-                ffi::RSMPI_UINT64_T,
-                *p as c_int,
-                TAG,
-                comm,
-                &mut sends[i],
-            );
-            ffi::MPI_Irecv(
-                theirs[i].as_mut_ptr().cast(),
-                3,
-                ffi::RSMPI_UINT64_T,
-                *p as c_int,
-                TAG,
-                comm,
-                &mut recvs[i],
-            );
-        }
-    }
     let mut verdict = Ok(());
     let mut pending = peers.len();
     // No deadline: a member that never calls is the watchdog's to name.
@@ -84,8 +58,56 @@ pub(crate) fn agree_on_list(world: &SimpleCommunicator, ranks: &[usize], me: usi
         }
         pending == 0 || verdict.is_err()
     });
-    // Receives still posted are cancelled; sends that have not completed
-    // (a peer that never calls) are let go, with their buffer.
+    if let_go(&mut recvs, &mut sends) {
+        std::mem::forget(mine);
+    }
+    verdict
+}
+
+/// This rank's record sent to every peer and theirs received into
+/// `theirs`, all posted at once: (sends, receives).
+fn post(
+    world: &SimpleCommunicator,
+    mine: &Record,
+    theirs: &mut [Record],
+    peers: &[usize],
+) -> (Vec<ffi::MPI_Request>, Vec<ffi::MPI_Request>) {
+    let null = crate::mpi_ext::null_request;
+    let mut sends = vec![null(); peers.len()];
+    let mut recvs = vec![null(); peers.len()];
+    let comm = world.as_raw();
+    for (i, p) in peers.iter().enumerate() {
+        // SAFETY: buffers live until their requests complete or are freed
+        // (the send buffer is leaked if a send is abandoned, see `let_go`).
+        unsafe {
+            ffi::MPI_Isend(
+                mine.as_ptr().cast(),
+                3,
+                ffi::RSMPI_UINT64_T,
+                *p as c_int,
+                TAG,
+                comm,
+                &mut sends[i],
+            );
+            ffi::MPI_Irecv(
+                theirs[i].as_mut_ptr().cast(),
+                3,
+                ffi::RSMPI_UINT64_T,
+                *p as c_int,
+                TAG,
+                comm,
+                &mut recvs[i],
+            );
+        }
+    }
+    (sends, recvs)
+}
+
+/// Receives still posted are cancelled; sends that have not completed (a
+/// peer that never calls) are let go. Whether any send was: its buffer
+/// must then outlive this call.
+fn let_go(recvs: &mut [ffi::MPI_Request], sends: &mut [ffi::MPI_Request]) -> bool {
+    let null = crate::mpi_ext::null_request;
     for r in recvs.iter_mut().filter(|r| **r != null()) {
         // SAFETY: live receive requests; cancel then wait is the MPI idiom.
         unsafe {
@@ -111,10 +133,7 @@ pub(crate) fn agree_on_list(world: &SimpleCommunicator, ranks: &[usize], me: usi
             abandoned = true;
         }
     }
-    if abandoned {
-        std::mem::forget(mine);
-    }
-    verdict
+    abandoned
 }
 
 fn compare(mine: &Record, theirs: &Record, ranks: &[usize], peer: usize) -> Result<()> {

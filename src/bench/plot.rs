@@ -122,6 +122,27 @@ const HEIGHT: f64 = 260.0;
 /// panel starts this far below the previous one's top.
 const PANEL_PITCH: f64 = HEIGHT + 95.0;
 
+/// The panel's axes over every point of `series` (baselines too): whole
+/// log2 sizes across, whole log10 values of `y` up, each at least one wide.
+fn axes(series: &[Series], y: fn(&(f64, f64, f64)) -> f64) -> ((f64, f64), (f64, f64)) {
+    let positive = |v: f64| v.max(1e-9);
+    let all: Vec<&(f64, f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().chain(&s.baseline))
+        .collect();
+    let span = |f: &dyn Fn(&(f64, f64, f64)) -> f64| {
+        let (lo, hi) = all
+            .iter()
+            .map(|p| f(p))
+            .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+        (lo.floor(), hi.ceil().max(lo.floor() + 1.0))
+    };
+    (
+        span(&|p| positive(p.0).log2()),
+        span(&|p| positive(y(p)).log10()),
+    )
+}
+
 /// A panel: `y` picks the value; log2 sizes across, log10 values up.
 fn panel(
     out: &mut String,
@@ -131,21 +152,8 @@ fn panel(
     unit: &str,
     top: f64,
 ) {
-    let all: Vec<&(f64, f64, f64)> = series
-        .iter()
-        .flat_map(|s| s.points.iter().chain(&s.baseline))
-        .collect();
     let positive = |v: f64| v.max(1e-9);
-    let (x0, x1) = all
-        .iter()
-        .map(|p| positive(p.0).log2())
-        .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
-    let (y0, y1) = all
-        .iter()
-        .map(|p| positive(y(p)).log10())
-        .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
-    let (x0, x1) = (x0.floor(), x1.ceil().max(x0.floor() + 1.0));
-    let (y0, y1) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
+    let ((x0, x1), (y0, y1)) = axes(series, y);
     let px = |v: f64| LEFT + (positive(v).log2() - x0) / (x1 - x0) * WIDTH;
     let py = |v: f64| top + HEIGHT - (positive(v).log10() - y0) / (y1 - y0) * HEIGHT;
     *out += &format!(

@@ -75,6 +75,21 @@ pub fn table(o: &Outcome, threshold: f64) -> String {
         }
         None => out += "reach: one rank, nothing to reach\n",
     }
+    out += &within_nodes(m);
+    out += &devices(m);
+    out += &between_nodes(m);
+    out += &alone(j, threshold);
+    out += &format!("\nverdict: {}\n", verdict(&j.findings));
+    for f in &j.findings {
+        out += &format!("  {}\n", f.line());
+    }
+    out
+}
+
+/// The within-node table: each node's all_reduce and slowest pair, and
+/// the nodes whose ranks outnumber their CPUs.
+fn within_nodes(m: &super::Measurements) -> String {
+    let mut out = String::new();
     out += "\nwithin nodes\n";
     out += &format!(
         "  {:>4}  {:<20}  {:>5}  {:>17}  {:>18}\n",
@@ -103,7 +118,13 @@ pub fn table(o: &Outcome, threshold: f64) -> String {
             n.node, n.host
         );
     }
-    out += &devices(m);
+    out
+}
+
+/// The between-node matrices (bandwidth, small-message time) of the
+/// leader ranks; nothing on one node.
+fn between_nodes(m: &super::Measurements) -> String {
+    let mut out = String::new();
     if m.nodes.len() > 1 {
         for (title, pick) in [
             (
@@ -129,11 +150,6 @@ pub fn table(o: &Outcome, threshold: f64) -> String {
                 out += "\n";
             }
         }
-    }
-    out += &alone(j, threshold);
-    out += &format!("\nverdict: {}\n", verdict(&j.findings));
-    for f in &j.findings {
-        out += &format!("  {}\n", f.line());
     }
     out
 }

@@ -326,12 +326,22 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
         }
         low
     };
+    slow_between_nodes(m, &mut flag);
+    slow_node_wide(m, &mut flag);
+    slow_ranks(m, &mut flag);
+    out
+}
 
-    // Between nodes: nodes first (needs 3 nodes to tell which end is slow),
-    // then links whose two ends are both healthy. Each is held to the links
-    // it does not touch: a slow node's links are a third or more of all of
-    // them (half, on 4 nodes), and against a median they pull down, a node
-    // at 0.7 of its peers' rate passed while one of its links was blamed.
+/// Flags `subject` when its figure is low against the median it is held
+/// to; says whether it did.
+type Flag<'a> = dyn FnMut(Subject, f64, f64) -> bool + 'a;
+
+/// Between nodes: nodes first (needs 3 nodes to tell which end is slow),
+/// then links whose two ends are both healthy. Each is held to the links it
+/// does not touch: a slow node's links are a third or more of all of them
+/// (half, on 4 nodes), and against a median they pull down, a node at 0.7
+/// of its peers' rate passed while one of its links was blamed.
+fn slow_between_nodes(m: &Measurements, flag: &mut Flag<'_>) {
     let links_without = |out: &dyn Fn(&PairResult) -> bool| {
         let rest: Vec<f64> = m
             .inter_node
@@ -341,26 +351,29 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
             .collect();
         median(&rest)
     };
-    if let Some(med) = links_without(&|_| false) {
-        let mut slow_nodes = Vec::new();
-        if m.nodes.len() >= 3 {
-            let nodes: Vec<usize> = m.nodes.iter().map(|n| n.node).collect();
-            for (n, v) in member_medians(&m.inter_node, &nodes) {
-                let others = links_without(&|p| p.a == n || p.b == n).unwrap_or(med);
-                if flag(Subject::Node(n), v, others) {
-                    slow_nodes.push(n);
-                }
+    let Some(med) = links_without(&|_| false) else {
+        return;
+    };
+    let mut slow_nodes = Vec::new();
+    if m.nodes.len() >= 3 {
+        let nodes: Vec<usize> = m.nodes.iter().map(|n| n.node).collect();
+        for (n, v) in member_medians(&m.inter_node, &nodes) {
+            let others = links_without(&|p| p.a == n || p.b == n).unwrap_or(med);
+            if flag(Subject::Node(n), v, others) {
+                slow_nodes.push(n);
             }
         }
-        let touches_slow = |p: &PairResult| slow_nodes.contains(&p.a) || slow_nodes.contains(&p.b);
-        let healthy = links_without(&touches_slow).unwrap_or(med);
-        for p in m.inter_node.iter().filter(|p| !touches_slow(p)) {
-            flag(Subject::Link(p.a, p.b), p.bandwidth_gbs, healthy);
-        }
     }
+    let touches_slow = |p: &PairResult| slow_nodes.contains(&p.a) || slow_nodes.contains(&p.b);
+    let healthy = links_without(&touches_slow).unwrap_or(med);
+    for p in m.inter_node.iter().filter(|p| !touches_slow(p)) {
+        flag(Subject::Link(p.a, p.b), p.bandwidth_gbs, healthy);
+    }
+}
 
-    // Within nodes: each node's all_reduce against the others', then ranks
-    // against every intra-node pair.
+/// Within nodes: each node's all_reduce (host, and device where it has
+/// GPUs) against the other nodes'.
+fn slow_node_wide(m: &Measurements, flag: &mut Flag<'_>) {
     for kind in [NodeWide::HOST, NodeWide::DEVICE] {
         let busbw: Vec<(usize, f64)> = m
             .nodes
@@ -374,10 +387,14 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
             }
         }
     }
-    // Ranks whose node has fewer CPUs than ranks are not judged: there a
-    // pair's figure depends on whether the scheduler ran its two ranks on
-    // one CPU or two (3 healthy ranks on 2 CPUs: pairs at 7, 11 and 20 GB/s
-    // in one run, and a rank's retakes alone at 0.67 of another pair's).
+}
+
+/// Ranks against every intra-node pair. Ranks whose node has fewer CPUs
+/// than ranks are not judged: there a pair's figure depends on whether the
+/// scheduler ran its two ranks on one CPU or two (3 healthy ranks on 2
+/// CPUs: pairs at 7, 11 and 20 GB/s in one run, and a rank's retakes alone
+/// at 0.67 of another pair's).
+fn slow_ranks(m: &Measurements, flag: &mut Flag<'_>) {
     let ranks: Vec<usize> = m
         .nodes
         .iter()
@@ -396,7 +413,6 @@ pub fn suspects(m: &Measurements, threshold: f64) -> Vec<Suspect> {
             flag(Subject::Rank(r), v, med);
         }
     }
-    out
 }
 
 /// The world rank that measures node `n`'s links (its lowest).
@@ -505,23 +521,8 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
                 .iter()
                 .filter_map(|l| leaders(l.a, l.b))
                 .collect(),
-            Scope::AllReduce | Scope::Device => {
-                let kind = match scope {
-                    Scope::AllReduce => NodeWide::HOST,
-                    _ => NodeWide::DEVICE,
-                };
-                let nodes: Vec<usize> = m
-                    .nodes
-                    .iter()
-                    .filter(|n| (kind.figure)(n).is_some())
-                    .map(|n| n.node)
-                    .filter(|n| !suspects.iter().any(|s| s.subject == (kind.subject)(*n)))
-                    .collect();
-                spread(&nodes, REFERENCES)
-                    .into_iter()
-                    .map(kind.task)
-                    .collect()
-            }
+            Scope::AllReduce => node_wide_references(m, NodeWide::HOST, &suspects),
+            Scope::Device => node_wide_references(m, NodeWide::DEVICE, &suspects),
             Scope::Within => reference_pairs(&healthy_pairs, &m.intra_node)
                 .iter()
                 .map(|l| Task::Pair(l.a, l.b))
@@ -532,6 +533,22 @@ pub fn plan(m: &Measurements, mut suspects: Vec<Suspect>) -> Plan {
     p.unmeasured = unmeasured;
     p.reps = p.tasks.iter().map(|t| retake_reps(m, t)).collect();
     p
+}
+
+/// The reference retakes of a node-wide figure: up to six nodes that have
+/// it and are not suspected of it, spread over the nodes.
+fn node_wide_references(m: &Measurements, kind: NodeWide, suspects: &[Suspect]) -> Vec<Task> {
+    let nodes: Vec<usize> = m
+        .nodes
+        .iter()
+        .filter(|n| (kind.figure)(n).is_some())
+        .map(|n| n.node)
+        .filter(|n| !suspects.iter().any(|s| s.subject == (kind.subject)(*n)))
+        .collect();
+    spread(&nodes, REFERENCES)
+        .into_iter()
+        .map(kind.task)
+        .collect()
 }
 
 /// Timed repetitions for `task`: five times the run's (a few milliseconds

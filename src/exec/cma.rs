@@ -205,28 +205,40 @@ pub(crate) fn probe_pair(node: &SimpleCommunicator) -> io::Result<Probe> {
             node.barrier();
         }
     }
-    // Every rank learns every figure (a rank that timed nothing gives 0).
-    let mine = t.map(|x| if x.is_finite() { x } else { 0.0 });
-    let mut all = [0.0f64; 6];
-    node.all_reduce_into(&mine[..], &mut all[..], SystemOperation::max());
-    // The reader's errno (EIO for a short read), 0 where none.
-    let code = refused
-        .as_ref()
-        .map_or(0, |e| e.raw_os_error().unwrap_or(libc::EIO).max(1));
-    let mut any = 0i32;
-    node.all_reduce_into(&code, &mut any, SystemOperation::max());
+    let shared = share_figures(node, t, refused);
     if writer {
         deny_peer_reads();
     }
     // SAFETY: every rank is past its last access to the window.
     unsafe { mpi::ffi::MPI_Win_free(&mut win) };
-    if any != 0 {
-        return Err(refused.unwrap_or_else(|| io::Error::from_raw_os_error(any)));
-    }
+    let all = shared?;
     Ok(Probe {
         cma: [all[0], all[1]],
         window: [all[2] + all[4], all[3] + all[5]],
     })
+}
+
+/// Every rank's figures of [`probe_pair`] (a rank that timed nothing gives
+/// 0), or the reader's refusal on every rank alike (its errno; EIO for a
+/// short read). Collective over `node`.
+fn share_figures(
+    node: &SimpleCommunicator,
+    t: [f64; 6],
+    refused: Option<io::Error>,
+) -> io::Result<[f64; 6]> {
+    let mine = t.map(|x| if x.is_finite() { x } else { 0.0 });
+    let mut all = [0.0f64; 6];
+    node.all_reduce_into(&mine[..], &mut all[..], SystemOperation::max());
+    let code = refused
+        .as_ref()
+        .map_or(0, |e| e.raw_os_error().unwrap_or(libc::EIO).max(1));
+    let mut any = 0i32;
+    node.all_reduce_into(&code, &mut any, SystemOperation::max());
+    match refused {
+        _ if any == 0 => Ok(all),
+        Some(e) => Err(e),
+        None => Err(io::Error::from_raw_os_error(any)),
+    }
 }
 
 /// The smallest block, a power of two from `floor`, that one read costs

@@ -57,33 +57,10 @@ impl<'rt> StatelessGroup<'rt> {
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        let all = self.all_gather_obj(&mine)?;
-        let mut devices: Vec<(String, String)> = Vec::with_capacity(all.len());
-        for (r, d) in all.into_iter().enumerate() {
-            devices
-                .push(d.map_err(|m| fail(format!("member {r} has no usable GPU or NCCL: {m}")))?);
-        }
-        if let Some((a, b)) = crate::device::select::first_shared(&devices, |p, q| p == q) {
-            return Err(fail(format!(
-                "members {a} and {b} would share GPU {} on {} (NCCL refuses two ranks on one GPU)",
-                devices[b].1, devices[b].0
-            )));
-        }
+        self.agree_on_gpus(mine)?;
         let gpu = gpu?;
         let api = gpu.api().map_err(|e| fail(e.to_string()))?;
-        let id: std::result::Result<Vec<u8>, String> = if self.rank() == 0 {
-            unique_id(api)
-                .map(|id| id.to_bytes().to_vec())
-                .map_err(|e| e.msg)
-        } else {
-            Err(String::new())
-        };
-        let id = self
-            .broadcast_obj((self.rank() == 0).then_some(&id), 0)?
-            .map_err(|m| fail(format!("ncclGetUniqueId failed on member 0: {m}")))?;
-        let id: [u8; UNIQUE_ID_BYTES] = id
-            .try_into()
-            .map_err(|_| fail("member 0 sent a unique id of the wrong size".into()))?;
+        let id = self.unique_id_of_first(api)?;
         gpu.context()
             .bind_to_thread()
             .map_err(|e| fail(format!("binding the CUDA context: {e}")))?;
@@ -124,6 +101,46 @@ impl<'rt> StatelessGroup<'rt> {
             comm,
             seq: Cell::new(0),
         })
+    }
+}
+
+impl StatelessGroup<'_> {
+    /// Every member's GPU (the node NCCL sees it on, its bus id) or why it
+    /// has none, gathered: the same error on every member when one has none
+    /// or two would share one.
+    fn agree_on_gpus(&self, mine: std::result::Result<(String, String), String>) -> Result<()> {
+        let fail = |msg: String| Error::invalid(Op::Connect, self.name(), msg);
+        let all = self.all_gather_obj(&mine)?;
+        let mut devices: Vec<(String, String)> = Vec::with_capacity(all.len());
+        for (r, d) in all.into_iter().enumerate() {
+            devices
+                .push(d.map_err(|m| fail(format!("member {r} has no usable GPU or NCCL: {m}")))?);
+        }
+        if let Some((a, b)) = crate::device::select::first_shared(&devices, |p, q| p == q) {
+            return Err(fail(format!(
+                "members {a} and {b} would share GPU {} on {} (NCCL refuses two ranks on one GPU)",
+                devices[b].1, devices[b].0
+            )));
+        }
+        Ok(())
+    }
+
+    /// The NCCL unique id member 0 makes, sent to every member (its
+    /// failure there is every member's error).
+    fn unique_id_of_first(&self, api: &crate::nccl::sys::Api) -> Result<[u8; UNIQUE_ID_BYTES]> {
+        let fail = |msg: String| Error::invalid(Op::Connect, self.name(), msg);
+        let id: std::result::Result<Vec<u8>, String> = if self.rank() == 0 {
+            unique_id(api)
+                .map(|id| id.to_bytes().to_vec())
+                .map_err(|e| e.msg)
+        } else {
+            Err(String::new())
+        };
+        let id = self
+            .broadcast_obj((self.rank() == 0).then_some(&id), 0)?
+            .map_err(|m| fail(format!("ncclGetUniqueId failed on member 0: {m}")))?;
+        id.try_into()
+            .map_err(|_| fail("member 0 sent a unique id of the wrong size".into()))
     }
 }
 

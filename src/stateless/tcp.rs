@@ -402,12 +402,22 @@ fn host(
         }
     }
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    welcome(joined, local)
+}
+
+/// Member 0 welcomes every member that joined (each at its stream, with
+/// the address it listens at), naming them all and the group's token;
+/// member 0 itself listens at `local`. The streams by rank (none for 0).
+fn welcome(
+    joined: Vec<Option<(TcpStream, SocketAddr)>>,
+    local: SocketAddr,
+) -> std::result::Result<Vec<Option<TcpStream>>, String> {
     let members: Vec<SocketAddr> = joined
         .iter()
         .map(|j| j.as_ref().map_or(local, |(_, a)| *a))
         .collect();
     let token = random_token()?;
-    let mut streams = Vec::with_capacity(size);
+    let mut streams = Vec::with_capacity(joined.len());
     streams.push(None);
     for (rank, j) in joined.into_iter().enumerate().skip(1) {
         let (mut s, _) = j.expect("every rank joined");

@@ -917,6 +917,7 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
             continue;
         }
         let facts = s.peers.get(w);
+        let host = facts.map_or("?", |p| &p.host);
         let node = facts.map(|p| p.node);
         let status = if node == my_node {
             local.iter().find(|st| st.rank == w).cloned()
@@ -930,70 +931,69 @@ fn describe_members(s: &Shared, me: &Status, group: &str, members: &[usize]) -> 
                 Some(b) => b.iter().find(|st| st.rank == w).cloned(),
                 None => {
                     out.push_str(&format!(
-                        "rankmesh:   group rank {g} (world rank {w}, host {}): no answer from its node's status service\n",
-                        facts.map_or("?", |p| &p.host)
+                        "rankmesh:   group rank {g} (world rank {w}, host {host}): no answer from its node's status service\n"
                     ));
                     continue;
                 }
             }
         };
-        let who = format!(
-            "group rank {g} (world rank {w}, host {}",
-            facts.map_or("?", |p| &p.host)
-        );
+        let who = format!("group rank {g} (world rank {w}, host {host}");
         let line = match status {
             None => format!("{who}): not on the status board"),
-            Some(st) => {
-                let proc_state = match st.process {
-                    None if node == my_node => ", process gone".to_string(),
-                    Some('T') | Some('t') => ", process stopped".to_string(),
-                    Some('Z') => ", process exited".to_string(),
-                    _ => String::new(),
-                };
-                let who = format!("{who}, pid {}{proc_state})", st.pid);
-                let same_call = st.state == State::InCall
-                    && st.group == group
-                    && st.op == me.op
-                    && st.seq == me.seq;
-                match st.state {
-                    _ if same_call => {
-                        format!("{who}: in this call, no progress for {}", secs(st.quiet_ns))
-                    }
-                    State::InCall => format!(
-                        "{who}: has not entered this call; it is in {} on {} (call #{}) for {}",
-                        Op::from_code(st.op).map_or("a call", Op::name),
-                        st.group,
-                        st.seq,
-                        secs(st.for_ns)
-                    ),
-                    // A slot names no group until its first call.
-                    State::Idle if st.group.is_empty() => format!(
-                        "{who}: has not entered this call; it has made no call since its runtime started {} ago",
-                        secs(st.for_ns)
-                    ),
-                    State::Idle => format!(
-                        "{who}: has not entered this call; it is in no call, its last call began {} ago",
-                        secs(st.for_ns)
-                    ),
-                    State::Finished => format!(
-                        "{who}: has not entered this call; its runtime shut down {} ago",
-                        secs(st.for_ns)
-                    ),
-                    State::Left => format!(
-                        "{who}: has not entered this call; it left {} ago after: {}",
-                        secs(st.for_ns),
-                        st.reason
-                    ),
-                    State::Ending => format!(
-                        "{who}: ending the job: a call of it cannot complete ({} ago)",
-                        secs(st.for_ns)
-                    ),
-                }
-            }
+            Some(st) => where_member_is(&st, &who, node == my_node, (me, group)),
         };
         out.push_str(&format!("rankmesh:   {line}\n"));
     }
     out
+}
+
+/// Where the member of status `st` is, against this rank's call `me` on
+/// `group` (`who`: its names so far; `local`: on this rank's node, where a
+/// process that is gone is seen).
+fn where_member_is(st: &Status, who: &str, local: bool, (me, group): (&Status, &str)) -> String {
+    let proc_state = match st.process {
+        None if local => ", process gone",
+        Some('T') | Some('t') => ", process stopped",
+        Some('Z') => ", process exited",
+        _ => "",
+    };
+    let who = format!("{who}, pid {}{proc_state})", st.pid);
+    let same_call =
+        st.state == State::InCall && st.group == group && st.op == me.op && st.seq == me.seq;
+    match st.state {
+        _ if same_call => {
+            format!("{who}: in this call, no progress for {}", secs(st.quiet_ns))
+        }
+        State::InCall => format!(
+            "{who}: has not entered this call; it is in {} on {} (call #{}) for {}",
+            Op::from_code(st.op).map_or("a call", Op::name),
+            st.group,
+            st.seq,
+            secs(st.for_ns)
+        ),
+        // A slot names no group until its first call.
+        State::Idle if st.group.is_empty() => format!(
+            "{who}: has not entered this call; it has made no call since its runtime started {} ago",
+            secs(st.for_ns)
+        ),
+        State::Idle => format!(
+            "{who}: has not entered this call; it is in no call, its last call began {} ago",
+            secs(st.for_ns)
+        ),
+        State::Finished => format!(
+            "{who}: has not entered this call; its runtime shut down {} ago",
+            secs(st.for_ns)
+        ),
+        State::Left => format!(
+            "{who}: has not entered this call; it left {} ago after: {}",
+            secs(st.for_ns),
+            st.reason
+        ),
+        State::Ending => format!(
+            "{who}: ending the job: a call of it cannot complete ({} ago)",
+            secs(st.for_ns)
+        ),
+    }
 }
 
 /// The board of `node`, from the status service of `first` or of another

@@ -136,19 +136,9 @@ impl ShmExec {
         let base = self.streamed.get();
         self.streamed.set(base + count);
         let slot = self.stream_slot();
-        // Piece `i` lies at ring position `i % ring`: the positions of the
-        // first phase's area, then the other's.
         let per_area = (self.window.chunk / slot) as u64;
         let ring = 2 * per_area;
-        let at = |i: u64| {
-            let pos = i % ring;
-            let area = (first.area + (pos / per_area) as usize) % 2;
-            let place = Place {
-                area,
-                inline: false,
-            };
-            (place, (pos % per_area) as usize * slot)
-        };
+        let at = |i: u64| ring_place(first, per_area, slot, i);
         let writes = writers.has(me);
         let written = self.stream_counter(me, Counter::Written);
         let next = Cell::new(1);
@@ -210,4 +200,18 @@ impl ShmExec {
             self.drain_due.set(base + count);
         }
     }
+}
+
+/// Where piece `i` of a stream lies, with `per_area` slots of `slot` bytes
+/// in each data area: at ring position `i % (2 × per_area)`, the positions
+/// of the first phase's area (`first`), then the other's.
+#[inline(always)]
+fn ring_place(first: Place, per_area: u64, slot: usize, i: u64) -> (Place, usize) {
+    let pos = i % (2 * per_area);
+    let area = (first.area + (pos / per_area) as usize) % 2;
+    let place = Place {
+        area,
+        inline: false,
+    };
+    (place, (pos % per_area) as usize * slot)
 }
