@@ -1,5 +1,9 @@
 //! `rankmesh`: the command-line front end. Thin: parsing and printing only.
 
+// No function over 80 lines of code (clippy.toml; see src/lib.rs).
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankmesh::tools::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
 use rankmesh::tools::topo::TopoReport;

@@ -4,6 +4,10 @@
 //! library's collectives with the GIL released, and turns its errors into
 //! exceptions.
 
+// No function over 80 lines of code (clippy.toml; see src/lib.rs).
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 mod alloc_probe;
 mod arrays;
 mod errors;
