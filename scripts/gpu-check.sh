@@ -442,6 +442,28 @@ for np in 2 4; do
     fi
 done
 
+# reduce_scatter_v on NCCL: one group of ncclReduce calls (each block moves
+# once) against the padded ncclReduceScatter it replaces, which is
+# reduce_scatter at the padded size: at --skew 1 on 2 ranks the longest
+# block is the whole, so the padded call moves twice the bytes. Both
+# validated; the socket transport between ranks of one GPU makes this
+# indicative, not a speed target (issue #63).
+name="np 2 on one GPU: reduce_scatter_v (grouped ncclReduce) against a padded ncclReduceScatter, --skew 1, 1-16 MiB"
+if in_budget "$name" 60; then
+    run_multi "$name" "${shared[@]}" -np 2 "$bin" bench reduce_scatter_v --backend nccl -b 1M -e 16M -f 4 -n 20 -w 3 -c 1 --skew 1
+    rsv_out=$out rsv_rc=$rc
+    run_multi "$name" "${shared[@]}" -np 2 "$bin" bench reduce_scatter --backend nccl -b 2M -e 32M -f 4 -n 20 -w 3 -c 1
+    if ((rsv_rc == 0 && rc == 0)) && grep -q 'Out of bounds values : 0 OK' <<<"$rsv_out" && grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
+        # nccl-tests rows: size count type redop root time ...; padded = 2 x size.
+        fig=$(awk 'NR == FNR { if ($1 ~ /^[0-9]+$/ && NF >= 12) padded[$1 / 2] = $6; next }
+                   $1 ~ /^[0-9]+$/ && NF >= 12 { printf "%s%s B: grouped %s us, padded %s us", sep, $1, $6, padded[$1]; sep = "; " }' \
+                  <(printf '%s\n' "$out") <(printf '%s\n' "$rsv_out"))
+        row "$name" info "0 wrong; $fig (socket transport: indicative)"
+    else
+        row "$name" fail "rc $rsv_rc/$rc: $(first_failure)"
+    fi
+fi
+
 # The anchor: torch.distributed on NCCL, same GPU, same NCCL_HOSTID rule.
 name="np 2 on one GPU: torch.distributed NCCL all_reduce against rankmesh's, time per call, 8 B-1 MiB"
 if ((!torch_cuda)); then
