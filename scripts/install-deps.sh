@@ -4,7 +4,8 @@
 # libclang for rsmpi's bindgen, pkg-config;
 # with --test also Slurm and munge for the local-cluster tests, pip for
 # NCCL's real library (scripts/fetch-nccl.sh), and MPICH for the portability
-# smoke (scripts/mpi-smoke.sh; the PyPI MPIs come through pip).
+# smoke (scripts/mpi-smoke.sh; the PyPI MPIs come through pip), valgrind and
+# strace for the hot path's budget (scripts/hot-path-guard.sh).
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 need=()
@@ -21,6 +22,10 @@ if [ "${1:-}" = "--test" ]; then
   # The Python package's tests build it in a virtual environment (python/).
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
   dpkg -s python3-dev >/dev/null 2>&1 || need+=(python3-dev)
+  # The hot path's budget counts instructions and system calls
+  # (scripts/hot-path-guard.sh).
+  command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+  command -v strace >/dev/null 2>&1 || need+=(strace)
 fi
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/include/mpi.h ] \

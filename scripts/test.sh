@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: installs missing system packages (Debian/Ubuntu), then `cargo test`
 # (unit, property, doc and mpirun integration tests), then the GPU check's
-# rehearsal on the emulators, the portability smoke under four more MPIs and
+# rehearsal on the emulators, the hot path's counted budget, the
+# portability smoke under four more MPIs and
 # the whole suite again under Debian's MPICH. Extra arguments go to cargo
 # (and skip the rehearsal, the smoke and the MPICH suite).
 set -euo pipefail
@@ -36,6 +37,10 @@ if (($# == 0)); then
     done_at "the Python package"
     bash scripts/gpu-rehearse.sh
     done_at "the GPU check's rehearsal"
+    # The hot path's per-call instructions and system calls against their
+    # budgets (issue #65): CI cannot time a call, but it can count.
+    bash scripts/hot-path-guard.sh 2>&1 | tee -a "$log"
+    done_at "the hot path's budget"
     for mpi in mpich openmpi5 mpich5 impi; do
         bash scripts/mpi-smoke.sh "$mpi"
     done
