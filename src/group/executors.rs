@@ -25,7 +25,7 @@ impl<'rt> GroupCoordinator<'rt> {
     pub fn host_executor(&self) -> &'static str {
         if self.size() == 1 {
             "local"
-        } else if self.inner.host.shm_wanted {
+        } else if self.planes().shm {
             "shm"
         } else if self.inner.host.hier_nodes.is_some() {
             "hier"
@@ -60,7 +60,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// The shared-memory executor, its window made on first use. Collective
     /// the first time: only the dispatch path calls it, where every member does.
     pub(super) fn shm(&self) -> Option<&ShmExec> {
-        if !self.inner.host.shm_wanted {
+        if !self.planes().shm {
             return None;
         }
         let (rt, comm) = (self.inner.rt, &self.inner.comm);

@@ -50,15 +50,14 @@ impl DeviceState<'_> {
 /// The host plane's state: the executor chosen when the group was made
 /// (made at its first collective) and the scratch its packing reuses.
 pub(super) struct HostState {
-    /// Whether host collectives run on shared memory (decided, alike on
-    /// every member, when the group is made).
-    pub(super) shm_wanted: bool,
     /// The shared-memory executor, made at the group's first collective.
     pub(super) shm: OnceCell<ShmExec>,
     /// For a hierarchical group (decided, alike on every member, when the
     /// group is made): each member's node, by group rank.
     pub(super) hier_nodes: Option<Vec<usize>>,
-    /// The fast paths above, as `exec::route` reads them.
+    /// The fast paths, decided alike on every member when the group is
+    /// made (a window when the members share a node; node-aware stages),
+    /// as `exec::route` reads them.
     pub(super) planes: Planes,
     /// The hierarchical executor, made at the group's first collective.
     pub(super) hier: OnceCell<Hier>,
@@ -79,7 +78,6 @@ impl HostState {
                 hier: hier_nodes.is_some(),
                 forced_hier,
             },
-            shm_wanted,
             shm: OnceCell::new(),
             hier_nodes,
             hier: OnceCell::new(),
