@@ -41,16 +41,25 @@ mod tensor;
 mod wait;
 mod mpi_ext;
 mod mpi_abi;
-// Public only for the tests (the agreement's property tests, fault
-// injection that speaks the wire tags): not part of the API.
-#[doc(hidden)]
+// The agreement, the executors and the tools' modules are internal. The
+// `internals` feature, which Cargo.toml's self dev-dependency turns on for
+// the integration tests only, makes them public for those tests (the
+// agreement's property tests, fault injection that speaks the wire tags);
+// a user's build has no such paths, and nothing of its API is hidden.
+#[cfg(feature = "internals")]
+#[allow(missing_docs)]
 pub mod agree;
+#[cfg(not(feature = "internals"))]
+mod agree;
 mod watch;
 // 3. executors and the device plane
 mod nccl;
 mod device;
-#[doc(hidden)]
+#[cfg(feature = "internals")]
+#[allow(missing_docs)]
 pub mod exec;
+#[cfg(not(feature = "internals"))]
+mod exec;
 mod placement;
 // 4. groups and the runtime
 mod group;
@@ -59,14 +68,19 @@ mod object;
 mod helpers;
 mod stateless;
 mod parallel;
-// 6. tools
-// Reached through `tools`; the root paths stay for the CLI's history.
-#[doc(hidden)]
+// 6. tools, reached through `tools` (and, for the tests, as above)
+#[cfg(feature = "internals")]
 pub mod bench;
-#[doc(hidden)]
+#[cfg(not(feature = "internals"))]
+mod bench;
+#[cfg(feature = "internals")]
 pub mod doctor;
-#[doc(hidden)]
+#[cfg(not(feature = "internals"))]
+mod doctor;
+#[cfg(feature = "internals")]
 pub mod topo;
+#[cfg(not(feature = "internals"))]
+mod topo;
 pub mod tools;
 // (7. the CLI is bin/rankmesh.rs)
 pub mod prelude;

@@ -21,9 +21,11 @@ mod posted;
 mod ring;
 
 pub(crate) use deferred::{Deferred, Posts, Verdict};
+#[cfg(feature = "internals")]
+pub use descriptor::MAX_DIMS;
 pub use descriptor::{agree, agree_peers};
 pub(crate) use descriptor::{agree_frame, Admitted, Check, CheckFn, Frame};
-pub use descriptor::{Descriptor, ViewProblem, MAX_DIMS};
+pub use descriptor::{Descriptor, ViewProblem};
 pub(crate) use list::{
     agree_on_list, agree_on_request, check_rank_list, fnv1a, validate_group_lists,
 };

@@ -37,7 +37,7 @@ impl<'rt> GroupCoordinator<'rt> {
     /// Which executor a host `op` moving `bytes` runs on (sizes as the
     /// bench counts them: the buffer, an all-gather's output, a
     /// reduce-scatter's input): `"local"` in a group of one, else the
-    /// choice of [`route`](crate::exec::route::route), the one place it is
+    /// choice of `exec::route`, the one place it is
     /// made: MPI for every op, the group's window or node-aware stages for
     /// the ops and sizes where they pay.
     pub fn host_executor_for(&self, op: Op, bytes: usize) -> &'static str {

@@ -118,7 +118,7 @@ slice_enum!(
     HostSlice, with_slice, &'a
 );
 slice_enum!(
-    /// A tensor's elements, typed and writable ([`Tensor::data_mut`]).
+    /// A tensor's elements, typed and writable.
     HostSliceMut, with_slice_mut, &'a mut
 );
 
