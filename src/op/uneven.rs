@@ -29,14 +29,13 @@ pub(crate) fn all_to_all_v_problem(
             ));
         }
     }
-    let sum = |c: &[usize]| c.iter().try_fold(0usize, |a, n| a.checked_add(*n));
-    if sum(send_counts) != Some(shape[0]) {
+    if total(send_counts) != Some(shape[0]) {
         return Some(format!(
             "send counts {send_counts:?} do not add up to the input's {} rows (shape {shape:?})",
             shape[0]
         ));
     }
-    if sum(recv_counts) != Some(out_shape[0]) {
+    if total(recv_counts) != Some(out_shape[0]) {
         return Some(format!(
             "receive counts {recv_counts:?} do not add up to the output's {} rows (shape {out_shape:?})",
             out_shape[0]
