@@ -8,6 +8,9 @@
 use super::copy::copy_bytes;
 use std::ops::Range;
 
+/// A byte copy between slices of one length: plain or streaming stores.
+pub(crate) type Copier = fn(&mut [u8], &[u8]);
+
 /// Where one rank's block of an all-to-all lies in a buffer: `count` runs of
 /// `run` bytes, `stride` bytes apart, and the next rank's block `extent`
 /// bytes further on.
@@ -63,8 +66,15 @@ pub(crate) trait Blocks: Copy {
     /// `src` into bytes `off..off + src.len()` of block `r` of `buf`.
     #[inline(always)]
     fn write(&self, buf: &mut [u8], r: usize, off: usize, src: &[u8]) {
+        self.write_by(copy_bytes, buf, r, off, src);
+    }
+
+    /// [`Self::write`] by `copy`: [`stream_bytes`](super::copy::stream_bytes)
+    /// for an output larger than the cache.
+    #[inline(always)]
+    fn write_by(&self, copy: Copier, buf: &mut [u8], r: usize, off: usize, src: &[u8]) {
         for (at, from, len) in self.runs(r, off, src.len()) {
-            copy_bytes(&mut buf[at..at + len], &src[from..from + len]);
+            copy(&mut buf[at..at + len], &src[from..from + len]);
         }
     }
 
@@ -83,8 +93,22 @@ pub(crate) trait Blocks: Copy {
         off: usize,
         len: usize,
     ) {
+        self.copy_to_by(copy_bytes, src, r, (to, dst, at), off, len);
+    }
+
+    /// [`Self::copy_to`] by `copy` (as [`Self::write_by`]).
+    #[inline(always)]
+    fn copy_to_by<B: Blocks>(
+        &self,
+        copy: Copier,
+        src: &[u8],
+        r: usize,
+        (to, dst, at): (B, &mut [u8], usize),
+        off: usize,
+        len: usize,
+    ) {
         for (from, pos, run) in self.runs(r, off, len) {
-            to.write(dst, at, off + pos, &src[from..from + run]);
+            to.write_by(copy, dst, at, off + pos, &src[from..from + run]);
         }
     }
 }

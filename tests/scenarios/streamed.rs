@@ -3,10 +3,10 @@
 //! 16 MiB for 2 ranks on a 32 MiB cache): random non-integer f32 values
 //! and an odd element count, so shares and tails fall off every alignment,
 //! and bit-exact comparison with a serial f32 reference summed in rank
-//! order.
+//! order; the all-to-alls against the blocks cut from every rank's input.
 
-use super::reference::{assert_replicated_ops, random_f32};
-use rankmesh::Runtime;
+use super::reference::{assert_bits, assert_replicated_ops, random_f32};
+use rankmesh::{Collectives as _, GroupCoordinator, Runtime, Tensor};
 
 /// Bytes of the largest data or unified cache sysfs lists for CPU 0, or
 /// 32 MiB where it lists none (as the executor reads it).
@@ -45,4 +45,39 @@ pub fn run(rt: &Runtime) {
     let n = elements();
     let all: Vec<Vec<f32>> = (0..p).map(|r| values(r, n)).collect();
     assert_replicated_ops(&g, &all, [p - 1]);
+    assert_all_to_alls(&g, &all);
+}
+
+/// all_to_all of every rank's whole input (its blocks of an odd element
+/// count, so their ends fall off every alignment), then all_to_all_v with
+/// uneven counts (rank `r` sends rank `s` a share that grows with `r + s`,
+/// one block of them empty): each output checked bit for bit against the
+/// blocks cut from every rank's input.
+fn assert_all_to_alls(g: &GroupCoordinator<'_>, all: &[Vec<f32>]) {
+    let (p, me) = (g.size(), g.rank_in_group());
+    let n = all[0].len() - all[0].len() % p;
+    let mine = Tensor::from_vec([n], all[me][..n].to_vec()).unwrap();
+    let b = n / p;
+    let want: Vec<f32> = (0..p)
+        .flat_map(|s| all[s][me * b..][..b].to_vec())
+        .collect();
+    let got = g.all_to_all(&mine).unwrap();
+    assert_bits(&got, &want, &format!("all_to_all of {n} f32 on {p} ranks"));
+
+    // counts[r][s]: rows rank r sends rank s; row sums stay within n.
+    let count = |r: usize, s: usize| match (r + s) % p {
+        0 if p > 1 => 0,
+        k => (n / p / p * (k + 1) + 3).min(n / p),
+    };
+    let sends: Vec<usize> = (0..p).map(|s| count(me, s)).collect();
+    let recvs: Vec<usize> = (0..p).map(|r| count(r, me)).collect();
+    let start = |r: usize, s: usize| (0..s).map(|t| count(r, t)).sum::<usize>();
+    let total: usize = sends.iter().sum();
+    let input = Tensor::from_vec([total], all[me][..total].to_vec()).unwrap();
+    let want: Vec<f32> = (0..p)
+        .flat_map(|r| all[r][start(r, me)..][..count(r, me)].to_vec())
+        .collect();
+    let got = g.all_to_all_v(&input, &sends, &recvs).unwrap();
+    let what = format!("all_to_all_v of {total} f32 (counts {sends:?}) on {p} ranks");
+    assert_bits(&got, &want, &what);
 }

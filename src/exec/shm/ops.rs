@@ -491,6 +491,8 @@ impl ShmExec {
             None => Ranks::All,
         };
         let count = longest.div_ceil(step) as u64;
+        // Each rank's output is `p` blocks of up to `longest` bytes.
+        let put = self.output_copy(longest.saturating_mul(p));
         self.stream(
             pulse,
             first,
@@ -507,14 +509,16 @@ impl ShmExec {
                     }
                     if let (Some((src, from)), Some((buf, blocks))) = (direct, out.as_mut()) {
                         let n = part(blocks.len(senders.block(me)), off);
-                        from.copy_to(src, me, *blocks, buf, senders.block(me), off, n);
+                        let to = (*blocks, &mut **buf, senders.block(me));
+                        from.copy_to_by(put, src, me, to, off, n);
                     }
                 }
                 Piece::Read(i, s, bytes) => {
                     if let Some((buf, blocks)) = out.as_mut() {
                         let off = i as usize * step;
                         let n = part(blocks.len(senders.block(s)), off);
-                        blocks.write(buf, senders.block(s), off, &bytes[me * step..][..n]);
+                        let piece = &bytes[me * step..][..n];
+                        blocks.write_by(put, buf, senders.block(s), off, piece);
                     }
                 }
             },
