@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankmesh::tools::bench::{self, entries::Entry, Average, BenchConfig, GroupChoice};
 use rankmesh::tools::topo::TopoReport;
 use rankmesh::Objects as _;
-use rankmesh::{BindPolicy, Error, ParallelState, Runtime};
+use rankmesh::{placement::BindPolicy, Error, ParallelState, Runtime};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -14,8 +14,11 @@
 //! Run: `scripts/mpirun-local.sh -np 2 target/release/examples/dict_bench [K] [S] [ITERS]`
 //! (2 or more ranks). Prints the median microseconds per call on rank 0.
 
-use rankmesh::Ranks;
-use rankmesh::{Collectives as _, DType, DictValue, Runtime, Tensor, TensorDict, TensorDicts as _};
+use rankmesh::object::Ranks;
+use rankmesh::{
+    object::DictValue, object::TensorDict, object::TensorDicts as _, Collectives as _, DType,
+    Runtime, Tensor,
+};
 use rankmesh::{Gathers as _, Objects as _};
 use std::time::Instant;
 

@@ -7,7 +7,7 @@
 //! (DIR defaults to /dev/shm, so the file system's speed does not hide the
 //! checksum's; a world of 1 without a launcher).
 
-use rankmesh::{DType, Runtime, Tensor, Workspace};
+use rankmesh::{helpers::Workspace, DType, Runtime, Tensor};
 use std::collections::BTreeMap;
 use std::time::Instant;
 

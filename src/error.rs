@@ -247,6 +247,14 @@ impl Error {
     }
 }
 
+/// Exit code of a job the watchdog ends (`MPI_Abort`): `EX_TEMPFAIL` of
+/// sysexits.h, apart from `timeout(1)`'s 124 so the two can be told apart.
+pub const TIMEOUT_EXIT: i32 = Abandon::Timeout.exit_code();
+
+/// Exit code of a job ended because a member of a call left (its runtime
+/// dropped after an error or a panic, or its process gone): `EX_PROTOCOL`.
+pub const LEFT_EXIT: i32 = Abandon::PeerLeft.exit_code();
+
 /// Why a call was given up on ([`Error::Abandoned`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Abandon {

@@ -34,9 +34,9 @@
 // 1. values: element types, the op list's rules, the error, host tensors
 mod parse;
 mod dtype;
-mod op;
-mod error;
-mod tensor;
+pub mod op;
+pub mod error;
+pub mod tensor;
 // 2. agreement and the watch, over the MPI pieces rsmpi lacks
 mod wait;
 mod mpi_ext;
@@ -54,20 +54,20 @@ mod agree;
 mod watch;
 // 3. executors and the device plane
 mod nccl;
-mod device;
+pub mod device;
 #[cfg(feature = "internals")]
 #[allow(missing_docs)]
 pub mod exec;
 #[cfg(not(feature = "internals"))]
 mod exec;
-mod placement;
+pub mod placement;
 // 4. groups and the runtime
-mod group;
+pub mod group;
 // 5. what is built on groups
-mod object;
-mod helpers;
-mod stateless;
-mod parallel;
+pub mod object;
+pub mod helpers;
+pub mod stateless;
+pub mod parallel;
 // 6. tools, reached through `tools` (and, for the tests, as above)
 #[cfg(feature = "internals")]
 pub mod bench;
@@ -85,34 +85,18 @@ pub mod tools;
 // (7. the CLI is bin/rankmesh.rs)
 pub mod prelude;
 
-pub use device::driver::driver_version as cuda_driver_version;
-pub use device::{DeviceInfo, DeviceTensor, DeviceView, DeviceViewMut, Gpu};
+// The root holds what a program names first; the rest is in the public
+// modules above, each a user's namespace (tests/layers.rs caps the root).
+pub use device::DeviceTensor;
 pub use dtype::DType;
-pub use error::{Abandon, Error, NcclError, Rejection, Result};
-pub use group::{
-    Collectives, DeviceEvent, DeviceGroup, GroupCoordinator, MpiCalls, Options, P2p, PlaneTensor,
-    RankInfo, Runtime, SingleCopy, WorldInfo,
-};
-pub use helpers::{
-    is_distributed, is_local_main_process, is_main_process, zero_only, MainRank, RankState,
-    Workspace,
-};
-pub use object::{
-    ConfigsByRank, DictValue, Gathers, Object, Objects, Ranks, TensorDict, TensorDicts,
-};
-pub use op::{Args, CheckMode, Op, ReduceOp};
-pub use parallel::{
-    consecutive_group_count, consecutive_groups, Differentiable, GroupKind, Layout, MegatronSizes,
-    Mesh, MeshLayout, OnGroup, ParallelState,
-};
-pub use placement::{BindPolicy, GpuInfo, Placement};
-pub use stateless::{StatelessDevice, StatelessGroup, DEFAULT_SEND_BUFFER_BYTES};
-pub use tensor::{
-    checked_nbytes, checked_numel, divide, ensure_divisibility, numel, split_tensor_along_last_dim,
-    split_views_along_last_dim, Bool, Element, HostData, HostSlice, HostSliceMut, HostView,
-    HostViewMut, LastDimView, Tensor, F8E4M3, F8E5M2,
-};
-pub use watch::{OnHang, LEFT_EXIT, TIMEOUT_EXIT};
+pub use error::{Error, Result};
+pub use group::{Collectives, DeviceGroup, GroupCoordinator, Options, P2p, Runtime};
+pub use object::{Gathers, Objects};
+pub use op::ReduceOp;
+pub use parallel::{Mesh, MeshLayout, ParallelState};
+pub use stateless::StatelessGroup;
+pub use tensor::{Element, Tensor};
+pub use watch::OnHang;
 
 /// The README's examples are compiled as doc tests so they stay true.
 #[doc = include_str!("../README.md")]

@@ -3,7 +3,7 @@
 //! a program needs.
 
 pub use crate::{
-    Collectives, DType, DeviceGroup, DeviceTensor, Error, Gathers, GroupCoordinator, MainRank,
-    Mesh, MeshLayout, Objects, OnGroup, P2p, ParallelState, ReduceOp, Result, Runtime,
-    StatelessGroup, Tensor, TensorDict, TensorDicts,
+    helpers::MainRank, object::TensorDict, object::TensorDicts, parallel::OnGroup, Collectives,
+    DType, DeviceGroup, DeviceTensor, Error, Gathers, GroupCoordinator, Mesh, MeshLayout, Objects,
+    P2p, ParallelState, ReduceOp, Result, Runtime, StatelessGroup, Tensor,
 };

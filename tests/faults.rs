@@ -14,8 +14,8 @@ mod support;
 use mpi::traits::*;
 use rankmesh::agree::Descriptor;
 use rankmesh::exec::mpi::{TAG_DATA, TAG_HEADER};
+use rankmesh::op::Op;
 use rankmesh::Objects as _;
-use rankmesh::Op;
 use rankmesh::{Collectives as _, DType, ReduceOp, Runtime, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -249,7 +249,12 @@ fn a_rank_stopped_between_calls_is_named_as_stopped_and_not_in_the_call() {
         "stop-between",
         &[("RANKMESH_TRACE_DIR", traces.to_str().unwrap())],
     );
-    assert_eq!(job.code, Some(rankmesh::TIMEOUT_EXIT), "{}", job.describe());
+    assert_eq!(
+        job.code,
+        Some(rankmesh::error::TIMEOUT_EXIT),
+        "{}",
+        job.describe()
+    );
     // The rank that fired left its flight record for the post-mortem.
     let trace = std::fs::read_to_string(traces.join("rankmesh-trace-rank0.txt")).unwrap();
     assert!(
@@ -273,7 +278,12 @@ fn a_rank_stopped_between_calls_is_named_as_stopped_and_not_in_the_call() {
 /// A rank stopped mid-loop of all_reduces: named, with its process state.
 fn assert_stopped_rank_named(mode: &str) {
     let job = run_fault(mode);
-    assert_eq!(job.code, Some(rankmesh::TIMEOUT_EXIT), "{}", job.describe());
+    assert_eq!(
+        job.code,
+        Some(rankmesh::error::TIMEOUT_EXIT),
+        "{}",
+        job.describe()
+    );
     assert_has(
         &job,
         &[
@@ -323,7 +333,12 @@ fn a_rank_that_returns_early_is_named() {
         return;
     }
     let job = run_fault("return-early");
-    assert_eq!(job.code, Some(rankmesh::TIMEOUT_EXIT), "{}", job.describe());
+    assert_eq!(
+        job.code,
+        Some(rankmesh::error::TIMEOUT_EXIT),
+        "{}",
+        job.describe()
+    );
     assert_has(
         &job,
         &[
@@ -375,7 +390,12 @@ fn a_forged_missing_payload_is_caught_by_the_watchdog() {
         return;
     }
     let job = run_fault("forged-missing");
-    assert_eq!(job.code, Some(rankmesh::TIMEOUT_EXIT), "{}", job.describe());
+    assert_eq!(
+        job.code,
+        Some(rankmesh::error::TIMEOUT_EXIT),
+        "{}",
+        job.describe()
+    );
     assert_has(
         &job,
         &[

@@ -22,10 +22,10 @@ mod reference;
 mod support;
 
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
+use rankmesh::object::TensorDicts as _;
 use rankmesh::Collectives as _;
-use rankmesh::TensorDicts as _;
 use rankmesh::{
-    CheckMode, DType, DeviceGroup, DeviceTensor, Element, Error, GroupCoordinator, ReduceOp,
+    op::CheckMode, DType, DeviceGroup, DeviceTensor, Element, Error, GroupCoordinator, ReduceOp,
     Runtime, Tensor,
 };
 use std::sync::Arc;
@@ -517,7 +517,7 @@ fn check_point_to_point(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> C
 }
 
 fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
-    use rankmesh::{DictValue as V, TensorDict};
+    use rankmesh::{object::DictValue as V, object::TensorDict};
     type DeviceTensorDict = TensorDict<rankmesh::DeviceTensor>;
     let gpu = dg.gpu();
     let (n, me) = (g.size(), g.rank_in_group());
@@ -582,7 +582,7 @@ fn check_dicts(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
 
 /// Device forward/backward of every differentiable collective equal the host plane's.
 fn check_autograd(g: &GroupCoordinator<'_>, dg: &DeviceGroup<'_, '_>) -> Check {
-    use rankmesh::Differentiable as D;
+    use rankmesh::parallel::Differentiable as D;
     let gpu = dg.gpu();
     let n = g.size();
     let x = input(&[2, n * 2, n * 3, 4], DType::F32, g.rank_in_group());

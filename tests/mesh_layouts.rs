@@ -5,7 +5,7 @@
 //! `arange(W).reshape(-1, dp, pp, tp)` groups, FastVideo's SP/DP groups.
 //! World sizes 1 to 1024.
 
-use rankmesh::{MegatronSizes, MeshLayout};
+use rankmesh::{parallel::MegatronSizes, MeshLayout};
 
 /// Divisors of `n`.
 fn divisors(n: usize) -> Vec<usize> {

@@ -4,8 +4,8 @@
 
 use proptest::prelude::*;
 use rankmesh::agree::{agree, agree_peers, Descriptor};
-use rankmesh::checked_numel;
-use rankmesh::{DType, Op, Tensor};
+use rankmesh::tensor::checked_numel;
+use rankmesh::{op::Op, DType, Tensor};
 
 /// Dims that are usually small but sometimes huge, so products overflow.
 fn dim() -> impl Strategy<Value = usize> {

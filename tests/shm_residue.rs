@@ -70,7 +70,8 @@ fn worker() {
         });
     }
     for _ in 0..1000 {
-        g.gather_tensors(&t, rankmesh::Ranks::Group(&all)).unwrap();
+        g.gather_tensors(&t, rankmesh::object::Ranks::Group(&all))
+            .unwrap();
         g.all_reduce_in_place(&mut u, rankmesh::ReduceOp::Sum)
             .unwrap();
     }

@@ -91,7 +91,7 @@ fn exchange(g: &mut StatelessGroup<'_>, job: &str) -> rankmesh::Result<()> {
     );
     g.send_tensor(&weights(me, &[4], DType::I64), next)?;
     assert_eq!(g.recv_tensor(prev)?, weights(prev, &[4], DType::I64));
-    g.set_send_buffer(rankmesh::DEFAULT_SEND_BUFFER_BYTES);
+    g.set_send_buffer(rankmesh::stateless::DEFAULT_SEND_BUFFER_BYTES);
 
     // Bad ranks are errors naming the value, before anything is sent.
     let e = g

@@ -421,7 +421,7 @@ impl Borrowed {
         shape: Vec<usize>,
     ) -> PyResult<Borrowed> {
         // A zero-size array may have no address; any aligned one will do.
-        let ptr = if ptr == 0 && rankmesh::numel(&shape) == 0 {
+        let ptr = if ptr == 0 && rankmesh::tensor::numel(&shape) == 0 {
             dtype.size()
         } else {
             ptr

@@ -91,7 +91,7 @@ pub fn take_pending() -> Option<PyErr> {
 
 /// The exception of a library error.
 pub fn to_py(e: rankmesh::Error) -> PyErr {
-    use rankmesh::{Abandon, Error as E};
+    use rankmesh::{error::Abandon, Error as E};
     let msg = e.to_string();
     match e {
         E::Abandoned { why, .. } => match why {

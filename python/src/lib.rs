@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rankmesh::MeshLayout;
 use rankmesh::{
-    Args, Collectives, DeviceGroup, DeviceTensor, GroupCoordinator, Objects, ParallelState,
+    op::Args, Collectives, DeviceGroup, DeviceTensor, GroupCoordinator, Objects, ParallelState,
     ReduceOp, Tensor,
 };
 use serde_bytes::ByteBuf;
@@ -96,7 +96,7 @@ impl Runtime {
                         o.on_hang = h;
                     }
                     if strict {
-                        o.check = rankmesh::CheckMode::Strict;
+                        o.check = rankmesh::op::CheckMode::Strict;
                     }
                 })
                 .map(Here::new)
@@ -254,7 +254,7 @@ impl Runtime {
     ) -> PyResult<(mesh::Mesh, mesh::Mesh)> {
         let _turn = handles::serial();
         let rt = self.rt()?;
-        let sizes = rankmesh::MegatronSizes {
+        let sizes = rankmesh::parallel::MegatronSizes {
             tp,
             pp,
             cp,

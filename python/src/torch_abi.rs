@@ -168,7 +168,7 @@ impl TorchGroup {
 }
 
 fn kind(e: &Error) -> i32 {
-    use rankmesh::{Abandon, Error as E};
+    use rankmesh::{error::Abandon, Error as E};
     match e {
         E::Abandoned { why, .. } => match why {
             Abandon::Interrupted => status::INTERRUPTED,

@@ -1,4 +1,4 @@
-//! A group's deferred agreements (the `deferred` [check mode](crate::CheckMode)):
+//! A group's deferred agreements (the `deferred` [check mode](crate::op::CheckMode)):
 //! posted, completed later.
 //!
 //! `deferred`: a device call posts its descriptor and enqueues its NCCL work

@@ -324,7 +324,7 @@ impl Descriptor {
                 "counts" => format!("counts #{:016x}", v as u64),
                 "mode" => format!(
                     "mode {}",
-                    crate::CheckMode::from_code(v).map_or("?", crate::CheckMode::name)
+                    crate::op::CheckMode::from_code(v).map_or("?", crate::op::CheckMode::name)
                 ),
                 _ => format!("{name} {v}"),
             });

@@ -3,7 +3,7 @@
 //! The host group ([`GroupCoordinator`], MPI on host memory) and the device
 //! group ([`DeviceGroup`](crate::DeviceGroup), NCCL on GPU memory) are two
 //! implementations with an associated tensor type each. Everything above the
-//! planes — [`Differentiable`](crate::Differentiable), tensor dictionaries,
+//! planes — [`Differentiable`](crate::parallel::Differentiable), tensor dictionaries,
 //! `rankmesh bench` — is written once against this trait.
 //!
 //! Each collective has an `_into` form that writes a caller-owned output

@@ -3,7 +3,7 @@
 //!
 //! Each call agrees on its descriptor over MPI (flagged as a device call, so
 //! a host call meeting a device call is an error; when, is the group's
-//! [check mode](crate::CheckMode)), creates the group's NCCL communicator on
+//! [check mode](crate::op::CheckMode)), creates the group's NCCL communicator on
 //! first use, and *enqueues* the work on the group's stream (rankmesh's, or
 //! the caller's: [`DeviceGroup::on_stream`]): results are ready after
 //! [`DeviceGroup::synchronize`], a [`DeviceEvent`], or a [`Gpu::download`].
@@ -1086,7 +1086,7 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
         let (comm, peer) = self.link(dst)?;
         let s = self.enqueue()?;
         let ptrs = ts.iter().map(|t| t.ptr_on(s)).collect::<Result<Vec<_>>>()?;
-        let fused = || -> std::result::Result<(), crate::NcclError> {
+        let fused = || -> std::result::Result<(), crate::error::NcclError> {
             let fused = comm.group()?;
             for (t, p) in ts.iter().zip(ptrs) {
                 // SAFETY: `t` holds `numel` elements of its dtype.
@@ -1104,7 +1104,7 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
             .iter()
             .map(|t| t.ptr_on(s))
             .collect::<Result<Vec<_>>>()?;
-        let fused = || -> std::result::Result<(), crate::NcclError> {
+        let fused = || -> std::result::Result<(), crate::error::NcclError> {
             let fused = comm.group()?;
             for (t, p) in outs.iter().zip(ptrs) {
                 // SAFETY: `t` holds `numel` elements of its dtype.
@@ -1122,7 +1122,7 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
         let comm = self.comm()?;
         let s = self.enqueue()?;
         let ptrs = ts.iter().map(|t| t.ptr_on(s)).collect::<Result<Vec<_>>>()?;
-        let fused = || -> std::result::Result<(), crate::NcclError> {
+        let fused = || -> std::result::Result<(), crate::error::NcclError> {
             let fused = comm.group()?;
             for (t, p) in ts.iter().zip(ptrs) {
                 let (n, dt) = (t.numel(), t.dtype());

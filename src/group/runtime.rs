@@ -756,7 +756,7 @@ impl Runtime {
     /// for its peers runs on its own thread every 50 ms (never while the
     /// call makes progress or spins). When it returns `true` the call is
     /// given up: it fails with [`Error::Abandoned`] of
-    /// [`Abandon::Interrupted`](crate::Abandon::Interrupted), its peers are
+    /// [`Abandon::Interrupted`](crate::error::Abandon::Interrupted), its peers are
     /// told that this rank left, and the runtime is done (see
     /// [`Error::Abandoned`]). The Python package checks for Ctrl-C here.
     /// `None` removes it. A call waiting inside a blocking MPI routine is
@@ -768,7 +768,7 @@ impl Runtime {
     /// Why this process gave a call up ([`Error::Abandoned`]), if it did:
     /// every later call fails with that, and dropping the runtime ends the
     /// job.
-    pub fn given_up(&self) -> Option<(crate::Abandon, String)> {
+    pub fn given_up(&self) -> Option<(crate::error::Abandon, String)> {
         crate::wait::give_up::given_up()
     }
 

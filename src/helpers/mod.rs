@@ -37,7 +37,7 @@ pub fn is_local_main_process(rt: &Runtime) -> bool {
 /// ```
 /// # use rankmesh::prelude::*;
 /// # let rt = rankmesh::Runtime::init()?;
-/// let logged = rankmesh::zero_only(&rt, || "written once");
+/// let logged = rankmesh::helpers::zero_only(&rt, || "written once");
 /// assert_eq!(logged.is_some(), rt.rank() == 0);
 /// # Ok::<(), rankmesh::Error>(())
 /// ```
@@ -94,7 +94,7 @@ pub trait MainRank<'rt>: AsGroup<'rt> {
     /// ```
     /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
-    /// use rankmesh::is_local_main_process;
+    /// use rankmesh::helpers::is_local_main_process;
     /// let world = rt.world_group()?;
     /// let dir = std::env::temp_dir().join(format!("node-cache-{}", std::process::id()));
     /// world.zero_first(is_local_main_process(&rt), || std::fs::create_dir_all(&dir))?;

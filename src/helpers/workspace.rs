@@ -58,7 +58,7 @@ struct Meta {
 ///
 /// ```
 /// # let rt = rankmesh::Runtime::init()?;
-/// use rankmesh::{Collectives, Tensor, Workspace};
+/// use rankmesh::{Collectives, Tensor, helpers::Workspace};
 /// use std::collections::BTreeMap;
 /// let world = rt.world_group()?;
 /// let root = std::env::temp_dir().join(format!("rankmesh-doc-{}", std::process::id()));

@@ -77,7 +77,7 @@ pub trait Gathers<'rt>: AsGroup<'rt> {
     /// ```
     /// # use rankmesh::prelude::*;
     /// # let rt = rankmesh::Runtime::init()?;
-    /// use rankmesh::Ranks;
+    /// use rankmesh::object::Ranks;
     /// let world = rt.world_group()?;
     /// let cfg = serde_json::json!({"hidden": 4096});
     /// let all: Vec<usize> = (0..world.size()).collect();
@@ -143,7 +143,7 @@ pub trait Gathers<'rt>: AsGroup<'rt> {
     /// let world = rt.world_group()?;
     /// let shard = rankmesh::Tensor::from_vec([2], vec![rt.rank() as f32; 2])?;
     /// let all: Vec<usize> = (0..world.size()).collect();
-    /// if let Some(shards) = world.gather_tensors(&shard, rankmesh::Ranks::Group(&all))? {
+    /// if let Some(shards) = world.gather_tensors(&shard, rankmesh::object::Ranks::Group(&all))? {
     ///     assert_eq!(shards.len(), world.size());
     /// }
     /// # Ok::<(), rankmesh::Error>(())

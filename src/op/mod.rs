@@ -1,4 +1,4 @@
-//! The op list, one row per op ([`ROWS`]), written once for every data
+//! The op list, one row per op (`ROWS`), written once for every data
 //! plane: name, parameter names, parameter checks, the output shape a call
 //! produces, and where a caller's output is checked. Call sites build an
 //! op's parameters by name through [`Args`]. The dispatch path applies these

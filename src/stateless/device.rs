@@ -149,7 +149,7 @@ impl StatelessDevice<'_, '_> {
         self.gpu.stream().cu_stream() as RawStream
     }
 
-    fn nccl(&self, op: Op, e: crate::NcclError) -> Error {
+    fn nccl(&self, op: Op, e: crate::error::NcclError) -> Error {
         Error::nccl(op, self.group.name(), e)
     }
 

@@ -6,7 +6,7 @@
 //! have not entered that call and where each one is (from the board, across
 //! nodes through the status [service](service)), dumps the flight record
 //! (to stderr, and to `RANKMESH_TRACE_DIR` when set) and ends the job with
-//! `MPI_Abort` and exit code [`TIMEOUT_EXIT`]; with [`OnHang::Error`] it
+//! `MPI_Abort` and exit code [`TIMEOUT_EXIT`](crate::error::TIMEOUT_EXIT); with [`OnHang::Error`] it
 //! gives the call up instead, which then fails with that report as
 //! [`Error::Abandoned`](crate::Error::Abandoned). The hot path only stores a
 //! few atomics; the watchdog thread never calls MPI except to abort.
@@ -27,7 +27,7 @@ pub(crate) use service::{local_ipv4, Secret, Service, ADDRS, SECRET_BYTES};
 pub(crate) use startup::StartupWatch;
 
 use crate::agree::Descriptor;
-use crate::error::{Abandon, Error, Result};
+use crate::error::{Abandon, Error, Result, LEFT_EXIT, TIMEOUT_EXIT};
 use crate::op::Op;
 use crate::wait::give_up;
 use std::collections::HashMap;
@@ -42,20 +42,12 @@ use std::time::Duration;
 /// launcher to forward it.
 const ABORT_GRACE: Duration = Duration::from_millis(300);
 
-/// Exit code of a job the watchdog ends (`MPI_Abort`): `EX_TEMPFAIL` of
-/// sysexits.h, apart from `timeout(1)`'s 124 so the two can be told apart.
-pub const TIMEOUT_EXIT: i32 = Abandon::Timeout.exit_code();
-
-/// Exit code of a job ended because a member of a call left (its runtime
-/// dropped after an error or a panic, or its process gone): `EX_PROTOCOL`.
-pub const LEFT_EXIT: i32 = Abandon::PeerLeft.exit_code();
-
 /// What the watchdog does with a call that cannot complete (no progress
 /// for `RANKMESH_TIMEOUT`, or a member that left): `RANKMESH_ON_HANG`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnHang {
     /// Prints the report and ends the job (`MPI_Abort`, exit code
-    /// [`TIMEOUT_EXIT`] or [`LEFT_EXIT`]): the default, since a rank
+    /// [`TIMEOUT_EXIT`](crate::error::TIMEOUT_EXIT) or [`LEFT_EXIT`]): the default, since a rank
     /// stuck in a call usually cannot do anything useful anyway.
     #[default]
     Abort,

@@ -212,7 +212,7 @@ pub fn drive() {
     // timeouts assume the machine's cores are its own.
     args.test_threads = Some(1);
     let mut trials = Vec::new();
-    match rankmesh::cuda_driver_version() {
+    match rankmesh::device::driver::driver_version() {
         Ok(_) => trial("real GPU, 1 rank", &mut trials, move || {
             let job = support::singleton(&me(), &[], &[("RANKMESH_GPU_WORKER", "1")]);
             if job.ok() && job.stdout.contains(", 0 checks failed") {
@@ -624,7 +624,7 @@ pub fn drive() {
     // Every tensor collective; the object plane has no device form.
     for op in rankmesh::tools::bench::entries::ALL
         .iter()
-        .filter(|e| e.op != rankmesh::Op::BroadcastObject)
+        .filter(|e| e.op != rankmesh::op::Op::BroadcastObject)
         .map(|e| e.name())
     {
         trial(
@@ -1205,7 +1205,7 @@ fn lifecycle_trials(emu: &'static Emulator, trials: &mut Vec<Trial>) {
                 3,
                 "connect on world: group rank 1: ncclCommInitRankConfig did not finish within 3 s (RANKMESH_TIMEOUT); aborted",
             )?;
-            (job.code != Some(rankmesh::TIMEOUT_EXIT) && took < 20.0)
+            (job.code != Some(rankmesh::error::TIMEOUT_EXIT) && took < 20.0)
                 .then_some(())
                 .ok_or_else(|| format!("{took:.1} s, not the watchdog's exit\n{}", job.describe()))
         },

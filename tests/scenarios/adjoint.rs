@@ -2,7 +2,7 @@
 //! all ranks, for every differentiable collective.
 
 use rankmesh::Collectives as _;
-use rankmesh::{DType, Differentiable, GroupCoordinator, ReduceOp, Runtime, Tensor};
+use rankmesh::{parallel::Differentiable, DType, GroupCoordinator, ReduceOp, Runtime, Tensor};
 
 fn dot(g: &GroupCoordinator<'_>, a: &Tensor, b: &Tensor) -> f64 {
     let local: f64 = a

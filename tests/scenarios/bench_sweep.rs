@@ -3,7 +3,7 @@
 
 use rankmesh::tools::bench::entries::{self, Entry};
 use rankmesh::tools::bench::{self, Average, BenchConfig, GroupChoice};
-use rankmesh::{DType, Op, ReduceOp, Runtime};
+use rankmesh::{op::Op, DType, ReduceOp, Runtime};
 
 fn config(op: &'static Entry, dtype: DType, redop: ReduceOp, root: usize) -> BenchConfig {
     BenchConfig {

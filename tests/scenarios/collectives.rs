@@ -199,9 +199,9 @@ fn fp8_saturates_and_bools_stay_canonical(g: &rankmesh::GroupCoordinator<'_>) {
     let t = Tensor::from_vec(
         [3],
         vec![
-            rankmesh::Bool::TRUE,
-            rankmesh::Bool(7),
-            rankmesh::Bool::FALSE,
+            rankmesh::tensor::Bool::TRUE,
+            rankmesh::tensor::Bool(7),
+            rankmesh::tensor::Bool::FALSE,
         ],
     )
     .unwrap();
@@ -291,7 +291,7 @@ fn scatter(g: &rankmesh::GroupCoordinator<'_>, dtype: DType) {
             matches!(
                 err,
                 rankmesh::Error::InvalidArgument {
-                    op: rankmesh::Op::Scatter,
+                    op: rankmesh::op::Op::Scatter,
                     ..
                 }
             ),

@@ -1,9 +1,11 @@
 //! Tensor dictionaries: broadcast, send/recv, and send-then-all-gather.
 
 use super::reference::{input, values};
+use rankmesh::object::TensorDicts as _;
 use rankmesh::Collectives as _;
-use rankmesh::TensorDicts as _;
-use rankmesh::{DType, DictValue, ParallelState, ReduceOp, Runtime, Tensor, TensorDict};
+use rankmesh::{
+    object::DictValue, object::TensorDict, DType, ParallelState, ReduceOp, Runtime, Tensor,
+};
 use serde_json::json;
 
 /// A value of a user type (not JSON) with floats that JSON would round.

@@ -49,7 +49,7 @@ pub fn run(rt: &Runtime) {
     // Arguments wrong on every rank: InvalidArgument, naming the Op.
     match g.all_gather(&x, 3) {
         Err(rankmesh::Error::InvalidArgument { op, group, .. }) => {
-            assert_eq!((op, group.as_str()), (rankmesh::Op::AllGather, "world"))
+            assert_eq!((op, group.as_str()), (rankmesh::op::Op::AllGather, "world"))
         }
         other => panic!("a bad dim is an InvalidArgument: {other:?}"),
     }

@@ -1,9 +1,9 @@
 //! Config and tensor gathering to the first rank of a list, stateless groups.
 
 use super::reference::{assert_tensor, input, values};
+use rankmesh::object::Ranks;
 use rankmesh::Collectives as _;
 use rankmesh::Gathers as _;
-use rankmesh::Ranks;
 use rankmesh::{DType, ReduceOp, Runtime, StatelessGroup};
 use serde_json::json;
 

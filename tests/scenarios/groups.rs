@@ -3,7 +3,7 @@
 
 use super::reference::{assert_tensor, input, reduced};
 use rankmesh::Collectives as _;
-use rankmesh::{DType, GroupKind, Layout, ParallelState, ReduceOp, Runtime};
+use rankmesh::{parallel::GroupKind, parallel::Layout, DType, ParallelState, ReduceOp, Runtime};
 
 pub fn run(rt: &Runtime) {
     let (w, me) = (rt.size(), rt.rank());

@@ -1,9 +1,12 @@
 //! Main-rank helpers, including their failure paths.
 
 use rankmesh::Collectives as _;
-use rankmesh::{is_distributed, is_local_main_process, is_main_process, zero_only};
+use rankmesh::{
+    helpers::is_distributed, helpers::is_local_main_process, helpers::is_main_process,
+    helpers::zero_only,
+};
+use rankmesh::{helpers::MainRank as _, Objects as _};
 use rankmesh::{Error, Runtime};
-use rankmesh::{MainRank as _, Objects as _};
 use std::cell::Cell;
 
 #[track_caller]

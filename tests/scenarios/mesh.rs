@@ -7,7 +7,7 @@
 //! the hosts.
 
 use rankmesh::Collectives as _;
-use rankmesh::{MegatronSizes, Mesh, MeshLayout, ReduceOp, Runtime, Tensor};
+use rankmesh::{parallel::MegatronSizes, Mesh, MeshLayout, ReduceOp, Runtime, Tensor};
 
 /// Ranks sharing every coordinate but `free` with `me`, where coordinate `i`
 /// of rank `r` is `(r / stride[i]) % size[i]` (written independently of the

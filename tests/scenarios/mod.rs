@@ -68,7 +68,7 @@ const NONBLOCKING_MPI: &[(&str, &str)] = &[
 /// `run` after checking that the job agreed to start MPI's collectives
 /// nonblocking.
 fn nonblocking(rt: &Runtime, run: fn(&Runtime)) {
-    assert_eq!(rt.mpi_calls(), rankmesh::MpiCalls::Nonblocking);
+    assert_eq!(rt.mpi_calls(), rankmesh::group::MpiCalls::Nonblocking);
     run(rt);
 }
 

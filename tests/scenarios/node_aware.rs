@@ -8,7 +8,7 @@
 
 use super::reference::{assert_tensor, input, random_f32, reduced, values};
 use rankmesh::Collectives as _;
-use rankmesh::{DType, Op, ReduceOp, Runtime, Tensor};
+use rankmesh::{op::Op, DType, ReduceOp, Runtime, Tensor};
 
 pub fn run(rt: &Runtime) {
     let g = rt.world_group().unwrap();

@@ -5,8 +5,8 @@
 
 use super::reference::{assert_tensor, concat, input, reduced, values};
 use rankmesh::Collectives as _;
+use rankmesh::{helpers::MainRank as _, Gathers as _};
 use rankmesh::{DType, ParallelState, ReduceOp, Runtime};
-use rankmesh::{Gathers as _, MainRank as _};
 
 pub fn run(rt: &Runtime) {
     let spec: Vec<usize> = std::env::var("RANKMESH_TEST_NODES")
@@ -79,7 +79,7 @@ pub fn run(rt: &Runtime) {
         // Tensor gathering: same-node ranks through shared memory, others through MPI.
         let order: Vec<usize> = (0..w).rev().collect();
         let got = g
-            .gather_tensors(&x, rankmesh::Ranks::Group(&order))
+            .gather_tensors(&x, rankmesh::object::Ranks::Group(&order))
             .unwrap();
         if me == order[0] {
             for (t, r) in got.unwrap().iter().zip(&order) {

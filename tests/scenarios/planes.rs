@@ -5,7 +5,7 @@
 
 use super::reference::{concat, input, random_f32, reduced, slice, values};
 use rankmesh::{
-    CheckMode, Collectives, DType, DeviceGroup, DeviceTensor, GroupCoordinator, P2p, ReduceOp,
+    op::CheckMode, Collectives, DType, DeviceGroup, DeviceTensor, GroupCoordinator, P2p, ReduceOp,
     Tensor,
 };
 

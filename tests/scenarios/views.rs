@@ -149,7 +149,7 @@ fn integer_and_narrow_dtypes_match_owned_tensors(g: &GroupCoordinator<'_>) {
             "i32 {op:?}"
         );
 
-        let mut bools: Vec<rankmesh::Bool> = values(me, n, DType::Bool, op)
+        let mut bools: Vec<rankmesh::tensor::Bool> = values(me, n, DType::Bool, op)
             .iter()
             .map(|v| (*v != 0.0).into())
             .collect();

@@ -4,7 +4,7 @@
 use super::reference::input;
 use rankmesh::Collectives as _;
 use rankmesh::Objects as _;
-use rankmesh::{DType, ReduceOp, Runtime, Tensor, Workspace};
+use rankmesh::{helpers::Workspace, DType, ReduceOp, Runtime, Tensor};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
