@@ -3,7 +3,8 @@
 # the same program (python/bench/torch_ops.py), alternated RUNS times at
 # each world size, all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 # all_to_all_single and broadcast of float32 CPU tensors at 8 B-64 MiB; in
-# each run also torch's dispatch floor (its fake backend, one process) and
+# each run also torch's dispatch floor (its fake backend, one process per
+# rank, launched as the job is, so that ranks sharing a core share it) and
 # the package's own all_reduce of 8 B on a NumPy array and on a torch
 # tensor. Prints every run, then medians and gloo / rankmesh ratios.
 # Needs scripts/python-test.sh's environment (torch in its venv).
@@ -18,7 +19,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for _ in $(seq "$runs"); do
   for np in $nps; do
-    "$py" python/bench/torch_ops.py fake "$np"
+    timeout 300 bash scripts/mpirun-bench.sh -np "$np" "$py" python/bench/torch_ops.py fake "$np"
     for backend in rankmesh gloo; do
       timeout 900 bash scripts/mpirun-bench.sh -np "$np" "$py" python/bench/torch_ops.py "$backend"
     done

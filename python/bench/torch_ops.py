@@ -2,7 +2,7 @@
 it on "rankmesh" and "gloo", alternated, and tabulates).
 
     mpirun -np 2 python python/bench/torch_ops.py rankmesh   # or gloo
-    python python/bench/torch_ops.py fake 2                   # torch's dispatch floor
+    mpirun -np 2 python python/bench/torch_ops.py fake 2      # torch's dispatch floor
 
 Prints one JSON line per (op, size) on rank 0: the mean time of a call in
 µs, the slowest rank's. Sizes are nccl-tests': all_gather's is its output,
@@ -66,7 +66,11 @@ def main():
     if backend == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=int(sys.argv[2]))
+        # One fake process per rank, launched as the job is: at 4 ranks on
+        # 2 cores, two share each core, and so does torch's dispatch.
+        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+        dist.init_process_group("fake", store=FakeStore(), rank=rank,
+                                world_size=int(sys.argv[2]))
     else:
         # Registers "rankmesh"; for gloo, env:// rendezvouses over MPI.
         import rankmesh.torch  # noqa: F401
