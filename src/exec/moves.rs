@@ -7,6 +7,7 @@
 use super::blocks::BlockLayout;
 use super::mpi::MpiExec;
 use crate::error::Fault;
+use crate::op::uneven::Links;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 
@@ -25,6 +26,19 @@ pub(crate) trait HostMoves {
     /// Element-wise reduction of `input` into every rank's `out`.
     fn all_reduce_into(&self, input: &Tensor, out: &mut Tensor, op: ReduceOp) -> Result<(), Fault> {
         self.flat().all_reduce_into(input, out, op)
+    }
+    /// [`Self::all_reduce_into`] with `t` both input and output. The moves
+    /// take their input apart from their output (rsmpi has no
+    /// `MPI_IN_PLACE`): from `scratch`, the group's kept copy of `t`,
+    /// refilled (reused while shape and dtype stay, so a loop of calls
+    /// allocates nothing). The window reduces in place.
+    fn all_reduce_in_place(
+        &self,
+        t: &mut Tensor,
+        op: ReduceOp,
+        scratch: &mut Option<Tensor>,
+    ) -> Result<(), Fault> {
+        self.all_reduce_into(refilled(scratch, t), t, op)
     }
     /// Element-wise reduction onto `root`'s `out` (ignored elsewhere).
     fn reduce_into_root(
@@ -96,6 +110,39 @@ pub(crate) trait HostMoves {
         self.flat()
             .all_to_all_strided(send, send_layout, out, recv_layout)
     }
+    /// Uneven blocks of `row`-byte rows: `counts.0[r]` rows of `send` to
+    /// rank `r`, `counts.1[s]` rows of `out` from rank `s`. The count
+    /// tables travel first and each link is judged by its two ends
+    /// ([`Links::judge`]); refused links move nothing. Returns the links.
+    fn all_to_all_v(
+        &self,
+        (send, out): (&[u8], &mut [u8]),
+        counts: (&[usize], &[usize]),
+        row: usize,
+    ) -> Result<Links, Fault> {
+        let flat = self.flat();
+        let mine = Links::table(counts.0, counts.1);
+        let mut theirs = vec![[0u64; 3]; mine.len()];
+        let table = bytemuck::cast_slice_mut(&mut theirs);
+        flat.all_to_all_into(bytemuck::cast_slice(&mine), table)?;
+        let links = Links::judge(flat.rank(), counts.0, counts.1, &theirs);
+        let (sent, got) = links.placed(counts, row);
+        let longest = links.longest.saturating_mul(row);
+        flat.all_to_all_v(send, &sent, out, &got, longest);
+        Ok(links)
+    }
+}
+
+/// `scratch` holding a copy of `t`: refilled where its shape and dtype
+/// match, a fresh clone otherwise.
+fn refilled<'s>(scratch: &'s mut Option<Tensor>, t: &Tensor) -> &'s Tensor {
+    match scratch.as_mut() {
+        Some(s) if s.dtype() == t.dtype() && s.shape() == t.shape() => {
+            s.bytes_mut().copy_from_slice(t.bytes())
+        }
+        _ => *scratch = Some(t.clone()),
+    }
+    scratch.as_ref().expect("set above")
 }
 
 /// MPI does every move itself (its inherent methods).

@@ -286,6 +286,11 @@ impl<'c> MpiExec<'c> {
         self.comm.size() as usize
     }
 
+    /// This rank's place in the group.
+    pub(crate) fn rank(&self) -> usize {
+        self.comm.rank() as usize
+    }
+
     /// The group's collectives, blocking or waited for by the wait policy.
     fn calls(&self) -> Calls {
         Calls(self.comm.as_raw())

@@ -10,8 +10,6 @@ use crate::agree::Descriptor;
 use crate::dtype::DType;
 use crate::error::{Error, Fault, Result};
 use crate::exec::blocks::BlockLayout;
-use crate::exec::executor::HostExec;
-use crate::exec::moves::HostMoves;
 use crate::group::uneven::{all_to_all_v_desc, counted_desc, counts_found_here};
 use crate::group::{tensor_desc, GroupCoordinator, Peer};
 use crate::group::{Collectives, P2p};
@@ -61,20 +59,13 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
         })
     }
 
-    /// rsmpi has no `MPI_IN_PLACE`: the input is copied into a scratch tensor
-    /// the group keeps (reused while shape and dtype stay the same).
     fn all_reduce_in_place(&self, t: &mut Tensor, reduce_op: ReduceOp) -> Result<()> {
-        self.run_host_op(tensor_desc(Args::all_reduce(reduce_op), &*t), || match self
-            .host_for(Op::AllReduce, t.nbytes())
-        {
-            _ if self.size() == 1 => Ok(()),
-            HostExec::Shm(shm) => shm.plane.all_reduce_in_place(&shm.pulse, t, reduce_op),
-            HostExec::Mpi(mpi) => self.with_scratch_tensor(t, |input, t| {
-                HostMoves::all_reduce_into(&mpi, input, t, reduce_op)
-            }),
-            HostExec::Hier(hier) => self.with_scratch_tensor(t, |input, t| {
-                HostMoves::all_reduce_into(&hier, input, t, reduce_op)
-            }),
+        self.run_host_op(tensor_desc(Args::all_reduce(reduce_op), &*t), || {
+            if self.size() == 1 {
+                return Ok(());
+            }
+            let exec = self.host_for(Op::AllReduce, t.nbytes());
+            exec.all_reduce_in_place(t, reduce_op, &mut self.scratch_tensor())
         })
     }
 
@@ -272,26 +263,17 @@ impl<'rt> Collectives<'rt> for GroupCoordinator<'rt> {
             .run_host_op(desc, || {
                 let row = numel(&t.shape()[1..]) * t.dtype().size();
                 let counts = (send_counts, recv_counts);
-                let links = match self.host_for(Op::AllToAllV, t.nbytes()) {
-                    // On one node the counts travel with the first pieces.
-                    HostExec::Shm(shm) if self.size() > 1 => {
-                        let buffers = (t.bytes(), out.bytes_mut());
-                        shm.plane.all_to_all_v(&shm.pulse, buffers, counts, row)?
-                    }
-                    _ => {
+                let buffers = (t.bytes(), out.bytes_mut());
+                let links = match self.size() {
+                    1 => {
                         let links = self.swap_counts(send_counts, recv_counts)?;
                         let (sent, got) = links.placed(counts, row);
-                        if self.size() == 1 {
-                            out.bytes_mut()[got[0].clone()]
-                                .copy_from_slice(&t.bytes()[sent[0].clone()]);
-                        } else {
-                            // The MPI executor, or hier's flat MPI.
-                            let longest = links.longest.saturating_mul(row);
-                            let (send, out) = (t.bytes(), out.bytes_mut());
-                            self.mpi().all_to_all_v(send, &sent, out, &got, longest);
-                        }
+                        buffers.1[got[0].clone()].copy_from_slice(&buffers.0[sent[0].clone()]);
                         links
                     }
+                    _ => self
+                        .host_for(Op::AllToAllV, t.nbytes())
+                        .all_to_all_v(buffers, counts, row)?,
                 };
                 Ok(links.refused)
             })

@@ -251,20 +251,10 @@ impl<'rt> GroupCoordinator<'rt> {
         f(x, y)
     }
 
-    /// Runs `f` with a scratch copy of `t` and `t` itself.
-    pub(crate) fn with_scratch_tensor<R>(
-        &self,
-        t: &mut Tensor,
-        f: impl FnOnce(&Tensor, &mut Tensor) -> R,
-    ) -> R {
-        let mut slot = self.inner.host.scratch_tensor.borrow_mut();
-        match slot.as_mut() {
-            Some(s) if s.dtype() == t.dtype() && s.shape() == t.shape() => {
-                s.bytes_mut().copy_from_slice(t.bytes())
-            }
-            _ => *slot = Some(t.clone()),
-        }
-        f(slot.as_ref().expect("set above"), t)
+    /// The group's kept copy of an in-place call's input
+    /// ([`HostMoves::all_reduce_in_place`](crate::exec::moves::HostMoves)).
+    pub(crate) fn scratch_tensor(&self) -> std::cell::RefMut<'_, Option<Tensor>> {
+        self.inner.host.scratch_tensor.borrow_mut()
     }
 
     /// Runs `f` with two flat scratch tensors of `dtype`, of `a` and `b`

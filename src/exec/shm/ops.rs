@@ -705,6 +705,24 @@ impl HostMoves for ShmCall<'_> {
         self.flat
     }
 
+    fn all_reduce_in_place(
+        &self,
+        t: &mut Tensor,
+        op: ReduceOp,
+        _: &mut Option<Tensor>,
+    ) -> Result<(), Fault> {
+        self.plane.all_reduce_in_place(&self.pulse, t, op)
+    }
+
+    fn all_to_all_v(
+        &self,
+        buffers: (&[u8], &mut [u8]),
+        counts: (&[usize], &[usize]),
+        row: usize,
+    ) -> Result<Links, Fault> {
+        self.plane.all_to_all_v(&self.pulse, buffers, counts, row)
+    }
+
     fn barrier(&self) -> Result<(), Fault> {
         self.plane.begin_phase(0);
         self.plane.sync(&self.pulse)
