@@ -1,12 +1,12 @@
 //! Links rankmesh's programs (the CLI, tests, examples) to the MPI library
-//! whose headers the `mpi` crate compiled against: the library directories
-//! the MPI's compiler wrapper names (`$MPICC -show`, `mpicc` by default;
-//! or `MPI_PKG_CONFIG`, `CRAY_MPICH_DIR`, as the `mpi` crate's probe takes
-//! them) are searched first and go into the programs' run path. Without
-//! it, a build against one MPI (a module, a wheel, Cray's or Intel's) on a
-//! machine with another installed ran the other one's `libmpi.so` (Intel
-//! MPI's headers with Open MPI's library crashed in `PMPI_Comm_dup`).
-//! `LD_LIBRARY_PATH` still comes first, as a run path allows.
+//! whose headers the `mpi` crate compiled against. The library directories
+//! the MPI's compiler wrapper names (`$MPICC -show`, `mpicc` by default; or
+//! `MPI_PKG_CONFIG`, `CRAY_MPICH_DIR`, as the `mpi` crate's probe takes them)
+//! are searched first and go into the programs' run path. Without it, a build
+//! against one MPI (a module, a wheel, Cray's or Intel's) on a machine with
+//! another installed ran the other one's `libmpi.so` (Intel MPI's headers
+//! with Open MPI's library crashed in `PMPI_Comm_dup`). `LD_LIBRARY_PATH`
+//! still comes first, as a run path allows.
 
 use std::process::Command;
 

@@ -1,6 +1,7 @@
-//! What rsmpi lacks, over `mpi::ffi`: shared-memory windows
-//! (`MPI_Win_allocate_shared`) over a node-local communicator, where each rank
-//! owns one slot and every rank can read every slot, and MPI's null request.
+//! What rsmpi lacks, over `mpi::ffi`. It adds shared-memory windows
+//! (`MPI_Win_allocate_shared`) over a node-local communicator, where each
+//! rank owns one slot and every rank can read every slot, and MPI's null
+//! request.
 //!
 //! MPI owns the segment, so it disappears with the job even when a rank is
 //! killed: nothing is named in `/dev/shm` by rankmesh (ModelOpt's fixed

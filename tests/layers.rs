@@ -7,7 +7,8 @@
 //! Paths through the crate root (`crate::Tensor`) are resolved through
 //! lib.rs's `pub use` lines to the module that defines the item. Inside a
 //! folder, no files import each other in a circle. The doc's file map names
-//! every file of src/, and only files that exist.
+//! every file of src/, and only files that exist, and each entry begins with
+//! its file's first `//!` sentence.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -460,36 +461,55 @@ fn an_import_circle_is_named() {
 }
 
 /// The files and folders the map in docs/ARCHITECTURE.md names, as paths
-/// (the block that starts with `bin/rankmesh.rs`). An entry is a name at
-/// two spaces per folder level; a folder (`exec/`, or `wait/mod.rs`, which
-/// is both the folder and its file) holds the entries indented under it.
-/// Continuation lines are indented further.
-fn map_entries(doc: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+/// (the block that starts with `bin/rankmesh.rs`), each with its entry's
+/// text: the description on its line and its continuation lines, joined by
+/// single spaces. An entry is a name at two spaces per folder level; a
+/// folder (`exec/`, or `wait/mod.rs`, which is both the folder and its
+/// file) holds the entries indented under it. Continuation lines are
+/// indented further.
+fn map_entries(doc: &str) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let lines = doc
         .lines()
         .skip_while(|l| !l.starts_with("bin/rankmesh.rs "));
     let mut open: Vec<String> = Vec::new();
-    let (mut files, mut folders) = (BTreeSet::new(), BTreeSet::new());
+    let (mut files, mut folders) = (BTreeMap::new(), BTreeMap::new());
+    // The entry that continuation lines extend: (is a folder, its path).
+    let mut last: Option<(bool, String)> = None;
     for line in lines.take_while(|l| !l.starts_with("```")) {
         let indent = line.len() - line.trim_start().len();
         let Some(name) = line.split_whitespace().next() else {
             continue;
         };
-        // Continuation lines (the text column) and layer separators.
-        if indent >= 20 || name.starts_with("--") {
+        let text = line.trim();
+        if indent >= 20 {
+            if let Some((is_folder, path)) = &last {
+                let entries = if *is_folder { &mut folders } else { &mut files };
+                let entry: &mut String = entries.get_mut(path).unwrap();
+                if !entry.is_empty() {
+                    entry.push(' ');
+                }
+                entry.push_str(text);
+            }
             continue;
         }
+        if name.starts_with("--") {
+            last = None; // a layer separator
+            continue;
+        }
+        let text = text[name.len()..].trim().to_string();
         open.truncate(indent / 2);
         let path = open.iter().map(|f| format!("{f}/")).collect::<String>() + name;
         if let Some(folder) = path.strip_suffix('/') {
-            folders.insert(folder.to_string());
+            folders.insert(folder.to_string(), text);
+            last = Some((true, folder.to_string()));
             open.push(name.trim_end_matches('/').to_string());
             continue;
         }
         if let Some(folder) = name.strip_suffix("/mod.rs") {
             open.push(folder.to_string());
         }
-        files.insert(path);
+        files.insert(path.clone(), text);
+        last = Some((false, path));
     }
     (files, folders)
 }
@@ -505,14 +525,14 @@ fn the_file_map_names_every_file_of_src_and_only_those() {
     // A folder's own line stands for its mod.rs.
     let missing: Vec<&String> = on_disk
         .iter()
-        .filter(|f| !files.contains(*f))
+        .filter(|f| !files.contains_key(*f))
         .filter(|f| {
             !f.strip_suffix("/mod.rs")
-                .is_some_and(|d| folders.contains(d))
+                .is_some_and(|d| folders.contains_key(d))
         })
         .collect();
     let absent: Vec<&String> = files
-        .iter()
+        .keys()
         .filter(|f| f.starts_with("src/") && !on_disk.contains(*f))
         .collect();
     assert!(
@@ -528,10 +548,18 @@ fn a_file_map_entry_is_found_at_its_depth() {
     let doc = "x\nbin/rankmesh.rs        CLI\nsrc/\n  lib.rs               root\n  \
                exec/                executors\n    mpi.rs             MPI and a long\n                       \
                continuation.rs line\n    shm/mod.rs         window\n    shm/ops.rs         ops\n  \
-               -- layer 2\n  wait/mod.rs          waits\n    give_up.rs         giving up\n  \
-               dtype.rs             types\n```\n  after.rs  no\n";
+               -- layer 2\n  wait/mod.rs          waits\n    give_up.rs         giving up\n                       \
+               --bind too\n  dtype.rs             types\n```\n  after.rs  no\n";
     let (files, folders) = map_entries(doc);
-    let files: Vec<&str> = files.iter().map(|s| s.as_str()).collect();
+    assert_eq!(
+        files["src/exec/mpi.rs"],
+        "MPI and a long continuation.rs line"
+    );
+    assert_eq!(files["src/wait/mod.rs"], "waits");
+    assert_eq!(files["src/wait/give_up.rs"], "giving up --bind too");
+    assert_eq!(folders["src/exec"], "executors");
+    assert_eq!(folders["src"], "");
+    let files: Vec<&str> = files.keys().map(|s| s.as_str()).collect();
     assert_eq!(
         files,
         [
@@ -545,6 +573,145 @@ fn a_file_map_entry_is_found_at_its_depth() {
             "src/wait/mod.rs",
         ]
     );
-    let folders: Vec<&str> = folders.iter().map(|s| s.as_str()).collect();
+    let folders: Vec<&str> = folders.keys().map(|s| s.as_str()).collect();
     assert_eq!(folders, ["src", "src/exec"]);
+}
+
+/// Rustdoc link syntax reduced to its text (`[`X`](…)` and `[`X`]` to
+/// `` `X` ``, `[text](…)` and `[text]` to `text`), whitespace collapsed.
+fn plain_text(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('[') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let Some(end) = after.find(|c| c == ']' || c == '[') else {
+            out.push('[');
+            rest = after;
+            continue;
+        };
+        if after.as_bytes()[end] == b'[' {
+            out.push('[');
+            rest = after;
+            continue;
+        }
+        out.push_str(&after[..end]);
+        rest = &after[end + 1..];
+        if let Some(target) = rest.strip_prefix('(') {
+            let mut depth = 1;
+            let close = target.char_indices().find(|&(_, c)| {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            });
+            if let Some((close, _)) = close {
+                rest = &target[close + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A file's first module-doc sentence: its leading `//!` lines up to the
+/// first empty one, joined, cut after the first `. ` (or at the end),
+/// without its final period, as `plain_text`.
+fn first_doc_sentence(source: &str) -> String {
+    // A leading heading (lib.rs's `# rankmesh`) is the crate's title, not
+    // its description: the sentence is the first paragraph after it.
+    let docs: Vec<&str> = source
+        .lines()
+        .map_while(|l| l.trim().strip_prefix("//!"))
+        .skip_while(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    let joined = docs.join(" ");
+    let sentence = joined
+        .find(". ")
+        .map_or(joined.as_str(), |at| &joined[..=at])
+        .trim_end();
+    plain_text(sentence.strip_suffix('.').unwrap_or(sentence))
+}
+
+/// The sources the map describes: every file of src/ it names (a folder's
+/// line stands for its `mod.rs` where the map gives that no line of its
+/// own), and bin/ and build.rs where they carry `//!` docs.
+fn described_sources(
+    files: &BTreeMap<String, String>,
+    folders: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (path, text) in files {
+        let tool = path.starts_with("bin/") || path == "build.rs";
+        let docs = || fs::read_to_string(path).is_ok_and(|s| s.starts_with("//!"));
+        if path.starts_with("src/") || (tool && docs()) {
+            out.push((path.clone(), text.clone()));
+        }
+    }
+    for (folder, text) in folders {
+        let module = format!("{folder}/mod.rs");
+        if folder.starts_with("src/") && !files.contains_key(&module) && Path::new(&module).exists()
+        {
+            out.push((module, text.clone()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn each_map_entry_begins_with_its_files_first_doc_sentence() {
+    let doc = fs::read_to_string("docs/ARCHITECTURE.md").unwrap();
+    let (files, folders) = map_entries(&doc);
+    let sources = described_sources(&files, &folders);
+    let mut bad = Vec::new();
+    let mut compared = 0;
+    for (path, text) in &sources {
+        let source = fs::read_to_string(path).unwrap_or_default();
+        let first = first_doc_sentence(&source);
+        let entry = plain_text(text);
+        if first.is_empty() {
+            bad.push(format!("{path}: no `//!` first sentence"));
+            continue;
+        }
+        compared += 1;
+        if !entry.starts_with(&first) {
+            let shown: String = entry.chars().take(first.chars().count() + 20).collect();
+            bad.push(format!("{path}:\n    doc: {first}\n    map: {shown}"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} map entr(y/ies) of docs/ARCHITECTURE.md do not begin with their file's first \
+         `//!` sentence:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    assert!(compared >= 80, "compared {compared} files with the map");
+}
+
+/// The sentence and link helpers on a scratch file, so the test above
+/// cannot pass by reading nothing.
+#[test]
+fn a_first_doc_sentence_is_cut_and_plain() {
+    let source = "//! The [`Runtime`](crate::Runtime)'s  [wait](super::wait) and\n\
+                  //! [`Op`] rules, e.g. [here]. More.\n//!\n//! Later.\nuse x;\n";
+    assert_eq!(
+        first_doc_sentence(source),
+        "The `Runtime`'s wait and `Op` rules, e.g"
+    );
+    assert_eq!(
+        first_doc_sentence("//! One line only.\n\nfn f() {}\n"),
+        "One line only"
+    );
+    assert_eq!(first_doc_sentence("//! Two\n//!   lines\n"), "Two lines");
+    assert_eq!(first_doc_sentence("fn f() {}\n//! late\n"), "");
+    assert_eq!(
+        first_doc_sentence("//! # title\n//!\n//! The text. More.\n"),
+        "The text"
+    );
+    assert_eq!(plain_text("a [b](f(x)) [`c`] &[u8] [d"), "a b `c` &u8 [d");
 }

@@ -1,8 +1,8 @@
-//! Deferred agreements on shared memory, for groups within one node: each
+//! Deferred agreements on shared memory, for groups within one node. Each
 //! member writes every device call's descriptor into its own ring in the
 //! group's shared window, and reads its peers' rings only when it checks.
-//! Posting is a few stores to memory this rank owns — no MPI call, no
-//! system call, no wait for anyone while the ring has room.
+//! Posting is a few stores to memory this rank owns — no MPI call, no system
+//! call, no wait for anyone while the ring has room.
 //!
 //! Each entry has a *key* (call number, digest of the descriptor, its
 //! local-problem flags (an unfit output, an unusable view), and the running sum of the member's keys so far) and the

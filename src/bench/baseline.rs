@@ -1,5 +1,5 @@
 //! The raw baselines `rankmesh bench` times beside each entry, per op in one
-//! place: the same data movement as direct MPI calls on the group's
+//! place. Each is the same data movement as direct MPI calls on the group's
 //! communicator (host plane) and as direct NCCL calls on its NCCL
 //! communicator and stream (device plane).
 

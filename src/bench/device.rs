@@ -1,7 +1,7 @@
-//! The device plane of `rankmesh bench --backend nccl`: the same harness,
-//! timed the way nccl-tests times (enqueue `iters × agg` calls, then wait for
-//! the stream), with raw NCCL calls on the same communicator and buffers as
-//! the baseline.
+//! The device plane of `rankmesh bench --backend nccl`. It is the same
+//! harness, timed the way nccl-tests times (enqueue `iters × agg` calls, then
+//! wait for the stream), with raw NCCL calls on the same communicator and
+//! buffers as the baseline.
 
 use super::entries::Split;
 use super::{baseline, BenchConfig, BenchPlane, Held, HeldBox};

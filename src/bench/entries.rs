@@ -1,10 +1,10 @@
-//! One entry per benchmarked collective, as nccl-tests' `struct testColl`:
-//! names, per-rank element counts (aligned as nccl-tests aligns them), bus
-//! factor, buffer shapes, deterministic input, expected output, and the
-//! call itself (`Entry::call`, nccl-tests' `runColl`): the op's method of
-//! [`Collectives`](crate::Collectives), so every data plane runs the same
-//! entry. The harness (`mod.rs`) owns every loop; `baseline.rs` holds the
-//! raw MPI and NCCL calls timed beside it.
+//! One entry per benchmarked collective, as nccl-tests' `struct testColl`. An
+//! entry holds names, per-rank element counts (aligned as nccl-tests aligns
+//! them), bus factor, buffer shapes, deterministic input, expected output,
+//! and the call itself (`Entry::call`, nccl-tests' `runColl`): the op's
+//! method of [`Collectives`](crate::Collectives), so every data plane runs
+//! the same entry. The harness (`mod.rs`) owns every loop; `baseline.rs`
+//! holds the raw MPI and NCCL calls timed beside it.
 
 use crate::dtype::DType;
 use crate::error::Result;

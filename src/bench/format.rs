@@ -1,5 +1,5 @@
-//! nccl-tests' text output, byte for byte: the same printf formats, widths and
-//! number formatting (`getFloatStr`), so scripts that parse nccl-tests by
+//! nccl-tests' text output, byte for byte: the same printf formats, widths
+//! and number formatting (`getFloatStr`). Scripts that parse nccl-tests by
 //! column position parse rankmesh too.
 
 /// nccl-tests' `getFloatStr`: the widest of `%.2f`, `%.1f`, `%.0f` that fits

@@ -1,12 +1,11 @@
-//! The `-J` report in nccl-tests' JSON (file version 3): the same keys, the
-//! same nesting (`devices` inside `config`), the same meanings (an
-//! iteration's per-iteration time is its slowest process's), and a file that
-//! is never overwritten ([`create_report_file`]). rankmesh's additions sit
-//! under keys nccl-tests does not use (`group`, `mpi_baseline`,
-//! `nccl_baseline` in a result; `rankmesh` at the top). Unlike nccl-tests,
-//! `env` lists only the variables that shape the run (NCCL_, RANKMESH_,
-//! OMPI_, SLURM_, PMIX_), never the whole environment, which may hold
-//! secrets.
+//! The `-J` report in nccl-tests' JSON (file version 3). It keeps nccl-tests'
+//! keys, nesting (`devices` inside `config`) and meanings (an iteration's
+//! per-iteration time is its slowest process's), and never overwrites a file
+//! ([`create_report_file`]). rankmesh's additions sit under keys nccl-tests
+//! does not use (`group`, `mpi_baseline`, `nccl_baseline` in a result;
+//! `rankmesh` at the top). Unlike nccl-tests, `env` lists only the variables
+//! that shape the run (NCCL_, RANKMESH_, OMPI_, SLURM_, PMIX_), never the
+//! whole environment, which may hold secrets.
 
 use super::extras::ratio;
 use super::format::{Cell, PerIter as PerIterTimes};

@@ -1,7 +1,7 @@
-//! bench's memory sanity check: before any buffer is allocated, the sweep's
+//! bench's memory sanity check, before any buffer is allocated. The sweep's
 //! peak per-rank memory is compared with what the rank can have, so a size
-//! that cannot fit is a message naming both numbers, not an allocation
-//! abort or the OOM killer.
+//! that cannot fit is a message naming both numbers, not an allocation abort
+//! or the OOM killer.
 
 use super::config::{sizes, BenchConfig};
 

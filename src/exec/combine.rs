@@ -1,6 +1,6 @@
 //! Element-wise reductions computed in this process, over byte slices that
-//! hold one rank's values each (the shared-memory executor reads its peers'
-//! values directly, so no MPI operation combines them).
+//! hold one rank's values each. The shared-memory executor reads its peers'
+//! values directly, so no MPI operation combines them.
 //!
 //! The arithmetic is the host plane's: integers wrap (as the wrapping MPI
 //! user operations do), narrow floats are reduced in f32 and rounded once,

@@ -1,10 +1,10 @@
 //! MPI's collectives as the MPI executor (and the call agreement off shared
-//! memory) calls them: blocking, unless the ranks of some node share CPUs
-//! and the MPI does not yield inside its own blocking calls there; then
+//! memory) calls them. Each is blocking, unless the ranks of some node share
+//! CPUs and the MPI does not yield inside its own blocking calls there; then
 //! ([`wait_by_policy`]) each is started as its nonblocking twin and waited
 //! for by the host plane's wait policy. The choice is the job's, agreed at
-//! start-up: MPI matches a blocking collective only with blocking ones on
-//! the other members.
+//! start-up: MPI matches a blocking collective only with blocking ones on the
+//! other members.
 //!
 //! Why (4 ranks or 3 on this 2-core VM, 8 B all_reduce on the MPI plane):
 //! - MPICH polls inside a blocking call without yielding, so each call

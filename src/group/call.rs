@@ -1,4 +1,4 @@
-//! The dispatch path every call goes through: the op's rules on the
+//! The dispatch path every call goes through. It runs the op's rules on the
 //! caller's output, the agreement (the `agree` module's verdicts, carried by
 //! an MPI all-reduce of digests, the shared-memory step headers, or the
 //! deferred posts), the watch, and the body that moves bytes; point-to-point

@@ -1,7 +1,7 @@
-//! Which executor a group's calls run on: the host executor chosen when the
-//! group is made (shared memory within a node, MPI, or the hierarchy), the
-//! MPI executor every host path can fall back on, and the group's NCCL
-//! communicators (made at first use).
+//! Which executor a group's calls run on. The host executor is chosen when
+//! the group is made (shared memory within a node, MPI, or the hierarchy);
+//! beside it are the MPI executor every host path can fall back on, and the
+//! group's NCCL communicators (made at first use).
 
 use super::{GroupCoordinator, Runtime};
 use crate::error::{Error, Result};

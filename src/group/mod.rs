@@ -1,7 +1,8 @@
-//! Groups: the [`Runtime`] (MPI and the world), and [`GroupCoordinator`]: one
-//! MPI communicator, its members, the executor chosen for it, and the one
-//! dispatch path every operation on it goes through; the op list
-//! ([`Collectives`]) and its two implementations, host and device.
+//! Groups: the [`Runtime`] (MPI and the world) and [`GroupCoordinator`]. A
+//! group is one MPI communicator, its members, the executor chosen for it,
+//! and the one dispatch path every operation on it goes through; here too are
+//! the op list ([`Collectives`]) and its two implementations, host and
+//! device.
 
 pub(crate) mod batch;
 mod call;

@@ -1,7 +1,7 @@
-//! Main-rank helpers (axolotl's `utils.distributed`) and the shared-filesystem
-//! [`Workspace`] built on them, done so that a failure
-//! on one rank is an error on every rank instead of a hang until a timeout,
-//! and values keep their type (no float32 rounding).
+//! Main-rank helpers (axolotl's `utils.distributed`) and the
+//! shared-filesystem [`Workspace`] built on them. They are done so that a
+//! failure on one rank is an error on every rank instead of a hang until a
+//! timeout, and values keep their type (no float32 rounding).
 
 mod workspace;
 

@@ -1,9 +1,10 @@
-//! One NCCL communicator, owned: created non-blocking (`ncclCommInitRankConfig`,
-//! `ncclCommInitRankScalable` or `ncclCommSplit` with `blocking = 0`) and
-//! polled while NCCL works in the background, so a creation that never ends
-//! is aborted instead of hanging; finalized, then destroyed (or aborted) when
-//! dropped; and asked for asynchronous errors while the host waits on device
-//! work. A library older than 2.14 (no configs) gets the blocking calls.
+//! One NCCL communicator, owned. It is created non-blocking
+//! (`ncclCommInitRankConfig`, `ncclCommInitRankScalable` or `ncclCommSplit`
+//! with `blocking = 0`) and polled while NCCL works in the background, so a
+//! creation that never ends is aborted instead of hanging; finalized, then
+//! destroyed (or aborted) when dropped; and asked for asynchronous errors
+//! while the host waits on device work. A library older than 2.14 (no
+//! configs) gets the blocking calls.
 
 use super::result::{check, error_of, moved_as, reduced_as};
 use super::sys::{

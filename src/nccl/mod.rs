@@ -1,5 +1,5 @@
 //! The NCCL library, found and loaded at run time (no build-time CUDA or
-//! NCCL), in layers as cudarc does for the driver: `loader` finds the file,
+//! NCCL), in layers as cudarc does for the driver. `loader` finds the file,
 //! `sys` resolves the C entry points, `result` turns codes into typed errors
 //! and maps dtypes and operators, `comm` owns a communicator. No raw entry
 //! point is called outside this module.

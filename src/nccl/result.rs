@@ -1,6 +1,7 @@
-//! The result level over [`sys`](super::sys): every NCCL return code becomes
-//! a typed [`NcclError`] that keeps the code and NCCL's own texts, and
-//! rankmesh's dtypes and reduction operators map to NCCL's enums here.
+//! The result level over [`sys`](super::sys): typed errors and type mappings.
+//! Every NCCL return code becomes a typed [`NcclError`] that keeps the code
+//! and NCCL's own texts, and rankmesh's dtypes and reduction operators map to
+//! NCCL's enums here.
 
 use super::sys::{dtype as nd, redop, Api, NcclResult, RawComm, UniqueId, SUCCESS};
 use crate::dtype::DType;

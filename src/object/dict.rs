@@ -1,8 +1,9 @@
-//! Tensor dictionaries (FastVideo's `broadcast_tensor_dict`, `send_tensor_dict`,
-//! `recv_tensor_dict`), one protocol for every data plane: metadata on the
-//! object plane, the plane's tensors through the plane's collectives, host
-//! tensors of a device dictionary through MPI (as FastVideo sends CPU
-//! tensors on its CPU group and GPU tensors on its device group).
+//! Tensor dictionaries (FastVideo's `broadcast_tensor_dict`,
+//! `send_tensor_dict`, `recv_tensor_dict`), one protocol for every data
+//! plane. Metadata goes on the object plane, the plane's tensors through the
+//! plane's collectives, and host tensors of a device dictionary through MPI
+//! (as FastVideo sends CPU tensors on its CPU group and GPU tensors on its
+//! device group).
 //!
 //! Keys keep their insertion order (FastVideo's dicts are ordered). A
 //! dictionary sent point to point moves its tensors the way FastVideo's

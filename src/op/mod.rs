@@ -1,9 +1,9 @@
-//! The op list, one row per op (`ROWS`), written once for every data
-//! plane: name, parameter names, parameter checks, the output shape a call
-//! produces, and where a caller's output is checked. Call sites build an
+//! The op list, one row per op (`ROWS`), written once for every data plane. A
+//! row holds the name, parameter names, parameter checks, the output shape a
+//! call produces, and where a caller's output is checked. Call sites build an
 //! op's parameters by name through [`Args`]. The dispatch path applies these
-//! rules itself ([`GroupCoordinator::run_op`](crate::GroupCoordinator)), so an
-//! executor only says which op, which tensors, and how to move the bytes.
+//! rules itself ([`GroupCoordinator::run_op`](crate::GroupCoordinator)), so
+//! an executor only says which op, which tensors, and how to move the bytes.
 
 mod args;
 mod mode;

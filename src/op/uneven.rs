@@ -1,7 +1,7 @@
 //! The rules of the uneven ops, `all_to_all_v` and the counted ones
-//! (`all_gather_v`, `reduce_scatter_v`): what a rank checks in its own
-//! counts before the agreement (a problem found here is flagged, so every
-//! member refuses the call), and the shapes their descriptors carry.
+//! (`all_gather_v`, `reduce_scatter_v`). They say what a rank checks in its
+//! own counts before the agreement (a problem found here is flagged, so every
+//! member refuses the call), and which shapes their descriptors carry.
 
 use super::normalize_dim;
 use crate::dtype::DType;

@@ -1,7 +1,7 @@
-//! Device tensors over NCCL between the members of a stateless group (the
-//! way vLLM pairs its `StatelessProcessGroup` with a `PyNcclCommunicator`):
-//! the unique id travels over the group's own links, so members of
-//! separately launched jobs share one NCCL communicator.
+//! Device tensors over NCCL between the members of a stateless group. As vLLM
+//! pairs its `StatelessProcessGroup` with a `PyNcclCommunicator`, the unique
+//! id travels over the group's own links, so members of separately launched
+//! jobs share one NCCL communicator.
 //!
 //! Every call is agreed on over the group first (strict mode), through the
 //! same agreement as every other group (`crate::agree`): each member's call

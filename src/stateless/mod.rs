@@ -1,6 +1,6 @@
 //! Stateless groups (FastVideo's `StatelessProcessGroup`): an object and
-//! host-tensor group that does not touch the job's other groups, formed
-//! either by a list of world ranks inside one MPI job
+//! host-tensor group that does not touch the job's other groups. One is
+//! formed either by a list of world ranks inside one MPI job
 //! ([`StatelessGroup::create`]) or over TCP by processes of separately
 //! launched jobs ([`StatelessGroup::connect`], FastVideo's
 //! `StatelessProcessGroup.create(host, port, rank, world_size)`, which vLLM

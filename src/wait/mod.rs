@@ -1,6 +1,6 @@
-//! How every host-plane wait waits, written once: look; spin for a bounded
-//! *time*; then block — on a futex where a peer publishes a counter in
-//! shared memory (the shm steps), else napping between looks (MPI
+//! How every host-plane wait waits, written once. A wait looks; spins for a
+//! bounded *time*; then blocks — on a futex where a peer publishes a counter
+//! in shared memory (the shm steps), else napping between looks (MPI
 //! requests, the agreement rings).
 //!
 //! Why not spin, yield and nap by iteration counts: on a node where some

@@ -1,5 +1,5 @@
 //! Who has arrived at start-up on this node, for launchers whose registry
-//! rankmesh may not use: hydra (MPICH, Intel MPI) hands each rank a PMI-1
+//! rankmesh may not use. Hydra (MPICH, Intel MPI) hands each rank a PMI-1
 //! socket that belongs to the MPI's own start-up, and a second client on it
 //! would break that protocol.
 //!

@@ -1,9 +1,9 @@
 //! The flight recorder: the last calls of this rank (op, group, call number,
-//! shape, start, outcome), kept in a ring so a hang or a failure can be
-//! explained after the fact, as PyTorch's NCCL flight recorder does. A
+//! shape, start, outcome), kept in a ring. As with PyTorch's NCCL flight
+//! recorder, a hang or a failure can then be explained after the fact. A
 //! call's end is not timed: a device call's host-side end is only when its
-//! work was enqueued, not when the GPU finished it, and the clock read cost
-//! a small device call as much as the rest of the recorder.
+//! work was enqueued, not when the GPU finished it, and the clock read cost a
+//! small device call as much as the rest of the recorder.
 
 use super::clock::{now_ns, resolution_ns};
 use crate::agree::Descriptor;

@@ -1,4 +1,4 @@
-//! All-to-alls within a node with one copy: each rank reads its block of
+//! All-to-alls within a node with one copy. Each rank reads its block of
 //! every peer's input straight from the peer's buffer (`process_vm_readv`,
 //! [`cma`]) instead of through the window (a copy in, a copy out).
 //!

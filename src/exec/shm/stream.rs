@@ -1,10 +1,10 @@
 //! Calls longer than a data area, streamed through the writers' data areas
 //! (broadcasts, scatters, gathers and all-gathers, all-to-alls that take no
-//! single copy): after the call's first phase (the agreement, which
-//! carries the first piece), each writer fills a ring of [`STREAM_PIECE`]
-//! slots over both of its areas, publishing a written-piece counter; each
-//! reader takes a piece from every writer as soon as they have written it,
-//! then publishes a read-piece counter.
+//! single copy). After the call's first phase (the agreement, which carries
+//! the first piece), each writer fills a ring of [`STREAM_PIECE`] slots over
+//! both of its areas, publishing a written-piece counter; each reader takes a
+//! piece from every writer as soon as they have written it, then publishes a
+//! read-piece counter.
 //!
 //! Why not a phase per piece: a phase is a rendezvous of every rank, so a
 //! writer waits for the slowest reader at each piece, and a rank that is
