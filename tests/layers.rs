@@ -585,7 +585,7 @@ fn plain_text(text: &str) -> String {
     while let Some(at) = rest.find('[') {
         out.push_str(&rest[..at]);
         let after = &rest[at + 1..];
-        let Some(end) = after.find(|c| c == ']' || c == '[') else {
+        let Some(end) = after.find([']', '[']) else {
             out.push('[');
             rest = after;
             continue;
