@@ -20,7 +20,7 @@ use crate::agree::{Descriptor, ViewProblem};
 use crate::device::copy::run_copies;
 use crate::device::{DeviceTensor, DeviceView, DeviceViewMut, Gpu};
 use crate::dtype::DType;
-use crate::error::{Error, Fault, Result};
+use crate::error::{Error, Fault, NcclError, Result};
 use crate::group::{Collectives, P2p};
 use crate::nccl::comm::{Communicator, Rooted};
 use crate::nccl::result::reduced_as;
@@ -1086,15 +1086,10 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
         let (comm, peer) = self.link(dst)?;
         let s = self.enqueue()?;
         let ptrs = ts.iter().map(|t| t.ptr_on(s)).collect::<Result<Vec<_>>>()?;
-        let fused = || -> std::result::Result<(), crate::error::NcclError> {
-            let fused = comm.group()?;
-            for (t, p) in ts.iter().zip(ptrs) {
-                // SAFETY: `t` holds `numel` elements of its dtype.
-                unsafe { comm.send(p, t.numel(), t.dtype(), peer, self.raw()) }?;
-            }
-            fused.end()
-        };
-        fused().map_err(|e| Error::nccl(Op::Send, self.group.name(), e))
+        self.in_one_group(Op::Send, &comm, ts.iter().zip(ptrs), |(t, p)| {
+            // SAFETY: `t` holds `numel` elements of its dtype.
+            unsafe { comm.send(p, t.numel(), t.dtype(), peer, self.raw()) }
+        })
     }
 
     fn recv_batch(&self, outs: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
@@ -1104,15 +1099,10 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
             .iter()
             .map(|t| t.ptr_on(s))
             .collect::<Result<Vec<_>>>()?;
-        let fused = || -> std::result::Result<(), crate::error::NcclError> {
-            let fused = comm.group()?;
-            for (t, p) in outs.iter().zip(ptrs) {
-                // SAFETY: `t` holds `numel` elements of its dtype.
-                unsafe { comm.recv(p, t.numel(), t.dtype(), peer, self.raw()) }?;
-            }
-            fused.end()
-        };
-        fused().map_err(|e| Error::nccl(Op::Send, self.group.name(), e))
+        self.in_one_group(Op::Send, &comm, outs.iter().zip(ptrs), |(t, p)| {
+            // SAFETY: `t` holds `numel` elements of its dtype.
+            unsafe { comm.recv(p, t.numel(), t.dtype(), peer, self.raw()) }
+        })
     }
 
     fn broadcast_batch(&self, ts: &mut [&mut DeviceTensor], src: usize) -> Result<()> {
@@ -1122,15 +1112,30 @@ impl<'rt> super::Batch<'rt> for DeviceGroup<'_, 'rt> {
         let comm = self.comm()?;
         let s = self.enqueue()?;
         let ptrs = ts.iter().map(|t| t.ptr_on(s)).collect::<Result<Vec<_>>>()?;
-        let fused = || -> std::result::Result<(), crate::error::NcclError> {
-            let fused = comm.group()?;
-            for (t, p) in ts.iter().zip(ptrs) {
-                let (n, dt) = (t.numel(), t.dtype());
-                // SAFETY: in place, as NCCL allows; `t` holds `n` elements.
-                unsafe { comm.broadcast(p, p, n, dt, src, self.raw()) }?;
+        self.in_one_group(Op::Broadcast, &comm, ts.iter().zip(ptrs), |(t, p)| {
+            let (n, dt) = (t.numel(), t.dtype());
+            // SAFETY: in place, as NCCL allows; `t` holds `n` elements.
+            unsafe { comm.broadcast(p, p, n, dt, src, self.raw()) }
+        })
+    }
+}
+
+impl DeviceGroup<'_, '_> {
+    /// `each` on every item between one `ncclGroupStart` and its end, so
+    /// that no transfer of a batch waits for another; a failure is `op`'s.
+    fn in_one_group<T>(
+        &self,
+        op: Op,
+        comm: &Communicator<'_>,
+        items: impl IntoIterator<Item = T>,
+        mut each: impl FnMut(T) -> std::result::Result<(), NcclError>,
+    ) -> Result<()> {
+        let fused = comm.group().and_then(|fused| {
+            for item in items {
+                each(item)?;
             }
             fused.end()
-        };
-        fused().map_err(|e| Error::nccl(Op::Broadcast, self.group.name(), e))
+        });
+        fused.map_err(|e| Error::nccl(op, self.group.name(), e))
     }
 }
