@@ -113,7 +113,7 @@ pub(crate) trait HostMoves {
     /// Uneven blocks of `row`-byte rows: `counts.0[r]` rows of `send` to
     /// rank `r`, `counts.1[s]` rows of `out` from rank `s`. The count
     /// tables travel first and each link is judged by its two ends
-    /// ([`Links::judge`]); refused links move nothing. Returns the links.
+    /// ([`Links::swapped`]); refused links move nothing. Returns the links.
     fn all_to_all_v(
         &self,
         (send, out): (&[u8], &mut [u8]),
@@ -121,11 +121,8 @@ pub(crate) trait HostMoves {
         row: usize,
     ) -> Result<Links, Fault> {
         let flat = self.flat();
-        let mine = Links::table(counts.0, counts.1);
-        let mut theirs = vec![[0u64; 3]; mine.len()];
-        let table = bytemuck::cast_slice_mut(&mut theirs);
-        flat.all_to_all_into(bytemuck::cast_slice(&mine), table)?;
-        let links = Links::judge(flat.rank(), counts.0, counts.1, &theirs);
+        let swap = |mine: &[u8], theirs: &mut [u8]| flat.all_to_all_into(mine, theirs);
+        let links = Links::swapped(flat.rank(), counts.0, counts.1, swap)?;
         let (sent, got) = links.placed(counts, row);
         let longest = links.longest.saturating_mul(row);
         flat.all_to_all_v(send, &sent, out, &got, longest);

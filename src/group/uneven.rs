@@ -89,20 +89,23 @@ impl GroupCoordinator<'_> {
 
     /// Exchanges the counts of an `all_to_all_v` with every member through
     /// the group's host executor and judges each link by its two ends (see
-    /// [`Links::judge`]): the device plane's first step, and the host's
-    /// off one node (on one node the counts ride with the data).
+    /// [`Links::swapped`]): the device plane's first step, and the host's
+    /// on a group of one (larger host groups exchange them in their
+    /// executor's `all_to_all_v`).
     pub(crate) fn swap_counts(&self, send: &[usize], recv: &[usize]) -> Result<Links, Fault> {
-        let mine = Links::table(send, recv);
-        let mut theirs = vec![[0u64; 3]; self.size()];
-        if self.size() == 1 {
-            theirs.copy_from_slice(&mine);
-        } else {
-            let table = std::mem::size_of_val(&mine[..]);
-            self.host_for(Op::AllToAllV, table).all_to_all_into(
-                bytemuck::cast_slice(&mine),
-                bytemuck::cast_slice_mut(&mut theirs),
-            )?;
-        }
-        Ok(Links::judge(self.rank_in_group(), send, recv, &theirs))
+        Links::swapped(
+            self.rank_in_group(),
+            send,
+            recv,
+            |mine, theirs| match self.size() {
+                1 => {
+                    theirs.copy_from_slice(mine);
+                    Ok(())
+                }
+                _ => self
+                    .host_for(Op::AllToAllV, mine.len())
+                    .all_to_all_into(mine, theirs),
+            },
+        )
     }
 }

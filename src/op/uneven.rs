@@ -179,6 +179,25 @@ impl Links {
             .collect()
     }
 
+    /// Group rank `me`'s links after the count exchange: its
+    /// [`table`](Self::table) goes to every member through `swap` (an
+    /// all-to-all of the tables' bytes, entry `r` to member `r`), and each
+    /// link is [judged](Self::judge) from the entries that came back.
+    pub(crate) fn swapped<E>(
+        me: usize,
+        send: &[usize],
+        recv: &[usize],
+        swap: impl FnOnce(&[u8], &mut [u8]) -> Result<(), E>,
+    ) -> Result<Links, E> {
+        let mine = Links::table(send, recv);
+        let mut theirs = vec![[0u64; 3]; mine.len()];
+        swap(
+            bytemuck::cast_slice(&mine),
+            bytemuck::cast_slice_mut(&mut theirs),
+        )?;
+        Ok(Links::judge(me, send, recv, &theirs))
+    }
+
     /// Group rank `me`'s verdict on its links from what every member `s`
     /// told it (`theirs[s]`: its [`table`](Self::table) entry for `me`).
     /// Each link is judged by its two ends from the same two numbers, so

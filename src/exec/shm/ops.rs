@@ -9,7 +9,7 @@ use super::stream::{Piece, Ranks};
 use super::{Place, ShmExec, TABLE_ENTRY};
 use crate::dtype::DType;
 use crate::error::Fault;
-use crate::exec::blocks::{BlockLayout, Blocks, Spans};
+use crate::exec::blocks::{BlockLayout, Blocks, Copier, Spans};
 use crate::exec::combine::combine;
 use crate::exec::copy::{copy_by_loop, copy_bytes, split_lens, stream_bytes};
 use crate::exec::moves::HostMoves;
@@ -47,7 +47,7 @@ impl ShmExec {
     /// traffic for nothing; with plain stores below, where the output stays
     /// in cache for whoever reads it next.
     #[inline]
-    fn output_copy(&self, total: usize) -> fn(&mut [u8], &[u8]) {
+    fn output_copy(&self, total: usize) -> Copier {
         if total >= self.stream_from {
             stream_bytes
         } else {
@@ -609,14 +609,7 @@ fn pieces(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
 /// Rank `r`'s bytes `off..` of its block (`from`), into `out` laid out by
 /// `blocks`, copied with `put`.
 #[inline]
-fn land<B: Blocks>(
-    blocks: B,
-    put: fn(&mut [u8], &[u8]),
-    out: &mut [u8],
-    r: usize,
-    off: usize,
-    from: &[u8],
-) {
+fn land<B: Blocks>(blocks: B, put: Copier, out: &mut [u8], r: usize, off: usize, from: &[u8]) {
     for (at, pos, len) in blocks.runs(r, off, from.len()) {
         put(&mut out[at..at + len], &from[pos..pos + len]);
     }
