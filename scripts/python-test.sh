@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 venv=${RANKMESH_PY_VENV:-target/python-venv}
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" numpy pytest ml_dtypes \
+# No cache: torch's wheels would stay there, a second 3 GB.
+"$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir "maturin>=1.5,<2" numpy pytest ml_dtypes \
   "torch==2.11.0"
 # The torch backend's C++ library, built by the first rank that imports
 # rankmesh.torch (the others wait on its lock), kept with the build.

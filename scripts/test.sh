@@ -11,6 +11,14 @@ bash scripts/install-deps.sh --test
 # NCCL's real library and headers (PyPI wheels, cached in .cache/nccl): the
 # tests that need them skip without them, and fail without them under CI=true.
 bash scripts/fetch-nccl.sh >/dev/null || echo "test.sh: NCCL's wheels not fetched; the real-library tests will skip" >&2
+# Disk: a full run builds the suite twice (Open MPI, MPICH), rankmesh under
+# four more MPIs and installs torch with its CUDA packages. Stop 76's CI ran
+# out of space building the MPICH suite, with about 15 GB in use. Line tables
+# keep a backtrace's file and line at a fifth of the binaries' size, and a
+# one-shot run has no use for incremental state. A developer's own settings
+# win.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
 # Open MPI refuses to run as root without these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Every step's output is also kept, and at the end (pass or fail) tallied:
@@ -21,9 +29,14 @@ log=target/test-output.log
 : > "$log"
 rm -f target/test-skips.log
 trap 'python3 scripts/test_summary.py "$log" target/test-skips.log' EXIT
-# When each step ended, from the script's start: CI's time is kept well
-# inside its limit by knowing which step grew.
-done_at() { echo "test.sh: $1 done at $((SECONDS / 60)) min $((SECONDS % 60)) s" | tee -a "$log"; }
+# When each step ended, from the script's start, and the disk in use and
+# free after it: CI's time and space are kept well inside their limits by
+# knowing which step grew.
+done_at() {
+    echo "test.sh: $1 done at $((SECONDS / 60)) min $((SECONDS % 60)) s;" \
+        "target $(du -sh target 2>/dev/null | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free" |
+        tee -a "$log"
+}
 cargo test "$@" 2>&1 | tee -a "$log"
 done_at "cargo test"
 # The GPU check rehearsed end to end on the emulators, from a bundle built as
@@ -41,8 +54,10 @@ if (($# == 0)); then
     # budgets (issue #65): CI cannot time a call, but it can count.
     bash scripts/hot-path-guard.sh 2>&1 | tee -a "$log"
     done_at "the hot path's budget"
+    # Each smoke's build is of no use once it passed.
     for mpi in mpich openmpi5 mpich5 impi; do
         bash scripts/mpi-smoke.sh "$mpi"
+        rm -rf "target/mpi-$mpi"
     done
     done_at "the smokes under four more MPIs"
     bash scripts/mpich-suite.sh
