@@ -96,6 +96,22 @@ pub enum Error {
         /// What happened, with the members concerned.
         msg: String,
     },
+    /// A member of the call was lost, in a job that survives it (ULFM on:
+    /// `mpirun --with-ft ulfm` under Open MPI 5). Every surviving member
+    /// of the call gets it; the runtime's calls fail until the survivors
+    /// call [`Runtime::shrink`](crate::Runtime::shrink), and dropping the
+    /// runtime instead finalises MPI without ending the job.
+    #[error("{} on {group}: world ranks {lost:?} lost: {msg}", op.name())]
+    PeerLost {
+        /// The operation that could not complete.
+        op: Op,
+        /// Unique group name.
+        group: String,
+        /// The world ranks known lost, sorted.
+        lost: Vec<usize>,
+        /// What happened.
+        msg: String,
+    },
     /// Bytes received from a peer that do not decode as the expected type.
     #[error("{} on {group}: cannot decode `{type_name}` sent by group rank {peer}: {msg}", op.name())]
     Decode {
@@ -240,6 +256,7 @@ impl Error {
             | Error::Nccl { op, .. }
             | Error::Timeout { op, .. }
             | Error::Abandoned { op, .. }
+            | Error::PeerLost { op, .. }
             | Error::Decode { op, .. }
             | Error::Encode { op, .. } => Some(*op),
             _ => None,

@@ -41,6 +41,7 @@ pub mod tensor;
 mod wait;
 mod mpi_ext;
 mod mpi_abi;
+mod ulfm;
 // The agreement, the executors and the tools' modules are internal. The
 // `internals` feature, which Cargo.toml's self dev-dependency turns on for
 // the integration tests only, makes them public for those tests (the

@@ -29,6 +29,7 @@ from ._native import (  # noqa: F401  (re-exported)
     MismatchError,
     ObjectError,
     PeerError,
+    PeerLostError,
     StartupError,
     StateError,
     TensorError,
@@ -37,7 +38,7 @@ from ._native import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "Error", "MismatchError", "InvalidArgumentError", "TensorError", "StateError",
-    "TimeoutError", "PeerError", "ObjectError", "StartupError", "GpuError",
+    "TimeoutError", "PeerError", "PeerLostError", "ObjectError", "StartupError", "GpuError",
     "GroupCoordinator", "init_distributed_environment", "initialize_model_parallel",
     "model_parallel_is_initialized", "destroy_model_parallel", "destroy_distributed_environment",
     "get_world_group", "get_tp_group", "get_sp_group", "get_dp_group",

@@ -49,6 +49,12 @@ create_exception!(
     Error,
     "The job could not start (launcher, MPI, layout)."
 );
+create_exception!(
+    rankmesh,
+    PeerLostError,
+    PeerError,
+    "A member of the call was lost in a job that survives it (ULFM: mpirun --with-ft ulfm under Open MPI 5); .lost names the world ranks."
+);
 create_exception!(rankmesh, GpuError, Error, "The device plane: CUDA or NCCL.");
 
 /// The exception a signal handler raised while a call waited (Ctrl-C's
@@ -99,6 +105,13 @@ pub fn to_py(e: rankmesh::Error) -> PyErr {
             Abandon::Timeout => TimeoutError::new_err(msg),
             Abandon::PeerLeft => PeerError::new_err(msg),
         },
+        E::PeerLost { lost, .. } => {
+            let err = PeerLostError::new_err(msg);
+            Python::attach(|py| {
+                let _ = err.value(py).setattr("lost", lost);
+            });
+            err
+        }
         E::Mismatch { .. } => MismatchError::new_err(msg),
         E::InvalidArgument { .. } | E::Usage { .. } => InvalidArgumentError::new_err(msg),
         E::Tensor(_) => TensorError::new_err(msg),
@@ -127,6 +140,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("TimeoutError", py.get_type::<TimeoutError>())?;
     m.add("PeerError", py.get_type::<PeerError>())?;
+    m.add("PeerLostError", py.get_type::<PeerLostError>())?;
     m.add("ObjectError", py.get_type::<ObjectError>())?;
     m.add("StartupError", py.get_type::<StartupError>())?;
     m.add("GpuError", py.get_type::<GpuError>())?;

@@ -180,7 +180,7 @@ fn kind(e: &Error) -> i32 {
         E::Tensor(_) => status::TENSOR,
         E::State(_) | E::Workspace { .. } => status::STATE,
         E::Timeout { .. } => status::TIMEOUT,
-        E::Failed { .. } | E::Connection { .. } => status::PEER,
+        E::Failed { .. } | E::Connection { .. } | E::PeerLost { .. } => status::PEER,
         E::Nccl { .. } | E::Gpu(_) => status::GPU,
         _ => status::OTHER,
     }

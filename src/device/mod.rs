@@ -41,6 +41,9 @@ use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How often [`Gpu::own_failure`] looks at a group's communicators.
+const OWN_FAILURE_LOOKS: u32 = 20;
+
 /// Which GPU a rank drives.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceInfo {
@@ -394,9 +397,15 @@ impl Gpu {
     /// What a completion of `d`'s agreements means for the rank: an
     /// error or a disagreement aborts every communicator first.
     fn act_on(&self, d: &Deferred, verdict: Result<Verdict>) -> Result<()> {
-        match verdict.inspect_err(|e| {
-            self.abort_all(&e.to_string());
-        })? {
+        let verdict = match verdict {
+            Ok(v) => v,
+            Err(e) => {
+                let e = self.own_failure(d.group(), &e).unwrap_or(e);
+                self.abort_all(&e.to_string());
+                return Err(e);
+            }
+        };
+        match verdict {
             Verdict::Agreed => Ok(()),
             Verdict::RefusedEverywhere(e) => Err(e),
             Verdict::Disagreed(e) => {
@@ -404,6 +413,37 @@ impl Gpu {
                 Err(e)
             }
         }
+    }
+
+    /// `e`, a deferred agreement's failure on `group`, with this rank's own
+    /// NCCL error first where its communicator failed too. A member's
+    /// closed posts (its communicator failed) can arrive before this
+    /// rank's communicator reports the same lost link: the answer then
+    /// says both, its own error and the member that stopped. Looked at a
+    /// few times, since NCCL answers "in progress" while work is under way
+    /// (about 10 ms at most, on a path that ends the group).
+    fn own_failure(&self, group: &str, e: &Error) -> Option<Error> {
+        let api = self.api().ok()?;
+        let comms: Vec<_> = self
+            .live_comms()
+            .into_iter()
+            .filter(|c| c.group() == group)
+            .collect();
+        let op = e.op().unwrap_or(Op::Synchronize);
+        for _ in 0..OWN_FAILURE_LOOKS {
+            for c in &comms {
+                if let Err(mut own) = c.poll(api) {
+                    let theirs = match e {
+                        Error::Nccl { source, .. } => &source.msg,
+                        other => &other.to_string(),
+                    };
+                    own.msg = format!("{}; and {theirs}", own.msg);
+                    return Some(Error::nccl(op, group, own));
+                }
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        None
     }
 
     /// The communicators still alive (collected, so no borrow is held while

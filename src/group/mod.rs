@@ -20,7 +20,7 @@ pub use batch::Batch;
 pub(crate) use call::{tensor_desc, OutputFit};
 pub use collectives::{Collectives, P2p, PlaneTensor};
 pub use device::{DeviceEvent, DeviceGroup};
-pub use runtime::{MpiCalls, Options, RankInfo, Runtime, SingleCopy, WorldInfo};
+pub use runtime::{MpiCalls, Options, RankInfo, Runtime, Shrunk, SingleCopy, WorldInfo};
 
 use crate::agree::Admitted;
 use crate::dtype::DType;

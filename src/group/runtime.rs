@@ -6,7 +6,7 @@ use super::GroupCoordinator;
 use crate::agree::Descriptor;
 use crate::agree::{agree_on_request, check_rank_list, fnv1a, validate_group_lists};
 use crate::device::Gpu;
-use crate::error::{Error, Result};
+use crate::error::{Abandon, Error, Result};
 use crate::exec::executor::ExecChoice;
 use crate::exec::shm::ShmWindow;
 use crate::op::CheckMode;
@@ -18,6 +18,7 @@ use crate::watch::{
     ADDRS, SECRET_BYTES,
 };
 use mpi::environment::Universe;
+use mpi::raw::{AsRaw, FromRaw};
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
@@ -581,7 +582,11 @@ pub struct Runtime {
     /// The node's agreed [`Runtime::single_copy_from`].
     single_copy_from: Option<usize>,
     watchdog: Watchdog,
-    _universe: Universe,
+    /// Handed its MPI to the runtime of its survivors ([`Runtime::shrink`]):
+    /// its drop only lets go of what it held.
+    shrunk: Cell<bool>,
+    /// MPI itself, finalised when dropped (`None` once shrunk).
+    universe: Option<Universe>,
 }
 
 impl Runtime {
@@ -634,8 +639,43 @@ impl Runtime {
         })?;
         startup.step("the world communicator's duplicate (MPI_Comm_dup)");
         let world_comm = universe.world().duplicate();
+        // Same on every rank (the launcher's environment, the library).
+        let refused = refused.or(crate::ulfm::start(world_comm.as_raw())
+            .err()
+            .map(Error::Launch));
+        Runtime::build(
+            universe,
+            threading,
+            world_comm,
+            options,
+            Some(refused),
+            startup,
+        )
+    }
+
+    /// The runtime over `world_comm` (MPI started, `universe`): the world's
+    /// facts, the start-up checks (`Some(refused)`: this rank's own error,
+    /// reported on every rank; `None`: none, the world was shrunk and the
+    /// launcher's counts no longer hold), placement, the timed choices and
+    /// the watchdog.
+    fn build(
+        universe: Universe,
+        threading: Threading,
+        world_comm: SimpleCommunicator,
+        options: Options,
+        refused: Option<Option<Error>>,
+        startup: StartupWatch,
+    ) -> Result<Runtime> {
+        let wanted = if options.serialized {
+            Threading::Serialized
+        } else {
+            Threading::Funneled
+        };
         let (info, node_comm) = gather_world_info(&world_comm, &startup)?;
-        let mut warnings = agree_on_checks(&world_comm, &info, &options, refused, &startup)?;
+        let mut warnings = match refused {
+            Some(refused) => agree_on_checks(&world_comm, &info, &options, refused, &startup)?,
+            None => Vec::new(),
+        };
         startup.step("the binding's agreement (MPI_Allgather)");
         let me = info.me();
         let placement = match options.bind {
@@ -691,7 +731,8 @@ impl Runtime {
             creations: Cell::new(0),
             single_copy_from,
             watchdog,
-            _universe: universe,
+            shrunk: Cell::new(false),
+            universe: Some(universe),
         })
     }
 
@@ -1010,10 +1051,88 @@ impl Runtime {
     }
 }
 
+/// The survivors' runtime after a lost rank ([`Runtime::shrink`]).
+pub struct Shrunk {
+    /// The new world: the survivors, renumbered densely in their old order.
+    pub runtime: Runtime,
+    /// The old world ranks that were lost, sorted.
+    pub lost: Vec<usize>,
+    /// Each old world rank's rank in the new world (`None`: lost).
+    pub new_rank: Vec<Option<usize>>,
+}
+
+impl Runtime {
+    /// After [`Error::PeerLost`]: the survivors agree on the ranks lost,
+    /// shrink the world to themselves and rebuild the runtime on it: the
+    /// node communicators, the shared-memory windows, the status board and
+    /// service, and the watch. Collective over the survivors, each of which
+    /// calls it once it saw the loss (a call that failed with it); a rank
+    /// lost meanwhile is shrunk out too.
+    ///
+    /// Consuming the runtime ends every group made on the old world before
+    /// the new one exists: the borrow checker refuses an old group's call.
+    /// What the old world's calls left mid-way (windows, pending requests)
+    /// is let go of, not freed with the lost ranks. Device communicators
+    /// are not carried over: the new runtime connects devices afresh
+    /// ([`connect_devices`](Self::connect_devices)).
+    ///
+    /// Needs ULFM: Open MPI 5 started with `mpirun --with-ft ulfm`;
+    /// otherwise [`Error::State`] and the runtime is gone (a lost rank ends
+    /// such a job anyway).
+    pub fn shrink(mut self) -> Result<Shrunk> {
+        if !crate::ulfm::active() {
+            return Err(Error::State(
+                "shrink needs a job that survives a lost rank: rankmesh built against Open MPI 5 \
+                 and started with `mpirun --with-ft ulfm`"
+                    .into(),
+            ));
+        }
+        // What the old world holds that would wait on a lost rank is left
+        // behind, as after a call given up.
+        crate::wait::give_up::give_up(Abandon::PeerLeft, "the world was shrunk".into());
+        let old = self.world_comm.as_raw();
+        crate::ulfm::revoke(old);
+        let new = crate::ulfm::shrink(old).map_err(Error::State)?;
+        let new_rank = crate::ulfm::rank_map(old, new);
+        let lost: Vec<usize> = (0..new_rank.len())
+            .filter(|&r| new_rank[r].is_none())
+            .collect();
+        tracing::warn!(
+            rank = self.info.rank,
+            "world ranks {lost:?} lost; {} survivors go on",
+            new_rank.len() - lost.len()
+        );
+        let options = self.options.clone();
+        let threading = self.threading;
+        let universe = self.universe.take();
+        // NCCL communicators that count a lost rank could wait on it when
+        // destroyed: let go of.
+        std::mem::forget(self.device_root.take());
+        self.shrunk.set(true);
+        drop(self);
+        crate::wait::give_up::reset();
+        crate::ulfm::watch_world(new);
+        // SAFETY: `new` is a valid communicator, owned from here.
+        let world = unsafe { SimpleCommunicator::from_raw(new) };
+        let startup = StartupWatch::start(options.init_timeout);
+        let universe =
+            universe.ok_or_else(|| Error::State("the runtime was shrunk already".into()))?;
+        let runtime = Runtime::build(universe, threading, world, options, None, startup)?;
+        Ok(Shrunk {
+            runtime,
+            lost,
+            new_rank,
+        })
+    }
+}
+
 impl Drop for Runtime {
     /// A rank that panics would otherwise finalise MPI while its peers wait in
     /// a collective, and the job would hang; abort the whole job instead.
     fn drop(&mut self) {
+        if self.shrunk.get() {
+            return;
+        }
         // Before anything that can block (MPI finalisation waits for every
         // rank): after a failed call or in a panic, say why and publish it,
         // so peers blocked in a call with this rank are named the reason
@@ -1021,8 +1140,18 @@ impl Drop for Runtime {
         let panic = std::thread::panicking().then(panic_message);
         self.watchdog.leaving(panic);
         // Calls given up left MPI mid-call: finalising could wait forever.
+        // Not under ULFM after a lost rank: MPI finalises without it.
         if let Some((why, _)) = crate::wait::give_up::given_up() {
-            self.watchdog.end_after_giving_up(why);
+            if !(why == Abandon::PeerLeft && crate::ulfm::active()) {
+                self.watchdog.end_after_giving_up(why);
+            }
+        }
+        // Open MPI's finalisation fences every rank the job started with,
+        // the lost ones too, and can wait for them forever (one exit in
+        // about ten here; open-mpi/ompi#11404): after a loss, survivors
+        // leave MPI unfinalised, as ULFM's launcher allows.
+        if crate::ulfm::lost_any() {
+            std::mem::forget(self.universe.take());
         }
     }
 }

@@ -64,6 +64,15 @@ pub(crate) fn give_up(why: Abandon, msg: String) -> bool {
     true
 }
 
+/// Forgets that this process gave up: the survivors of a lost rank shrank
+/// the world (`Runtime::shrink`), and what the calls given up left behind
+/// went with the old one.
+pub(crate) fn reset() {
+    let mut reason = REASON.lock().unwrap_or_else(|e| e.into_inner());
+    GIVEN_UP.store(false, Ordering::Release);
+    *reason = None;
+}
+
 /// Why this process gave up, if it did.
 pub(crate) fn given_up() -> Option<(Abandon, String)> {
     if !GIVEN_UP.load(Ordering::Acquire) {
@@ -123,6 +132,9 @@ pub(crate) fn run<T>(f: impl FnOnce() -> T) -> Result<T, (Abandon, String)> {
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     DEPTH.set(DEPTH.get() - 1);
     match out {
+        // An MPI routine that returned early on a failed peer (ULFM's error
+        // handler gave up meanwhile) left a result that is not one.
+        Ok(_) if gave_up() => Err(reason()),
         Ok(v) => Ok(v),
         Err(payload) if payload.is::<GaveUp>() => Err(reason()),
         Err(payload) => std::panic::resume_unwind(payload),

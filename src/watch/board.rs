@@ -423,6 +423,11 @@ impl Drop for Board {
             self.view.set_state(FINISHED, now_ns());
         }
         self.view.live.store(false, Ordering::Release);
+        // As for a group's window: a peer of a call given up may never free
+        // its part.
+        if crate::wait::give_up::gave_up() {
+            return;
+        }
         // SAFETY: the window is valid and freed once; readers check `live`.
         unsafe { ffi::MPI_Win_free(&mut self.win) };
     }

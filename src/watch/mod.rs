@@ -162,7 +162,6 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts watching for world rank `rank` (no thread when `limit` is `None`).
     /// Starts watching for world rank `rank`: hangs past `limit` (`None`:
     /// never), and members of its calls that leave (always).
     #[allow(clippy::too_many_arguments)]
@@ -176,7 +175,8 @@ impl Watchdog {
         trace_dir: Option<PathBuf>,
         secret: Secret,
     ) -> Watchdog {
-        if on_hang == OnHang::Error {
+        // Under ULFM a lost member's call is given up whatever `on_hang`.
+        if on_hang == OnHang::Error || crate::ulfm::active() {
             give_up::arm();
         }
         let shared = Arc::new(Shared {
@@ -478,15 +478,29 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn gave_up(&self, op: Op, group: &str, why: Abandon, msg: String) -> Error {
-        let e = Error::Abandoned {
-            op,
-            group: group.to_string(),
-            why,
-            msg,
+        let group = group.to_string();
+        let survives = why == Abandon::PeerLeft && crate::ulfm::active();
+        let e = match survives {
+            true => Error::PeerLost {
+                op,
+                group,
+                lost: crate::ulfm::lost_after_notice(),
+                msg,
+            },
+            false => Error::Abandoned {
+                op,
+                group,
+                why,
+                msg,
+            },
         };
         let text = e.to_string();
         if let Some(number) = self.recorder.last_failed() {
             self.record_failure(number, &text);
+        }
+        // A survivor stays: its peers must not count it lost too.
+        if survives {
+            return e;
         }
         let mut first = self.gave_up_first.lock().unwrap_or_else(|p| p.into_inner());
         match &*first {
@@ -674,13 +688,20 @@ fn departed_member(s: &Shared, me: &Status) -> Option<Departure> {
             "group rank {g} (world rank {w}, host {})",
             facts.map_or("?", |p| &p.host)
         );
-        let left = |why: String| Departure {
-            why,
-            maybe_done: true,
+        // Under ULFM the departure is the answer's `lost` (Error::PeerLost).
+        let left = |why: String| {
+            crate::ulfm::note_lost([w]);
+            Departure {
+                why,
+                maybe_done: true,
+            }
         };
-        let gone = |why: String| Departure {
-            why,
-            maybe_done: false,
+        let gone = |why: String| {
+            crate::ulfm::note_lost([w]);
+            Departure {
+                why,
+                maybe_done: false,
+            }
         };
         if let Some((_, reason)) = notices.iter().find(|(r, _)| *r == w) {
             return Some(left(format!("{who} left after: {reason}")));
@@ -757,7 +778,8 @@ fn fire_left(s: &Shared, me: &Status, why: &str) {
         "rankmesh: rank {} (host {host}): {op} on {} (call #{}) cannot complete: {why}; aborting the job\n",
         s.rank, me.group, me.seq
     );
-    if s.on_hang == OnHang::Error {
+    // A job that survives a lost rank (ULFM) answers with the loss.
+    if s.on_hang == OnHang::Error || crate::ulfm::active() {
         let text = format!("cannot complete: {why}");
         if give_up_call(s, me, Abandon::PeerLeft, text, &msg) {
             return;

@@ -1,0 +1,291 @@
+//! Data-parallel training that goes on after losing a rank (issue #66).
+//! Each rank is a replica of a small linear model trained by gradient
+//! descent on its own batches; a step sums the gradients (`all_reduce`)
+//! and averages them over the replicas. Rank K can be killed with SIGKILL
+//! at step S, either inside the step (before its all-reduce: the others
+//! wait in theirs) or between steps (after it, while the others compute).
+//! The survivors get [`Error::PeerLost`], shrink the world, redo the
+//! interrupted step and finish. Every rank then checks its parameters
+//! against a serial replay that had every replica before the loss and the
+//! survivors from that step on, and prints one line.
+//!
+//! ```text
+//! mpirun --with-ft ulfm -np 4 target/release/examples/elastic_dp \
+//!     [--steps N] [--kill K@S | --kill-idle K@S]
+//! ```
+//! (Open MPI 5; without ULFM the loss ends the job, as it always did.)
+//! With `RANKMESH_HOST_PLANE=mpi` the sums go through MPI instead of the
+//! node's shared memory.
+
+use rankmesh::group::Shrunk;
+use rankmesh::prelude::*;
+use rankmesh::Error;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Parameters of the model.
+const DIM: usize = 24;
+/// Samples per replica and step.
+const BATCH: usize = 16;
+/// Learning rate.
+const LR: f64 = 0.05;
+
+/// When the victim dies.
+#[derive(Clone, Copy, PartialEq)]
+enum Kill {
+    /// Before its all-reduce of the step: the others are inside theirs.
+    Inside,
+    /// After the step's all-reduce: the others are between calls.
+    Idle,
+}
+
+struct Args {
+    steps: usize,
+    /// (rank, step, when): each rank killed (several at one step are lost
+    /// at once).
+    kills: Vec<(usize, usize, Kill)>,
+}
+
+impl Args {
+    /// When rank `rank` dies at step `step`, if it does.
+    fn kill_of(&self, rank: usize, step: usize) -> Option<Kill> {
+        self.kills
+            .iter()
+            .find(|&&(k, s, _)| (k, s) == (rank, step))
+            .map(|&(_, _, how)| how)
+    }
+
+    /// Whether replica `r` takes part in step `step`.
+    fn replica_in(&self, r: usize, step: usize) -> bool {
+        self.kills.iter().all(|&(k, s, how)| match how {
+            Kill::Inside => r != k || step < s,
+            Kill::Idle => r != k || step <= s,
+        })
+    }
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        steps: 8,
+        kills: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--steps" => args.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--kill" | "--kill-idle" => {
+                let v = value()?;
+                let (k, s) = v
+                    .split_once('@')
+                    .ok_or(format!("{a} takes RANK@STEP, not {v}"))?;
+                let how = if a == "--kill" {
+                    Kill::Inside
+                } else {
+                    Kill::Idle
+                };
+                let k = k.parse().map_err(|e| format!("{a}: rank {k}: {e}"))?;
+                let s = s.parse().map_err(|e| format!("{a}: step {s}: {e}"))?;
+                args.kills.push((k, s, how));
+            }
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    Ok(args)
+}
+
+/// A replica's batch at a step: inputs and targets from a hash of (rank,
+/// step, index), non-integer, the same in every process.
+fn batch(replica: usize, step: usize) -> (Vec<f64>, Vec<f64>) {
+    let value = |i: usize| {
+        let mut z = (replica as u64 + 1)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add((step as u64) << 32)
+            .wrapping_add(i as u64);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let x: Vec<f64> = (0..BATCH * DIM).map(value).collect();
+    let y: Vec<f64> = (0..BATCH).map(|i| value(1 << 20 | i) * 3.0).collect();
+    (x, y)
+}
+
+/// The gradient of the mean squared error of `w` on a replica's batch.
+fn gradient(w: &[f64], replica: usize, step: usize) -> Vec<f64> {
+    let (x, y) = batch(replica, step);
+    let mut g = vec![0.0; DIM];
+    for (row, target) in x.chunks(DIM).zip(&y) {
+        let err: f64 = row.iter().zip(w).map(|(a, b)| a * b).sum::<f64>() - target;
+        for (gi, xi) in g.iter_mut().zip(row) {
+            *gi += 2.0 * err * xi / BATCH as f64;
+        }
+    }
+    g
+}
+
+/// One step: `w` moves against the mean of the replicas' gradients.
+fn update(w: &mut [f64], sum: &[f64], replicas: usize) {
+    for (wi, gi) in w.iter_mut().zip(sum) {
+        *wi -= LR * gi / replicas as f64;
+    }
+}
+
+/// The same training in one process: every replica of `world` before a
+/// loss, the survivors from its step on.
+fn serial(world: usize, args: &Args) -> Vec<f64> {
+    let mut w = vec![0.0; DIM];
+    for step in 0..args.steps {
+        let replicas: Vec<usize> = (0..world).filter(|&r| args.replica_in(r, step)).collect();
+        let mut sum = vec![0.0; DIM];
+        for &r in &replicas {
+            for (a, b) in sum.iter_mut().zip(gradient(&w, r, step)) {
+                *a += b;
+            }
+        }
+        update(&mut w, &sum, replicas.len());
+    }
+    w
+}
+
+/// How a run on one world ended.
+enum Ended {
+    /// Every step done.
+    Done,
+    /// A member was lost in step `step`, which is to be done again.
+    Lost { step: usize },
+}
+
+/// Microseconds since the Unix epoch: the victim's and the survivors'
+/// clocks are one (a node's), so the script subtracts them.
+fn now_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+/// Kills this process, saying when.
+fn die(me: usize, step: usize, when: &str) {
+    eprintln!(
+        "elastic_dp: rank {me} kills itself {when} step {step} at {} us",
+        now_us()
+    );
+    // SAFETY: raising a signal at this process.
+    unsafe { libc::raise(libc::SIGKILL) };
+}
+
+/// Runs steps from `from` on `rt`'s world; `me`: this process's rank in
+/// the first world (its replica's data); `after_loss`: say when the first
+/// step completes.
+fn train(
+    rt: &Runtime,
+    args: &Args,
+    me: usize,
+    w: &mut [f64],
+    (from, mut after_loss): (usize, bool),
+) -> rankmesh::Result<Ended> {
+    let world = rt.world_group()?;
+    for step in from..args.steps {
+        if args.kill_of(me, step) == Some(Kill::Inside) {
+            die(me, step, "inside");
+        }
+        let g = Tensor::from_vec([DIM], gradient(w, me, step))?;
+        let sum = match world.all_reduce(&g, ReduceOp::Sum) {
+            Ok(sum) => sum,
+            Err(Error::PeerLost { lost, msg, .. }) => {
+                eprintln!("elastic_dp: rank {me}: step {step}: world ranks {lost:?} lost: {msg}");
+                return Ok(Ended::Lost { step });
+            }
+            Err(e) => return Err(e),
+        };
+        if std::mem::take(&mut after_loss) {
+            println!(
+                "elastic_dp: rank {me}: first step after the loss done at {} us",
+                now_us()
+            );
+        }
+        update(w, sum.as_slice::<f64>()?, world.size());
+        if args
+            .kills
+            .iter()
+            .any(|&(_, s, how)| (s, how) == (step, Kill::Idle))
+        {
+            if args.kill_of(me, step) == Some(Kill::Idle) {
+                die(me, step, "after");
+            }
+            // The others compute meanwhile, between calls.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    Ok(Ended::Done)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("elastic_dp: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("elastic_dp: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> rankmesh::Result<bool> {
+    let mut rt = Runtime::init()?;
+    let (me, first_world) = (rt.rank(), rt.size());
+    // The first world's rank of each rank of the current one.
+    let mut first_rank: Vec<usize> = (0..first_world).collect();
+    let mut w = vec![0.0; DIM];
+    let (mut from, mut after_loss) = (0, false);
+    let mut shrinks = Vec::new();
+    loop {
+        match train(&rt, args, me, &mut w, (from, after_loss))? {
+            Ended::Done => break,
+            Ended::Lost { step } => {
+                let started = Instant::now();
+                let before = rt.rank();
+                let Shrunk {
+                    runtime,
+                    lost,
+                    new_rank,
+                } = rt.shrink()?;
+                rt = runtime;
+                let lost: Vec<usize> = lost.iter().map(|&r| first_rank[r]).collect();
+                first_rank = (0..new_rank.len())
+                    .filter(|&r| new_rank[r].is_some())
+                    .map(|r| first_rank[r])
+                    .collect();
+                eprintln!(
+                    "elastic_dp: rank {me} is rank {} of {} after losing first-world ranks {lost:?}; redoing step {step}",
+                    new_rank[before].map_or("?".into(), |r| r.to_string()),
+                    rt.size()
+                );
+                shrinks.push(format!("{:.1} ms", started.elapsed().as_secs_f64() * 1e3));
+                (from, after_loss) = (step, true);
+            }
+        }
+    }
+    let want = serial(first_world, args);
+    let worst = w
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+        .fold(0.0f64, f64::max);
+    let ok = worst < 1e-9;
+    println!(
+        "elastic_dp: rank {me}: {} steps, {} ranks at the end, shrinks: [{}]; parameters {} the serial replay (worst relative difference {worst:.1e})",
+        args.steps,
+        rt.size(),
+        shrinks.join(", "),
+        if ok { "match" } else { "DIFFER from" },
+    );
+    Ok(ok)
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A job that loses a rank goes on (issue #66): examples/elastic_dp built
+# against Open MPI 5 (the PyPI wheel, which has ULFM) and started with
+# `mpirun --with-ft ulfm`. Each trial kills ranks with SIGKILL, inside a
+# step (the others wait in their all-reduce) or between steps, on the
+# shared-memory and the MPI host planes, at 3-6 ranks, one or two ranks at
+# once and in two losses; every survivor must name the lost ranks, shrink,
+# finish, and match the serial replay, and the job must exit 0 with no
+# process left. One trial without --with-ft ulfm keeps today's answer: the
+# job ends, non-zero. Then the recovery time (the kill to the survivors'
+# first completed step) against a restart of the same job, with
+# `--bench`.
+# Usage: scripts/ulfm-test.sh [--bench]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prefix=$PWD/$(bash scripts/fetch-mpis.sh openmpi5)
+target=${CARGO_TARGET_DIR:-target}/mpi-openmpi5
+MPICC=$prefix/bin/mpicc CARGO_TARGET_DIR="$target" cargo build --release -q --example elastic_dp
+bin=$target/release/examples/elastic_dp
+export RANKMESH_MPIEXEC=$prefix/bin/mpiexec RANKMESH_MPI=openmpi RANKMESH_LOG=error
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+fail() { echo "FAIL  $1" >&2; [ -f "${2:-}" ] && grep -av "^ *$" "$2" | tail -30 >&2; exit 1; }
+run() { timeout 120 bash scripts/mpirun-local.sh "$@"; }
+
+# trial NAME NP PLANE LOST ARGS...: LOST, the first-world ranks killed.
+trial() {
+    local name=$1 np=$2 plane=$3 lost=$4
+    shift 4
+    local out=$tmp/$name
+    RANKMESH_HOST_PLANE=$plane run --with-ft ulfm -np "$np" "$bin" "$@" > "$out" 2>&1 ||
+        fail "$name: the job exited $?" "$out"
+    local survivors=$((np - $(wc -w <<< "${lost//,/ }")))
+    local matched
+    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
+    ((matched == survivors)) || fail "$name: $matched of $survivors survivors matched the serial replay" "$out"
+    # Every survivor's first answer names a lost rank of the first loss.
+    local first=${lost%%,*}
+    local named
+    named=$(grep -a "lost: " "$out" | grep -acE "world ranks \[[0-9, ]*\] lost" || true)
+    ((named >= survivors)) || fail "$name: $named answers for $survivors survivors" "$out"
+    grep -a "lost: " "$out" | grep -aq "\[\]" && fail "$name: a survivor's answer names no lost rank" "$out"
+    grep -aq "after losing first-world ranks \[$first" "$out" || fail "$name: the shrink did not lose rank $first" "$out"
+    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
+    n=$((n + 1))
+    echo "ok    $name"
+}
+
+trial "np 3, shm, a rank killed inside an all_reduce" 3 shm 1 --kill 1@2
+trial "np 4, mpi, a rank killed inside an all_reduce" 4 mpi 2 --kill 2@3
+trial "np 4, shm, rank 0 killed between calls" 4 shm 0 --kill-idle 0@4
+trial "np 4, mpi, a rank killed between calls" 4 mpi 3 --kill-idle 3@1
+trial "np 5, auto, two ranks killed at once" 5 auto 1,3 --kill 1@2 --kill 3@2
+trial "np 6, mpi, two losses, two shrinks" 6 mpi 4,2 --kill 4@1 --kill 2@5
+trial "np 6, shm, two losses, two shrinks" 6 shm 0,5 --kill 0@2 --kill-idle 5@4
+
+# Without ULFM: the loss ends the job, as before issue #66.
+out=$tmp/without
+if run -np 3 "$bin" --kill 1@2 > "$out" 2>&1; then
+    fail "without --with-ft ulfm the job went on" "$out"
+fi
+grep -aq "parameters match" "$out" && fail "without --with-ft ulfm a survivor finished" "$out"
+n=$((n + 1))
+echo "ok    without --with-ft ulfm, a lost rank ends the job (as before)"
+echo "ulfm-test: $n checks passed"
+
+[[ "${1:-}" == --bench ]] || exit 0
+# The kill to the last survivor's first completed step after the shrink,
+# against the same job restarted (mpirun + Runtime::init + its world
+# group + one step), medians of 5.
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+for np in 4 8; do
+    for i in 1 2 3 4 5; do
+        out=$tmp/bench
+        run --with-ft ulfm -np "$np" "$bin" --steps 6 --kill 1@3 > "$out" 2>&1 || fail "bench np $np" "$out"
+        killed=$(grep -ao "kills itself inside step 3 at [0-9]*" "$out" | awk '{print $NF}')
+        last=$(grep -ao "first step after the loss done at [0-9]*" "$out" | awk '{print $NF}' | sort -n | tail -1)
+        echo $(((last - killed) / 1000)) >> "$tmp/recover-$np"
+        start=$(date +%s%N)
+        run --with-ft ulfm -np $((np - 1)) "$bin" --steps 1 > "$out" 2>&1 || fail "restart np $np" "$out"
+        echo $((($(date +%s%N) - start) / 1000000)) >> "$tmp/restart-$np"
+    done
+    echo "np $np: the kill to the first step after the shrink: $(median < "$tmp/recover-$np") ms" \
+        "(runs: $(tr '\n' ' ' < "$tmp/recover-$np")); a restart on $((np - 1)) ranks:" \
+        "$(median < "$tmp/restart-$np") ms (runs: $(tr '\n' ' ' < "$tmp/restart-$np"))"
+done
