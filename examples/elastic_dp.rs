@@ -193,7 +193,10 @@ fn train(
         let sum = match world.all_reduce(&g, ReduceOp::Sum) {
             Ok(sum) => sum,
             Err(Error::PeerLost { lost, msg, .. }) => {
-                eprintln!("elastic_dp: rank {me}: step {step}: world ranks {lost:?} lost: {msg}");
+                eprintln!(
+                    "elastic_dp: rank {me}: step {step}: world ranks {lost:?} lost (at {} us): {msg}",
+                    now_us()
+                );
                 return Ok(Ended::Lost { step });
             }
             Err(e) => return Err(e),

@@ -118,7 +118,10 @@ pub(crate) fn start(world: ffi::MPI_Comm) -> Result<bool, String> {
     if !requested() {
         return Ok(false);
     }
-    if calls().is_none() {
+    let open_mpi = crate::mpi_abi::library_family(crate::mpi_abi::library_version())
+        == Some(crate::mpi_abi::Family::OpenMpi);
+    // The error classes above are Open MPI's.
+    if !open_mpi || calls().is_none() {
         return Err(
             "OMPI_MCA_mpi_ft_enable asks for fault tolerance, but this MPI library has no \
                     ULFM calls (MPIX_Comm_revoke, MPIX_Comm_shrink, MPIX_Comm_get_failed, \

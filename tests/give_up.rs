@@ -51,7 +51,32 @@ fn worker() {
     let Ok(mode) = std::env::var(WORKER) else {
         return;
     };
+    // Fault tolerance asked for where the MPI has none (Open MPI 4,
+    // MPICH): refused at start, on every rank.
+    if mode == "ft-without-ulfm" {
+        match Runtime::init() {
+            Err(e) => println!(
+                "REFUSED {}: {e}",
+                std::env::var("OMPI_COMM_WORLD_RANK").unwrap_or_default()
+            ),
+            Ok(rt) => panic!(
+                "rank {}: started with fault tolerance and no ULFM",
+                rt.rank()
+            ),
+        }
+        return;
+    }
     let rt = Runtime::init().unwrap();
+    // Shrinking a job without ULFM: a clear error, not undefined behaviour.
+    if mode == "shrink-without-ulfm" {
+        let rank = rt.rank();
+        match rt.shrink() {
+            Err(Error::State(msg)) => println!("SHRINK-REFUSED {rank}: {msg}"),
+            Err(e) => panic!("rank {rank}: shrink without ULFM: {e}"),
+            Ok(_) => panic!("rank {rank}: shrink without ULFM succeeded"),
+        }
+        return;
+    }
     let g = rt.world_group().unwrap();
     let x = Tensor::from_vec([2], vec![0.25f32; 2]).unwrap();
     let long = Duration::from_secs(20);
@@ -211,5 +236,33 @@ fn an_interrupt_fails_the_call_and_its_peers_are_told() {
         matches!(job.code, Some(130) | Some(76)),
         "the interrupted rank's 130, or its peer's 76 if first: {}",
         job.describe()
+    );
+}
+
+#[test]
+fn shrink_and_fault_tolerance_are_refused_without_ulfm() {
+    if std::env::var(WORKER).is_ok() {
+        return;
+    }
+    let shrunk = job(2, "shrink-without-ulfm", &[]);
+    assert!(shrunk.ok(), "{}", shrunk.describe());
+    for rank in 0..2 {
+        assert!(
+            shrunk.stdout.contains(&format!(
+                "SHRINK-REFUSED {rank}: shrink needs a job that survives a lost rank"
+            )),
+            "rank {rank} names why: {}",
+            shrunk.describe()
+        );
+    }
+    let started = job(2, "ft-without-ulfm", &[("OMPI_MCA_mpi_ft_enable", "1")]);
+    assert_eq!(
+        started
+            .stdout
+            .matches("OMPI_MCA_mpi_ft_enable asks for fault tolerance")
+            .count(),
+        2,
+        "both ranks refuse: {}",
+        started.describe()
     );
 }

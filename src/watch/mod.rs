@@ -12,6 +12,7 @@
 //! few atomics; the watchdog thread never calls MPI except to abort.
 
 mod arrival;
+mod deaths;
 mod node_marks;
 mod board;
 pub(crate) mod clock;
@@ -71,6 +72,12 @@ const GAVE_UP_EXIT_GRACE: Duration = Duration::from_millis(1200);
 /// How often the watchdog looks, at most (a member that left rings every
 /// bell of its node, and the watchdogs look at once).
 const MAX_TICK: Duration = Duration::from_millis(500);
+
+/// The tick of a job that survives a lost rank (ULFM): a killed member
+/// rings no bell, and the survivors' recovery starts when a watchdog sees
+/// it gone (20 looks a second, each a read of the node's board and of the
+/// waited-on members' process states, only while a call waits).
+const SURVIVING_TICK: Duration = Duration::from_millis(50);
 
 /// A call quiet this long asks the other nodes of its group, one node every
 /// `REMOTE_EVERY`, whether a member there is gone (a process killed where
@@ -157,7 +164,9 @@ pub(crate) struct Watchdog {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     service: Option<Service>,
-    /// Freed last: the thread and the service read it until they stop.
+    /// Under ULFM: rings this rank's bell when a local process ends.
+    deaths: Option<deaths::Deaths>,
+    /// Freed last: the threads and the service read it until they stop.
     board: Option<Board>,
 }
 
@@ -208,10 +217,14 @@ impl Watchdog {
                 .spawn(move || watch(&s, limit))
                 .expect("cannot start the watchdog thread"),
         );
+        let deaths = crate::ulfm::active()
+            .then(|| deaths::Deaths::start(board.view().clone()))
+            .flatten();
         Watchdog {
             shared,
             thread,
             service,
+            deaths,
             board: Some(board),
         }
     }
@@ -333,6 +346,7 @@ impl Drop for Watchdog {
             let _ = t.join();
         }
         self.service.take();
+        self.deaths.take();
         self.board.take();
     }
 }
@@ -498,10 +512,6 @@ impl Shared {
         if let Some(number) = self.recorder.last_failed() {
             self.record_failure(number, &text);
         }
-        // A survivor stays: its peers must not count it lost too.
-        if survives {
-            return e;
-        }
         let mut first = self.gave_up_first.lock().unwrap_or_else(|p| p.into_inner());
         match &*first {
             Some(first) => self.board.set_left(first, now_ns()),
@@ -560,6 +570,9 @@ fn watch(s: &Shared, limit: Option<Duration>) {
     let mut tick = limit.map_or(MAX_TICK, |l| {
         (l / 10).clamp(Duration::from_millis(10), MAX_TICK)
     });
+    if crate::ulfm::active() {
+        tick = tick.min(SURVIVING_TICK);
+    }
     // The departure seen in the current call, not yet held against it.
     let mut suspect: Option<Suspect> = None;
     loop {
@@ -688,14 +701,13 @@ fn departed_member(s: &Shared, me: &Status) -> Option<Departure> {
             "group rank {g} (world rank {w}, host {})",
             facts.map_or("?", |p| &p.host)
         );
-        // Under ULFM the departure is the answer's `lost` (Error::PeerLost).
-        let left = |why: String| {
-            crate::ulfm::note_lost([w]);
-            Departure {
-                why,
-                maybe_done: true,
-            }
+        let left = |why: String| Departure {
+            why,
+            maybe_done: true,
         };
+        // Under ULFM a process gone is the answer's `lost` (Error::PeerLost);
+        // a rank that left rankmesh may be a survivor that gave its call
+        // up, and MPI names the lost ranks then.
         let gone = |why: String| {
             crate::ulfm::note_lost([w]);
             Departure {
