@@ -41,7 +41,7 @@ __all__ = [
     "TimeoutError", "PeerError", "PeerLostError", "ObjectError", "StartupError", "GpuError",
     "GroupCoordinator", "init_distributed_environment", "initialize_model_parallel",
     "model_parallel_is_initialized", "destroy_model_parallel", "destroy_distributed_environment",
-    "get_world_group", "get_tp_group", "get_sp_group", "get_dp_group",
+    "shrink", "get_world_group", "get_tp_group", "get_sp_group", "get_dp_group",
     "get_world_rank", "get_world_size", "get_local_rank", "get_tp_rank", "get_tp_world_size",
     "get_sp_parallel_rank", "get_sp_world_size", "get_dp_rank", "get_dp_world_size",
     "tensor_model_parallel_all_reduce", "tensor_model_parallel_all_gather",
@@ -310,6 +310,18 @@ def destroy_distributed_environment() -> None:
     if _runtime is not None:
         _runtime.finalize(_uncaught)
         _runtime = None
+
+
+def shrink() -> tuple[list[int], list[int | None]]:
+    """After a ``PeerLostError``: the survivors agree on the ranks lost,
+    shrink the world to themselves (renumbered in their old order) and go on.
+    Needs ULFM: rankmesh built against Open MPI 5 and started with
+    ``mpirun --with-ft ulfm``. Every group object made before is released (a
+    call on one raises); make the layout again. Collective over the
+    survivors. Returns ``(lost, new_rank)``: the old world ranks lost, and
+    each old rank's rank now (``None`` for a lost one)."""
+    _torch_groups.clear()
+    return _state().shrink()
 
 
 def initialize_model_parallel(

@@ -283,6 +283,41 @@ impl Runtime {
         mesh::Mesh::build(py, rt, MeshLayout::vllm(rt.size(), dp, pp, tp), intra_node)
     }
 
+    /// After a `PeerLostError`: the survivors shrink the world to
+    /// themselves and go on (ULFM: Open MPI 5 under `mpirun --with-ft
+    /// ulfm`). Every group handle is released first (a call on an old one
+    /// raises); the layout is to be made again. Returns the lost world
+    /// ranks and each old rank's new rank (None: lost). Collective over
+    /// the survivors.
+    fn shrink(&mut self, py: Python<'_>) -> PyResult<(Vec<usize>, Vec<Option<usize>>)> {
+        let _turn = handles::serial();
+        handles::release_all();
+        self.state.take();
+        let rt = self
+            .rt
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))?;
+        // SAFETY: `rt` came from `Box::leak` in `new`, and nothing that
+        // borrows it is left: the groups and the state were dropped above.
+        let rt = Here::new(unsafe {
+            Box::from_raw(rt as *const rankmesh::Runtime as *mut rankmesh::Runtime)
+        });
+        let shrunk = py
+            .detach(move || rt.get().shrink().map(Here::new).map_err(Here::new))
+            .map_err(|e| to_py(e.get()))?
+            .get();
+        let rankmesh::group::Shrunk {
+            runtime,
+            lost,
+            new_rank,
+        } = shrunk;
+        runtime.set_interrupt_check(Some(errors::interrupted));
+        let rt: &'static rankmesh::Runtime = Box::leak(Box::new(runtime));
+        self.state = Some(ParallelState::new(rt).map_err(to_py)?);
+        self.rt = Some(rt);
+        Ok((lost, new_rank))
+    }
+
     /// Frees every group, then the runtime (`MPI_Finalize`). `failure`:
     /// the uncaught exception the script ends with, told to peers still in
     /// a call with this rank; `None` for a clean exit (errors the script
