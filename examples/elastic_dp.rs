@@ -11,8 +11,11 @@
 //!
 //! ```text
 //! mpirun --with-ft ulfm -np 4 target/release/examples/elastic_dp \
-//!     [--steps N] [--kill K@S | --kill-idle K@S]
+//!     [--steps N] [--kill K@S | --kill-idle K@S]... [--die-in-shrink K]
 //! ```
+//! `--die-in-shrink K`: rank K dies when it learns of the first loss,
+//! while the others shrink (they lose it too, in the same shrink or in a
+//! second one).
 //! (Open MPI 5; without ULFM the loss ends the job, as it always did.)
 //! With `RANKMESH_HOST_PLANE=mpi` the sums go through MPI instead of the
 //! node's shared memory.
@@ -44,6 +47,9 @@ struct Args {
     /// (rank, step, when): each rank killed (several at one step are lost
     /// at once).
     kills: Vec<(usize, usize, Kill)>,
+    /// A rank that dies when the first loss is found, while the others
+    /// shrink.
+    dies_in_shrink: Option<usize>,
 }
 
 impl Args {
@@ -55,12 +61,23 @@ impl Args {
             .map(|&(_, _, how)| how)
     }
 
+    /// The step in which the first loss is found.
+    fn first_loss(&self) -> Option<usize> {
+        self.kills
+            .iter()
+            .map(|&(_, s, how)| if how == Kill::Inside { s } else { s + 1 })
+            .min()
+    }
+
     /// Whether replica `r` takes part in step `step`.
     fn replica_in(&self, r: usize, step: usize) -> bool {
-        self.kills.iter().all(|&(k, s, how)| match how {
+        let killed = self.kills.iter().all(|&(k, s, how)| match how {
             Kill::Inside => r != k || step < s,
             Kill::Idle => r != k || step <= s,
-        })
+        });
+        let shrinking =
+            self.dies_in_shrink != Some(r) || self.first_loss().is_none_or(|s| step < s);
+        killed && shrinking
     }
 }
 
@@ -68,6 +85,7 @@ fn parse() -> Result<Args, String> {
     let mut args = Args {
         steps: 8,
         kills: Vec::new(),
+        dies_in_shrink: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -87,6 +105,10 @@ fn parse() -> Result<Args, String> {
                 let k = k.parse().map_err(|e| format!("{a}: rank {k}: {e}"))?;
                 let s = s.parse().map_err(|e| format!("{a}: step {s}: {e}"))?;
                 args.kills.push((k, s, how));
+            }
+            "--die-in-shrink" => {
+                let v = value()?;
+                args.dies_in_shrink = Some(v.parse().map_err(|e| format!("{a}: rank {v}: {e}"))?);
             }
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -253,6 +275,9 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
         match train(&rt, args, me, &mut w, (from, after_loss))? {
             Ended::Done => break,
             Ended::Lost { step } => {
+                if args.dies_in_shrink == Some(me) {
+                    die(me, step, "while the others shrink, in");
+                }
                 let started = Instant::now();
                 let before = rt.rank();
                 let Shrunk {

@@ -4,12 +4,12 @@
 # `mpirun --with-ft ulfm`. Each trial kills ranks with SIGKILL, inside a
 # step (the others wait in their all-reduce) or between steps, on the
 # shared-memory and the MPI host planes, at 3-6 ranks, one or two ranks at
-# once and in two losses; every survivor must name the lost ranks, shrink,
-# finish, and match the serial replay, and the job must exit 0 with no
-# process and nothing in /dev/shm left. The same from Python. One trial without --with-ft ulfm keeps today's answer: the
-# job ends, non-zero. Then the recovery time (the kill to the survivors'
-# first completed step) against a restart of the same job, with
-# `--bench`.
+# once, in two losses and while the others shrink. Every survivor must
+# name the lost ranks, shrink, finish and match the serial replay; the job
+# must exit 0 with no process and nothing in /dev/shm left. The same from
+# Python. One trial without --with-ft ulfm keeps today's answer: the job
+# ends, non-zero. With `--bench`, then, the recovery time (the kill to the
+# survivors' first completed step) against a restart of the same job.
 # Usage: scripts/ulfm-test.sh [--bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +57,8 @@ trial "np 4, mpi, a rank killed between calls" 4 mpi 3 --kill-idle 3@1
 trial "np 5, auto, two ranks killed at once" 5 auto 1,3 --kill 1@2 --kill 3@2
 trial "np 6, mpi, two losses, two shrinks" 6 mpi 4,2 --kill 4@1 --kill 2@5
 trial "np 6, shm, two losses, two shrinks" 6 shm 0,5 --kill 0@2 --kill-idle 5@4
+trial "np 5, mpi, a rank dies while the others shrink" 5 mpi 1,3 --kill 1@2 --die-in-shrink 3
+trial "np 4, shm, a rank dies while the others shrink" 4 shm 0,2 --kill-idle 0@1 --die-in-shrink 2
 
 # The same from Python: the package built against Open MPI 5 (its own
 # target and install directories), PeerLostError and rankmesh.shrink().
