@@ -11,8 +11,12 @@
 //!
 //! ```text
 //! mpirun --with-ft ulfm -np 4 target/release/examples/elastic_dp \
-//!     [--steps N] [--kill K@S | --kill-idle K@S]... [--die-in-shrink K]
+//!     [--steps N] [--tp N] [--kill K@S | --kill-idle K@S]... [--die-in-shrink K]
 //! ```
+//! `--tp N`: replicas of N ranks (a dp × tp mesh, each TP rank computing
+//! its part of the replica's batch); a lost rank's replica is dropped
+//! whole (`MeshLayout::after_loss`), its other ranks retire
+//! (`Runtime::retire`) and exit 0, and a loss in every replica is an error.
 //! `--die-in-shrink K`: rank K dies when it learns of the first loss,
 //! while the others shrink (they lose it too, in the same shrink or in a
 //! second one).
@@ -22,7 +26,7 @@
 
 use rankmesh::group::Shrunk;
 use rankmesh::prelude::*;
-use rankmesh::Error;
+use rankmesh::{Error, Mesh, MeshLayout};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -44,6 +48,9 @@ enum Kill {
 
 struct Args {
     steps: usize,
+    /// Ranks per replica (a tensor-parallel group splits each replica's
+    /// batch); a lost rank takes its whole replica out.
+    tp: usize,
     /// (rank, step, when): each rank killed (several at one step are lost
     /// at once).
     kills: Vec<(usize, usize, Kill)>,
@@ -69,8 +76,14 @@ impl Args {
             .min()
     }
 
-    /// Whether replica `r` takes part in step `step`.
-    fn replica_in(&self, r: usize, step: usize) -> bool {
+    /// Whether replica `d` (ranks `d*tp..(d+1)*tp` of the first world)
+    /// takes part in step `step`: none of its ranks is lost by then.
+    fn replica_in(&self, d: usize, step: usize) -> bool {
+        (d * self.tp..(d + 1) * self.tp).all(|r| self.rank_in(r, step))
+    }
+
+    /// Whether rank `r` is alive and taking part in step `step`.
+    fn rank_in(&self, r: usize, step: usize) -> bool {
         let killed = self.kills.iter().all(|&(k, s, how)| match how {
             Kill::Inside => r != k || step < s,
             Kill::Idle => r != k || step <= s,
@@ -84,6 +97,7 @@ impl Args {
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         steps: 8,
+        tp: 1,
         kills: Vec::new(),
         dies_in_shrink: None,
     };
@@ -92,6 +106,7 @@ fn parse() -> Result<Args, String> {
         let mut value = || it.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
             "--steps" => args.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--tp" => args.tp = value()?.parse().map_err(|e| format!("--tp: {e}"))?,
             "--kill" | "--kill-idle" => {
                 let v = value()?;
                 let (k, s) = v
@@ -133,11 +148,13 @@ fn batch(replica: usize, step: usize) -> (Vec<f64>, Vec<f64>) {
     (x, y)
 }
 
-/// The gradient of the mean squared error of `w` on a replica's batch.
-fn gradient(w: &[f64], replica: usize, step: usize) -> Vec<f64> {
+/// The gradient of the mean squared error of `w` on part `part` of `parts`
+/// of a replica's batch (every `parts`-th sample from `part`).
+fn gradient(w: &[f64], replica: usize, step: usize, (part, parts): (usize, usize)) -> Vec<f64> {
     let (x, y) = batch(replica, step);
     let mut g = vec![0.0; DIM];
-    for (row, target) in x.chunks(DIM).zip(&y) {
+    let samples = x.chunks(DIM).zip(&y).skip(part).step_by(parts);
+    for (row, target) in samples {
         let err: f64 = row.iter().zip(w).map(|(a, b)| a * b).sum::<f64>() - target;
         for (gi, xi) in g.iter_mut().zip(row) {
             *gi += 2.0 * err * xi / BATCH as f64;
@@ -154,14 +171,16 @@ fn update(w: &mut [f64], sum: &[f64], replicas: usize) {
 }
 
 /// The same training in one process: every replica of `world` before a
-/// loss, the survivors from its step on.
+/// loss, the whole replicas left from its step on.
 fn serial(world: usize, args: &Args) -> Vec<f64> {
     let mut w = vec![0.0; DIM];
     for step in 0..args.steps {
-        let replicas: Vec<usize> = (0..world).filter(|&r| args.replica_in(r, step)).collect();
+        let replicas: Vec<usize> = (0..world / args.tp)
+            .filter(|&d| args.replica_in(d, step))
+            .collect();
         let mut sum = vec![0.0; DIM];
-        for &r in &replicas {
-            for (a, b) in sum.iter_mut().zip(gradient(&w, r, step)) {
+        for &d in &replicas {
+            for (a, b) in sum.iter_mut().zip(gradient(&w, d, step, (0, 1))) {
                 *a += b;
             }
         }
@@ -196,23 +215,30 @@ fn die(me: usize, step: usize, when: &str) {
     unsafe { libc::raise(libc::SIGKILL) };
 }
 
-/// Runs steps from `from` on `rt`'s world; `me`: this process's rank in
-/// the first world (its replica's data); `after_loss`: say when the first
-/// step completes.
+/// Runs steps from `from` on `rt`'s world laid out as `layout` (dp × tp);
+/// `me`: this process's rank in the first world (its replica's data and
+/// its part of it); `after_loss`: say when the first step completes.
 fn train(
     rt: &Runtime,
-    args: &Args,
+    (layout, args): (&MeshLayout, &Args),
     me: usize,
     w: &mut [f64],
     (from, mut after_loss): (usize, bool),
 ) -> rankmesh::Result<Ended> {
-    let world = rt.world_group()?;
+    let mesh = Mesh::new(rt, layout.clone(), &[])?;
+    let (dp, tp) = (mesh.group(&["dp"])?, mesh.group(&["tp"])?);
+    let (replica, part) = (me / args.tp, (me % args.tp, args.tp));
     for step in from..args.steps {
         if args.kill_of(me, step) == Some(Kill::Inside) {
             die(me, step, "inside");
         }
-        let g = Tensor::from_vec([DIM], gradient(w, me, step))?;
-        let sum = match world.all_reduce(&g, ReduceOp::Sum) {
+        // The replica's gradient from its TP ranks' parts, then the
+        // replicas' sum.
+        let g = Tensor::from_vec([DIM], gradient(w, replica, step, part))?;
+        let sum = match tp
+            .all_reduce(&g, ReduceOp::Sum)
+            .and_then(|g| dp.all_reduce(&g, ReduceOp::Sum))
+        {
             Ok(sum) => sum,
             Err(Error::PeerLost { lost, msg, .. }) => {
                 eprintln!(
@@ -229,7 +255,7 @@ fn train(
                 now_us()
             );
         }
-        update(w, sum.as_slice::<f64>()?, world.size());
+        update(w, sum.as_slice::<f64>()?, dp.size());
         if args
             .kills
             .iter()
@@ -266,13 +292,15 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> rankmesh::Result<bool> {
     let mut rt = Runtime::init()?;
     let (me, first_world) = (rt.rank(), rt.size());
+    let tp = args.tp;
+    let mut layout = MeshLayout::row_major(first_world, &[("dp", first_world / tp), ("tp", tp)])?;
     // The first world's rank of each rank of the current one.
     let mut first_rank: Vec<usize> = (0..first_world).collect();
     let mut w = vec![0.0; DIM];
     let (mut from, mut after_loss) = (0, false);
     let mut shrinks = Vec::new();
     loop {
-        match train(&rt, args, me, &mut w, (from, after_loss))? {
+        match train(&rt, (&layout, args), me, &mut w, (from, after_loss))? {
             Ended::Done => break,
             Ended::Lost { step } => {
                 if args.dies_in_shrink == Some(me) {
@@ -280,21 +308,42 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
                 }
                 let started = Instant::now();
                 let before = rt.rank();
-                let Shrunk {
-                    runtime,
-                    lost,
-                    new_rank,
-                } = rt.shrink()?;
-                rt = runtime;
-                let lost: Vec<usize> = lost.iter().map(|&r| first_rank[r]).collect();
-                first_rank = (0..new_rank.len())
-                    .filter(|&r| new_rank[r].is_some())
+                let Shrunk { runtime, lost, .. } = rt.shrink()?;
+                // Whole replicas go on; a lost rank's TP partners retire.
+                let plan = match layout.after_loss(&lost, "dp") {
+                    Ok(plan) => plan,
+                    Err(e) => {
+                        // Every survivor says it before any exits (a rank
+                        // that exits non-zero ends the job).
+                        eprintln!("elastic_dp: rank {me}: {e}");
+                        runtime.world_group()?.barrier()?;
+                        return Ok(false);
+                    }
+                };
+                let first_lost: Vec<usize> = lost.iter().map(|&r| first_rank[r]).collect();
+                if plan.retired.contains(&before) {
+                    runtime.retire(false)?;
+                    println!(
+                        "elastic_dp: rank {me}: retired after losing first-world ranks {first_lost:?} \
+                         (its replica lost a rank)"
+                    );
+                    return Ok(true);
+                }
+                rt = match plan.retired.is_empty() {
+                    true => runtime,
+                    false => runtime.retire(true)?.expect("a kept rank stays"),
+                };
+                first_rank = (0..plan.new_rank.len())
+                    .filter(|&r| plan.new_rank[r].is_some())
                     .map(|r| first_rank[r])
                     .collect();
+                layout = plan.layout;
                 eprintln!(
-                    "elastic_dp: rank {me} is rank {} of {} after losing first-world ranks {lost:?}; redoing step {step}",
-                    new_rank[before].map_or("?".into(), |r| r.to_string()),
-                    rt.size()
+                    "elastic_dp: rank {me} is rank {} of {} after losing first-world ranks {first_lost:?} \
+                     (replicas kept: {:?}); redoing step {step}",
+                    rt.rank(),
+                    rt.size(),
+                    plan.kept
                 );
                 shrinks.push(format!("{:.1} ms", started.elapsed().as_secs_f64() * 1e3));
                 (from, after_loss) = (step, true);

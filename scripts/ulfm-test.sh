@@ -6,7 +6,9 @@
 # shared-memory and the MPI host planes, at 3-6 ranks, one or two ranks at
 # once, in two losses and while the others shrink. Every survivor must
 # name the lost ranks, shrink, finish and match the serial replay; the job
-# must exit 0 with no process and nothing in /dev/shm left. The same from
+# must exit 0 with no process and nothing in /dev/shm left. With replicas
+# of 2 ranks (dp × tp), a lost rank's partner retires and the other
+# replicas go on; a loss in every replica is an error. The same from
 # Python. One trial without --with-ft ulfm keeps today's answer: the job
 # ends, non-zero. With `--bench`, then, the recovery time (the kill to the
 # survivors' first completed step) against a restart of the same job.
@@ -59,6 +61,35 @@ trial "np 6, mpi, two losses, two shrinks" 6 mpi 4,2 --kill 4@1 --kill 2@5
 trial "np 6, shm, two losses, two shrinks" 6 shm 0,5 --kill 0@2 --kill-idle 5@4
 trial "np 5, mpi, a rank dies while the others shrink" 5 mpi 1,3 --kill 1@2 --die-in-shrink 3
 trial "np 4, shm, a rank dies while the others shrink" 4 shm 0,2 --kill-idle 0@1 --die-in-shrink 2
+
+# A layout after a loss (dp × tp, tp 2): a lost rank's replica retires
+# whole, its TP partner exits 0 saying so, the other replicas go on.
+# layout_trial NAME NP PLANE RETIRED KEPT ARGS...
+layout_trial() {
+    local name=$1 np=$2 plane=$3 retired=$4 kept=$5
+    shift 5
+    local out=$tmp/$name
+    RANKMESH_HOST_PLANE=$plane run --with-ft ulfm -np "$np" "$bin" --tp 2 "$@" > "$out" 2>&1 ||
+        fail "$name: the job exited $?" "$out"
+    local matched went
+    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
+    went=$(grep -ac "retired after losing" "$out" || true)
+    ((matched == kept && went == retired)) ||
+        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
+    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
+    n=$((n + 1))
+    echo "ok    $name"
+}
+layout_trial "np 4, shm, tp 2: a TP rank lost, its replica retires" 4 shm 1 2 --kill 1@2
+layout_trial "np 4, mpi, tp 2: a TP rank lost, its replica retires" 4 mpi 1 2 --kill 1@2
+layout_trial "np 6, auto, tp 2: two replicas hit at once" 6 auto 2 2 --kill 3@1 --kill 4@1
+out=$tmp/every-replica
+RANKMESH_HOST_PLANE=mpi run --with-ft ulfm -np 4 "$bin" --tp 2 --kill 1@2 --kill 2@2 > "$out" 2>&1 &&
+    fail "np 4, tp 2, a loss in every replica: the job went on" "$out"
+said=$(grep -ac "the lost ranks \[1, 2\] are in every one of the 2 dp replicas; no whole replica survives" "$out" || true)
+((said == 2)) || fail "np 4, tp 2, a loss in every replica: $said of 2 survivors said why" "$out"
+n=$((n + 1))
+echo "ok    np 4, tp 2: a loss in every replica is an error on every survivor"
 
 # The same from Python: the package built against Open MPI 5 (its own
 # target and install directories), PeerLostError and rankmesh.shrink().

@@ -52,9 +52,14 @@ static LOST: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The current world, whose ranks [`LOST`] counts in.
 static WORLD: Mutex<Option<WorldHandle>> = Mutex::new(None);
 
+/// Every live communicator of the runtime's groups ([`register`]): a
+/// survivor that gives up revokes them all, so that a member blocked on
+/// one of them for a peer that moved on to recovery returns too.
+static COMMS: Mutex<Vec<WorldHandle>> = Mutex::new(Vec::new());
+
 /// A communicator handle kept for the error handler (a pointer in Open
 /// MPI, owned by the runtime that registered it).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 struct WorldHandle(ffi::MPI_Comm);
 // SAFETY: a handle is an address MPI owns; only the thread that calls MPI
 // (the error handler runs inside its calls) uses it.
@@ -156,6 +161,45 @@ pub(crate) fn watch_world(world: ffi::MPI_Comm) {
     LOST.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
+/// A group's communicator in [`COMMS`] until dropped (before the
+/// communicator is freed).
+pub(crate) struct Registered(WorldHandle);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        COMMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| *c != self.0);
+    }
+}
+
+/// Registers a group's communicator `comm` for [`revoke_all`]; `None`
+/// without ULFM (nothing is kept, nothing costs).
+pub(crate) fn register(comm: ffi::MPI_Comm) -> Option<Registered> {
+    if !active() {
+        return None;
+    }
+    let handle = WorldHandle(comm);
+    COMMS.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+    Some(Registered(handle))
+}
+
+/// Revokes the world and every registered communicator: every survivor
+/// blocked in any of them returns, whatever peer it waits for. A
+/// survivor's calls given up for a loss do this, from the call's landing
+/// pad (outside MPI).
+pub(crate) fn revoke_all() {
+    let Some(calls) = calls() else { return };
+    let world = *WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    let comms = COMMS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for c in world.into_iter().chain(comms) {
+        // SAFETY: registered handles are live (unregistered before their
+        // free); revoking twice is harmless.
+        unsafe { (calls.revoke)(c.0) };
+    }
+}
+
 /// Records world ranks found lost (by MPI or by the watchdog).
 pub(crate) fn note_lost(ranks: impl IntoIterator<Item = usize>) {
     let mut lost = LOST.lock().unwrap_or_else(|e| e.into_inner());
@@ -165,6 +209,12 @@ pub(crate) fn note_lost(ranks: impl IntoIterator<Item = usize>) {
     }
     lost.sort_unstable();
     lost.dedup();
+}
+
+/// The world lost ranks on purpose (`Runtime::retire`): finalising would
+/// fence them as it does lost ones.
+pub(crate) fn note_world_changed() {
+    LOST_ANY.store(true, Ordering::Relaxed);
 }
 
 /// Whether this job lost a rank, in this world or one it shrank from.

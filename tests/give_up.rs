@@ -77,6 +77,15 @@ fn worker() {
         }
         return;
     }
+    if mode == "retire-without-ulfm" {
+        let rank = rt.rank();
+        match rt.retire(rank == 0) {
+            Err(Error::State(msg)) => println!("RETIRE-REFUSED {rank}: {msg}"),
+            Err(e) => panic!("rank {rank}: retire without ULFM: {e}"),
+            Ok(_) => panic!("rank {rank}: retire without ULFM succeeded"),
+        }
+        return;
+    }
     let g = rt.world_group().unwrap();
     let x = Tensor::from_vec([2], vec![0.25f32; 2]).unwrap();
     let long = Duration::from_secs(20);
@@ -240,7 +249,7 @@ fn an_interrupt_fails_the_call_and_its_peers_are_told() {
 }
 
 #[test]
-fn shrink_and_fault_tolerance_are_refused_without_ulfm() {
+fn shrink_retire_and_fault_tolerance_are_refused_without_ulfm() {
     if std::env::var(WORKER).is_ok() {
         return;
     }
@@ -255,6 +264,17 @@ fn shrink_and_fault_tolerance_are_refused_without_ulfm() {
             shrunk.describe()
         );
     }
+    let retired = job(2, "retire-without-ulfm", &[]);
+    assert!(retired.ok(), "{}", retired.describe());
+    assert_eq!(
+        retired
+            .stdout
+            .matches(": retire needs a job that survives a lost rank")
+            .count(),
+        2,
+        "both ranks refuse: {}",
+        retired.describe()
+    );
     let started = job(2, "ft-without-ulfm", &[("OMPI_MCA_mpi_ft_enable", "1")]);
     assert_eq!(
         started

@@ -53,6 +53,8 @@ struct Inner<'rt> {
     device: DeviceState<'rt>,
     host: HostState,
     rt: &'rt Runtime,
+    /// Under ULFM, `comm` in the set a survivor revokes; dropped before it.
+    _revocable: Option<crate::ulfm::Registered>,
     comm: SimpleCommunicator,
     ranks: Vec<usize>,
     rank_in_group: usize,
@@ -128,6 +130,7 @@ impl<'rt> GroupCoordinator<'rt> {
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {
                 rt,
+                _revocable: crate::ulfm::register(comm.as_raw()),
                 rank_in_group: comm.rank() as usize,
                 comm,
                 ranks,

@@ -1079,7 +1079,7 @@ impl Runtime {
     /// Needs ULFM: Open MPI 5 started with `mpirun --with-ft ulfm`;
     /// otherwise [`Error::State`] and the runtime is gone (a lost rank ends
     /// such a job anyway).
-    pub fn shrink(mut self) -> Result<Shrunk> {
+    pub fn shrink(self) -> Result<Shrunk> {
         if !crate::ulfm::active() {
             return Err(Error::State(
                 "shrink needs a job that survives a lost rank: rankmesh built against Open MPI 5 \
@@ -1102,6 +1102,61 @@ impl Runtime {
             "world ranks {lost:?} lost; {} survivors go on",
             new_rank.len() - lost.len()
         );
+        let runtime = self.rebuild(new)?;
+        Ok(Shrunk {
+            runtime,
+            lost,
+            new_rank,
+        })
+    }
+}
+
+impl Runtime {
+    /// After [`shrink`](Self::shrink), where the survivors' plan retires
+    /// some of them ([`MeshLayout::after_loss`](crate::parallel::MeshLayout::after_loss)
+    /// drops whole replicas): collective over the world. The ranks with
+    /// `stay` go on in a runtime of their own, renumbered in their old
+    /// order; the others get `None` and leave (their process ends, with
+    /// MPI left unfinalised as after any loss). Needs ULFM, as `shrink`.
+    pub fn retire(mut self, stay: bool) -> Result<Option<Runtime>> {
+        if !crate::ulfm::active() {
+            return Err(Error::State(
+                "retire needs a job that survives a lost rank: rankmesh built against Open MPI 5 \
+                 and started with `mpirun --with-ft ulfm`"
+                    .into(),
+            ));
+        }
+        // SAFETY: out-pointer valid; every member of the world calls this.
+        let new = unsafe {
+            let mut new: mpi::ffi::MPI_Comm = std::mem::zeroed();
+            let color = if stay { 0 } else { mpi::ffi::RSMPI_UNDEFINED };
+            mpi::ffi::MPI_Comm_split(
+                self.world_comm.as_raw(),
+                color,
+                self.info.rank as i32,
+                &mut new,
+            );
+            new
+        };
+        crate::ulfm::note_world_changed();
+        crate::wait::give_up::give_up(Abandon::PeerLeft, "the world was split".into());
+        if !stay {
+            std::mem::forget(self.universe.take());
+            std::mem::forget(self.device_root.take());
+            self.shrunk.set(true);
+            drop(self);
+            crate::wait::give_up::reset();
+            return Ok(None);
+        }
+        self.rebuild(new).map(Some)
+    }
+
+    /// The runtime again on `new`, a communicator of some of this world's
+    /// ranks (the calling process gave up its calls first, so that what
+    /// the old world's calls left is let go of, not freed with ranks that
+    /// are gone): what the old world held is dropped, then everything is
+    /// built on `new` as at start-up, but the launcher's checks.
+    fn rebuild(mut self, new: mpi::ffi::MPI_Comm) -> Result<Runtime> {
         let options = self.options.clone();
         let threading = self.threading;
         let universe = self.universe.take();
@@ -1117,12 +1172,7 @@ impl Runtime {
         let startup = StartupWatch::start(options.init_timeout);
         let universe =
             universe.ok_or_else(|| Error::State("the runtime was shrunk already".into()))?;
-        let runtime = Runtime::build(universe, threading, world, options, None, startup)?;
-        Ok(Shrunk {
-            runtime,
-            lost,
-            new_rank,
-        })
+        Runtime::build(universe, threading, world, options, None, startup)
     }
 }
 

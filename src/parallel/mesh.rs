@@ -258,6 +258,26 @@ impl MeshLayout {
         Ok((rank / d.stride) % d.size)
     }
 
+    /// This layout with dimension `name` (which exists) of `size` instead,
+    /// every dimension keeping its place in the rank order.
+    pub(crate) fn resized(&self, name: &str, size: usize) -> MeshLayout {
+        let mut dims = self.dims.clone();
+        let mut order: Vec<usize> = (0..dims.len()).collect();
+        order.sort_by_key(|&i| dims[i].stride);
+        let mut stride = 1;
+        for i in order {
+            if dims[i].name == name {
+                dims[i].size = size;
+            }
+            dims[i].stride = stride;
+            stride *= dims[i].size;
+        }
+        MeshLayout {
+            world: stride,
+            dims,
+        }
+    }
+
     /// The dimensions named by `names`, checked: known, each once.
     fn pick(&self, names: &[&str]) -> Result<Vec<&Dim>> {
         if names.is_empty() {

@@ -4,10 +4,12 @@
 mod autograd;
 mod layout;
 mod mesh;
+mod survival;
 
 pub use autograd::Differentiable;
 pub use layout::{consecutive_group_count, consecutive_groups, GroupKind, Layout};
 pub use mesh::{MegatronSizes, Mesh, MeshLayout};
+pub use survival::Survival;
 
 use crate::device::DeviceTensor;
 use crate::error::{Error, Result};

@@ -494,6 +494,9 @@ impl Shared {
     fn gave_up(&self, op: Op, group: &str, why: Abandon, msg: String) -> Error {
         let group = group.to_string();
         let survives = why == Abandon::PeerLeft && crate::ulfm::active();
+        if survives {
+            crate::ulfm::revoke_all();
+        }
         let e = match survives {
             true => Error::PeerLost {
                 op,
