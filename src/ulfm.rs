@@ -50,47 +50,48 @@ static LOST_ANY: AtomicBool = AtomicBool::new(false);
 /// World ranks (of the current world) known lost, sorted.
 static LOST: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The current world, whose ranks [`LOST`] counts in.
-static WORLD: Mutex<Option<WorldHandle>> = Mutex::new(None);
+static WORLD: Mutex<Option<CommHandle>> = Mutex::new(None);
 
 /// Every live communicator of the runtime's groups ([`register`]): a
 /// survivor that gives up revokes them all, so that a member blocked on
 /// one of them for a peer that moved on to recovery returns too.
-static COMMS: Mutex<Vec<WorldHandle>> = Mutex::new(Vec::new());
+static COMMS: Mutex<Vec<CommHandle>> = Mutex::new(Vec::new());
 
-/// A communicator handle kept for the error handler (a pointer in Open
-/// MPI, owned by the runtime that registered it).
+/// A communicator handle kept here (a pointer in Open MPI, owned by the
+/// runtime or the group that registered it).
 #[derive(Clone, Copy, PartialEq)]
-struct WorldHandle(ffi::MPI_Comm);
+struct CommHandle(ffi::MPI_Comm);
 // SAFETY: a handle is an address MPI owns; only the thread that calls MPI
 // (the error handler runs inside its calls) uses it.
-unsafe impl Send for WorldHandle {}
+unsafe impl Send for CommHandle {}
+
+/// The function `name` of the libraries already loaded, as `F` (a
+/// function pointer type).
+///
+/// # Safety
+/// `F` must be the C signature of `name`.
+unsafe fn symbol<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut libc::c_void>()) };
+    // SAFETY: a lookup in the symbols already loaded.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    // SAFETY: a function's address, read as the pointer type the caller
+    // promised (of the same size, asserted above).
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut libc::c_void, F>(&p) })
+}
 
 /// The calls, when the MPI library in this process has them.
 fn calls() -> Option<&'static Calls> {
     static CALLS: OnceLock<Option<Calls>> = OnceLock::new();
     CALLS
         .get_or_init(|| {
-            let find = |name: &std::ffi::CStr| {
-                // SAFETY: a lookup in the symbols already loaded.
-                let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-                (!p.is_null()).then_some(p)
-            };
-            // SAFETY: each symbol is the MPIX_ function of that name, whose C
-            // signature the type spells (Open MPI's mpiext_ftmpi_c.h).
+            // SAFETY: each type spells the C signature of the MPIX_ function
+            // of that name (Open MPI's mpiext_ftmpi_c.h).
             unsafe {
                 Some(Calls {
-                    revoke: std::mem::transmute::<*mut libc::c_void, CommFn>(find(
-                        c"MPIX_Comm_revoke",
-                    )?),
-                    shrink: std::mem::transmute::<*mut libc::c_void, ShrinkFn>(find(
-                        c"MPIX_Comm_shrink",
-                    )?),
-                    get_failed: std::mem::transmute::<*mut libc::c_void, GroupFn>(find(
-                        c"MPIX_Comm_get_failed",
-                    )?),
-                    agree: std::mem::transmute::<*mut libc::c_void, AgreeFn>(find(
-                        c"MPIX_Comm_agree",
-                    )?),
+                    revoke: symbol::<CommFn>(c"MPIX_Comm_revoke")?,
+                    shrink: symbol::<ShrinkFn>(c"MPIX_Comm_shrink")?,
+                    get_failed: symbol::<GroupFn>(c"MPIX_Comm_get_failed")?,
+                    agree: symbol::<AgreeFn>(c"MPIX_Comm_agree")?,
                 })
             }
         })
@@ -118,7 +119,7 @@ pub(crate) fn active() -> bool {
 /// launcher asked for it and the library has it, installing the error
 /// handler on `world` (the runtime's duplicate of the world, which every
 /// later communicator inherits it from) and on `MPI_COMM_WORLD`. `Err`:
-/// asked for, but this MPI has no ULFM calls.
+/// asked for, but this MPI is not Open MPI with ULFM's calls.
 pub(crate) fn start(world: ffi::MPI_Comm) -> Result<bool, String> {
     if !requested() {
         return Ok(false);
@@ -128,9 +129,9 @@ pub(crate) fn start(world: ffi::MPI_Comm) -> Result<bool, String> {
     // The error classes above are Open MPI's.
     if !open_mpi || calls().is_none() {
         return Err(
-            "OMPI_MCA_mpi_ft_enable asks for fault tolerance, but this MPI library has no \
-                    ULFM calls (MPIX_Comm_revoke, MPIX_Comm_shrink, MPIX_Comm_get_failed, \
-                    MPIX_Comm_agree): build rankmesh against Open MPI 5"
+            "OMPI_MCA_mpi_ft_enable asks for fault tolerance, but this MPI library is not \
+                    Open MPI with ULFM's calls (MPIX_Comm_revoke, MPIX_Comm_shrink, \
+                    MPIX_Comm_get_failed, MPIX_Comm_agree): build rankmesh against Open MPI 5"
                 .into(),
         );
     }
@@ -157,13 +158,13 @@ pub(crate) fn watch_world(world: ffi::MPI_Comm) {
         ffi::MPI_Comm_set_errhandler(ffi::RSMPI_COMM_WORLD, eh);
         ffi::MPI_Errhandler_free(&mut eh);
     }
-    *WORLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(WorldHandle(world));
+    *WORLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(CommHandle(world));
     LOST.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
 /// A group's communicator in [`COMMS`] until dropped (before the
 /// communicator is freed).
-pub(crate) struct Registered(WorldHandle);
+pub(crate) struct Registered(CommHandle);
 
 impl Drop for Registered {
     fn drop(&mut self) {
@@ -180,7 +181,7 @@ pub(crate) fn register(comm: ffi::MPI_Comm) -> Option<Registered> {
     if !active() {
         return None;
     }
-    let handle = WorldHandle(comm);
+    let handle = CommHandle(comm);
     COMMS.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
     Some(Registered(handle))
 }
@@ -200,8 +201,12 @@ pub(crate) fn revoke_all() {
     }
 }
 
-/// Records world ranks found lost (by MPI or by the watchdog).
+/// Records world ranks found lost (by MPI or by the watchdog); nothing
+/// without ULFM, whose job ends with its first loss as it always did.
 pub(crate) fn note_lost(ranks: impl IntoIterator<Item = usize>) {
+    if !active() {
+        return;
+    }
     let mut lost = LOST.lock().unwrap_or_else(|e| e.into_inner());
     lost.extend(ranks);
     if !lost.is_empty() {
@@ -273,27 +278,32 @@ fn failed_in_world(comm: ffi::MPI_Comm) -> Vec<usize> {
         if (calls.get_failed)(comm, &mut failed) != 0 {
             return Vec::new();
         }
-        let mut n: c_int = 0;
-        ffi::MPI_Group_size(failed, &mut n);
         let mut world_group: ffi::MPI_Group = std::mem::zeroed();
         ffi::MPI_Comm_group(world.0, &mut world_group);
-        let ranks: Vec<c_int> = (0..n).collect();
-        let mut in_world = vec![0 as c_int; n as usize];
-        ffi::MPI_Group_translate_ranks(
-            failed,
-            n,
-            ranks.as_ptr(),
-            world_group,
-            in_world.as_mut_ptr(),
-        );
+        let in_world = translate(failed, world_group);
         ffi::MPI_Group_free(&mut failed);
         ffi::MPI_Group_free(&mut world_group);
-        in_world
-            .into_iter()
-            .filter(|&r| r >= 0)
-            .map(|r| r as usize)
-            .collect()
+        in_world.into_iter().flatten().collect()
     }
+}
+
+/// Where each rank of group `from` is in group `to` (`None`: not there).
+///
+/// # Safety
+/// Both are valid groups.
+unsafe fn translate(from: ffi::MPI_Group, to: ffi::MPI_Group) -> Vec<Option<usize>> {
+    let mut n: c_int = 0;
+    // SAFETY: the caller's group.
+    unsafe { ffi::MPI_Group_size(from, &mut n) };
+    let ranks: Vec<c_int> = (0..n).collect();
+    let mut there = vec![0 as c_int; ranks.len()];
+    // SAFETY: the caller's groups; both arrays hold `n` ranks.
+    unsafe { ffi::MPI_Group_translate_ranks(from, n, ranks.as_ptr(), to, there.as_mut_ptr()) };
+    // MPI_UNDEFINED is negative.
+    there
+        .into_iter()
+        .map(|r| (r >= 0).then_some(r as usize))
+        .collect()
 }
 
 /// The error handler of the world and every communicator made from it.
@@ -313,10 +323,7 @@ unsafe extern "C" fn on_error(comm: *mut ffi::MPI_Comm, code: *mut c_int) {
         unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
         return;
     }
-    if let Some(calls) = calls() {
-        // SAFETY: a valid communicator; revoking twice is harmless.
-        unsafe { (calls.revoke)(comm) };
-    }
+    revoke(comm);
     let failed = failed_in_world(comm);
     note_lost(failed.iter().copied());
     let lost = lost();
@@ -343,7 +350,7 @@ fn error_string(code: c_int) -> String {
 }
 
 /// Revokes `comm`: every pending and later call on it, on every member,
-/// returns `MPIX_ERR_REVOKED`.
+/// returns `MPIX_ERR_REVOKED` (revoking twice is harmless).
 pub(crate) fn revoke(comm: ffi::MPI_Comm) {
     if let Some(calls) = calls() {
         // SAFETY: a valid communicator.
@@ -396,15 +403,9 @@ pub(crate) fn rank_map(old: ffi::MPI_Comm, new: ffi::MPI_Comm) -> Vec<Option<usi
         let mut ng: ffi::MPI_Group = std::mem::zeroed();
         ffi::MPI_Comm_group(old, &mut og);
         ffi::MPI_Comm_group(new, &mut ng);
-        let mut n: c_int = 0;
-        ffi::MPI_Group_size(og, &mut n);
-        let ranks: Vec<c_int> = (0..n).collect();
-        let mut to = vec![0 as c_int; n as usize];
-        ffi::MPI_Group_translate_ranks(og, n, ranks.as_ptr(), ng, to.as_mut_ptr());
+        let map = translate(og, ng);
         ffi::MPI_Group_free(&mut og);
         ffi::MPI_Group_free(&mut ng);
-        to.into_iter()
-            .map(|r| (r >= 0).then_some(r as usize))
-            .collect()
+        map
     }
 }

@@ -62,6 +62,18 @@ impl Runtime {
             .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))
     }
 
+    /// The runtime back from its leak (`None` once finalized), with every
+    /// group handle released and the state dropped first: nothing borrows
+    /// it after.
+    fn take_runtime(&mut self) -> Option<Box<rankmesh::Runtime>> {
+        handles::release_all();
+        self.state.take();
+        let rt = self.rt.take()?;
+        // SAFETY: `rt` came from `Box::leak` (`new`, `shrink`), and nothing
+        // that borrows it is left: the groups and the state were dropped above.
+        Some(unsafe { Box::from_raw(rt as *const rankmesh::Runtime as *mut rankmesh::Runtime) })
+    }
+
     fn state(&self) -> PyResult<&ParallelState<'static>> {
         self.state
             .as_ref()
@@ -291,17 +303,10 @@ impl Runtime {
     /// the survivors.
     fn shrink(&mut self, py: Python<'_>) -> PyResult<(Vec<usize>, Vec<Option<usize>>)> {
         let _turn = handles::serial();
-        handles::release_all();
-        self.state.take();
         let rt = self
-            .rt
-            .take()
+            .take_runtime()
             .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))?;
-        // SAFETY: `rt` came from `Box::leak` in `new`, and nothing that
-        // borrows it is left: the groups and the state were dropped above.
-        let rt = Here::new(unsafe {
-            Box::from_raw(rt as *const rankmesh::Runtime as *mut rankmesh::Runtime)
-        });
+        let rt = Here::new(rt);
         let shrunk = py
             .detach(move || rt.get().shrink().map(Here::new).map_err(Here::new))
             .map_err(|e| to_py(e.get()))?
@@ -313,8 +318,9 @@ impl Runtime {
         } = shrunk;
         runtime.set_interrupt_check(Some(errors::interrupted));
         let rt: &'static rankmesh::Runtime = Box::leak(Box::new(runtime));
-        self.state = Some(ParallelState::new(rt).map_err(to_py)?);
+        // Held before the state is made: `finalize` frees it if that fails.
         self.rt = Some(rt);
+        self.state = Some(ParallelState::new(rt).map_err(to_py)?);
         Ok((lost, new_rank))
     }
 
@@ -326,13 +332,7 @@ impl Runtime {
     #[pyo3(signature = (failure = None))]
     fn finalize(&mut self, failure: Option<String>) {
         let _turn = handles::serial();
-        handles::release_all();
-        self.state.take();
-        if let Some(rt) = self.rt.take() {
-            // SAFETY: `rt` came from `Box::leak` in `new`, and nothing that
-            // borrows it is left: the groups and the state were dropped above.
-            let rt =
-                unsafe { Box::from_raw(rt as *const rankmesh::Runtime as *mut rankmesh::Runtime) };
+        if let Some(rt) = self.take_runtime() {
             rt.finish(failure);
         }
     }

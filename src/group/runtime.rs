@@ -1051,6 +1051,17 @@ impl Runtime {
     }
 }
 
+/// `Err` naming `what` where the job does not survive a lost rank.
+fn needs_ulfm(what: &str) -> Result<()> {
+    match crate::ulfm::active() {
+        true => Ok(()),
+        false => Err(Error::State(format!(
+            "{what} needs a job that survives a lost rank: rankmesh built against Open MPI 5 \
+             and started with `mpirun --with-ft ulfm`"
+        ))),
+    }
+}
+
 /// The survivors' runtime after a lost rank ([`Runtime::shrink`]).
 pub struct Shrunk {
     /// The new world: the survivors, renumbered densely in their old order.
@@ -1080,16 +1091,7 @@ impl Runtime {
     /// otherwise [`Error::State`] and the runtime is gone (a lost rank ends
     /// such a job anyway).
     pub fn shrink(self) -> Result<Shrunk> {
-        if !crate::ulfm::active() {
-            return Err(Error::State(
-                "shrink needs a job that survives a lost rank: rankmesh built against Open MPI 5 \
-                 and started with `mpirun --with-ft ulfm`"
-                    .into(),
-            ));
-        }
-        // What the old world holds that would wait on a lost rank is left
-        // behind, as after a call given up.
-        crate::wait::give_up::give_up(Abandon::PeerLeft, "the world was shrunk".into());
+        needs_ulfm("shrink")?;
         let old = self.world_comm.as_raw();
         crate::ulfm::revoke(old);
         let new = crate::ulfm::shrink(old).map_err(Error::State)?;
@@ -1109,23 +1111,15 @@ impl Runtime {
             new_rank,
         })
     }
-}
 
-impl Runtime {
     /// After [`shrink`](Self::shrink), where the survivors' plan retires
     /// some of them ([`MeshLayout::after_loss`](crate::parallel::MeshLayout::after_loss)
     /// drops whole replicas): collective over the world. The ranks with
     /// `stay` go on in a runtime of their own, renumbered in their old
     /// order; the others get `None` and leave (their process ends, with
     /// MPI left unfinalised as after any loss). Needs ULFM, as `shrink`.
-    pub fn retire(mut self, stay: bool) -> Result<Option<Runtime>> {
-        if !crate::ulfm::active() {
-            return Err(Error::State(
-                "retire needs a job that survives a lost rank: rankmesh built against Open MPI 5 \
-                 and started with `mpirun --with-ft ulfm`"
-                    .into(),
-            ));
-        }
+    pub fn retire(self, stay: bool) -> Result<Option<Runtime>> {
+        needs_ulfm("retire")?;
         // SAFETY: out-pointer valid; every member of the world calls this.
         let new = unsafe {
             let mut new: mpi::ffi::MPI_Comm = std::mem::zeroed();
@@ -1139,33 +1133,34 @@ impl Runtime {
             new
         };
         crate::ulfm::note_world_changed();
-        crate::wait::give_up::give_up(Abandon::PeerLeft, "the world was split".into());
         if !stay {
-            std::mem::forget(self.universe.take());
-            std::mem::forget(self.device_root.take());
-            self.shrunk.set(true);
-            drop(self);
-            crate::wait::give_up::reset();
+            // MPI stays initialised: it is not finalised after a loss.
+            std::mem::forget(self.let_go().0);
             return Ok(None);
         }
         self.rebuild(new).map(Some)
     }
 
-    /// The runtime again on `new`, a communicator of some of this world's
-    /// ranks (the calling process gave up its calls first, so that what
-    /// the old world's calls left is let go of, not freed with ranks that
-    /// are gone): what the old world held is dropped, then everything is
-    /// built on `new` as at start-up, but the launcher's checks.
-    fn rebuild(mut self, new: mpi::ffi::MPI_Comm) -> Result<Runtime> {
-        let options = self.options.clone();
-        let threading = self.threading;
-        let universe = self.universe.take();
-        // NCCL communicators that count a lost rank could wait on it when
-        // destroyed: let go of.
+    /// Lets go of this world (for `shrink` and `retire`): what it holds that
+    /// would wait on a lost or departed rank (windows, the board, pending
+    /// requests, NCCL communicators) is left behind, as after a call given
+    /// up, and the rest is dropped. Returns MPI itself and what the next
+    /// world starts from.
+    fn let_go(mut self) -> (Option<Universe>, Options, Threading) {
+        let kept = (self.universe.take(), self.options.clone(), self.threading);
+        crate::wait::give_up::give_up(Abandon::PeerLeft, "the world was let go of".into());
         std::mem::forget(self.device_root.take());
         self.shrunk.set(true);
         drop(self);
         crate::wait::give_up::reset();
+        kept
+    }
+
+    /// The runtime again on `new`, a communicator of some of this world's
+    /// ranks: this world let go of, then everything built on `new` as at
+    /// start-up, but the launcher's checks.
+    fn rebuild(self, new: mpi::ffi::MPI_Comm) -> Result<Runtime> {
+        let (universe, options, threading) = self.let_go();
         crate::ulfm::watch_world(new);
         // SAFETY: `new` is a valid communicator, owned from here.
         let world = unsafe { SimpleCommunicator::from_raw(new) };
