@@ -303,6 +303,8 @@ impl Runtime {
     /// the survivors.
     fn shrink(&mut self, py: Python<'_>) -> PyResult<(Vec<usize>, Vec<Option<usize>>)> {
         let _turn = handles::serial();
+        // Refused before the runtime is taken: the job goes on without it.
+        self.rt()?.can_shrink().map_err(to_py)?;
         let rt = self
             .take_runtime()
             .ok_or_else(|| PyRuntimeError::new_err("rankmesh has been finalized"))?;

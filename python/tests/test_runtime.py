@@ -47,3 +47,14 @@ def test_the_gil_is_released_while_a_collective_waits():
     g.barrier()
     if g.rank_in_group == 0:
         shutil.rmtree(where)
+
+
+def test_shrink_without_ulfm_is_refused_and_the_job_goes_on():
+    """Outside a ULFM job (mpirun --with-ft ulfm under Open MPI 5) shrink()
+    raises StateError on every rank, and leaves the runtime and its groups
+    as they were."""
+    g = dist.get_world_group()
+    with pytest.raises(dist.StateError, match="shrink needs a job that survives a lost rank"):
+        dist.shrink()
+    got = dist.get_world_group().all_reduce(np.full(3, 0.25, np.float64))
+    np.testing.assert_array_equal(got, np.full(3, 0.25 * g.world_size))

@@ -1091,7 +1091,7 @@ impl Runtime {
     /// otherwise [`Error::State`] and the runtime is gone (a lost rank ends
     /// such a job anyway).
     pub fn shrink(self) -> Result<Shrunk> {
-        needs_ulfm("shrink")?;
+        self.can_shrink()?;
         let old = self.world_comm.as_raw();
         crate::ulfm::revoke(old);
         let new = crate::ulfm::shrink(old).map_err(Error::State)?;
@@ -1110,6 +1110,14 @@ impl Runtime {
             lost,
             new_rank,
         })
+    }
+
+    /// Whether this job survives a lost rank, so that
+    /// [`shrink`](Self::shrink) and [`retire`](Self::retire) can work:
+    /// the [`Error::State`] they return otherwise, before they take the
+    /// runtime.
+    pub fn can_shrink(&self) -> Result<()> {
+        needs_ulfm("shrink")
     }
 
     /// After [`shrink`](Self::shrink), where the survivors' plan retires
