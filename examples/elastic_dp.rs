@@ -20,13 +20,20 @@
 //! `--die-in-shrink K`: rank K dies when it learns of the first loss,
 //! while the others shrink (they lose it too, in the same shrink or in a
 //! second one).
+//! `--fastvideo`: the same replicas as FastVideo's layout
+//! (`ParallelState::initialize_model_parallel(1, N, None)` with N the
+//! `--tp` value: the replica's ranks are an SP group, the replicas' sum
+//! runs on the DP groups), planned after a loss with `Layout::after_loss`.
 //! (Open MPI 5; without ULFM the loss ends the job, as it always did.)
 //! With `RANKMESH_HOST_PLANE=mpi` the sums go through MPI instead of the
-//! node's shared memory.
+//! node's shared memory. `--device`: the replicas' sum runs on the GPUs
+//! (NCCL, after `Runtime::connect_devices`), and the shrink carries the
+//! world's NCCL communicator over (`ncclCommShrink`).
 
 use rankmesh::group::Shrunk;
+use rankmesh::parallel::{Layout, Survival};
 use rankmesh::prelude::*;
-use rankmesh::{Error, Mesh, MeshLayout};
+use rankmesh::{Error, Mesh, MeshLayout, ParallelState};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -57,6 +64,30 @@ struct Args {
     /// A rank that dies when the first loss is found, while the others
     /// shrink.
     dies_in_shrink: Option<usize>,
+    /// The replicas' sum on the device plane.
+    device: bool,
+    /// FastVideo's layout (ParallelState) instead of a mesh.
+    fastvideo: bool,
+}
+
+/// The world's layout: a (dp, tp) mesh, or FastVideo's (tp 1, sp = the
+/// replica's size), whose SP and DP groups are the mesh's tp and dp.
+#[derive(Clone)]
+enum Plan {
+    Mesh(MeshLayout),
+    FastVideo(Layout),
+}
+
+impl Plan {
+    /// The plan after losing `lost`: whole replicas dropped.
+    fn after_loss(&self, lost: &[usize]) -> rankmesh::Result<(Plan, Survival)> {
+        match self {
+            Plan::Mesh(l) => l
+                .after_loss(lost, "dp")
+                .map(|s| (Plan::Mesh(s.layout.clone()), s)),
+            Plan::FastVideo(l) => l.after_loss(lost).map(|(l, s)| (Plan::FastVideo(l), s)),
+        }
+    }
 }
 
 impl Args {
@@ -100,6 +131,8 @@ fn parse() -> Result<Args, String> {
         tp: 1,
         kills: Vec::new(),
         dies_in_shrink: None,
+        device: false,
+        fastvideo: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -121,6 +154,8 @@ fn parse() -> Result<Args, String> {
                 let s = s.parse().map_err(|e| format!("{a}: step {s}: {e}"))?;
                 args.kills.push((k, s, how));
             }
+            "--device" => args.device = true,
+            "--fastvideo" => args.fastvideo = true,
             "--die-in-shrink" => {
                 let v = value()?;
                 args.dies_in_shrink = Some(v.parse().map_err(|e| format!("{a}: rank {v}: {e}"))?);
@@ -220,13 +255,23 @@ fn die(me: usize, step: usize, when: &str) {
 /// its part of it); `after_loss`: say when the first step completes.
 fn train(
     rt: &Runtime,
-    (layout, args): (&MeshLayout, &Args),
+    (plan, args): (&Plan, &Args),
     me: usize,
     w: &mut [f64],
     (from, mut after_loss): (usize, bool),
 ) -> rankmesh::Result<Ended> {
-    let mesh = Mesh::new(rt, layout.clone(), &[])?;
-    let (dp, tp) = (mesh.group(&["dp"])?, mesh.group(&["tp"])?);
+    // The replica's group (tp) and the replicas' (dp).
+    let (dp, tp) = match plan {
+        Plan::Mesh(layout) => {
+            let mesh = Mesh::new(rt, layout.clone(), &[])?;
+            (mesh.group(&["dp"])?, mesh.group(&["tp"])?)
+        }
+        Plan::FastVideo(layout) => {
+            let mut ps = ParallelState::new(rt)?;
+            ps.initialize_model_parallel(layout.tp, layout.sp, Some(layout.dp))?;
+            (ps.dp()?, ps.sp()?)
+        }
+    };
     let (replica, part) = (me / args.tp, (me % args.tp, args.tp));
     for step in from..args.steps {
         if args.kill_of(me, step) == Some(Kill::Inside) {
@@ -235,10 +280,14 @@ fn train(
         // The replica's gradient from its TP ranks' parts, then the
         // replicas' sum.
         let g = Tensor::from_vec([DIM], gradient(w, replica, step, part))?;
-        let sum = match tp
-            .all_reduce(&g, ReduceOp::Sum)
-            .and_then(|g| dp.all_reduce(&g, ReduceOp::Sum))
-        {
+        let sum = match tp.all_reduce(&g, ReduceOp::Sum).and_then(|g| {
+            if !args.device {
+                return dp.all_reduce(&g, ReduceOp::Sum);
+            }
+            let dev = dp.device()?;
+            let sum = dev.all_reduce(&dev.gpu().upload(&g)?, ReduceOp::Sum)?;
+            dev.gpu().download(&sum)
+        }) {
             Ok(sum) => sum,
             Err(Error::PeerLost { lost, msg, .. }) => {
                 eprintln!(
@@ -291,9 +340,18 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> rankmesh::Result<bool> {
     let mut rt = Runtime::init()?;
+    if args.device {
+        rt.connect_devices()?;
+    }
     let (me, first_world) = (rt.rank(), rt.size());
     let tp = args.tp;
-    let mut layout = MeshLayout::row_major(first_world, &[("dp", first_world / tp), ("tp", tp)])?;
+    let mut layout = match args.fastvideo {
+        true => Plan::FastVideo(Layout::new(first_world, 1, tp, None)?),
+        false => Plan::Mesh(MeshLayout::row_major(
+            first_world,
+            &[("dp", first_world / tp), ("tp", tp)],
+        )?),
+    };
     // The first world's rank of each rank of the current one.
     let mut first_rank: Vec<usize> = (0..first_world).collect();
     let mut w = vec![0.0; DIM];
@@ -309,8 +367,11 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
                 let started = Instant::now();
                 let before = rt.rank();
                 let Shrunk { runtime, lost, .. } = rt.shrink()?;
+                for w in runtime.warnings() {
+                    eprintln!("elastic_dp: rank {me}: after the shrink: {w}");
+                }
                 // Whole replicas go on; a lost rank's TP partners retire.
-                let plan = match layout.after_loss(&lost, "dp") {
+                let (next, plan) = match layout.after_loss(&lost) {
                     Ok(plan) => plan,
                     Err(e) => {
                         // Every survivor says it before any exits (a rank
@@ -337,7 +398,7 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
                     .filter(|&r| plan.new_rank[r].is_some())
                     .map(|r| first_rank[r])
                     .collect();
-                layout = plan.layout;
+                layout = next;
                 eprintln!(
                     "elastic_dp: rank {me} is rank {} of {} after losing first-world ranks {first_lost:?} \
                      (replicas kept: {:?}); redoing step {step}",

@@ -6,9 +6,10 @@
 # shared-memory and the MPI host planes, at 3-6 ranks, one or two ranks at
 # once, in two losses and while the others shrink. Every survivor must
 # name the lost ranks, shrink, finish and match the serial replay; the job
-# must exit 0 with no process and nothing in /dev/shm left. With replicas
-# of 2 ranks (dp × tp), a lost rank's partner retires and the other
-# replicas go on; a loss in every replica is an error. The same from
+# must exit 0 with no process and nothing in /dev/shm left; the same with
+# the sums on the device plane (NCCL emulator). With replicas
+# of 2 ranks (dp × tp), or FastVideo's layout, a lost rank's partners
+# retire and the other replicas go on; a loss in every replica is an error. The same from
 # Python. One trial without --with-ft ulfm keeps today's answer: the job
 # ends, non-zero. With `--bench`, then, the recovery time (the kill to the
 # survivors' first completed step) against a restart of the same job.
@@ -83,6 +84,9 @@ layout_trial() {
 layout_trial "np 4, shm, tp 2: a TP rank lost, its replica retires" 4 shm 1 2 --kill 1@2
 layout_trial "np 4, mpi, tp 2: a TP rank lost, its replica retires" 4 mpi 1 2 --kill 1@2
 layout_trial "np 6, auto, tp 2: two replicas hit at once" 6 auto 2 2 --kill 3@1 --kill 4@1
+# FastVideo's layout (ParallelState, sp 3): Layout::after_loss keeps whole
+# SP groups and shrinks DP.
+layout_trial "np 6, auto, FastVideo sp 3: a lost rank's SP group retires" 6 auto 2 3 --fastvideo --tp 3 --kill 4@2
 out=$tmp/every-replica
 RANKMESH_HOST_PLANE=mpi run --with-ft ulfm -np 4 "$bin" --tp 2 --kill 1@2 --kill 2@2 > "$out" 2>&1 &&
     fail "np 4, tp 2, a loss in every replica: the job went on" "$out"
@@ -90,6 +94,48 @@ said=$(grep -ac "the lost ranks \[1, 2\] are in every one of the 2 dp replicas; 
 ((said == 2)) || fail "np 4, tp 2, a loss in every replica: $said of 2 survivors said why" "$out"
 n=$((n + 1))
 echo "ok    np 4, tp 2: a loss in every replica is an error on every survivor"
+
+# The device plane on the CUDA and NCCL emulators, built against Open MPI
+# 5 (the NCCL emulator carries its bootstrap over that MPI): the replicas'
+# sum runs on NCCL; the survivors get PeerLost there too, and the shrink
+# carries the world's NCCL communicator over with ncclCommShrink (no
+# warning that it was not). With NCCL 2.18, which has no ncclCommShrink,
+# the shrink says so and groups connect afresh.
+cargo build -q --test gpu
+gpu_test=$(ls -t "${CARGO_TARGET_DIR:-target}"/debug/deps/gpu-* | grep -v '\.d$' | head -n1)
+emu=$PWD/${CARGO_TARGET_DIR:-target}/emulators-openmpi5
+MPICC=$prefix/bin/mpicc RANKMESH_EMU_BUILD="$emu" "$gpu_test" >/dev/null 2>&1 || true
+[[ -f $emu/libnccl.so.2 ]] || fail "the NCCL emulator was not built into $emu"
+device_trial() {
+    local name=$1 nccl=$2 np=$3 kept=$4 retired=$5 shrunk=$6
+    shift 6
+    local out=$tmp/$name
+    LD_LIBRARY_PATH=$emu RANKMESH_NCCL_LIB=$nccl RANKMESH_EMU_GPUS=8 run --with-ft ulfm \
+        -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_GPUS -np "$np" "$bin" --device "$@" \
+        > "$out" 2>&1 || fail "$name: the job exited $?" "$out"
+    local matched went refused
+    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
+    went=$(grep -ac "retired after losing" "$out" || true)
+    refused=$(grep -ac "world's NCCL communicator was not shrunk" "$out" || true)
+    ((matched == kept && went == retired)) ||
+        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
+    if ((shrunk)); then
+        ((refused == 0)) || fail "$name: $refused survivors did not shrink the NCCL communicator" "$out"
+    else
+        ((refused == kept)) || fail "$name: $refused of $kept survivors said NCCL could not shrink" "$out"
+    fi
+    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
+    n=$((n + 1))
+    echo "ok    $name"
+}
+device_trial "np 4, device: a rank killed inside a step, ncclCommShrink" "$emu/libnccl.so.2" 4 3 0 1 --kill 1@2
+device_trial "np 5, device: two ranks killed at once" "$emu/libnccl.so.2" 5 3 0 1 --kill 1@2 --kill 3@2
+device_trial "np 4, device: a rank killed between calls" "$emu/libnccl.so.2" 4 3 0 1 --kill-idle 3@1
+device_trial "np 6, device, tp 2: a replica retires, the others shrink" "$emu/libnccl.so.2" 6 4 1 1 --tp 2 --kill 1@2
+device_trial "np 6, device, FastVideo sp 2: an SP group retires" "$emu/libnccl.so.2" 6 4 1 1 \
+    --fastvideo --tp 2 --kill 2@2
+device_trial "np 4, device, NCCL 2.18: no ncclCommShrink, groups connect afresh" \
+    "$emu/nccl-2.18/libnccl.so.2" 4 3 0 0 --kill 2@3
 
 # The same from Python: the package built against Open MPI 5 (its own
 # target and install directories), PeerLostError and rankmesh.shrink().

@@ -232,6 +232,58 @@ pub(crate) fn lost() -> Vec<usize> {
     LOST.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// How often [`loss_known`] asks MPI, where no loss is known yet.
+const ASK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+thread_local! {
+    /// When [`loss_known`] may ask MPI next.
+    static NEXT_ASK: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether a rank of this world is known lost (never without ULFM). Where
+/// none is known yet, MPI is asked at most every [`ASK_EVERY`]: its
+/// progress takes in the launcher's notice of a failure on another node.
+/// For waits outside any call (a device plane's deferred agreements): once
+/// a rank is lost every survivor must shrink, so nothing waited for in
+/// this world will come. The thread that calls MPI only.
+pub(crate) fn loss_known() -> bool {
+    if !active() {
+        return false;
+    }
+    if !lost().is_empty() {
+        return true;
+    }
+    let now = std::time::Instant::now();
+    if NEXT_ASK.get().is_some_and(|at| now < at) {
+        return false;
+    }
+    NEXT_ASK.set(Some(now + ASK_EVERY));
+    let world = *WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(world) = world {
+        drive_progress();
+        note_lost(failed_in_world(world.0));
+    }
+    !lost().is_empty()
+}
+
+/// One probe of this process's own communicator: it only drives MPI's
+/// progress.
+fn drive_progress() {
+    let mut flag: c_int = 0;
+    // SAFETY: a probe of MPI_COMM_SELF with valid out-pointers.
+    unsafe {
+        let mut status: ffi::MPI_Status = std::mem::zeroed();
+        ffi::MPI_Iprobe(
+            ffi::RSMPI_ANY_SOURCE,
+            0,
+            ffi::RSMPI_COMM_SELF,
+            &mut flag,
+            &mut status,
+        );
+    }
+}
+
 /// The world ranks known lost, after waiting [`NOTICE_WAIT`] at most for
 /// MPI to name one where none is known yet: a rank told of a revoked
 /// communicator learns who failed from the launcher's notice, which MPI
@@ -248,19 +300,7 @@ pub(crate) fn lost_after_notice() -> Vec<usize> {
         if !known.is_empty() || std::time::Instant::now() >= until {
             return known;
         }
-        let mut flag: c_int = 0;
-        // SAFETY: a probe of this process's own communicator, which only
-        // drives MPI's progress.
-        unsafe {
-            let mut status: ffi::MPI_Status = std::mem::zeroed();
-            ffi::MPI_Iprobe(
-                ffi::RSMPI_ANY_SOURCE,
-                0,
-                ffi::RSMPI_COMM_SELF,
-                &mut flag,
-                &mut status,
-            );
-        }
+        drive_progress();
         note_lost(failed_in_world(world.0));
         std::thread::sleep(std::time::Duration::from_millis(1));
     }

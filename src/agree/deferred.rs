@@ -183,9 +183,10 @@ impl Deferred {
             return Ok(Verdict::Agreed);
         }
         loop {
+            let gone = crate::ulfm::loss_known;
             let next = match &self.posts {
-                Posts::Ring(r) => r.next(deadline),
-                Posts::Mpi(m) => m.next(deadline),
+                Posts::Ring(r) => r.next(deadline, &gone),
+                Posts::Mpi(m) => m.next(deadline, &gone),
             };
             if let Some(verdict) = self.settle(next) {
                 return verdict;
@@ -203,9 +204,10 @@ impl Deferred {
             return Ok(Verdict::Agreed);
         }
         while self.full() {
+            let gone = crate::ulfm::loss_known;
             let next = match &self.posts {
-                Posts::Ring(r) => r.next_for_room(self.deadline()),
-                Posts::Mpi(m) => m.next(Some(self.deadline())),
+                Posts::Ring(r) => r.next_for_room(self.deadline(), &gone),
+                Posts::Mpi(m) => m.next(Some(self.deadline()), &gone),
             };
             if let Some(verdict) = self.settle(next) {
                 return verdict;
@@ -234,6 +236,7 @@ impl Deferred {
                 }))
             }
             Next::Closed { rank, mine } => Some(Err(self.closed_by(rank, &mine))),
+            Next::Lost(mine) => Some(Err(self.lost_member(&mine))),
             Next::Check { mine, all } => {
                 if let Some(rank) = all.iter().position(Descriptor::is_closing) {
                     return Some(Err(self.closed_by(rank, &mine)));
@@ -254,7 +257,31 @@ impl Deferred {
     /// never make: its NCCL communicator failed first. This rank's work
     /// for the call can never finish either: it closes too (its caller
     /// aborts its communicators).
+    /// The error of a call whose agreement was not complete when a rank of
+    /// the world was lost (ULFM): the survivors must all shrink, so no
+    /// member waits for another's post any more. The group posts nothing
+    /// more, and this rank's groups are revoked so that members waiting
+    /// elsewhere return too.
+    fn lost_member(&self, mine: &Descriptor) -> Error {
+        self.abandon_rest();
+        self.close();
+        crate::ulfm::revoke_all();
+        Error::PeerLost {
+            op: mine.op().unwrap_or(Op::Synchronize),
+            group: self.group.clone(),
+            lost: crate::ulfm::lost(),
+            msg: format!(
+                "a rank was lost before every member made device call #{}",
+                mine.seq
+            ),
+        }
+    }
+
     fn closed_by(&self, rank: usize, mine: &Descriptor) -> Error {
+        if crate::ulfm::loss_known() {
+            // A survivor that found the loss first closed its posts.
+            return self.lost_member(mine);
+        }
         self.abandon_rest();
         self.close();
         Error::nccl(

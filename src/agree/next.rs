@@ -20,4 +20,7 @@ pub(super) enum Next {
     /// Group rank `rank` closed its posts before this one (its NCCL
     /// communicator failed): this rank's descriptor.
     Closed { rank: usize, mine: Descriptor },
+    /// A member that has not posted it was lost (ULFM noted its process
+    /// gone): this rank's descriptor.
+    Lost(Descriptor),
 }

@@ -81,11 +81,12 @@ impl MpiPosts {
     }
 
     /// The oldest agreement, once complete (see [`Next`]).
-    pub(super) fn next(&self, deadline: Option<Instant>) -> Next {
+    /// `gone`: whether a member was lost, which ends the wait.
+    pub(super) fn next(&self, deadline: Option<Instant>, gone: &dyn Fn() -> bool) -> Next {
         let Some(mut front) = self.queue.borrow_mut().pop_front() else {
             return Next::Done;
         };
-        if wait(&mut front.request, deadline) {
+        if wait(&mut front.request, deadline, gone) && !(deadline.is_some() && gone()) {
             return Next::Check {
                 mine: *front.mine,
                 all: front.all.into_vec(),
@@ -96,6 +97,11 @@ impl MpiPosts {
             return Next::Done;
         }
         let mine = *front.mine;
+        if gone() {
+            // Left for `abandon`: MPI may still write into the buffers.
+            self.queue.borrow_mut().push_front(front);
+            return Next::Lost(mine);
+        }
         // The all-gather may still write into the buffers.
         std::mem::forget(front);
         Next::Missing(mine)
@@ -122,7 +128,12 @@ impl MpiPosts {
 }
 
 /// Tests `request` until it completes or `deadline` passes (`None`: one test).
-fn wait(request: &mut ffi::MPI_Request, deadline: Option<Instant>) -> bool {
+/// A member lost (`gone`) ends the wait.
+fn wait(
+    request: &mut ffi::MPI_Request,
+    deadline: Option<Instant>,
+    gone: &dyn Fn() -> bool,
+) -> bool {
     let mut test = || {
         let mut done = 0;
         // SAFETY: a live request of ours; the status is ignored.
@@ -131,6 +142,6 @@ fn wait(request: &mut ffi::MPI_Request, deadline: Option<Instant>) -> bool {
     };
     match deadline {
         None => test(),
-        Some(d) => crate::wait::until(Some(d), test),
+        Some(d) => crate::wait::until(Some(d), || test() || gone()),
     }
 }

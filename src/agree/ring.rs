@@ -269,8 +269,8 @@ impl Ring {
     /// rank has, or not at all when `None`; a member that closed its ring
     /// ends the wait): `Same` for a batch of entries that all agreed, else
     /// the verdict of the oldest one.
-    pub(super) fn next(&self, deadline: Option<Instant>) -> Next {
-        self.next_upto(deadline, self.posted.get(), 1)
+    pub(super) fn next(&self, deadline: Option<Instant>, gone: &dyn Fn() -> bool) -> Next {
+        self.next_upto(deadline, self.posted.get(), 1, gone)
     }
 
     /// [`next`](Self::next) when the ring is full: waits (until
@@ -280,16 +280,23 @@ impl Ring {
     /// line that this rank's every read takes from it; a waiter looking
     /// without pause made each of its posts a cache miss, so that the
     /// rank ahead kept it behind.
-    pub(super) fn next_for_room(&self, deadline: Instant) -> Next {
+    pub(super) fn next_for_room(&self, deadline: Instant, gone: &dyn Fn() -> bool) -> Next {
         let n = self.checked.get() + 1;
         let want = (n + SCAN_EVERY - 1).min(self.posted.get());
-        self.next_upto(Some(deadline), want, GENTLE_PAUSE)
+        self.next_upto(Some(deadline), want, GENTLE_PAUSE, gone)
     }
 
     /// The oldest unchecked entries once every member posted through
     /// `want` (waiting until `deadline`, `pause` spins before each read of
-    /// the counters), as [`next`](Self::next) says.
-    fn next_upto(&self, deadline: Option<Instant>, want: u64, pause: u32) -> Next {
+    /// the counters), as [`next`](Self::next) says. `gone`: whether a
+    /// member was lost, which ends the wait (it would never post).
+    fn next_upto(
+        &self,
+        deadline: Option<Instant>,
+        want: u64,
+        pause: u32,
+        gone: &dyn Fn() -> bool,
+    ) -> Next {
         let n = self.checked.get() + 1;
         let posted = self.posted.get();
         if n > posted {
@@ -301,7 +308,7 @@ impl Ring {
                 for _ in 1..pause {
                     std::hint::spin_loop();
                 }
-                reach() >= want || self.closed_before(want).is_some()
+                reach() >= want || self.closed_before(want).is_some() || gone()
             });
         }
         let upto = reach().min(posted);
@@ -309,6 +316,9 @@ impl Ring {
             if let Some(rank) = self.closed_before(n) {
                 let mine = self.own_desc(n);
                 return Next::Closed { rank, mine };
+            }
+            if deadline.is_some() && gone() {
+                return Next::Lost(self.own_desc(n));
             }
             return match deadline {
                 None => Next::Done,
@@ -499,19 +509,22 @@ mod tests {
         }
         post(&r[1], 1);
         // Member 1 may still post: no verdict without a wait.
-        assert!(matches!(r[0].next(None), Next::Same));
-        assert!(matches!(r[0].next(None), Next::Done));
+        assert!(matches!(r[0].next(None, &|| false), Next::Same));
+        assert!(matches!(r[0].next(None, &|| false), Next::Done));
         r[1].close();
         // Entry 1 was agreed; entry 2 never will be, and member 1 is named.
-        match r[0].next(None) {
+        match r[0].next(None, &|| false) {
             Next::Closed { rank: 1, mine } => assert_eq!(mine.seq, 2),
             _ => panic!("member 1 closed before call 2: want Closed"),
         }
-        match r[2].next(soon()) {
+        match r[2].next(soon(), &|| false) {
             Next::Same => {}
             _ => panic!("entry 1 was posted by every member"),
         }
-        assert!(matches!(r[2].next(soon()), Next::Closed { rank: 1, .. }));
+        assert!(matches!(
+            r[2].next(soon(), &|| false),
+            Next::Closed { rank: 1, .. }
+        ));
     }
 
     #[test]
@@ -526,13 +539,18 @@ mod tests {
         assert!(r[0].full());
         // Member 1 has posted the oldest batch: no wait for the other 112.
         let deadline = Instant::now() + Duration::from_secs(30);
-        assert!(matches!(r[0].next_for_room(deadline), Next::Same));
+        assert!(matches!(
+            r[0].next_for_room(deadline, &|| false),
+            Next::Same
+        ));
         assert!(Instant::now() < deadline, "waited for member 1 to catch up");
         assert!(!r[0].full());
         // A member that has not posted the oldest entry is missing at the deadline.
         let r = rings(2);
         post(&r[0], 1);
-        assert!(matches!(r[0].next_for_room(Instant::now()), Next::Missing(d) if d.seq == 1));
+        assert!(
+            matches!(r[0].next_for_room(Instant::now(), &|| false), Next::Missing(d) if d.seq == 1)
+        );
     }
 
     #[test]
@@ -541,11 +559,26 @@ mod tests {
         post(&r[0], 1);
         post(&r[0], 2);
         post(&r[1], 1);
-        assert!(matches!(r[0].next(soon()), Next::Same));
-        assert!(matches!(r[0].next(soon()), Next::Missing(d) if d.seq == 2));
+        assert!(matches!(r[0].next(soon(), &|| false), Next::Same));
+        assert!(matches!(r[0].next(soon(), &|| false), Next::Missing(d) if d.seq == 2));
         // A member's own close is no reason to stop checking its peers' posts.
         r[0].close();
         post(&r[1], 2);
-        assert!(matches!(r[1].next(soon()), Next::Same));
+        assert!(matches!(r[1].next(soon(), &|| false), Next::Same));
+    }
+
+    #[test]
+    fn a_lost_rank_ends_the_wait_for_what_was_not_posted() {
+        let r = rings(2);
+        post(&r[0], 1);
+        post(&r[0], 2);
+        post(&r[1], 1);
+        // What every member posted is still checked; a loss ends the wait
+        // for the rest at once, long before the deadline.
+        assert!(matches!(r[0].next(soon(), &|| true), Next::Same));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let started = Instant::now();
+        assert!(matches!(r[0].next(Some(deadline), &|| true), Next::Lost(d) if d.seq == 2));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

@@ -67,6 +67,9 @@ pub struct Gpu {
     tail: Arc<Tail>,
     ctx: Arc<CudaContext>,
     comms: RefCell<Vec<Weak<CommState>>>,
+    /// The world's communicator (`Runtime::connect_devices`): spared when
+    /// a lost rank (ULFM) aborts the others, so the survivors can shrink it.
+    root: RefCell<Weak<CommState>>,
     /// Groups with deferred agreements (see `check`).
     deferred: RefCell<Vec<Weak<Deferred>>>,
     /// Of those, groups posting through MPI (counted when registered).
@@ -124,6 +127,7 @@ impl Gpu {
             stream,
             ctx,
             comms: RefCell::new(Vec::new()),
+            root: RefCell::new(Weak::new()),
             deferred: RefCell::new(Vec::new()),
             mpi_posting: Cell::new(0),
             calls: Cell::new(0),
@@ -190,6 +194,12 @@ impl Gpu {
     /// The CUDA context (the device's primary context).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Registers the world's communicator (see `root`).
+    pub(crate) fn register_root(&self, state: &Rc<CommState>) {
+        self.register(state);
+        *self.root.borrow_mut() = Rc::downgrade(state);
     }
 
     pub(crate) fn register(&self, state: &Rc<CommState>) {
@@ -399,6 +409,12 @@ impl Gpu {
     fn act_on(&self, d: &Deferred, verdict: Result<Verdict>) -> Result<()> {
         let verdict = match verdict {
             Ok(v) => v,
+            // A member lost: every communicator but the world's ends, which
+            // the survivors shrink (`Runtime::shrink`).
+            Err(e @ Error::PeerLost { .. }) => {
+                self.abort_all_but_root(&e.to_string());
+                return Err(e);
+            }
             Err(e) => {
                 let e = self.own_failure(d.group(), &e).unwrap_or(e);
                 self.abort_all(&e.to_string());
@@ -464,7 +480,21 @@ impl Gpu {
         for c in self.live_comms() {
             c.poll(api).map_err(|source| {
                 self.close_agreements(Some(c.group()));
-                Error::nccl(Op::Synchronize, c.group(), source)
+                match crate::ulfm::lost() {
+                    // Under ULFM, after a loss in this world, a failed
+                    // communicator is that loss.
+                    lost if !lost.is_empty() => {
+                        self.abort_all_but_root(&source.msg);
+                        crate::ulfm::revoke_all();
+                        Error::PeerLost {
+                            op: Op::Synchronize,
+                            group: c.group().to_string(),
+                            lost,
+                            msg: format!("its NCCL communicator failed: {}", source.msg),
+                        }
+                    }
+                    _ => Error::nccl(Op::Synchronize, c.group(), source),
+                }
             })?;
         }
         Ok(())
@@ -487,9 +517,22 @@ impl Gpu {
 
     /// Aborts every live communicator; returns their groups' names.
     fn abort_all(&self, why: &str) -> String {
+        self.abort_comms(why, None)
+    }
+
+    /// As `abort_all`, sparing the world's communicator.
+    fn abort_all_but_root(&self, why: &str) {
+        let root = self.root.borrow().upgrade();
+        self.abort_comms(why, root.as_ref());
+    }
+
+    fn abort_comms(&self, why: &str, spare: Option<&Rc<CommState>>) -> String {
         let mut groups = Vec::new();
         if let Ok(api) = self.api() {
             for c in self.live_comms() {
+                if spare.is_some_and(|s| Rc::ptr_eq(s, &c)) {
+                    continue;
+                }
                 c.abort(api, why);
                 groups.push(c.group().to_string());
             }

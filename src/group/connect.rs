@@ -490,6 +490,73 @@ pub(crate) fn split(
     Ok(made)
 }
 
+/// After the world shrank to `rt`'s (collective over the survivors): the
+/// world's communicator without the `lost` ranks of the old one
+/// (`ncclCommShrink`, ending the old one's work in flight first), its
+/// members renumbered as MPI's shrink renumbered them (densely, in old
+/// order). The old communicator is aborted either way: NCCL leaves its
+/// resources to the caller.
+pub(crate) fn shrink_root(
+    rt: &crate::Runtime,
+    old: SplitParent,
+    gpu: &Gpu,
+    lost: &[usize],
+) -> Result<SplitParent> {
+    let sm: Vec<(u32, u32)> = (0..old.sm.len())
+        .filter(|r| !lost.contains(r))
+        .map(|r| old.sm[r])
+        .collect();
+    let made = gpu
+        .api()
+        .map_err(|e| NcclError::other(e.to_string()))
+        .and_then(|api| {
+            let membership = Membership {
+                size: rt.size(),
+                rank: rt.rank(),
+                group: "world",
+                sm: sm.iter().copied().min().unwrap_or((0, 0)),
+                limit: gpu.timeout(),
+            };
+            let pulse = rt.watchdog().pulse();
+            let beat = || pulse.beat();
+            let origin = Origin::Shrink {
+                parent: &old.comm,
+                exclude: lost,
+            };
+            let started = NcclComm::start(api, origin, &membership);
+            let naming = Naming {
+                label: "world",
+                rank_of: &|r| r,
+            };
+            agree_on_creation(api, started, &beat, &naming, |mine| {
+                gather_statuses(rt.world_comm(), mine, gpu.timeout(), &beat)
+            })
+        });
+    if let Ok(api) = gpu.api() {
+        old.comm
+            .state()
+            .abort(api, "the world shrank (ncclCommShrink)");
+    }
+    drop(old);
+    match made {
+        Ok(Some(comm)) => {
+            gpu.register_root(comm.state());
+            Ok(SplitParent { comm, sm })
+        }
+        Ok(None) => Err(Error::State(
+            "ncclCommShrink gave this survivor no communicator".into(),
+        )),
+        Err(e) => Err(Error::nccl(
+            Op::Connect,
+            "world",
+            NcclError {
+                code: e.code,
+                msg: format!("ncclCommShrink of the world's communicator: {}", e.msg),
+            },
+        )),
+    }
+}
+
 /// Tag of a pair communicator's unique id and status messages.
 const TAG_PAIR: i32 = 0x5231;
 

@@ -1,6 +1,6 @@
 //! MPI start-up and the facts about the world: ranks, nodes, hosts.
 
-use super::connect::{connect, failures, split, status_record, SplitParent};
+use super::connect::{connect, failures, shrink_root, split, status_record, SplitParent};
 use super::launcher::{self, MpiView};
 use super::GroupCoordinator;
 use crate::agree::Descriptor;
@@ -925,6 +925,7 @@ impl Runtime {
             verdict?;
             let world = GroupCoordinator::new(self, self.world_comm.duplicate(), "world".into())?;
             let comm = connect(&world, gpu)?;
+            gpu.register_root(comm.state());
             let cc = gpu.info().compute_capability;
             let mut all = vec![0u32; 2 * self.size()];
             self.world_comm
@@ -1083,15 +1084,20 @@ impl Runtime {
     /// Consuming the runtime ends every group made on the old world before
     /// the new one exists: the borrow checker refuses an old group's call.
     /// What the old world's calls left mid-way (windows, pending requests)
-    /// is let go of, not freed with the lost ranks. Device communicators
-    /// are not carried over: the new runtime connects devices afresh
-    /// ([`connect_devices`](Self::connect_devices)).
+    /// is let go of, not freed with the lost ranks. The GPU goes on, and
+    /// after [`connect_devices`](Self::connect_devices) so does the world's
+    /// NCCL communicator, shrunk with `ncclCommShrink` (NCCL 2.27 or newer)
+    /// rather than bootstrapped again; groups of the new world split from
+    /// it. Where NCCL cannot shrink it, the reason is in
+    /// [`warnings`](Self::warnings) and groups bootstrap their own at their
+    /// first device call.
     ///
     /// Needs ULFM: Open MPI 5 started with `mpirun --with-ft ulfm`;
     /// otherwise [`Error::State`] and the runtime is gone (a lost rank ends
     /// such a job anyway).
-    pub fn shrink(self) -> Result<Shrunk> {
+    pub fn shrink(mut self) -> Result<Shrunk> {
         self.can_shrink()?;
+        let devices = self.take_devices();
         let old = self.world_comm.as_raw();
         crate::ulfm::revoke(old);
         let new = crate::ulfm::shrink(old).map_err(Error::State)?;
@@ -1104,7 +1110,8 @@ impl Runtime {
             "world ranks {lost:?} lost; {} survivors go on",
             new_rank.len() - lost.len()
         );
-        let runtime = self.rebuild(new)?;
+        let mut runtime = self.rebuild(new)?;
+        runtime.adopt_devices(devices, &lost);
         Ok(Shrunk {
             runtime,
             lost,
@@ -1126,8 +1133,9 @@ impl Runtime {
     /// `stay` go on in a runtime of their own, renumbered in their old
     /// order; the others get `None` and leave (their process ends, with
     /// MPI left unfinalised as after any loss). Needs ULFM, as `shrink`.
-    pub fn retire(self, stay: bool) -> Result<Option<Runtime>> {
+    pub fn retire(mut self, stay: bool) -> Result<Option<Runtime>> {
         needs_ulfm("retire")?;
+        let devices = self.take_devices();
         // SAFETY: out-pointer valid; every member of the world calls this.
         let new = unsafe {
             let mut new: mpi::ffi::MPI_Comm = std::mem::zeroed();
@@ -1142,11 +1150,68 @@ impl Runtime {
         };
         crate::ulfm::note_world_changed();
         if !stay {
+            // A retired rank's device plane ends here: its peers go on
+            // without it, so nothing of it waits on them.
+            if let Some((gpu, Some(root))) = devices {
+                if let Ok(api) = gpu.api() {
+                    root.comm.state().abort(api, "this rank retired");
+                }
+            }
             // MPI stays initialised: it is not finalised after a loss.
             std::mem::forget(self.let_go().0);
             return Ok(None);
         }
-        self.rebuild(new).map(Some)
+        let retired: Vec<usize> = crate::ulfm::rank_map(self.world_comm.as_raw(), new)
+            .iter()
+            .enumerate()
+            .filter_map(|(r, to)| to.is_none().then_some(r))
+            .collect();
+        let mut runtime = self.rebuild(new)?;
+        runtime.adopt_devices(devices, &retired);
+        Ok(Some(runtime))
+    }
+
+    /// This world's GPU and its world NCCL communicator, taken before the
+    /// world is let go of, for the next world to carry on with.
+    fn take_devices(&mut self) -> Option<(Gpu, Option<SplitParent>)> {
+        let root = self.device_root.take();
+        match self.gpu.take() {
+            Some(Ok(gpu)) => Some((gpu, root)),
+            _ => {
+                std::mem::forget(root);
+                None
+            }
+        }
+    }
+
+    /// The device plane `take_devices` carried from the old world, on this
+    /// new one whose members are the old one's but `excluded` (old world
+    /// ranks): the same GPU, and the world's communicator shrunk
+    /// (collective over the new world). A shrink NCCL refuses leaves the
+    /// new world without one, with a warning: its groups bootstrap their
+    /// own at their first device call.
+    fn adopt_devices(&mut self, devices: Option<(Gpu, Option<SplitParent>)>, excluded: &[usize]) {
+        let Some((gpu, root)) = devices else { return };
+        let gpu = match self.gpu.set(Ok(gpu)) {
+            Ok(()) => self
+                .gpu
+                .get()
+                .and_then(|g| g.as_ref().ok())
+                .expect("just set"),
+            Err(_) => return,
+        };
+        let Some(root) = root else { return };
+        match shrink_root(self, root, gpu, excluded) {
+            Ok(parent) => *self.device_root.borrow_mut() = Some(parent),
+            Err(e) => {
+                let why = format!(
+                    "the world's NCCL communicator was not shrunk ({e}); groups connect \
+                     their own at their first device call"
+                );
+                tracing::warn!(rank = self.info.rank, "{why}");
+                self.warnings.push(why);
+            }
+        }
     }
 
     /// Lets go of this world (for `shrink` and `retire`): what it holds that
@@ -1157,6 +1222,7 @@ impl Runtime {
     fn let_go(mut self) -> (Option<Universe>, Options, Threading) {
         let kept = (self.universe.take(), self.options.clone(), self.threading);
         crate::wait::give_up::give_up(Abandon::PeerLeft, "the world was let go of".into());
+        // What `take_devices` left: a world communicator without its GPU.
         std::mem::forget(self.device_root.take());
         self.shrunk.set(true);
         drop(self);

@@ -8,8 +8,8 @@
 
 use super::result::{check, error_of, moved_as, reduced_as};
 use super::sys::{
-    Api, Config, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SPLIT_NOCOLOR, SUCCESS,
-    WIN_COLL_SYMMETRIC,
+    Api, Config, NcclResult, RawComm, RawStream, UniqueId, IN_PROGRESS, SHRINK_ABORT,
+    SPLIT_NOCOLOR, SUCCESS, WIN_COLL_SYMMETRIC,
 };
 use crate::dtype::DType;
 use crate::error::NcclError;
@@ -330,6 +330,13 @@ pub(crate) enum Origin<'p, 'a> {
         color: Option<usize>,
         key: usize,
     },
+    /// The parent's members but `exclude` (its ranks, lost), renumbered in
+    /// parent order (`ncclCommShrink` with `NCCL_SHRINK_ABORT`): only the
+    /// survivors call it.
+    Shrink {
+        parent: &'p Communicator<'a>,
+        exclude: &'p [usize],
+    },
 }
 
 /// What a communicator's members share: their count, this one's rank, the
@@ -396,6 +403,24 @@ impl<'a> Communicator<'a> {
                     // parent refuses every call until then. So the parent is
                     // polled to rest here, while `raw` is still in scope.
                     (parent.settled_after(rc, "ncclCommSplit"), "ncclCommSplit")
+                }
+                Origin::Shrink { parent, exclude } => {
+                    let f = api.comm_shrink.ok_or_else(|| {
+                        NcclError::other("this NCCL has no ncclCommShrink (2.27 or newer)")
+                    })?;
+                    let parent_raw = parent.raw()?;
+                    let mut list: Vec<c_int> = exclude.iter().map(|&r| r as c_int).collect();
+                    let n = list.len() as c_int;
+                    let rc = f(
+                        parent_raw,
+                        list.as_mut_ptr(),
+                        n,
+                        &mut raw,
+                        &mut config,
+                        SHRINK_ABORT,
+                    );
+                    // As a split: the parent is polled to rest before `raw`.
+                    (parent.settled_after(rc, "ncclCommShrink"), "ncclCommShrink")
                 }
             }
         };

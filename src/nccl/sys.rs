@@ -21,6 +21,9 @@ pub const IN_PROGRESS: NcclResult = 7;
 
 /// `NCCL_SPLIT_NOCOLOR`: the color of a rank that joins none of a split's communicators.
 pub const SPLIT_NOCOLOR: c_int = -1;
+/// `NCCL_SHRINK_ABORT`: a shrink that first ends the parent's work in
+/// flight (after a failure, calls may be stuck on the lost ranks).
+pub const SHRINK_ABORT: c_int = 1;
 /// `NCCL_CONFIG_UNDEF_INT`: a config field left to NCCL.
 pub const CONFIG_UNDEF_INT: c_int = -2147483648;
 /// `NCCL_API_MAGIC`: marks a config made as `NCCL_CONFIG_INITIALIZER` makes it.
@@ -195,6 +198,18 @@ pub struct Api {
     pub comm_split: Option<
         unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut Config) -> NcclResult,
     >,
+    /// NCCL ≥ 2.27: the parent's survivors, renumbered densely, without the
+    /// excluded ranks (`ncclCommShrink`; the list, its length, the flags).
+    pub comm_shrink: Option<
+        unsafe extern "C" fn(
+            RawComm,
+            *mut c_int,
+            c_int,
+            *mut RawComm,
+            *mut Config,
+            c_int,
+        ) -> NcclResult,
+    >,
     /// NCCL ≥ 2.23: creation bootstrapped from several roots.
     pub comm_init_rank_scalable: Option<
         unsafe extern "C" fn(
@@ -273,6 +288,7 @@ impl Api {
             comm_init_rank_config: sym(lib, "ncclCommInitRankConfig").ok(),
             comm_finalize: sym(lib, "ncclCommFinalize").ok(),
             comm_split: sym(lib, "ncclCommSplit").ok(),
+            comm_shrink: sym(lib, "ncclCommShrink").ok(),
             comm_init_rank_scalable: sym(lib, "ncclCommInitRankScalable").ok(),
             all_to_all: sym(lib, "ncclAlltoAll").ok(),
             gather: sym(lib, "ncclGather").ok(),
@@ -309,6 +325,7 @@ impl Api {
             ),
             ("ncclCommFinalize", self.comm_finalize.is_some()),
             ("ncclCommSplit", self.comm_split.is_some()),
+            ("ncclCommShrink", self.comm_shrink.is_some()),
             (
                 "ncclCommInitRankScalable",
                 self.comm_init_rank_scalable.is_some(),

@@ -5,6 +5,7 @@
 //! Pure: the plan every survivor computes alike after `Runtime::shrink`,
 //! before `Runtime::retire` (docs/USAGE.md, "When a rank is lost").
 
+use super::layout::Layout;
 use super::mesh::MeshLayout;
 use crate::error::{Error, Result};
 
@@ -82,9 +83,140 @@ impl MeshLayout {
     }
 }
 
+impl Layout {
+    /// FastVideo's layout after losing the ranks `lost`: its replicas are
+    /// the model-parallel blocks of lcm(tp, sp) consecutive ranks (whole
+    /// TP and SP groups), and every block that held a lost rank is dropped
+    /// whole. Returns the survivors' layout (the same tp and sp, dp
+    /// smaller), to make with
+    /// [`ParallelState::initialize_model_parallel`](crate::ParallelState::initialize_model_parallel)
+    /// on the runtime that [`Runtime::retire`](crate::Runtime::retire)
+    /// gives the kept ranks, and the plan over a (`dp`, `mp`) mesh of the
+    /// blocks: blocks kept and dropped, the ranks retired, each rank's new
+    /// rank. Each kept rank keeps its TP and SP ranks and its DP group's
+    /// index. An error where a lost rank is not in the world or every
+    /// block lost a rank.
+    pub fn after_loss(&self, lost: &[usize]) -> Result<(Layout, Survival)> {
+        let block = lcm(self.tp, self.sp);
+        let blocks = self.world_size / block;
+        let mesh = MeshLayout::row_major(self.world_size, &[("dp", blocks), ("mp", block)])?;
+        let plan = mesh.after_loss(lost, "dp")?;
+        let layout = Layout::new(plan.kept.len() * block, self.tp, self.sp, None)?;
+        Ok((layout, plan))
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parallel::GroupKind;
+
+    /// Against a brute-force reading of FastVideo's groups: after the
+    /// plan, every kept rank's TP, SP and DP groups are its old groups'
+    /// kept members, renumbered, in order; no kept TP or SP group lost a
+    /// member; the retired are the living ranks of the dropped blocks.
+    #[test]
+    fn fastvideo_layouts_keep_whole_tp_and_sp_groups() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for w in 1..=24 {
+            for tp in (1..=w).filter(|t| w % t == 0) {
+                for sp in (1..=w).filter(|s| w % s == 0) {
+                    let old = Layout::new(w, tp, sp, None).unwrap();
+                    for _ in 0..6 {
+                        let mut lost: Vec<usize> = (0..1 + next() as usize % 3)
+                            .map(|_| next() as usize % w)
+                            .collect();
+                        lost.sort_unstable();
+                        lost.dedup();
+                        check_plan(&old, &lost);
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_plan(old: &Layout, lost: &[usize]) {
+        let block = lcm(old.tp, old.sp);
+        let hit: Vec<usize> = lost.iter().map(|r| r / block).collect();
+        let every = (0..old.world_size / block).all(|b| hit.contains(&b));
+        let (new, plan) = match old.after_loss(lost) {
+            Ok(v) => v,
+            Err(e) => {
+                assert!(every, "{old:?} lost {lost:?}: {e}");
+                return;
+            }
+        };
+        assert!(
+            !every,
+            "{old:?} lost {lost:?}: no block survives, yet a plan"
+        );
+        let kept: Vec<usize> = (0..old.world_size)
+            .filter(|r| plan.new_rank[*r].is_some())
+            .collect();
+        assert_eq!(new.world_size, kept.len());
+        let retired: Vec<usize> = (0..old.world_size)
+            .filter(|r| hit.contains(&(r / block)) && !lost.contains(r))
+            .collect();
+        assert_eq!(plan.retired, retired, "{old:?} lost {lost:?}");
+        for &r in &kept {
+            let n = plan.new_rank[r].unwrap();
+            for kind in [GroupKind::Tp, GroupKind::Sp, GroupKind::Dp] {
+                let was: Vec<usize> = old
+                    .group_of(kind, r)
+                    .into_iter()
+                    .filter_map(|m| plan.new_rank[m])
+                    .collect();
+                assert_eq!(
+                    new.group_of(kind, n),
+                    was,
+                    "{old:?} lost {lost:?}: rank {r} {kind:?}"
+                );
+                if kind != GroupKind::Dp {
+                    assert_eq!(
+                        was.len(),
+                        old.size(kind),
+                        "{old:?}: rank {r}'s {kind:?} group lost a member"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_fastvideo_loss_in_every_block_is_an_error() {
+        // tp 2, sp 4: blocks of 4; ranks 1 and 6 hit both.
+        let e = Layout::new(8, 2, 4, None)
+            .unwrap()
+            .after_loss(&[1, 6])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("in every one of the 2 dp replicas"),
+            "{e}"
+        );
+        // tp 2, sp 3: blocks of 6 in a world of 12; one block goes.
+        let (l, plan) = Layout::new(12, 2, 3, None)
+            .unwrap()
+            .after_loss(&[7])
+            .unwrap();
+        assert_eq!((l.world_size, l.tp, l.sp, l.dp), (6, 2, 3, 2));
+        assert_eq!(plan.retired, [6, 8, 9, 10, 11]);
+    }
 
     /// Every kept rank keeps its coordinates but the replica's, which is
     /// its replica's place among the kept ones.

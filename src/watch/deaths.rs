@@ -3,9 +3,12 @@
 //! (`pidfd_open`, `poll`) and rings this rank's bell when one ends, so the
 //! watchdog looks at once. A rank that leaves rankmesh rings the node's
 //! bells itself; a killed one cannot, and the survivors' recovery would
-//! wait for the next tick.
+//! wait for the next tick. A process that ended without leaving rankmesh
+//! is noted lost at once (`ulfm::note_lost`): a rank waiting outside any
+//! call (a device plane's deferred agreements, settled at a download) has
+//! no watchdog to tell it.
 
-use super::board::BoardView;
+use super::board::{BoardView, State};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,11 +25,11 @@ impl Deaths {
     /// the watchdog's tick finds them then.
     pub(super) fn start(board: Arc<BoardView>) -> Option<Deaths> {
         let me = std::process::id();
-        let pids: Vec<OwnedFd> = board
+        let pids: Vec<(u32, OwnedFd)> = board
             .read_all()
             .iter()
             .filter(|st| st.pid != me && st.pid != 0)
-            .filter_map(|st| pidfd(st.pid))
+            .filter_map(|st| Some((st.pid, pidfd(st.pid)?)))
             .collect();
         // SAFETY: a plain eventfd, owned from here.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -66,12 +69,13 @@ fn pidfd(pid: u32) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Rings this rank's bell each time one of `pids` ends, until `stop` is
-/// readable.
-fn wait_for_deaths(board: &BoardView, mut pids: Vec<OwnedFd>, stop: i32) {
+/// Rings this rank's bell each time one of `pids` (pid, pidfd) ends, and
+/// notes its rank lost unless its runtime finished or left first, until
+/// `stop` is readable.
+fn wait_for_deaths(board: &BoardView, mut pids: Vec<(u32, OwnedFd)>, stop: i32) {
     loop {
         let mut fds: Vec<libc::pollfd> = std::iter::once(stop)
-            .chain(pids.iter().map(AsRawFd::as_raw_fd))
+            .chain(pids.iter().map(|(_, fd)| fd.as_raw_fd()))
             .map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -91,6 +95,14 @@ fn wait_for_deaths(board: &BoardView, mut pids: Vec<OwnedFd>, stop: i32) {
         }
         let ended: Vec<bool> = fds[1..].iter().map(|p| p.revents != 0).collect();
         if ended.iter().any(|&e| e) {
+            let gone: Vec<u32> = (0..pids.len())
+                .filter(|&i| ended[i])
+                .map(|i| pids[i].0)
+                .collect();
+            let lost = board.read_all().into_iter().filter(|st| {
+                gone.contains(&st.pid) && !matches!(st.state, State::Finished | State::Left)
+            });
+            crate::ulfm::note_lost(lost.map(|st| st.rank));
             let mut i = 0;
             pids.retain(|_| {
                 i += 1;

@@ -46,13 +46,19 @@
  *     has polled ncclCommGetAsyncError to ncclSuccess;
  *   - a send completes only once its receive is posted (a credit over TCP,
  *     MPI_Issend over MPI), so an unmatched send hangs as on NCCL;
- *   - a destroyed or aborted communicator refuses every call.
+ *   - a destroyed or aborted communicator refuses every call;
+ *   - ncclCommShrink (2.27) refuses an excluded caller, an empty list and
+ *     unknown flags as NCCL does, and also what NCCL leaves undefined: an
+ *     excluded rank out of range or named twice, survivors that disagree on
+ *     the list, and NCCL_SHRINK_DEFAULT with work in flight on the parent.
  *
  * Non-blocking creation (ncclCommInitRankConfig / ...Scalable with
  * blocking = 0) bootstraps in a thread and answers ncclInProgress until it
  * is done, as NCCL does; such communicators always move data over TCP (the
  * thread may not call MPI). ncclCommSplit exchanges colors over MPI (it is
  * called on rankmesh's MPI thread) and builds the children's mesh at once;
+ * ncclCommShrink does the same among the survivors only (point to point
+ * over MPI_COMM_WORLD, so nothing waits on an excluded, maybe dead, rank);
  * a non-blocking child still answers ncclInProgress to its first poll.
  * An aborted communicator is poisoned, not freed, so a later use of it is
  * reported (and the ASan build frees it, so ASan sees the use).
@@ -135,9 +141,10 @@ enum { ALIVE = 0x4c4d4f43, DEAD = 0xdeadc0de };
 
 /* Counters the tests read (dlsym): bootstraps from unique ids, splits, the
    roots of the last scalable bootstrap, registrations. */
-static int count_inits, count_splits, count_roots, count_registered, count_windows, live_registrations;
+static int count_inits, count_splits, count_shrinks, count_roots, count_registered, count_windows, live_registrations;
 int rankmesh_emu_inits(void) { return count_inits; }
 int rankmesh_emu_splits(void) { return count_splits; }
+int rankmesh_emu_shrinks(void) { return count_shrinks; }
 int rankmesh_emu_roots(void) { return count_roots; }
 int rankmesh_emu_registered(void) { return count_registered; }
 int rankmesh_emu_windows(void) { return count_windows; }
@@ -943,6 +950,164 @@ ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *ou
     *out = c;
     return blocking ? SUCCESS : IN_PROGRESS_RC;
 }
+
+#ifndef EMU_NCCL_2_18
+/* ---- shrink (2.27) ---- */
+
+static int by_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* What each survivor of a shrink says: its parent rank, its listener, and
+   a digest of the exclusion list it was given. */
+typedef struct {
+    int32_t rank;
+    uint16_t port;
+    uint64_t digest;
+} ShrinkHello;
+
+/* Survivor i's exchange with the first survivor over MPI_COMM_WORLD (the
+   excluded ranks may be dead, so nothing may wait on them); 0 or -1. */
+static int shrink_exchange(Comm *parent, const int *alive, int n, ShrinkHello *all, int tag) {
+    int me = 0;
+    while (alive[me] != parent->rank) me++;
+    int root = parent->world[alive[0]];
+    size_t table = sizeof *all * (size_t)n;
+    if (me == 0) {
+        for (int i = 1; i < n; i++)
+            if (MPI_Recv(&all[i], sizeof *all, MPI_BYTE, parent->world[alive[i]], tag, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                return -1;
+        for (int i = 1; i < n; i++)
+            if (MPI_Send(all, (int)table, MPI_BYTE, parent->world[alive[i]], tag, MPI_COMM_WORLD) != MPI_SUCCESS)
+                return -1;
+        return 0;
+    }
+    if (MPI_Send(&all[me], sizeof *all, MPI_BYTE, root, tag, MPI_COMM_WORLD) != MPI_SUCCESS) return -1;
+    return MPI_Recv(all, (int)table, MPI_BYTE, root, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) == MPI_SUCCESS ? 0 : -1;
+}
+
+/* NCCL 2.27's contract: only the survivors call it, with the same list of
+ * excluded ranks (which NCCL sorts in place); they are renumbered densely
+ * in parent order; a NULL config inherits the parent's. NCCL_SHRINK_DEFAULT
+ * needs a parent with nothing in flight; NCCL_SHRINK_ABORT first ends the
+ * parent's work in flight (here: its links are shut, so queued calls fail)
+ * and leaves the parent for the caller to abort. Stricter than NCCL, which
+ * hangs or numbers the survivors wrongly: an excluded rank out of range or
+ * named twice, survivors that disagree on the list, and a default-mode
+ * shrink with calls in flight are refused with a message. */
+ncclResult_t ncclCommShrink(ncclComm_t parent, int *exclude, int n, ncclComm_t *out, ncclConfig_t *config, int flags) {
+    if (dead(parent, "ncclCommShrink")) return INVALID_USAGE;
+    if (!out || !exclude || n <= 0 || (flags & ~1)) {
+        snprintf(last_error, sizeof last_error, "ncclCommShrink: %s",
+                 !out ? "newcomm is NULL" : !exclude ? "excludeRanksList is NULL"
+                 : n <= 0 ? "excludeRanksCount must be positive" : "unknown shrinkFlags");
+        return INVALID_ARGUMENT;
+    }
+    qsort(exclude, (size_t)n, sizeof *exclude, by_int);
+    for (int i = 0; i < n; i++)
+        if (exclude[i] < 0 || exclude[i] >= parent->size || (i && exclude[i] == exclude[i - 1])) {
+            snprintf(last_error, sizeof last_error,
+                     "ncclCommShrink: excluded rank %d %s (NCCL does not check, and numbers the survivors wrongly)",
+                     exclude[i], exclude[i] < 0 || exclude[i] >= parent->size ? "is out of range" : "is named twice");
+            return INVALID_ARGUMENT;
+        }
+    if (bsearch(&parent->rank, exclude, (size_t)n, sizeof *exclude, by_int)) {
+        snprintf(last_error, sizeof last_error, "ncclCommShrink: rank %d is excluded, and excluded ranks must not call it",
+                 parent->rank);
+        return INVALID_ARGUMENT;
+    }
+    if (busy(parent, "ncclCommShrink")) return INVALID_ARGUMENT;
+    int blocking = config ? config_blocking(config) : !parent->nonblocking;
+    if (blocking < 0) return INVALID_ARGUMENT;
+    if (!__atomic_load_n(&parent->ready, __ATOMIC_ACQUIRE) || !parent->same_job) {
+        snprintf(last_error, sizeof last_error, "ncclCommShrink: parent %s",
+                 parent->same_job ? "still being created" : "spans jobs (not emulated)");
+        return INVALID_USAGE;
+    }
+    if (flags & 1) {
+        /* As setCommAbortFlags + a stream synchronize: work in flight ends
+           (with an error) before the survivors connect. */
+        __atomic_store_n(&parent->aborted, 1, __ATOMIC_RELEASE);
+        if (parent->socks)
+            for (int i = 0; i < parent->size; i++)
+                if (parent->socks[i] >= 0) shutdown(parent->socks[i], SHUT_RDWR);
+        for (int i = 0; i < 1000000 && inflight(parent); i++) usleep(10);
+        if (inflight(parent)) {
+            snprintf(last_error, sizeof last_error, "ncclCommShrink: the parent's calls in flight did not end in 10 s");
+            return INTERNAL;
+        }
+    } else if (inflight(parent)) {
+        snprintf(last_error, sizeof last_error,
+                 "ncclCommShrink (NCCL_SHRINK_DEFAULT) with %ld call(s) in flight on the parent: NCCL needs none; "
+                 "after a failure pass NCCL_SHRINK_ABORT", inflight(parent));
+        return INVALID_USAGE;
+    }
+    int size = parent->size - n, *alive = malloc(sizeof(int) * (size_t)size);
+    for (int r = 0, k = 0, j = 0; r < parent->size; r++) {
+        if (j < n && exclude[j] == r) {
+            j++;
+            continue;
+        }
+        alive[k++] = r;
+    }
+    int rank = 0;
+    while (alive[rank] != parent->rank) rank++;
+    uint64_t digest = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) digest = (digest ^ (uint64_t)exclude[i]) * 1099511628211ull;
+    ShrinkHello *all = calloc((size_t)size, sizeof *all);
+    all[rank] = (ShrinkHello){parent->rank, 0, digest};
+    int listener = listen_local(&all[rank].port);
+    int tag = 32000 + (int)(parent->splits++ % 1000);
+    ncclResult_t rc = shrink_exchange(parent, alive, size, all, tag) ? REMOTE : SUCCESS;
+    for (int i = 0; i < size && !rc; i++)
+        if (all[i].digest != digest) {
+            snprintf(last_error, sizeof last_error,
+                     "ncclCommShrink: parent ranks %d and %d name different ranks to exclude (NCCL would hang)",
+                     alive[0], alive[i]);
+            rc = INVALID_USAGE;
+        }
+    *out = NULL;
+    Comm *c = NULL;
+    if (!rc) {
+        c = new_comm(rank, size);
+        c->same_job = 1;
+        uint16_t *ports = calloc((size_t)size, sizeof *ports);
+        int *socks = malloc(sizeof(int) * (size_t)size);
+        for (int i = 0; i < size; i++) {
+            ports[i] = all[i].port;
+            socks[i] = -1;
+            c->world[i] = parent->world[alive[i]];
+        }
+        rc = mesh(socks, rank, size, ports, listener);
+        free(ports);
+        c->socks = socks;
+        if (rc) release(c);
+    }
+    if (listener >= 0) close(listener);
+    free(all);
+    free(alive);
+    if (flags & 1) __atomic_store_n(&parent->aborted, 0, __ATOMIC_RELEASE);
+    if (rc) {
+        fprintf(stderr, "rankmesh NCCL emulator: NCCL WARN %s\n", last_error[0] ? last_error : "ncclCommShrink failed");
+        return rc;
+    }
+    count_shrinks++;
+    if (!blocking) {
+        c->nonblocking = 1;
+        c->polls_busy = 1;
+    }
+    if (parent->nonblocking) {
+        parent->polls_busy = 1;
+        parent->pending_out = (void **)out;
+        parent->pending_value = c;
+        return SUCCESS;
+    }
+    *out = c;
+    return blocking ? SUCCESS : IN_PROGRESS_RC;
+}
+#endif
 
 /* ncclDataType_t: element sizes. */
 static size_t elem(int t) {

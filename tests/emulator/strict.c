@@ -38,6 +38,8 @@ ncclResult_t ncclReduceScatter(const void *, void *, size_t, int, int, ncclComm_
 ncclResult_t ncclSend(const void *, size_t, int, int, ncclComm_t, void *);
 ncclResult_t ncclRecv(void *, size_t, int, int, ncclComm_t, void *);
 ncclResult_t ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
+ncclResult_t ncclCommShrink(ncclComm_t, int *, int, ncclComm_t *, Config *, int);
+ncclResult_t ncclBroadcast(const void *, void *, size_t, int, int, ncclComm_t, void *);
 typedef int CUresult;
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(void **, int);
@@ -101,6 +103,71 @@ static void bootstrap_refusals(void *device0) {
     }
     unsetenv("RANKMESH_EMU_BUS");
     MPI_Comm_free(&pair);
+}
+
+/* ncclCommShrink (NCCL 2.27), as its header and user guide say: only the
+   survivors call it, with the same excluded ranks; they are renumbered
+   densely in parent order; a NULL config inherits the parent's (blocking
+   here); NCCL_SHRINK_DEFAULT wants no work in flight on the parent,
+   NCCL_SHRINK_ABORT ends it first. The emulator also refuses what NCCL
+   leaves undefined (a rank out of range or named twice). All three ranks,
+   each on its own host (two share a GPU). */
+static void shrink_contract(void *device) {
+    ncclComm_t world = NULL, small = NULL;
+    cuCtxSetCurrent(device);
+    void *stream;
+    cuStreamCreate(&stream, 0);
+    uint64_t a;
+    cuMemAlloc_v2(&a, 4096);
+    float *buf = (float *)(uintptr_t)a;
+    expect("a world of 3", init(&world, 3, rank, MPI_COMM_WORLD), 0);
+    if (rank != 1) {
+        int mine[1] = {rank}, out_of_range[1] = {3}, twice[2] = {1, 1}, one[1] = {1};
+        expect("a shrink that excludes the caller", ncclCommShrink(world, mine, 1, &small, NULL, 0), INVALID_ARGUMENT);
+        expect("a shrink excluding a rank out of range", ncclCommShrink(world, out_of_range, 1, &small, NULL, 0),
+               INVALID_ARGUMENT);
+        expect("a shrink naming a rank twice", ncclCommShrink(world, twice, 2, &small, NULL, 0), INVALID_ARGUMENT);
+        expect("a shrink excluding no rank", ncclCommShrink(world, one, 0, &small, NULL, 0), INVALID_ARGUMENT);
+        expect("a shrink with unknown flags", ncclCommShrink(world, one, 1, &small, NULL, 4), INVALID_ARGUMENT);
+        /* World rank 0's all-reduce waits for ranks that never make it. */
+        if (rank == 0) {
+            expect("an all_reduce the others never match", ncclAllReduce(buf, buf, 4, F32, SUM, world, stream), 0);
+            expect("NCCL_SHRINK_DEFAULT with work in flight", ncclCommShrink(world, one, 1, &small, NULL, 0),
+                   INVALID_USAGE);
+        }
+        /* Rank 1 is lost: ranks 0 and 2 go on as 0 and 1. */
+        expect("NCCL_SHRINK_ABORT without rank 1", ncclCommShrink(world, one, 1, &small, NULL, 1), 0);
+        cuStreamSynchronize(stream);
+        if (small) {
+            float v[4] = {1.5f + rank, 1.5f + rank, 1.5f + rank, 1.5f + rank};
+            memcpy(buf, v, sizeof v);
+            expect("an all_reduce on the shrunk communicator", ncclAllReduce(buf, buf, 4, F32, SUM, small, stream), 0);
+            cuStreamSynchronize(stream);
+            /* 1.5 + 3.5: both survivors, no third. */
+            if (buf[0] != 5.0f) {
+                printf("STRICT-FAILED rank %d: the shrunk all_reduce gave %g, want 5\n", rank, buf[0]);
+                failed = 1;
+            }
+            buf[0] = 40.0f + rank;
+            /* New rank 1 is world rank 2: its value, 42, reaches both. */
+            expect("a broadcast from new rank 1", ncclBroadcast(buf, buf, 1, F32, 1, small, stream), 0);
+            cuStreamSynchronize(stream);
+            if (buf[0] != 42.0f) {
+                printf("STRICT-FAILED rank %d: new rank 1's broadcast gave %g, want 42 (world rank 2's)\n",
+                       rank, buf[0]);
+                failed = 1;
+            }
+            expect("the shrunk communicator's destroy", ncclCommDestroy(small), 0);
+        } else {
+            printf("STRICT-FAILED rank %d: the shrink gave no communicator\n", rank);
+            failed = 1;
+        }
+    }
+    /* NCCL leaves the parent to the caller: aborted, on every rank. */
+    expect("the parent's abort", ncclCommAbort(world), 0);
+    cuMemFree_v2(a);
+    cuStreamDestroy_v2(stream);
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 /* The driver refuses what a GPU would refuse or fault on: memory that is
@@ -176,6 +243,7 @@ int main(int argc, char **argv) {
     /* Calls answer ncclInProgress only where this asks them to. */
     setenv("RANKMESH_EMU_IN_PROGRESS", "0", 1);
     bootstrap_refusals(rank == 1 ? ctx[1] : ctx[0]);
+    if (getenv("STRICT_HOSTS") && strcmp(getenv("STRICT_HOSTS"), "distinct") == 0) shrink_contract(ctx[0]);
     MPI_Comm pair;
     MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
     if (pair == MPI_COMM_NULL) {
