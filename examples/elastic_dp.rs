@@ -20,6 +20,7 @@
 //! `--die-in-shrink K`: rank K dies when it learns of the first loss,
 //! while the others shrink (they lose it too, in the same shrink or in a
 //! second one).
+//! `--p2p`: the replicas' sum from one batch of sends and receives.
 //! `--fastvideo`: the same replicas as FastVideo's layout
 //! (`ParallelState::initialize_model_parallel(1, N, None)` with N the
 //! `--tp` value: the replica's ranks are an SP group, the replicas' sum
@@ -68,6 +69,9 @@ struct Args {
     device: bool,
     /// FastVideo's layout (ParallelState) instead of a mesh.
     fastvideo: bool,
+    /// The replicas' sum from one point-to-point batch (each sends its
+    /// gradient to every other replica) instead of an all-reduce.
+    p2p: bool,
 }
 
 /// The world's layout: a (dp, tp) mesh, or FastVideo's (tp 1, sp = the
@@ -133,6 +137,7 @@ fn parse() -> Result<Args, String> {
         dies_in_shrink: None,
         device: false,
         fastvideo: false,
+        p2p: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -156,6 +161,7 @@ fn parse() -> Result<Args, String> {
             }
             "--device" => args.device = true,
             "--fastvideo" => args.fastvideo = true,
+            "--p2p" => args.p2p = true,
             "--die-in-shrink" => {
                 let v = value()?;
                 args.dies_in_shrink = Some(v.parse().map_err(|e| format!("{a}: rank {v}: {e}"))?);
@@ -281,6 +287,9 @@ fn train(
         // replicas' sum.
         let g = Tensor::from_vec([DIM], gradient(w, replica, step, part))?;
         let sum = match tp.all_reduce(&g, ReduceOp::Sum).and_then(|g| {
+            if args.p2p {
+                return sum_by_batch(&dp, g);
+            }
             if !args.device {
                 return dp.all_reduce(&g, ReduceOp::Sum);
             }
@@ -318,6 +327,35 @@ fn train(
         }
     }
     Ok(Ended::Done)
+}
+
+/// The sum of every member's `g`, in member order, from one batch of
+/// sends and receives (torch's `batch_isend_irecv`).
+fn sum_by_batch(group: &GroupCoordinator<'_>, g: Tensor) -> rankmesh::Result<Tensor> {
+    let me = group.rank_in_group();
+    let mut got = (0..group.size())
+        .map(|_| Tensor::zeros([DIM], DType::F64))
+        .collect::<rankmesh::Result<Vec<_>>>()?;
+    let peers = (0..group.size()).filter(|&p| p != me);
+    let mut ops: Vec<P2p<'_, Tensor>> = peers.clone().map(|p| P2p::Send(&g, p)).collect();
+    ops.extend(
+        got.iter_mut()
+            .enumerate()
+            .filter(|(p, _)| *p != me)
+            .map(|(p, t)| P2p::Recv(t, p)),
+    );
+    group.batch_send_recv(&mut ops)?;
+    drop(ops);
+    let mut sum = vec![0.0; DIM];
+    for (p, t) in got.iter().enumerate() {
+        let part = if p == me {
+            g.as_slice::<f64>()?
+        } else {
+            t.as_slice::<f64>()?
+        };
+        sum.iter_mut().zip(part).for_each(|(s, x)| *s += x);
+    }
+    Tensor::from_vec([DIM], sum)
 }
 
 fn main() -> ExitCode {

@@ -62,6 +62,10 @@ trial "np 6, mpi, two losses, two shrinks" 6 mpi 4,2 --kill 4@1 --kill 2@5
 trial "np 6, shm, two losses, two shrinks" 6 shm 0,5 --kill 0@2 --kill-idle 5@4
 trial "np 5, mpi, a rank dies while the others shrink" 5 mpi 1,3 --kill 1@2 --die-in-shrink 3
 trial "np 4, shm, a rank dies while the others shrink" 4 shm 0,2 --kill-idle 0@1 --die-in-shrink 2
+# The replicas' sum from one batch of sends and receives: the survivors
+# wait inside their batch for the killed rank's messages.
+trial "np 4, a rank killed inside a p2p batch" 4 auto 2 --p2p --kill 2@2
+trial "np 5, two ranks killed inside a p2p batch" 5 auto 1,3 --p2p --kill 1@3 --kill 3@3
 
 # A layout after a loss (dp × tp, tp 2): a lost rank's replica retires
 # whole, its TP partner exits 0 saying so, the other replicas go on.

@@ -7,7 +7,7 @@
 
 use super::blocks::{BlockLayout, Blocks};
 use super::copy::{copy_bytes, split_lens};
-use super::mpi_calls::{received, status, wait_all, Calls};
+use super::mpi_calls::{given_up_after_loss, let_go_after_loss, received, status, wait_all, Calls};
 use super::reduction::{reduce_into, Reducer};
 use crate::error::Fault;
 pub(crate) use crate::mpi_ext::null_request;
@@ -580,8 +580,9 @@ impl<'c> MpiExec<'c> {
                         statuses.as_mut_ptr(),
                     );
                 }
-                done != 0
+                done != 0 || given_up_after_loss()
             });
+            let_go_after_loss(reqs, &mut statuses);
             // SAFETY: reading an MPI constant.
             if done == unsafe { ffi::RSMPI_UNDEFINED } || done <= 0 {
                 break;

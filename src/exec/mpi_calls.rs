@@ -96,8 +96,16 @@ pub(crate) fn received(status: &ffi::MPI_Status) -> usize {
 
 /// Waits by the policy until every request of `requests` completes, their
 /// statuses into `statuses`.
+///
+/// Under ULFM a call given up after a loss does not leave its requests
+/// behind: MPI would still write into the buffers (a survivor's send
+/// arriving after the receiver's call returned `PeerLost`, into a tensor
+/// the program freed or reuses). The communicators are revoked by then
+/// (the error handler, `ulfm::revoke_all`), and MPI completes a revoked
+/// communicator's pending requests with an error: they are waited for,
+/// at most [`LET_GO`], then cancelled, and only then does the call unwind.
 pub(crate) fn wait_all(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::MPI_Status]) {
-    wait::until(None, || {
+    let mut test_all = || {
         let mut done: c_int = 0;
         // SAFETY: live or null requests, one status each.
         unsafe {
@@ -109,7 +117,78 @@ pub(crate) fn wait_all(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::M
             )
         };
         done != 0
-    });
+    };
+    wait::until(None, || test_all() || given_up_after_loss());
+    let_go_after_loss(requests, statuses);
+}
+
+/// Whether this process gave its call up after a loss (ULFM): a wait on
+/// MPI requests stops waiting and lets them go ([`let_go_after_loss`]).
+#[inline]
+pub(crate) fn given_up_after_loss() -> bool {
+    crate::ulfm::active() && wait::give_up::gave_up()
+}
+
+/// After a wait on `requests`: where the call was given up after a loss,
+/// completes them (see [`wait_all`]) and unwinds to the call.
+pub(crate) fn let_go_after_loss(
+    requests: &mut [ffi::MPI_Request],
+    statuses: &mut [ffi::MPI_Status],
+) {
+    if given_up_after_loss() {
+        let_go(requests, statuses);
+        wait::give_up::unwind_if_given_up();
+    }
+}
+
+/// How long a call given up after a loss waits for MPI to complete its
+/// requests (see [`wait_all`]) before cancelling them.
+const LET_GO: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Completes `requests` after a loss: waited for (they end in error on a
+/// revoked communicator), then cancelled where still pending.
+#[cold]
+fn let_go(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::MPI_Status]) {
+    let null = null_request();
+    if settled(requests, statuses, LET_GO) {
+        return;
+    }
+    for r in requests.iter_mut().filter(|r| **r != null) {
+        // SAFETY: a live request of this call.
+        unsafe { ffi::MPI_Cancel(r) };
+    }
+    if !settled(requests, statuses, LET_GO) {
+        tracing::error!(
+            "{} MPI request(s) still pending after a loss, cancelled and left: their \
+             buffers may still be written",
+            requests.iter().filter(|r| **r != null).count()
+        );
+    }
+}
+
+/// Tests each of `requests` until all are done (`true`) or `within` passed.
+fn settled(
+    requests: &mut [ffi::MPI_Request],
+    statuses: &mut [ffi::MPI_Status],
+    within: std::time::Duration,
+) -> bool {
+    let (null, until) = (null_request(), std::time::Instant::now() + within);
+    loop {
+        for (r, st) in requests.iter_mut().zip(statuses.iter_mut()) {
+            let mut done: c_int = 0;
+            if *r != null {
+                // SAFETY: a live request of this call; its status is ours.
+                unsafe { ffi::MPI_Test(r, &mut done, st) };
+            }
+        }
+        if requests.iter().all(|r| *r == null) {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
 }
 
 /// A zeroed status for MPI to fill.

@@ -113,6 +113,15 @@ pub(crate) fn armed() -> bool {
     ARMED.load(Ordering::Relaxed)
 }
 
+/// Unwinds to the call's [`run`] when the process gave up: for a wait
+/// that first let go of what it owns (MPI requests into the caller's
+/// buffers) instead of unwinding at its next look. Nothing outside a call.
+pub(crate) fn unwind_if_given_up() {
+    if DEPTH.get() > 0 && gave_up() && !std::thread::panicking() {
+        std::panic::resume_unwind(Box::new(GaveUp));
+    }
+}
+
 /// Whether this thread runs inside [`run`].
 #[inline]
 pub(crate) fn inside() -> bool {
