@@ -60,7 +60,7 @@ if (($# == 0)); then
         # A lost rank survived (issue #66): ULFM is Open MPI 5's, and the
         # trials reuse its smoke's build.
         if [[ "$mpi" == openmpi5 ]]; then bash scripts/ulfm-test.sh; fi
-        rm -rf "target/mpi-$mpi" target/python-ompi5 target/python-ompi5-site
+        rm -rf "target/mpi-$mpi" target/python-ompi5 target/python-ompi5-site target/emulators-openmpi5
     done
     done_at "the smokes under four more MPIs, and a lost rank survived"
     bash scripts/mpich-suite.sh
