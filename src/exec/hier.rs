@@ -43,6 +43,7 @@ use crate::error::Fault;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::watch::Pulse;
+use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use std::cell::{RefCell, RefMut};
 use std::ops::Range;
@@ -125,6 +126,10 @@ impl NodeMap {
 
 /// A group's hierarchy, made at its first host collective (collective).
 pub(crate) struct Hier {
+    /// The three communicators below, for `ulfm::revoke_all` (a survivor
+    /// that gives up revokes them, so members blocked on them return).
+    /// First: unregistered before they are freed.
+    _revocable: Vec<crate::ulfm::Registered>,
     map: NodeMap,
     me: usize,
     /// The window of this rank's node; `None` when it is alone there.
@@ -178,7 +183,13 @@ impl Hier {
         } else {
             Vec::new()
         };
+        let _revocable = [Some(&node_comm), leaders.as_ref(), rail.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|c| crate::ulfm::register(c.as_raw()))
+            .collect();
         Hier {
+            _revocable,
             map,
             me,
             local,
