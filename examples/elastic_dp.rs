@@ -230,6 +230,25 @@ fn serial(world: usize, args: &Args) -> Vec<f64> {
     w
 }
 
+/// Each step done so far: the parameters it started from and the
+/// first-world replicas that summed it.
+type History = Vec<(Vec<f64>, Vec<usize>)>;
+
+/// The parameters after `history`'s steps, computed alone.
+fn replay(history: &History) -> Vec<f64> {
+    let mut w = vec![0.0; DIM];
+    for (step, (_, replicas)) in history.iter().enumerate() {
+        let mut sum = vec![0.0; DIM];
+        for &d in replicas {
+            for (a, b) in sum.iter_mut().zip(gradient(&w, d, step, (0, 1))) {
+                *a += b;
+            }
+        }
+        update(&mut w, &sum, replicas.len());
+    }
+    w
+}
+
 /// How a run on one world ended.
 enum Ended {
     /// Every step done.
@@ -263,7 +282,7 @@ fn train(
     rt: &Runtime,
     (plan, args): (&Plan, &Args),
     me: usize,
-    w: &mut [f64],
+    (w, history, replicas): (&mut [f64], &mut History, &[usize]),
     (from, mut after_loss): (usize, bool),
 ) -> rankmesh::Result<Ended> {
     // The replica's group (tp) and the replicas' (dp).
@@ -280,6 +299,8 @@ fn train(
     };
     let (replica, part) = (me / args.tp, (me % args.tp, args.tp));
     for step in from..args.steps {
+        history.truncate(step);
+        history.push((w.to_vec(), replicas.to_vec()));
         if args.kill_of(me, step) == Some(Kill::Inside) {
             die(me, step, "inside");
         }
@@ -392,11 +413,14 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
     };
     // The first world's rank of each rank of the current one.
     let mut first_rank: Vec<usize> = (0..first_world).collect();
-    let mut w = vec![0.0; DIM];
+    let mut w = [0.0; DIM];
+    let mut history = History::new();
+    let mut replicas: Vec<usize> = (0..first_world / tp).collect();
     let (mut from, mut after_loss) = (0, false);
     let mut shrinks = Vec::new();
     loop {
-        match train(&rt, (&layout, args), me, &mut w, (from, after_loss))? {
+        let state = (&mut w[..], &mut history, &replicas[..]);
+        match train(&rt, (&layout, args), me, state, (from, after_loss))? {
             Ended::Done => break,
             Ended::Lost { step } => {
                 if args.dies_in_shrink == Some(me) {
@@ -437,19 +461,35 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
                     .map(|r| first_rank[r])
                     .collect();
                 layout = next;
+                replicas = plan.kept.iter().map(|&i| replicas[i]).collect();
+                // A survivor may have found the loss one step earlier than
+                // the others (it was still finishing a step the lost rank
+                // had done its part of): all redo the earliest, from the
+                // parameters it started from.
+                let mine = Tensor::from_vec([1], vec![step as f64])?;
+                let redo = rt.world_group()?.all_reduce(&mine, ReduceOp::Min)?;
+                let redo = redo.as_slice::<f64>()?[0] as usize;
+                w.copy_from_slice(&history[redo].0);
                 eprintln!(
                     "elastic_dp: rank {me} is rank {} of {} after losing first-world ranks {first_lost:?} \
-                     (replicas kept: {:?}); redoing step {step}",
+                     (replicas kept: {:?}); redoing step {redo} (this rank was in step {step})",
                     rt.rank(),
                     rt.size(),
                     plan.kept
                 );
                 shrinks.push(format!("{:.1} ms", started.elapsed().as_secs_f64() * 1e3));
-                (from, after_loss) = (step, true);
+                (from, after_loss) = (redo, true);
             }
         }
     }
-    let want = serial(first_world, args);
+    // What the kills predict, and what the survivors did.
+    let planned = serial(first_world, args);
+    let want = replay(&history);
+    if planned != want {
+        eprintln!(
+            "elastic_dp: rank {me}: the replicas' steps differ from the kills' plan (a survivor found the loss a step early)"
+        );
+    }
     let worst = w
         .iter()
         .zip(&want)
