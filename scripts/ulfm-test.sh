@@ -66,6 +66,7 @@ trial "np 4, shm, a rank dies while the others shrink" 4 shm 0,2 --kill-idle 0@1
 # wait inside their batch for the killed rank's messages.
 trial "np 4, a rank killed inside a p2p batch" 4 auto 2 --p2p --kill 2@2
 trial "np 5, two ranks killed inside a p2p batch" 5 auto 1,3 --p2p --kill 1@3 --kill 3@3
+trial "np 4, p2p, rank 0 killed between calls" 4 auto 0 --p2p --kill-idle 0@1
 
 # A layout after a loss (dp × tp, tp 2): a lost rank's replica retires
 # whole, its TP partner exits 0 saying so, the other replicas go on.
