@@ -97,8 +97,17 @@ if [[ "$mpi" != openmpi ]]; then
     -iface "${bridge_if:-lo}" -n "$total" "${args[@]}"
   exit
 fi
+if ((ompi_4)); then
+  local=(--mca plm_rsh_agent "$here/fake-node-agent.sh" --mca btl self,vader,tcp
+         --mca oob_tcp_if_include "$iface" --mca btl_vader_single_copy_mechanism none)
+else
+  # 5.x: PRRTE starts the daemons (its ssh agent, its out-of-band channel,
+  # which refuses loopback alone: RANKMESH_FAKE_NET=1), vader is sm, and
+  # the wheel's one-sided UCX component errs without UCX devices.
+  [[ "$iface" != lo ]] || { echo "fake-nodes: Open MPI 5 needs RANKMESH_FAKE_NET=1 (PRRTE refuses loopback)" >&2; exit 2; }
+  export PRTE_MCA_prte_allow_run_as_root=1
+  local=(--prtemca plm_ssh_agent "$here/fake-node-agent.sh" --prtemca oob_tcp_if_include "$iface"
+         --mca btl self,sm,tcp --mca btl_sm_single_copy_mechanism none --mca osc ^ucx)
+fi
 "$launcher" -np "$total" --hostfile "$hostfile" --bind-to none --oversubscribe \
-  --mca plm_rsh_agent "$here/fake-node-agent.sh" \
-  --mca btl self,vader,tcp --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
-  --mca btl_vader_single_copy_mechanism none \
-  "$@"
+  --mca btl_tcp_if_include "$iface" "${local[@]}" "$@"

@@ -162,6 +162,36 @@ pub(crate) fn watch_world(world: ffi::MPI_Comm) {
     LOST.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
+/// A communicator freed at drop unless a rank was lost: then it is left
+/// allocated, so that Open MPI never gives its context id to a
+/// communicator of the shrunk world while a message, a request or a
+/// nonblocking collective's schedule of the old one may still be in
+/// flight. (Freed, the survivors' first split after a shrink hung, and
+/// sums across nodes came out wrong on some survivors.)
+pub(crate) struct Kept(std::mem::ManuallyDrop<mpi::topology::SimpleCommunicator>);
+
+impl Kept {
+    pub(crate) fn new(comm: mpi::topology::SimpleCommunicator) -> Kept {
+        Kept(std::mem::ManuallyDrop::new(comm))
+    }
+}
+
+impl std::ops::Deref for Kept {
+    type Target = mpi::topology::SimpleCommunicator;
+    fn deref(&self) -> &mpi::topology::SimpleCommunicator {
+        &self.0
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if !lost_any() {
+            // SAFETY: taken once, here, and never used again.
+            drop(unsafe { std::mem::ManuallyDrop::take(&mut self.0) });
+        }
+    }
+}
+
 /// A group's communicator in [`COMMS`] until dropped (before the
 /// communicator is freed).
 pub(crate) struct Registered(CommHandle);

@@ -138,6 +138,7 @@ fn c_name(rust: &str) -> Option<&'static str> {
         "MIN" => "ncclMin",
         "AVG" => "ncclAvg",
         "SPLIT_NOCOLOR" => "NCCL_SPLIT_NOCOLOR",
+        "SHRINK_ABORT" => "NCCL_SHRINK_ABORT",
         "CONFIG_UNDEF_INT" => "NCCL_CONFIG_UNDEF_INT",
         "API_MAGIC" => "NCCL_API_MAGIC",
         "WIN_COLL_SYMMETRIC" => "NCCL_WIN_COLL_SYMMETRIC",

@@ -42,6 +42,7 @@ use crate::dtype::DType;
 use crate::error::Fault;
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
+use crate::ulfm::Kept;
 use crate::watch::Pulse;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -135,11 +136,11 @@ pub(crate) struct Hier {
     /// The window of this rank's node; `None` when it is alone there.
     local: Option<ShmExec>,
     /// The node's members, for MPI among them (the window's fallback).
-    node: SimpleCommunicator,
+    node: Kept,
     /// The leaders' communicator, on leaders only.
-    leaders: Option<SimpleCommunicator>,
+    leaders: Option<Kept>,
     /// This rank's rail, on ranks whose local index is below the rails.
-    rail: Option<SimpleCommunicator>,
+    rail: Option<Kept>,
     /// [`NodeMap::by_rail`] on equal nodes; empty otherwise.
     by_rail: Vec<usize>,
     max_message_bytes: usize,
@@ -193,10 +194,10 @@ impl Hier {
             map,
             me,
             local,
-            leaders,
-            rail,
+            leaders: leaders.map(Kept::new),
+            rail: rail.map(Kept::new),
             by_rail,
-            node: node_comm,
+            node: Kept::new(node_comm),
             max_message_bytes,
             scratch: Default::default(),
             scratch_bytes: RefCell::new(Vec::new()),

@@ -55,7 +55,7 @@ struct Inner<'rt> {
     rt: &'rt Runtime,
     /// Under ULFM, `comm` in the set a survivor revokes; dropped before it.
     _revocable: Option<crate::ulfm::Registered>,
-    comm: GroupComm,
+    comm: crate::ulfm::Kept,
     ranks: Vec<usize>,
     rank_in_group: usize,
     seq: Cell<u64>,
@@ -65,28 +65,6 @@ struct Inner<'rt> {
     watch: GroupWatch,
     /// Sub-groups made for rank lists (by world ranks), reused by later calls.
     subgroups: RefCell<HashMap<Vec<usize>, GroupCoordinator<'rt>>>,
-}
-
-/// A group's communicator, freed at the end unless a rank was lost (ULFM):
-/// then it is left allocated, so that its context id is never reused by a
-/// communicator of the shrunk world while a survivor's message or request
-/// of the old one may still be in flight.
-struct GroupComm(std::mem::ManuallyDrop<SimpleCommunicator>);
-
-impl std::ops::Deref for GroupComm {
-    type Target = SimpleCommunicator;
-    fn deref(&self) -> &SimpleCommunicator {
-        &self.0
-    }
-}
-
-impl Drop for GroupComm {
-    fn drop(&mut self) {
-        if !crate::ulfm::lost_any() {
-            // SAFETY: taken once, here, and never used again.
-            drop(unsafe { std::mem::ManuallyDrop::take(&mut self.0) });
-        }
-    }
 }
 
 /// Which side of a point-to-point call this rank is.
@@ -154,7 +132,7 @@ impl<'rt> GroupCoordinator<'rt> {
                 rt,
                 _revocable: crate::ulfm::register(comm.as_raw()),
                 rank_in_group: comm.rank() as usize,
-                comm: GroupComm(std::mem::ManuallyDrop::new(comm)),
+                comm: crate::ulfm::Kept::new(comm),
                 ranks,
                 seq: Cell::new(0),
                 admitted: Admitted::default(),

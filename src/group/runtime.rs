@@ -570,7 +570,7 @@ pub struct Runtime {
     /// Every group's shared-memory window, in creation order: freed here,
     /// before MPI finalisation (see `exec::shm`).
     shm_windows: RefCell<Vec<Rc<ShmWindow>>>,
-    world_comm: SimpleCommunicator,
+    world_comm: crate::ulfm::Kept,
     info: WorldInfo,
     options: Options,
     threading: Threading,
@@ -721,7 +721,7 @@ impl Runtime {
             device_root: RefCell::new(None),
             gpu: OnceCell::new(),
             shm_windows: RefCell::new(Vec::new()),
-            world_comm,
+            world_comm: crate::ulfm::Kept::new(world_comm),
             info,
             options,
             threading,
