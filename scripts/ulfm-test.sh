@@ -100,6 +100,28 @@ said=$(grep -ac "the lost ranks \[1, 2\] are in every one of the 2 dp replicas; 
 n=$((n + 1))
 echo "ok    np 4, tp 2: a loss in every replica is an error on every survivor"
 
+# Two fake nodes of 2 ranks (their own network namespaces: PRRTE refuses
+# loopback alone), the sums across them over TCP: a loss that leaves a
+# node one rank, one between calls, a replica retiring across nodes.
+node_trial() {
+    local name=$1 kept=$2 retired=$3
+    shift 3
+    local out=$tmp/$name
+    RANKMESH_MPIEXEC=$prefix/bin/mpirun RANKMESH_FAKE_NET=1 timeout 120 bash scripts/fake-nodes.sh 2 2 \
+        --with-ft ulfm "$bin" "$@" > "$out" 2>&1 || fail "$name: the job exited $?" "$out"
+    local matched went
+    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
+    went=$(grep -ac "retired after losing" "$out" || true)
+    ((matched == kept && went == retired)) ||
+        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
+    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
+    n=$((n + 1))
+    echo "ok    $name"
+}
+node_trial "2 nodes × 2, rank 1 killed inside a step: node 0 left with one rank" 3 0 --kill 1@2
+node_trial "2 nodes × 2, rank 3 killed between calls" 3 0 --kill-idle 3@1
+node_trial "2 nodes × 2, tp 2: a replica (one node) retires" 2 1 --tp 2 --kill 2@2
+
 # The device plane on the CUDA and NCCL emulators, built against Open MPI
 # 5 (the NCCL emulator carries its bootstrap over that MPI): the replicas'
 # sum runs on NCCL; the survivors get PeerLost there too, and the shrink

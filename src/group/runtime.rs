@@ -1270,7 +1270,36 @@ impl Drop for Runtime {
         // about ten here; open-mpi/ompi#11404): after a loss, survivors
         // leave MPI unfinalised, as ULFM's launcher allows.
         if crate::ulfm::lost_any() {
+            self.leave_together();
             std::mem::forget(self.universe.take());
+        }
+    }
+}
+
+/// How long a survivor waits at its exit for the others (see
+/// [`Runtime::leave_together`]).
+const LEAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Runtime {
+    /// After a loss, at drop: waits (at most [`LEAVE_WAIT`]) until every
+    /// rank of this world is leaving too. MPI_Finalize's fence did this; a
+    /// survivor that exits first is one more failure to the others, whose
+    /// last call may still need its messages (over TCP, data in flight is
+    /// lost with the process).
+    fn leave_together(&self) {
+        let mut request = crate::mpi_ext::null_request();
+        // SAFETY: a valid communicator and out-pointer; the request is
+        // completed or left below, and owns no buffer.
+        unsafe { mpi::ffi::MPI_Ibarrier(self.world_comm.as_raw(), &mut request) };
+        let until = std::time::Instant::now() + LEAVE_WAIT;
+        while request != crate::mpi_ext::null_request() && std::time::Instant::now() < until {
+            let mut done = 0;
+            // SAFETY: a live request of this function.
+            unsafe { mpi::ffi::MPI_Test(&mut request, &mut done, mpi::ffi::RSMPI_STATUS_IGNORE) };
+            if done != 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
         }
     }
 }
