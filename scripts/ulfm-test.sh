@@ -68,6 +68,19 @@ trial "np 4, a rank killed inside a p2p batch" 4 auto 2 --p2p --kill 2@2
 trial "np 5, two ranks killed inside a p2p batch" 5 auto 1,3 --p2p --kill 1@3 --kill 3@3
 trial "np 4, p2p, rank 0 killed between calls" 4 auto 0 --p2p --kill-idle 0@1
 
+# judge NAME OUT KEPT RETIRED: KEPT ranks matched the serial replay,
+# RETIRED retired, and no process of the job is left.
+judge() {
+    local name=$1 out=$2 kept=$3 retired=$4 matched went
+    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
+    went=$(grep -ac "retired after losing" "$out" || true)
+    ((matched == kept && went == retired)) ||
+        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
+    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
+    n=$((n + 1))
+    echo "ok    $name"
+}
+
 # A layout after a loss (dp × tp, tp 2): a lost rank's replica retires
 # whole, its TP partner exits 0 saying so, the other replicas go on.
 # layout_trial NAME NP PLANE RETIRED KEPT ARGS...
@@ -77,14 +90,7 @@ layout_trial() {
     local out=$tmp/$name
     RANKMESH_HOST_PLANE=$plane run --with-ft ulfm -np "$np" "$bin" --tp 2 "$@" > "$out" 2>&1 ||
         fail "$name: the job exited $?" "$out"
-    local matched went
-    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
-    went=$(grep -ac "retired after losing" "$out" || true)
-    ((matched == kept && went == retired)) ||
-        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
-    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
-    n=$((n + 1))
-    echo "ok    $name"
+    judge "$name" "$out" "$kept" "$retired"
 }
 layout_trial "np 4, shm, tp 2: a TP rank lost, its replica retires" 4 shm 1 2 --kill 1@2
 layout_trial "np 4, mpi, tp 2: a TP rank lost, its replica retires" 4 mpi 1 2 --kill 1@2
@@ -109,14 +115,7 @@ node_trial() {
     local out=$tmp/$name
     RANKMESH_MPIEXEC=$prefix/bin/mpirun RANKMESH_FAKE_NET=1 timeout 120 bash scripts/fake-nodes.sh 2 2 \
         --with-ft ulfm "$bin" "$@" > "$out" 2>&1 || fail "$name: the job exited $?" "$out"
-    local matched went
-    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
-    went=$(grep -ac "retired after losing" "$out" || true)
-    ((matched == kept && went == retired)) ||
-        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
-    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
-    n=$((n + 1))
-    echo "ok    $name"
+    judge "$name" "$out" "$kept" "$retired"
 }
 node_trial "2 nodes × 2, rank 1 killed inside a step: node 0 left with one rank" 3 0 --kill 1@2
 node_trial "2 nodes × 2, rank 3 killed between calls" 3 0 --kill-idle 3@1
@@ -140,20 +139,14 @@ device_trial() {
     LD_LIBRARY_PATH=$emu RANKMESH_NCCL_LIB=$nccl RANKMESH_EMU_GPUS=8 run --with-ft ulfm \
         -x LD_LIBRARY_PATH -x RANKMESH_NCCL_LIB -x RANKMESH_EMU_GPUS -np "$np" "$bin" --device "$@" \
         > "$out" 2>&1 || fail "$name: the job exited $?" "$out"
-    local matched went refused
-    matched=$(grep -ac "parameters match the serial replay" "$out" || true)
-    went=$(grep -ac "retired after losing" "$out" || true)
+    local refused
     refused=$(grep -ac "world's NCCL communicator was not shrunk" "$out" || true)
-    ((matched == kept && went == retired)) ||
-        fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
     if ((shrunk)); then
         ((refused == 0)) || fail "$name: $refused survivors did not shrink the NCCL communicator" "$out"
     else
         ((refused == kept)) || fail "$name: $refused of $kept survivors said NCCL could not shrink" "$out"
     fi
-    pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
-    n=$((n + 1))
-    echo "ok    $name"
+    judge "$name" "$out" "$kept" "$retired"
 }
 device_trial "np 4, device: a rank killed inside a step, ncclCommShrink" "$emu/libnccl.so.2" 4 3 0 1 --kill 1@2
 device_trial "np 5, device: two ranks killed at once" "$emu/libnccl.so.2" 5 3 0 1 --kill 1@2 --kill 3@2
