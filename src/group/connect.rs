@@ -463,22 +463,12 @@ pub(crate) fn split(
         sm,
         limit: gpu.timeout(),
     };
-    let pulse = rt.watchdog().pulse();
-    let beat = || pulse.beat();
     let origin = Origin::Split {
         parent: &parent.comm,
         color: index,
         key,
     };
-    let started = NcclComm::start(api, origin, &membership);
-    let naming = Naming {
-        label: "world",
-        rank_of: &|r| r,
-    };
-    let made = agree_on_creation(api, started, &beat, &naming, |mine| {
-        gather_statuses(rt.world_comm(), mine, gpu.timeout(), &beat)
-    })
-    .map_err(|e| {
+    let made = from_world_parent(rt, (api, gpu), origin, &membership).map_err(|e| {
         nccl_fail(NcclError {
             code: e.code,
             msg: format!("ncclCommSplit of the world's communicator: {}", e.msg),
@@ -488,6 +478,27 @@ pub(crate) fn split(
         gpu.register(c.state());
     }
     Ok(made)
+}
+
+/// A communicator from the world's (`origin`: a split or a shrink of it),
+/// its outcome agreed over `rt`'s world (collective over it), the
+/// watchdog told of progress meanwhile.
+fn from_world_parent(
+    rt: &crate::Runtime,
+    (api, gpu): (&'static Api, &Gpu),
+    origin: Origin<'_, 'static>,
+    membership: &Membership<'_>,
+) -> std::result::Result<Option<NcclComm<'static>>, NcclError> {
+    let pulse = rt.watchdog().pulse();
+    let beat = || pulse.beat();
+    let started = NcclComm::start(api, origin, membership);
+    let naming = Naming {
+        label: "world",
+        rank_of: &|r| r,
+    };
+    agree_on_creation(api, started, &beat, &naming, |mine| {
+        gather_statuses(rt.world_comm(), mine, gpu.timeout(), &beat)
+    })
 }
 
 /// After the world shrank to `rt`'s (collective over the survivors): the
@@ -506,32 +517,21 @@ pub(crate) fn shrink_root(
         .filter(|r| !lost.contains(r))
         .map(|r| old.sm[r])
         .collect();
+    let membership = Membership {
+        size: rt.size(),
+        rank: rt.rank(),
+        group: "world",
+        sm: sm.iter().copied().min().unwrap_or((0, 0)),
+        limit: gpu.timeout(),
+    };
+    let origin = Origin::Shrink {
+        parent: &old.comm,
+        exclude: lost,
+    };
     let made = gpu
         .api()
         .map_err(|e| NcclError::other(e.to_string()))
-        .and_then(|api| {
-            let membership = Membership {
-                size: rt.size(),
-                rank: rt.rank(),
-                group: "world",
-                sm: sm.iter().copied().min().unwrap_or((0, 0)),
-                limit: gpu.timeout(),
-            };
-            let pulse = rt.watchdog().pulse();
-            let beat = || pulse.beat();
-            let origin = Origin::Shrink {
-                parent: &old.comm,
-                exclude: lost,
-            };
-            let started = NcclComm::start(api, origin, &membership);
-            let naming = Naming {
-                label: "world",
-                rank_of: &|r| r,
-            };
-            agree_on_creation(api, started, &beat, &naming, |mine| {
-                gather_statuses(rt.world_comm(), mine, gpu.timeout(), &beat)
-            })
-        });
+        .and_then(|api| from_world_parent(rt, (api, gpu), origin, &membership));
     if let Ok(api) = gpu.api() {
         old.comm
             .state()
