@@ -83,7 +83,16 @@ if [[ "${RANKMESH_FAKE_NET:-0}" == 1 ]]; then
 else
   trap cleanup EXIT
 fi
-# Not exec: the trap must remove the namespaces after the job.
+# Not exec: the trap must remove the namespaces after the job. The
+# launcher runs in the background so that a TERM (timeout(1)) reaches it
+# too: a launcher left behind keeps the fake hosts' processes running.
+launch() {
+  "$@" &
+  local pid=$!
+  # Open MPI's launcher wants a second signal to stop ("hit ctrl-c again").
+  trap 'kill "$pid" 2>/dev/null; sleep 1; kill "$pid" 2>/dev/null; sleep 1; kill -9 "$pid" 2>/dev/null' TERM INT
+  wait "$pid"
+}
 if [[ "$mpi" != openmpi ]]; then
   # hydra: one proxy per fake host, started through the agent as ssh
   # would be; the proxies call back on the loopback or the bridge.
@@ -93,7 +102,7 @@ if [[ "$mpi" != openmpi ]]; then
   # and would carry their traffic through shared memory: with their own
   # network, it goes over their links, as between real nodes.
   [[ -n "${bridge_if:-}" ]] && export UCX_TLS=${UCX_TLS:-self,tcp}
-  "$launcher" -f "$hostfile" -launcher ssh -launcher-exec "$here/fake-node-agent.sh" \
+  launch "$launcher" -f "$hostfile" -launcher ssh -launcher-exec "$here/fake-node-agent.sh" \
     -iface "${bridge_if:-lo}" -n "$total" "${args[@]}"
   exit
 fi
@@ -109,5 +118,5 @@ else
   local=(--prtemca plm_ssh_agent "$here/fake-node-agent.sh" --prtemca oob_tcp_if_include "$iface"
          --mca btl self,sm,tcp --mca btl_sm_single_copy_mechanism none --mca osc ^ucx)
 fi
-"$launcher" -np "$total" --hostfile "$hostfile" --bind-to none --oversubscribe \
+launch "$launcher" -np "$total" --hostfile "$hostfile" --bind-to none --oversubscribe \
   --mca btl_tcp_if_include "$iface" "${local[@]}" "$@"

@@ -120,6 +120,9 @@ node_trial() {
 node_trial "2 nodes × 2, rank 1 killed inside a step: node 0 left with one rank" 3 0 --kill 1@2
 node_trial "2 nodes × 2, rank 3 killed between calls" 3 0 --kill-idle 3@1
 node_trial "2 nodes × 2, tp 2: a replica (one node) retires" 2 1 --tp 2 --kill 2@2
+# After the last step: no call fails, and the survivors' exit must not
+# wait for the dead rank (Open MPI's MPI_Finalize would, forever).
+node_trial "2 nodes × 2, rank 0 killed after the last step: the others exit" 3 0 --kill-idle 0@7
 
 # The device plane on the CUDA and NCCL emulators, built against Open MPI
 # 5 (the NCCL emulator carries its bootstrap over that MPI): the replicas'

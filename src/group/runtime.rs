@@ -1269,8 +1269,10 @@ impl Drop for Runtime {
         // the lost ones too, and can wait for them forever (one exit in
         // about ten here; open-mpi/ompi#11404): after a loss, survivors
         // leave MPI unfinalised, as ULFM's launcher allows.
-        if crate::ulfm::lost_any() {
+        if crate::ulfm::active() {
             self.leave_together();
+        }
+        if crate::ulfm::lost_any() {
             std::mem::forget(self.universe.take());
         }
     }
@@ -1281,11 +1283,14 @@ impl Drop for Runtime {
 const LEAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Runtime {
-    /// After a loss, at drop: waits (at most [`LEAVE_WAIT`]) until every
-    /// rank of this world is leaving too. MPI_Finalize's fence did this; a
-    /// survivor that exits first is one more failure to the others, whose
-    /// last call may still need its messages (over TCP, data in flight is
-    /// lost with the process).
+    /// Under ULFM, at drop: waits (at most [`LEAVE_WAIT`]) until every rank
+    /// of this world is leaving too. After a loss MPI_Finalize is skipped,
+    /// and its fence did this: a survivor that exits first is one more
+    /// failure to the others, whose last call may still need its messages
+    /// (over TCP, data in flight is lost with the process). Without a loss
+    /// yet, a rank that died after its last call fails this barrier (ULFM's
+    /// error handler notes it lost), so that the survivors skip the
+    /// finalisation that would wait for it forever.
     fn leave_together(&self) {
         let mut request = crate::mpi_ext::null_request();
         // SAFETY: a valid communicator and out-pointer; the request is
