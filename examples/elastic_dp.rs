@@ -257,6 +257,22 @@ enum Ended {
     Lost { step: usize },
 }
 
+/// This process's threads and sockets after its first step, before any
+/// loss (MPI connects its TCP links at first use).
+static HELD: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+
+/// This process's threads and open sockets (Linux's /proc).
+fn threads_and_sockets() -> (usize, usize) {
+    let count = |dir: &str, keep: &dyn Fn(&std::path::Path) -> bool| {
+        std::fs::read_dir(dir).map_or(0, |d| d.flatten().filter(|e| keep(&e.path())).count())
+    };
+    let threads = count("/proc/self/task", &|_| true);
+    let sockets = count("/proc/self/fd", &|p| {
+        std::fs::read_link(p).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+    });
+    (threads, sockets)
+}
+
 /// Microseconds since the Unix epoch: the victim's and the survivors'
 /// clocks are one (a node's), so the script subtracts them.
 fn now_us() -> u128 {
@@ -335,6 +351,7 @@ fn train(
             );
         }
         update(w, sum.as_slice::<f64>()?, dp.size());
+        let _ = HELD.set(threads_and_sockets());
         if args
             .kills
             .iter()
@@ -478,6 +495,20 @@ fn run(args: &Args) -> rankmesh::Result<bool> {
                     plan.kept
                 );
                 shrinks.push(format!("{:.1} ms", started.elapsed().as_secs_f64() * 1e3));
+                // The runtime after a shrink holds no more than the first
+                // one did once its first step had connected everything (the
+                // old world's threads joined, its sockets closed).
+                let now = threads_and_sockets();
+                let held = *HELD.get().unwrap_or(&now);
+                let grew = match (now.0 > held.0, now.1 > held.1) {
+                    (true, _) => "; LEAKED threads",
+                    (false, true) => "; LEAKED sockets",
+                    _ => "",
+                };
+                eprintln!(
+                    "elastic_dp: rank {me}: after the shrink: {} threads, {} sockets (before any loss: {}, {}){grew}",
+                    now.0, now.1, held.0, held.1
+                );
                 (from, after_loss) = (redo, true);
             }
         }

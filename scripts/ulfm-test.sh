@@ -6,7 +6,9 @@
 # shared-memory and the MPI host planes, at 3-6 ranks, one or two ranks at
 # once, in two losses and while the others shrink. Every survivor must
 # name the lost ranks, shrink, finish and match the serial replay; the job
-# must exit 0 with no process and nothing in /dev/shm left; the same with
+# must exit 0 with no process and nothing in /dev/shm left, and the
+# runtime after the shrink must hold no more threads and sockets than
+# before the loss; the same with
 # the sums on the device plane (NCCL emulator). With replicas
 # of 2 ranks (dp × tp), or FastVideo's layout, a lost rank's partners
 # retire and the other replicas go on; a loss in every replica is an error. The same from
@@ -27,6 +29,21 @@ n=0
 fail() { echo "FAIL  $1" >&2; [ -f "${2:-}" ] && grep -av "^ *$" "$2" | tail -30 >&2; exit 1; }
 run() { timeout 120 bash scripts/mpirun-local.sh "$@"; }
 
+# no_leak NAME OUT [threads]: every survivor's runtime after a shrink
+# holds no more threads or sockets than before the loss (elastic_dp
+# counts them); only threads across nodes, where Open MPI opens a TCP
+# link to a peer at their first message, which a shrink's agreement may
+# be.
+no_leak() {
+    local what="; LEAKED"
+    [[ ${3:-} == threads ]] && what="; LEAKED threads"
+    grep -aq "$what" "$2" &&
+        fail "$1: a runtime after the shrink holds more threads or sockets than before the loss" "$2"
+    if grep -aq "is rank [0-9]* of [0-9]* after losing" "$2"; then
+        grep -aq "after the shrink: [0-9]* threads" "$2" || fail "$1: no survivor counted its threads and sockets" "$2"
+    fi
+}
+
 # trial NAME NP PLANE LOST ARGS...: LOST, the first-world ranks killed.
 trial() {
     local name=$1 np=$2 plane=$3 lost=$4
@@ -45,6 +62,7 @@ trial() {
     ((named >= survivors)) || fail "$name: $named answers naming a lost rank for $survivors survivors" "$out"
     grep -aq "world ranks \[\] lost" "$out" && fail "$name: a survivor's answer names no lost rank" "$out"
     grep -aq "after losing first-world ranks \[$first" "$out" || fail "$name: the shrink did not lose rank $first" "$out"
+    no_leak "$name" "$out"
     pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
     n=$((n + 1))
     echo "ok    $name"
@@ -68,14 +86,16 @@ trial "np 4, a rank killed inside a p2p batch" 4 auto 2 --p2p --kill 2@2
 trial "np 5, two ranks killed inside a p2p batch" 5 auto 1,3 --p2p --kill 1@3 --kill 3@3
 trial "np 4, p2p, rank 0 killed between calls" 4 auto 0 --p2p --kill-idle 0@1
 
-# judge NAME OUT KEPT RETIRED: KEPT ranks matched the serial replay,
-# RETIRED retired, and no process of the job is left.
+# judge NAME OUT KEPT RETIRED [threads]: KEPT ranks matched the serial
+# replay, RETIRED retired, nothing leaked (see no_leak), and no process
+# of the job is left.
 judge() {
     local name=$1 out=$2 kept=$3 retired=$4 matched went
     matched=$(grep -ac "parameters match the serial replay" "$out" || true)
     went=$(grep -ac "retired after losing" "$out" || true)
     ((matched == kept && went == retired)) ||
         fail "$name: $matched ranks matched the serial replay ($kept kept), $went retired ($retired)" "$out"
+    no_leak "$name" "$out" "${5:-}"
     pgrep -f "$bin" >/dev/null && fail "$name: processes left after the job" "$out"
     n=$((n + 1))
     echo "ok    $name"
@@ -115,7 +135,7 @@ node_trial() {
     local out=$tmp/$name
     RANKMESH_MPIEXEC=$prefix/bin/mpirun RANKMESH_FAKE_NET=1 timeout 120 bash scripts/fake-nodes.sh 2 2 \
         --with-ft ulfm "$bin" "$@" > "$out" 2>&1 || fail "$name: the job exited $?" "$out"
-    judge "$name" "$out" "$kept" "$retired"
+    judge "$name" "$out" "$kept" "$retired" threads
 }
 node_trial "2 nodes × 2, rank 1 killed inside a step: node 0 left with one rank" 3 0 --kill 1@2
 node_trial "2 nodes × 2, rank 3 killed between calls" 3 0 --kill-idle 3@1
