@@ -253,10 +253,6 @@ impl Deferred {
         }
     }
 
-    /// The error of this rank's call `mine`, which group rank `rank` will
-    /// never make: its NCCL communicator failed first. This rank's work
-    /// for the call can never finish either: it closes too (its caller
-    /// aborts its communicators).
     /// The error of a call whose agreement was not complete when a rank of
     /// the world was lost (ULFM): the survivors must all shrink, so no
     /// member waits for another's post any more. The group posts nothing
@@ -277,6 +273,11 @@ impl Deferred {
         }
     }
 
+    /// The error of this rank's call `mine`, which group rank `rank` will
+    /// never make: its NCCL communicator failed first. This rank's work
+    /// for the call can never finish either: it closes too (its caller
+    /// aborts its communicators).
+    /// Under ULFM after a loss, the loss is the answer instead.
     fn closed_by(&self, rank: usize, mine: &Descriptor) -> Error {
         if crate::ulfm::loss_known() {
             // A survivor that found the loss first closed its posts.
