@@ -52,13 +52,13 @@ static LOST: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The current world, whose ranks [`LOST`] counts in.
 static WORLD: Mutex<Option<CommHandle>> = Mutex::new(None);
 
-/// Every live communicator of the runtime's groups ([`register`]): a
+/// Every live communicator of the runtime's groups ([`Kept::revocable`]): a
 /// survivor that gives up revokes them all, so that a member blocked on
 /// one of them for a peer that moved on to recovery returns too.
 static COMMS: Mutex<Vec<CommHandle>> = Mutex::new(Vec::new());
 
 /// A communicator handle kept here (a pointer in Open MPI, owned by the
-/// runtime or the group that registered it).
+/// runtime or by a [`Kept`]).
 #[derive(Clone, Copy, PartialEq)]
 struct CommHandle(ffi::MPI_Comm);
 // SAFETY: a handle is an address MPI owns; only the thread that calls MPI
@@ -167,53 +167,61 @@ pub(crate) fn watch_world(world: ffi::MPI_Comm) {
 /// communicator of the shrunk world while a message, a request or a
 /// nonblocking collective's schedule of the old one may still be in
 /// flight. (Freed, the survivors' first split after a shrink hung, and
-/// sums across nodes came out wrong on some survivors.)
-pub(crate) struct Kept(std::mem::ManuallyDrop<mpi::topology::SimpleCommunicator>);
+/// sums across nodes came out wrong on some survivors.) A revocable one
+/// is in [`COMMS`] meanwhile, for [`revoke_all`].
+pub(crate) struct Kept {
+    comm: std::mem::ManuallyDrop<mpi::topology::SimpleCommunicator>,
+    /// In [`COMMS`] (under ULFM, for a revocable one).
+    registered: Option<CommHandle>,
+}
 
 impl Kept {
+    /// A communicator that [`revoke_all`] leaves alone (the world's: its
+    /// shrink revokes it).
     pub(crate) fn new(comm: mpi::topology::SimpleCommunicator) -> Kept {
-        Kept(std::mem::ManuallyDrop::new(comm))
+        Kept {
+            comm: std::mem::ManuallyDrop::new(comm),
+            registered: None,
+        }
+    }
+
+    /// A group's communicator: a survivor that gives up revokes it
+    /// ([`revoke_all`]), so that members blocked on it return. Nothing is
+    /// registered without ULFM.
+    pub(crate) fn revocable(comm: mpi::topology::SimpleCommunicator) -> Kept {
+        let registered = active().then(|| {
+            let handle = CommHandle(mpi::raw::AsRaw::as_raw(&comm));
+            COMMS.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+            handle
+        });
+        Kept {
+            comm: std::mem::ManuallyDrop::new(comm),
+            registered,
+        }
     }
 }
 
 impl std::ops::Deref for Kept {
     type Target = mpi::topology::SimpleCommunicator;
     fn deref(&self) -> &mpi::topology::SimpleCommunicator {
-        &self.0
+        &self.comm
     }
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
+        // Out of COMMS before it can be freed.
+        if let Some(handle) = self.registered {
+            COMMS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|c| *c != handle);
+        }
         if !lost_any() {
             // SAFETY: taken once, here, and never used again.
-            drop(unsafe { std::mem::ManuallyDrop::take(&mut self.0) });
+            drop(unsafe { std::mem::ManuallyDrop::take(&mut self.comm) });
         }
     }
-}
-
-/// A group's communicator in [`COMMS`] until dropped (before the
-/// communicator is freed).
-pub(crate) struct Registered(CommHandle);
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        COMMS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|c| *c != self.0);
-    }
-}
-
-/// Registers a group's communicator `comm` for [`revoke_all`]; `None`
-/// without ULFM (nothing is kept, nothing costs).
-pub(crate) fn register(comm: ffi::MPI_Comm) -> Option<Registered> {
-    if !active() {
-        return None;
-    }
-    let handle = CommHandle(comm);
-    COMMS.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
-    Some(Registered(handle))
 }
 
 /// Revokes the world and every registered communicator: every survivor
@@ -289,12 +297,19 @@ pub(crate) fn loss_known() -> bool {
         return false;
     }
     NEXT_ASK.set(Some(now + ASK_EVERY));
+    // Copied out first: `failed_in_world` takes the lock again.
     let world = *WORLD.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(world) = world {
-        drive_progress();
-        note_lost(failed_in_world(world.0));
+        ask_mpi(world);
     }
     !lost().is_empty()
+}
+
+/// Notes the ranks of `world` that MPI knows failed, after driving its
+/// progress once (which takes in the launcher's notice of a failure).
+fn ask_mpi(world: CommHandle) {
+    drive_progress();
+    note_lost(failed_in_world(world.0));
 }
 
 /// One probe of this process's own communicator: it only drives MPI's
@@ -330,8 +345,7 @@ pub(crate) fn lost_after_notice() -> Vec<usize> {
         if !known.is_empty() || std::time::Instant::now() >= until {
             return known;
         }
-        drive_progress();
-        note_lost(failed_in_world(world.0));
+        ask_mpi(world);
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }

@@ -86,6 +86,9 @@ impl MpiPosts {
         let Some(mut front) = self.queue.borrow_mut().pop_front() else {
             return Next::Done;
         };
+        // Unlike a ring's, a request that completes after a loss proves
+        // nothing: on a revoked communicator MPI completes it in error,
+        // its descriptors unwritten.
         if wait(&mut front.request, deadline, gone) && !(deadline.is_some() && gone()) {
             return Next::Check {
                 mine: *front.mine,

@@ -44,7 +44,6 @@ use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::ulfm::Kept;
 use crate::watch::Pulse;
-use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use std::cell::{RefCell, RefMut};
 use std::ops::Range;
@@ -127,15 +126,12 @@ impl NodeMap {
 
 /// A group's hierarchy, made at its first host collective (collective).
 pub(crate) struct Hier {
-    /// The three communicators below, for `ulfm::revoke_all` (a survivor
-    /// that gives up revokes them, so members blocked on them return).
-    /// First: unregistered before they are freed.
-    _revocable: Vec<crate::ulfm::Registered>,
     map: NodeMap,
     me: usize,
     /// The window of this rank's node; `None` when it is alone there.
     local: Option<ShmExec>,
     /// The node's members, for MPI among them (the window's fallback).
+    /// It and the two below are revocable (`ulfm::revoke_all`).
     node: Kept,
     /// The leaders' communicator, on leaders only.
     leaders: Option<Kept>,
@@ -184,20 +180,14 @@ impl Hier {
         } else {
             Vec::new()
         };
-        let _revocable = [Some(&node_comm), leaders.as_ref(), rail.as_ref()]
-            .into_iter()
-            .flatten()
-            .filter_map(|c| crate::ulfm::register(c.as_raw()))
-            .collect();
         Hier {
-            _revocable,
             map,
             me,
             local,
-            leaders: leaders.map(Kept::new),
-            rail: rail.map(Kept::new),
+            leaders: leaders.map(Kept::revocable),
+            rail: rail.map(Kept::revocable),
             by_rail,
-            node: Kept::new(node_comm),
+            node: Kept::revocable(node_comm),
             max_message_bytes,
             scratch: Default::default(),
             scratch_bytes: RefCell::new(Vec::new()),

@@ -167,7 +167,7 @@ fn let_go(requests: &mut [ffi::MPI_Request], statuses: &mut [ffi::MPI_Status]) {
 }
 
 /// Tests each of `requests` until all are done (`true`) or `within` passed.
-fn settled(
+pub(crate) fn settled(
     requests: &mut [ffi::MPI_Request],
     statuses: &mut [ffi::MPI_Status],
     within: std::time::Duration,

@@ -53,8 +53,7 @@ struct Inner<'rt> {
     device: DeviceState<'rt>,
     host: HostState,
     rt: &'rt Runtime,
-    /// Under ULFM, `comm` in the set a survivor revokes; dropped before it.
-    _revocable: Option<crate::ulfm::Registered>,
+    /// Under ULFM in the set a survivor revokes.
     comm: crate::ulfm::Kept,
     ranks: Vec<usize>,
     rank_in_group: usize,
@@ -130,9 +129,8 @@ impl<'rt> GroupCoordinator<'rt> {
         Ok(GroupCoordinator {
             inner: Rc::new(Inner {
                 rt,
-                _revocable: crate::ulfm::register(comm.as_raw()),
                 rank_in_group: comm.rank() as usize,
-                comm: crate::ulfm::Kept::new(comm),
+                comm: crate::ulfm::Kept::revocable(comm),
                 ranks,
                 seq: Cell::new(0),
                 admitted: Admitted::default(),

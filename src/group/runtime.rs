@@ -1292,20 +1292,15 @@ impl Runtime {
     /// error handler notes it lost), so that the survivors skip the
     /// finalisation that would wait for it forever.
     fn leave_together(&self) {
-        let mut request = crate::mpi_ext::null_request();
+        let mut request = [crate::mpi_ext::null_request()];
         // SAFETY: a valid communicator and out-pointer; the request is
         // completed or left below, and owns no buffer.
-        unsafe { mpi::ffi::MPI_Ibarrier(self.world_comm.as_raw(), &mut request) };
-        let until = std::time::Instant::now() + LEAVE_WAIT;
-        while request != crate::mpi_ext::null_request() && std::time::Instant::now() < until {
-            let mut done = 0;
-            // SAFETY: a live request of this function.
-            unsafe { mpi::ffi::MPI_Test(&mut request, &mut done, mpi::ffi::RSMPI_STATUS_IGNORE) };
-            if done != 0 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
+        unsafe { mpi::ffi::MPI_Ibarrier(self.world_comm.as_raw(), &mut request[0]) };
+        crate::exec::mpi_calls::settled(
+            &mut request,
+            &mut [crate::exec::mpi_calls::status()],
+            LEAVE_WAIT,
+        );
     }
 }
 
