@@ -859,6 +859,47 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
     return SUCCESS;
 }
 
+/* ---- children of a parent (splits, shrinks) ---- */
+
+/* The child of `parent` whose member i is parent rank `from[i]`, listening
+ * at `ports[i]` (this process is member `rank` of `n`): its TCP mesh, built
+ * through `listener`. NULL on a failed mesh, its code in *rc. */
+static Comm *child_mesh(Comm *parent, int rank, int n, const int *from, const uint16_t *ports, int listener,
+                        ncclResult_t *rc) {
+    Comm *c = new_comm(rank, n);
+    c->same_job = 1;
+    c->socks = malloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        c->socks[i] = -1;
+        c->world[i] = parent->world[from[i]];
+    }
+    *rc = mesh(c->socks, rank, n, ports, listener);
+    if (*rc) {
+        release(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Hands child `c` out as NCCL 2.28 does: a non-blocking child (`blocking`
+ * 0) answers ncclInProgress to its first poll; a non-blocking parent's
+ * call answers ncclSuccess and the child reaches *out only when the parent
+ * is polled to rest. */
+static ncclResult_t hand_out(Comm *parent, Comm *c, ncclComm_t *out, int blocking) {
+    if (!blocking) {
+        c->nonblocking = 1;
+        c->polls_busy = 1;
+    }
+    if (parent->nonblocking) {
+        parent->polls_busy = 1;
+        parent->pending_out = (void **)out;
+        parent->pending_value = c;
+        return SUCCESS;
+    }
+    *out = c;
+    return blocking ? SUCCESS : IN_PROGRESS_RC;
+}
+
 /* ---- splits ---- */
 
 /* What each member of a split's parent says: its color, key and listener. */
@@ -916,39 +957,22 @@ ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *ou
     for (int r = 0; r < parent->size; r++)
         if (all[r].color == color) all[n++] = all[r];
     qsort(all, (size_t)n, sizeof *all, by_key);
-    int rank = 0;
-    for (unsigned i = 0; i < n; i++)
-        if (all[i].rank == parent->rank) rank = (int)i;
-    Comm *c = new_comm(rank, (int)n);
-    c->same_job = 1;
-    uint16_t *ports = calloc((size_t)n, sizeof *ports);
-    int *socks = malloc(sizeof(int) * (size_t)n);
+    int rank = 0, *from = malloc(sizeof(int) * n);
+    uint16_t *ports = calloc(n, sizeof *ports);
     for (unsigned i = 0; i < n; i++) {
+        if (all[i].rank == parent->rank) rank = (int)i;
+        from[i] = all[i].rank;
         ports[i] = all[i].port;
-        socks[i] = -1;
-        c->world[i] = parent->world[all[i].rank];
     }
-    ncclResult_t rc = mesh(socks, rank, (int)n, ports, listener);
+    ncclResult_t rc;
+    Comm *c = child_mesh(parent, rank, (int)n, from, ports, listener, &rc);
     close(listener);
     free(ports);
+    free(from);
     free(all);
-    c->socks = socks;
-    if (rc) {
-        release(c);
-        return rc;
-    }
+    if (!c) return rc;
     count_splits++;
-    if (!blocking) {
-        c->nonblocking = 1;
-        c->polls_busy = 1;
-    }
-    if (parent->nonblocking) {
-        parent->pending_out = (void **)out;
-        parent->pending_value = c;
-        return SUCCESS;
-    }
-    *out = c;
-    return blocking ? SUCCESS : IN_PROGRESS_RC;
+    return hand_out(parent, c, out, blocking);
 }
 
 #ifndef EMU_NCCL_2_18
@@ -1071,19 +1095,10 @@ ncclResult_t ncclCommShrink(ncclComm_t parent, int *exclude, int n, ncclComm_t *
     *out = NULL;
     Comm *c = NULL;
     if (!rc) {
-        c = new_comm(rank, size);
-        c->same_job = 1;
         uint16_t *ports = calloc((size_t)size, sizeof *ports);
-        int *socks = malloc(sizeof(int) * (size_t)size);
-        for (int i = 0; i < size; i++) {
-            ports[i] = all[i].port;
-            socks[i] = -1;
-            c->world[i] = parent->world[alive[i]];
-        }
-        rc = mesh(socks, rank, size, ports, listener);
+        for (int i = 0; i < size; i++) ports[i] = all[i].port;
+        c = child_mesh(parent, rank, size, alive, ports, listener, &rc);
         free(ports);
-        c->socks = socks;
-        if (rc) release(c);
     }
     if (listener >= 0) close(listener);
     free(all);
@@ -1094,18 +1109,7 @@ ncclResult_t ncclCommShrink(ncclComm_t parent, int *exclude, int n, ncclComm_t *
         return rc;
     }
     count_shrinks++;
-    if (!blocking) {
-        c->nonblocking = 1;
-        c->polls_busy = 1;
-    }
-    if (parent->nonblocking) {
-        parent->polls_busy = 1;
-        parent->pending_out = (void **)out;
-        parent->pending_value = c;
-        return SUCCESS;
-    }
-    *out = c;
-    return blocking ? SUCCESS : IN_PROGRESS_RC;
+    return hand_out(parent, c, out, blocking);
 }
 #endif
 
